@@ -1,0 +1,7 @@
+# AdamW (decoupled weight decay), as llm.c:  param -= lr * (m_hat / (sqrt(v_hat) + eps) + wd * param)
+cdef void adamw_update(float* params, float* m, float* v, const float* grads, Py_ssize_t n,
+                       float lr, float beta1, float beta2, float eps, float weight_decay,
+                       float grad_scale, int t) noexcept nogil
+# params, m, v (n,) updated in place; grads (n,) are multiplied by grad_scale first; t >= 1
+cdef double global_norm_squared(const float* x, Py_ssize_t n) noexcept nogil
+# sum of x^2, accumulated in double

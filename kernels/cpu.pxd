@@ -1,0 +1,3 @@
+from kernels.backend cimport Kernels
+
+cdef Kernels cpu_kernels() noexcept nogil

@@ -1,0 +1,165 @@
+# LayerNorm over the channels of each position, as in GPT-2 (eps = 1e-5):
+#   mean[b,t] = sum_i inp[b,t,i] / C
+#   rstd[b,t] = 1 / sqrt(sum_i (inp[b,t,i] - mean)^2 / C + eps)
+#   out[b,t,i] = (inp[b,t,i] - mean) * rstd * weight[i] + bias[i]
+#   inp, out (B,T,C); mean, rstd (B,T), kept for the backward pass; weight, bias (C,)
+from cython.parallel cimport prange, threadid
+from libc.math cimport sqrtf
+from libc.stdlib cimport calloc, free
+
+cdef extern from *:
+    """
+    #ifdef _OPENMP
+    #include <omp.h>
+    static int layernorm_max_threads(void) { return omp_get_max_threads(); }
+    #else
+    static int layernorm_max_threads(void) { return 1; }
+    #endif
+    """
+    int layernorm_max_threads() noexcept nogil
+
+cdef float EPS = 1e-5
+
+cdef enum:
+    # per-thread scratch rows are whole 64-byte cache lines long, so threads barely share lines
+    FLOATS_PER_CACHE_LINE = 16
+
+
+cdef void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
+                            const float* weight, const float* bias, int B, int T, int C) noexcept nogil:
+    cdef Py_ssize_t BT = <Py_ssize_t>B * T
+    cdef Py_ssize_t bt, i
+    cdef const float* x
+    cdef float* out_bt
+    cdef float m, v, s, xshift
+    for bt in prange(BT, schedule="static"):
+        x = inp + bt * C
+        out_bt = out + bt * C
+        m = 0.0
+        for i in range(C):
+            m = m + x[i]
+        m = m / C
+        # variance from the shifted values (two passes): no cancellation for large means
+        v = 0.0
+        for i in range(C):
+            xshift = x[i] - m
+            v = v + xshift * xshift
+        v = v / C
+        s = 1.0 / sqrtf(v + EPS)
+        for i in range(C):
+            out_bt[i] = (s * (x[i] - m)) * weight[i] + bias[i]
+        mean[bt] = m
+        rstd[bt] = s
+
+
+cdef inline void layernorm_backward_row(float* dinp_bt, float* dweight, float* dbias,
+                                        const float* dout_bt, const float* inp_bt,
+                                        const float* weight, float mean_bt, float rstd_bt,
+                                        int C) noexcept nogil:
+    # one position: dinp_bt (C,) += ..., and this position's share of dweight, dbias (C,)
+    cdef Py_ssize_t i
+    cdef float norm_i, dnorm_i, dval
+    # the two reductions over the channels that every dinp_bt[i] depends on
+    cdef float dnorm_mean = 0.0
+    cdef float dnorm_norm_mean = 0.0
+    for i in range(C):
+        norm_i = (inp_bt[i] - mean_bt) * rstd_bt
+        dnorm_i = weight[i] * dout_bt[i]
+        dnorm_mean += dnorm_i
+        dnorm_norm_mean += dnorm_i * norm_i
+    dnorm_mean = dnorm_mean / C
+    dnorm_norm_mean = dnorm_norm_mean / C
+    for i in range(C):
+        norm_i = (inp_bt[i] - mean_bt) * rstd_bt
+        dnorm_i = weight[i] * dout_bt[i]
+        # the gradient flows through the normalisation directly, through the mean, and
+        # through the variance
+        dval = dnorm_i - dnorm_mean - norm_i * dnorm_norm_mean
+        dinp_bt[i] += dval * rstd_bt
+    # a separate loop for the parameter gradients: few enough pointers that the compiler
+    # still vectorises both loops (it must check every output against every input)
+    for i in range(C):
+        norm_i = (inp_bt[i] - mean_bt) * rstd_bt
+        dbias[i] += dout_bt[i]
+        dweight[i] += norm_i * dout_bt[i]
+
+
+cdef void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                             const float* inp, const float* weight, const float* mean,
+                             const float* rstd, int B, int T, int C) noexcept nogil:
+    # dinp is per position, so threads split the positions; dweight and dbias sum over all
+    # positions, so each thread sums into its own scratch rows, added up at the end
+    cdef Py_ssize_t BT = <Py_ssize_t>B * T
+    cdef Py_ssize_t bt, i, th
+    cdef Py_ssize_t stride = (C + FLOATS_PER_CACHE_LINE - 1) // FLOATS_PER_CACHE_LINE * FLOATS_PER_CACHE_LINE
+    cdef int num_threads = layernorm_max_threads()
+    if num_threads > BT:
+        num_threads = <int>BT
+    cdef float* scratch = NULL  # (num_threads, 2, stride): dweight row, dbias row per thread
+    cdef float* dweight_th
+    cdef float* dbias_th
+    if num_threads > 1:
+        scratch = <float*>calloc(num_threads * 2 * stride, sizeof(float))
+    if scratch == NULL:
+        # one thread (or no memory for the scratch): sum straight into dweight, dbias
+        for bt in range(BT):
+            layernorm_backward_row(dinp + bt * C, dweight, dbias, dout + bt * C, inp + bt * C,
+                                   weight, mean[bt], rstd[bt], C)
+        return
+    for bt in prange(BT, schedule="static", num_threads=num_threads):
+        dweight_th = scratch + threadid() * 2 * stride
+        dbias_th = dweight_th + stride
+        layernorm_backward_row(dinp + bt * C, dweight_th, dbias_th, dout + bt * C, inp + bt * C,
+                               weight, mean[bt], rstd[bt], C)
+    for th in range(num_threads):
+        dweight_th = scratch + th * 2 * stride
+        dbias_th = dweight_th + stride
+        for i in range(C):
+            dweight[i] += dweight_th[i]
+            dbias[i] += dbias_th[i]
+    free(scratch)
+
+
+# ----------------------------------------------------------------------------
+# Python wrappers: check shapes, then run the kernel without the GIL
+
+def _check_shape(str where, str name, tuple got, tuple want):
+    if got != want:
+        raise ValueError(f"layernorm.{where}: {name} has shape {got}, expected {want}")
+
+
+def forward(float[:, :, ::1] out, float[:, ::1] mean, float[:, ::1] rstd,
+            const float[:, :, ::1] inp, const float[::1] weight, const float[::1] bias):
+    """out (B,T,C), mean (B,T), rstd (B,T) = layernorm of inp (B,T,C) with weight, bias (C,)."""
+    B, T, C = inp.shape[0], inp.shape[1], inp.shape[2]
+    _check_shape("forward", "out", (out.shape[0], out.shape[1], out.shape[2]), (B, T, C))
+    _check_shape("forward", "mean", (mean.shape[0], mean.shape[1]), (B, T))
+    _check_shape("forward", "rstd", (rstd.shape[0], rstd.shape[1]), (B, T))
+    _check_shape("forward", "weight", (weight.shape[0],), (C,))
+    _check_shape("forward", "bias", (bias.shape[0],), (C,))
+    if C == 0:
+        raise ValueError("layernorm.forward: inp has no channels (C = 0)")
+    if B == 0 or T == 0:
+        return
+    with nogil:
+        layernorm_forward(&out[0, 0, 0], &mean[0, 0], &rstd[0, 0], &inp[0, 0, 0],
+                          &weight[0], &bias[0], B, T, C)
+
+
+def backward(float[:, :, ::1] dinp, float[::1] dweight, float[::1] dbias,
+             const float[:, :, ::1] dout, const float[:, :, ::1] inp, const float[::1] weight,
+             const float[:, ::1] mean, const float[:, ::1] rstd):
+    """dinp (B,T,C), dweight, dbias (C,) += gradients of layernorm; mean, rstd from forward."""
+    B, T, C = inp.shape[0], inp.shape[1], inp.shape[2]
+    _check_shape("backward", "dinp", (dinp.shape[0], dinp.shape[1], dinp.shape[2]), (B, T, C))
+    _check_shape("backward", "dout", (dout.shape[0], dout.shape[1], dout.shape[2]), (B, T, C))
+    _check_shape("backward", "dweight", (dweight.shape[0],), (C,))
+    _check_shape("backward", "dbias", (dbias.shape[0],), (C,))
+    _check_shape("backward", "weight", (weight.shape[0],), (C,))
+    _check_shape("backward", "mean", (mean.shape[0], mean.shape[1]), (B, T))
+    _check_shape("backward", "rstd", (rstd.shape[0], rstd.shape[1]), (B, T))
+    if B == 0 or T == 0 or C == 0:
+        return
+    with nogil:
+        layernorm_backward(&dinp[0, 0, 0], &dweight[0], &dbias[0], &dout[0, 0, 0],
+                           &inp[0, 0, 0], &weight[0], &mean[0, 0], &rstd[0, 0], B, T, C)

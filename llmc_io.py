@@ -1,0 +1,521 @@
+"""
+llm.c's file formats, in pure Python + NumPy: model checkpoints, debug states, tokenizers
+and token shards, read and written byte-for-byte as llm.c reads and writes them.
+
+Every file starts with a header of 256 little-endian int32 (1024 bytes); the data follows.
+
+    model checkpoint  magic 20240326, version 3 (fp32) or 5 (bf16)
+        header [2] max_seq_len [3] vocab_size V [4] num_layers L [5] num_heads NH
+               [6] channels C [7] padded_vocab_size Vp
+        data   the 16 parameter tensors in llm.c's order (see GPT2Config.param_shapes), wte
+               padded with zero rows from V to Vp, all in fp32 or all in bf16
+    debug state       magic 20240327, version 2
+        header [2] B [3] T
+        data   x (B,T) int32, y (B,T) int32, logits (B,T,V) fp32 over the real vocab,
+               loss (one fp32), the gradients of all parameters in fp32 (checkpoint layout)
+    tokenizer         magic 20240328, version 1 (no eot) or 2
+        header [2] number of tokens [3] eot token (version 2)
+        data   per token: its length as one uint8, then that many bytes
+    token shard       magic 20240520, version 1
+        header [2] number of tokens
+        data   the tokens as uint16
+
+Readers check what they read and raise FormatError("<path>: <problem>") for a file that is
+not what it should be. Writers go through atomic_write, so a failed write never leaves a
+half-written file behind.
+"""
+import os
+import secrets
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+HEADER_INTS = 256
+HEADER_BYTES = HEADER_INTS * 4
+
+MODEL_MAGIC = 20240326
+DEBUG_STATE_MAGIC = 20240327
+TOKENIZER_MAGIC = 20240328
+SHARD_MAGIC = 20240520
+
+MODEL_VERSIONS = {3: "float32", 5: "bfloat16"}
+DEBUG_STATE_VERSION = 2
+TOKENIZER_VERSION = 2
+SHARD_VERSION = 1
+
+# the magic numbers of llm.c's files, to say what a file passed in the wrong place is
+FILE_KINDS = {
+    MODEL_MAGIC: "a model checkpoint",
+    DEBUG_STATE_MAGIC: "a debug state",
+    TOKENIZER_MAGIC: "a tokenizer",
+    SHARD_MAGIC: "a GPT-2 token shard",
+    20240522: "an eval file (HellaSwag/MMLU)",
+    20240527: "a training state of llm.c's CUDA trainer",
+    20240801: "a LLaMA-3 token shard",
+}
+
+# channels and heads of llm.c's named depths; any other depth N gets C=64N, NH=N
+LLMC_DEPTHS = {6: (384, 6), 12: (768, 12), 24: (1024, 16), 36: (1280, 20), 48: (1600, 25)}
+VOCAB_PAD_MULTIPLE = 128
+GPT2_EOT_TOKEN = 50256  # what llm.c assumes for a version-1 tokenizer of the 50257 GPT-2 tokens
+
+
+class FormatError(ValueError):
+    """A file that is not what it should be. str(e) is "<path>: <problem>", on one line."""
+
+    def __init__(self, path, problem=None):
+        if problem is None:  # given a whole message
+            message, self.path, self.problem = str(path), None, str(path)
+        else:
+            self.path, self.problem = os.fspath(path), str(problem)
+            message = f"{self.path}: {self.problem}"
+        super().__init__(" ".join(message.split("\n")))
+
+
+# ----------------------------------------------------------------------------
+# the model's configuration and parameter layout
+
+def padded_vocab_size(vocab_size, multiple=VOCAB_PAD_MULTIPLE):
+    """The vocab rounded up to a multiple of 128, as llm.c pads wte (50257 -> 50304)."""
+    return (vocab_size + multiple - 1) // multiple * multiple
+
+
+def _config_problem(max_seq_len, vocab_size, padded_vocab_size, num_layers, num_heads, channels):
+    """What is wrong with these sizes, or None when they make a model."""
+    sizes = dict(max_seq_len=max_seq_len, vocab_size=vocab_size,
+                 padded_vocab_size=padded_vocab_size, num_layers=num_layers,
+                 num_heads=num_heads, channels=channels)
+    bad = [f"{name}={value}" for name, value in sizes.items() if value <= 0]
+    if bad:
+        return f"sizes must be positive: {', '.join(bad)}"
+    if channels % num_heads != 0:
+        return f"channels={channels} is not divisible by num_heads={num_heads}"
+    if padded_vocab_size < vocab_size:
+        return f"padded_vocab_size={padded_vocab_size} is smaller than vocab_size={vocab_size}"
+    return None
+
+
+@dataclass(frozen=True)
+class GPT2Config:
+    max_seq_len: int        # maxT, the longest sequence the position embedding covers
+    vocab_size: int         # V, the real vocab
+    padded_vocab_size: int  # Vp >= V, the rows of wte (padded for efficiency)
+    num_layers: int         # L
+    num_heads: int          # NH
+    channels: int           # C
+
+    def __post_init__(self):
+        # plain Python ints: sizes read from a header arrive as int32, whose products overflow
+        for field in fields(self):
+            object.__setattr__(self, field.name, int(getattr(self, field.name)))
+        problem = _config_problem(*(getattr(self, field.name) for field in fields(self)))
+        if problem:
+            raise ValueError(f"GPT2Config: {problem}")
+
+    @classmethod
+    def from_depth(cls, depth, max_seq_len=1024, vocab_size=50257):
+        """llm.c's dN model: d6, d12 (GPT-2 124M), d24, d36, d48 sizes; else C=64N, NH=N."""
+        if depth <= 0:
+            raise ValueError(f"GPT2Config.from_depth: depth must be positive, got {depth}")
+        channels, num_heads = LLMC_DEPTHS.get(depth, (64 * depth, depth))
+        return cls(max_seq_len=max_seq_len, vocab_size=vocab_size,
+                   padded_vocab_size=padded_vocab_size(vocab_size), num_layers=depth,
+                   num_heads=num_heads, channels=channels)
+
+    def param_shapes(self):
+        """The 16 parameter tensors as (name, shape), in llm.c's order and layout."""
+        Vp, maxT, L, C = self.padded_vocab_size, self.max_seq_len, self.num_layers, self.channels
+        return [
+            ("wte", (Vp, C)),
+            ("wpe", (maxT, C)),
+            ("ln1w", (L, C)),
+            ("ln1b", (L, C)),
+            ("qkvw", (L, 3 * C, C)),
+            ("qkvb", (L, 3 * C)),
+            ("attprojw", (L, C, C)),
+            ("attprojb", (L, C)),
+            ("ln2w", (L, C)),
+            ("ln2b", (L, C)),
+            ("fcw", (L, 4 * C, C)),
+            ("fcb", (L, 4 * C)),
+            ("fcprojw", (L, C, 4 * C)),
+            ("fcprojb", (L, C)),
+            ("lnfw", (C,)),
+            ("lnfb", (C,)),
+        ]
+
+    def num_parameters(self):
+        return sum(int(np.prod(shape)) for _, shape in self.param_shapes())
+
+    def describe(self):
+        return (f"maxT={self.max_seq_len} V={self.vocab_size} Vp={self.padded_vocab_size} "
+                f"L={self.num_layers} NH={self.num_heads} C={self.channels}")
+
+
+def param_views(config, flat):
+    """dict name -> shaped view into the 1-D parameter (or gradient) vector `flat`."""
+    if flat.ndim != 1 or flat.size != config.num_parameters():
+        raise ValueError(f"param_views: expected a 1-D vector of {config.num_parameters()} "
+                         f"values for {config.describe()}, got shape {flat.shape}")
+    views, offset = {}, 0
+    for name, shape in config.param_shapes():
+        size = int(np.prod(shape))
+        views[name] = flat[offset:offset + size].reshape(shape)
+        offset += size
+    return views
+
+
+# ----------------------------------------------------------------------------
+# bfloat16: the top 16 bits of a float32
+
+def float32_to_bfloat16_bits(values):
+    """bf16 bit patterns (uint16) of float32 values, rounded to nearest even like torch."""
+    values = np.ascontiguousarray(values, dtype=np.float32)
+    bits = values.view(np.uint32)
+    # adding 0x7FFF plus the lowest kept bit rounds half-way cases to the even neighbour;
+    # it can only wrap around for negative NaNs, which are replaced below
+    rounded = ((bits + (np.uint32(0x7FFF) + ((bits >> 16) & 1))) >> 16).astype(np.uint16)
+    return np.where(np.isnan(values), np.uint16(0x7FC0), rounded)
+
+
+def bfloat16_bits_to_float32(bits):
+    """float32 values of bf16 bit patterns (exact)."""
+    return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+# ----------------------------------------------------------------------------
+# reading: headers and sizes
+
+def _open(path):
+    try:
+        return open(path, "rb")
+    except FileNotFoundError:
+        raise FormatError(path, "no such file") from None
+    except IsADirectoryError:
+        raise FormatError(path, "is a directory, not a file") from None
+    except OSError as e:
+        raise FormatError(path, f"cannot open: {e.strerror}") from None
+
+
+def _read_header(f, path, magic, kind):
+    """The 256 header ints of the open file f (as Python ints), and the file's size."""
+    size = os.fstat(f.fileno()).st_size
+    raw = f.read(HEADER_BYTES)
+    if len(raw) >= 4:
+        found = int.from_bytes(raw[:4], "little", signed=True)
+        if found != magic:
+            if found in FILE_KINDS:
+                raise FormatError(path, f"this is {FILE_KINDS[found]}, not {kind} "
+                                        f"(magic number {found}, expected {magic})")
+            looks = " (it begins like a text file)" if _looks_like_text(raw[:64]) else ""
+            raise FormatError(path, f"not {kind}: bad magic number {found} "
+                                    f"(expected {magic}){looks}")
+    if len(raw) < HEADER_BYTES:
+        raise FormatError(path, f"truncated: {size} bytes, shorter than the {HEADER_BYTES}-byte "
+                                f"header of {kind}")
+    return [int(v) for v in np.frombuffer(raw, dtype="<i4")], size
+
+
+def _looks_like_text(raw):
+    return all(32 <= byte < 127 or byte in b"\t\n\r" for byte in raw)
+
+
+def _check_size(path, actual, expected, contents, hint=""):
+    if actual != expected:
+        problem = "truncated" if actual < expected else "too long"
+        raise FormatError(path, f"{problem}: expected {expected} bytes ({contents}), "
+                                f"found {actual}{hint}")
+
+
+def _read_array(f, path, dtype, count):
+    data = np.fromfile(f, dtype=dtype, count=count)
+    if data.size != count:  # the file shrank after its size was checked
+        raise FormatError(path, f"truncated: could read only {data.size} of {count} values")
+    return data
+
+
+# ----------------------------------------------------------------------------
+# writing: headers and atomic files
+
+def _header(magic, version, *values):
+    header = np.zeros(HEADER_INTS, dtype="<i4")
+    header[0], header[1] = magic, version
+    header[2:2 + len(values)] = values
+    return header.tobytes()
+
+
+def atomic_write(path, chunks):
+    """Write the bytes-like `chunks` to path, all or nothing: they go to a temporary file in
+    the same directory, which is synced and then renamed over path. On any error (a full
+    disk, a failing chunk generator) the temporary file is removed, an existing file at path
+    is left as it was, and the error is raised."""
+    path = os.fspath(path)
+    if isinstance(chunks, (bytes, bytearray, memoryview)):
+        chunks = [chunks]
+    directory = os.path.dirname(os.path.abspath(path))
+    tmp_path = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}."
+                                       f"{secrets.token_hex(4)}.tmp")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
+    fd = os.open(tmp_path, flags, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            for chunk in chunks:
+                f.write(chunk)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp_path, path)
+    except BaseException:
+        try:
+            os.unlink(tmp_path)
+        except FileNotFoundError:
+            pass
+        raise
+    _fsync_directory(directory)
+
+
+def _fsync_directory(directory):
+    """Make the rename durable; best effort (some systems cannot open a directory)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _as_params(config, params, who):
+    params = np.asarray(params)
+    if params.shape != (config.num_parameters(),):
+        raise ValueError(f"{who}: expected {config.num_parameters()} parameters for "
+                         f"{config.describe()}, got an array of shape {params.shape}")
+    return np.ascontiguousarray(params, dtype="<f4")
+
+
+# ----------------------------------------------------------------------------
+# model checkpoint
+
+def read_checkpoint(path):
+    """(GPT2Config, params: float32 1-D) from an llm.c model checkpoint (fp32 or bf16)."""
+    with _open(path) as f:
+        header, size = _read_header(f, path, MODEL_MAGIC, "a model checkpoint")
+        version = header[1]
+        if version not in MODEL_VERSIONS:
+            hint = " (an llm.c checkpoint from before the padded vocab: re-export it)" \
+                if version in (1, 2) else ""
+            raise FormatError(path, f"unsupported checkpoint version {version}{hint}; "
+                                    f"supported: 3 (fp32), 5 (bf16)")
+        maxT, V, L, NH, C, Vp = header[2:8]
+        problem = _config_problem(maxT, V, Vp, L, NH, C)
+        if problem:
+            raise FormatError(path, f"bad header: {problem}")
+        config = GPT2Config(max_seq_len=maxT, vocab_size=V, padded_vocab_size=Vp,
+                            num_layers=L, num_heads=NH, channels=C)
+        dtype = MODEL_VERSIONS[version]
+        count = config.num_parameters()
+        itemsize = 4 if dtype == "float32" else 2
+        _check_size(path, size, HEADER_BYTES + count * itemsize,
+                    f"header + {count} {dtype} parameters for {config.describe()}")
+        data = _read_array(f, path, "<f4" if dtype == "float32" else "<u2", count)
+    if dtype == "float32":
+        return config, data.astype(np.float32, copy=False)
+    return config, bfloat16_bits_to_float32(data)
+
+
+def write_checkpoint(path, config, params, dtype="float32"):
+    """Write params (1-D, config's layout) as an llm.c checkpoint: "float32" is version 3,
+    "bfloat16" version 5 (each value rounded to the nearest bf16, ties to even)."""
+    versions = {name: version for version, name in MODEL_VERSIONS.items()}
+    if dtype not in versions:
+        raise ValueError(f"write_checkpoint: dtype must be 'float32' or 'bfloat16', got {dtype!r}")
+    params = _as_params(config, params, "write_checkpoint")
+    header = _header(MODEL_MAGIC, versions[dtype], config.max_seq_len, config.vocab_size,
+                     config.num_layers, config.num_heads, config.channels,
+                     config.padded_vocab_size)
+
+    def chunks():
+        yield header
+        if dtype == "float32":
+            yield params
+        else:  # one tensor at a time, to keep the rounding's temporaries small
+            for tensor in param_views(config, params).values():
+                yield float32_to_bfloat16_bits(tensor).astype("<u2", copy=False)
+
+    atomic_write(path, chunks())
+
+
+# ----------------------------------------------------------------------------
+# debug state: one batch, its logits and loss, and the gradients, from a reference run
+
+@dataclass
+class DebugState:
+    x: np.ndarray       # (B, T) int32, the input tokens
+    y: np.ndarray       # (B, T) int32, the target tokens
+    logits: np.ndarray  # (B, T, V) float32, over the real vocab
+    loss: float         # the mean cross-entropy loss over the B*T positions
+    grads: np.ndarray   # (num_parameters,) float32, the checkpoint's layout (wte padded to Vp)
+
+
+def _check_token_ids(path, name, tokens, vocab_size):
+    bad = np.flatnonzero((tokens < 0) | (tokens >= vocab_size))
+    if bad.size:
+        b, t = np.unravel_index(bad[0], tokens.shape)
+        raise FormatError(path, f"{name}[{b}, {t}] = {tokens[b, t]} is not a token id in "
+                                f"[0, V={vocab_size}) ({bad.size} such in {name})")
+
+
+def read_debug_state(path, config):
+    """The DebugState in path, for the model config (whose sizes the file does not repeat)."""
+    with _open(path) as f:
+        header, size = _read_header(f, path, DEBUG_STATE_MAGIC, "a debug state")
+        version = header[1]
+        if version != DEBUG_STATE_VERSION:
+            hint = " (an llm.c debug state from before the padded vocab: re-export it)" \
+                if version == 1 else ""
+            raise FormatError(path, f"unsupported debug state version {version}{hint}; "
+                                    f"supported: {DEBUG_STATE_VERSION}")
+        B, T = header[2], header[3]
+        if B <= 0 or T <= 0:
+            raise FormatError(path, f"bad header: B={B} and T={T} must be positive")
+        if T > config.max_seq_len:
+            raise FormatError(path, f"T={T} exceeds the model's max_seq_len="
+                                    f"{config.max_seq_len}")
+        V, count = config.vocab_size, config.num_parameters()
+        _check_size(path, size, HEADER_BYTES + 4 * (2 * B * T + B * T * V + 1 + count),
+                    f"header + x, y, logits, loss and {count} gradients for B={B} T={T} "
+                    f"and {config.describe()}", "; is it the debug state of that model?")
+        x = _read_array(f, path, "<i4", B * T).reshape(B, T)
+        y = _read_array(f, path, "<i4", B * T).reshape(B, T)
+        logits = _read_array(f, path, "<f4", B * T * V).reshape(B, T, V)
+        loss = float(_read_array(f, path, "<f4", 1)[0])
+        grads = _read_array(f, path, "<f4", count)
+    _check_token_ids(path, "x", x, V)
+    _check_token_ids(path, "y", y, V)
+    return DebugState(x=x.astype(np.int32, copy=False), y=y.astype(np.int32, copy=False),
+                      logits=logits.astype(np.float32, copy=False), loss=loss,
+                      grads=grads.astype(np.float32, copy=False))
+
+
+def write_debug_state(path, x, y, logits, loss, grads):
+    """Write a debug state: x, y (B,T) token ids, logits (B,T,V), the mean loss, and the
+    gradients as a 1-D vector in the checkpoint's layout."""
+    x, y, logits, grads = np.asarray(x), np.asarray(y), np.asarray(logits), np.asarray(grads)
+    if x.ndim != 2 or y.shape != x.shape:
+        raise ValueError(f"write_debug_state: x and y must both be (B, T), got {x.shape} "
+                         f"and {y.shape}")
+    B, T = x.shape
+    if logits.ndim != 3 or logits.shape[:2] != (B, T):
+        raise ValueError(f"write_debug_state: logits must be (B={B}, T={T}, V), "
+                         f"got {logits.shape}")
+    if grads.ndim != 1:
+        raise ValueError(f"write_debug_state: grads must be 1-D, got {grads.shape}")
+    V = logits.shape[2]
+    for name, tokens in (("x", x), ("y", y)):
+        if tokens.size and (tokens.min() < 0 or tokens.max() >= V):
+            raise ValueError(f"write_debug_state: {name} holds token ids outside [0, V={V})")
+    atomic_write(path, [
+        _header(DEBUG_STATE_MAGIC, DEBUG_STATE_VERSION, B, T),
+        np.ascontiguousarray(x, dtype="<i4"),
+        np.ascontiguousarray(y, dtype="<i4"),
+        np.ascontiguousarray(logits, dtype="<f4"),
+        np.array([loss], dtype="<f4"),
+        np.ascontiguousarray(grads, dtype="<f4"),
+    ])
+
+
+# ----------------------------------------------------------------------------
+# tokenizer: the bytes of each token, for decoding
+
+def read_tokenizer(path):
+    """(tokens: list of bytes, eot_token). A version-1 file stores no eot: like llm.c this
+    assumes GPT-2's 50256 when it holds 50257 tokens, and gives None otherwise."""
+    with _open(path) as f:
+        header, size = _read_header(f, path, TOKENIZER_MAGIC, "a tokenizer")
+        data = f.read()
+    version, n = header[1], header[2]
+    if version not in (1, 2):
+        raise FormatError(path, f"unsupported tokenizer version {version}; supported: 1, 2")
+    if n <= 0:
+        raise FormatError(path, f"bad header: vocab size {n} must be positive")
+    if version == 1:
+        eot_token = GPT2_EOT_TOKEN if n == GPT2_EOT_TOKEN + 1 else None
+    else:
+        eot_token = header[3]
+        if not 0 <= eot_token < n:
+            raise FormatError(path, f"bad header: eot token {eot_token} is not in [0, {n})")
+    tokens, pos = [], 0
+    for i in range(n):
+        if pos >= len(data):
+            raise FormatError(path, f"truncated: the header declares {n} tokens, the file "
+                                    f"({size} bytes) ends after {i}")
+        length = data[pos]
+        if length == 0:
+            raise FormatError(path, f"token {i} has length 0 (every token is at least 1 byte)")
+        if pos + 1 + length > len(data):
+            raise FormatError(path, f"truncated: token {i} of {n} needs "
+                                    f"{HEADER_BYTES + pos + 1 + length} bytes, found {size}")
+        tokens.append(data[pos + 1:pos + 1 + length])
+        pos += 1 + length
+    if pos != len(data):
+        raise FormatError(path, f"too long: the {n} tokens the header declares end at byte "
+                                f"{HEADER_BYTES + pos}, the file has {size} bytes")
+    return tokens, eot_token
+
+
+def write_tokenizer(path, tokens, eot_token):
+    """Write a version-2 tokenizer: the bytes of each token (1 to 255 of them) and the eot id."""
+    n = len(tokens)
+    if n == 0:
+        raise ValueError("write_tokenizer: no tokens")
+    if not 0 <= eot_token < n:
+        raise ValueError(f"write_tokenizer: eot token {eot_token} is not in [0, {n})")
+    body = bytearray()
+    for i, token in enumerate(tokens):
+        if not isinstance(token, (bytes, bytearray, memoryview)):
+            raise ValueError(f"write_tokenizer: token {i} is {type(token).__name__}, not bytes")
+        if not 1 <= len(token) <= 255:
+            raise ValueError(f"write_tokenizer: token {i} has {len(token)} bytes, "
+                             f"outside the 1..255 a uint8 length allows")
+        body.append(len(token))
+        body += token
+    atomic_write(path, [_header(TOKENIZER_MAGIC, TOKENIZER_VERSION, n, eot_token), body])
+
+
+# ----------------------------------------------------------------------------
+# token shard: a stretch of tokenized text for the dataloader
+
+def read_shard(path, mmap=False):
+    """The tokens (uint16 1-D) of a GPT-2 token shard; mmap=True maps the file read-only
+    instead of reading it into memory."""
+    with _open(path) as f:
+        header, size = _read_header(f, path, SHARD_MAGIC, "a GPT-2 token shard")
+        version, count = header[1], header[2]
+        if version != SHARD_VERSION:
+            raise FormatError(path, f"unsupported token shard version {version}; "
+                                    f"supported: {SHARD_VERSION}")
+        if count < 0:
+            raise FormatError(path, f"bad header: token count {count} is negative")
+        _check_size(path, size, HEADER_BYTES + 2 * count, f"header + {count} uint16 tokens")
+        if mmap and count > 0:
+            return np.memmap(path, dtype="<u2", mode="r", offset=HEADER_BYTES, shape=(count,))
+        return _read_array(f, path, "<u2", count).astype(np.uint16, copy=False)
+
+
+def write_shard(path, tokens):
+    """Write token ids (each in [0, 2**16)) as a GPT-2 token shard."""
+    tokens = np.asarray(tokens)
+    if tokens.ndim != 1:
+        raise ValueError(f"write_shard: tokens must be 1-D, got shape {tokens.shape}")
+    if tokens.size:
+        if tokens.dtype.kind not in "iub":
+            raise ValueError(f"write_shard: tokens must be integers, got {tokens.dtype}")
+        if tokens.min() < 0 or tokens.max() >= 2**16:
+            raise ValueError(f"write_shard: token ids must be in [0, 65536), got "
+                             f"[{tokens.min()}, {tokens.max()}]")
+    if tokens.size >= 2**31:
+        raise ValueError(f"write_shard: {tokens.size} tokens do not fit an int32 count")
+    atomic_write(path, [_header(SHARD_MAGIC, SHARD_VERSION, tokens.size),
+                        np.ascontiguousarray(tokens, dtype="<u2")])

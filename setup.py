@@ -1,0 +1,119 @@
+"""
+Build of llm.pyx: every .pyx in the project (train_gpt2.pyx, kernels/, dev/cpu/) becomes an
+extension module built in place, with one set of compiler flags and Cython directives.
+
+    python setup.py build_ext --inplace       (what `make train_gpt2` runs)
+
+Environment switches:
+    NO_OMP=1        build without OpenMP (single-threaded kernels)
+    DEBUG=1         Cython bounds/wraparound/initialized checks on, -O0 -g (slow, for debugging)
+    NO_NATIVE=1     do not tune for this CPU (-march=native); for binaries that travel
+    LLMPYX_ONLY=s   build only the modules whose dotted name contains s (e.g. kernels.gelu)
+"""
+import glob
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import warnings
+
+import numpy as np
+import scipy_openblas32
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DEBUG = os.environ.get("DEBUG", "0") not in ("", "0")
+
+
+def compiler_accepts(flags, link_flags=(), source="int main(void) { return 0; }\n"):
+    """True if the C compiler compiles and links `source` with these flags."""
+    cc = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
+    with tempfile.TemporaryDirectory() as tmp:
+        src = os.path.join(tmp, "probe.c")
+        with open(src, "w") as f:
+            f.write(source)
+        cmd = cc.split() + list(flags) + [src, "-o", os.path.join(tmp, "probe")] + list(link_flags)
+        try:
+            return subprocess.run(cmd, capture_output=True).returncode == 0
+        except OSError:
+            return False
+
+
+def openmp_flags():
+    """(compile flags, link flags) for OpenMP, or ([], []) with a warning where there is none."""
+    if os.environ.get("NO_OMP", "0") not in ("", "0"):
+        print("llm.pyx: NO_OMP set, building single-threaded")
+        return [], []
+    probe = "#include <omp.h>\nint main(void) { return omp_get_max_threads() > 0 ? 0 : 1; }\n"
+    if compiler_accepts(["-fopenmp"], ["-fopenmp"], probe):
+        return ["-fopenmp"], ["-fopenmp"]
+    if sys.platform == "darwin":  # Apple clang: OpenMP only through Homebrew's libomp
+        brew = shutil.which("brew")
+        prefixes = ["/opt/homebrew/opt/libomp", "/usr/local/opt/libomp"]
+        if brew:
+            out = subprocess.run([brew, "--prefix", "libomp"], capture_output=True, text=True)
+            prefixes.insert(0, out.stdout.strip())
+        for prefix in prefixes:
+            cflags = ["-Xpreprocessor", "-fopenmp", f"-I{prefix}/include"]
+            lflags = [f"-L{prefix}/lib", "-lomp", f"-Wl,-rpath,{prefix}/lib"]
+            if prefix and compiler_accepts(cflags, lflags, probe):
+                return cflags, lflags
+    warnings.warn("llm.pyx: the compiler has no OpenMP (on macOS: brew install libomp); "
+                  "building single-threaded kernels")
+    return [], []
+
+
+def compile_flags():
+    flags = ["-O0", "-g"] if DEBUG else ["-O3"]
+    # The safe part of -ffast-math: lets GCC/Clang vectorise float reductions, keeps inf/nan
+    # semantics (never -ffast-math: finite-math-only breaks GELU's tanh in backward).
+    flags += ["-fno-math-errno", "-fno-trapping-math", "-fassociative-math", "-fno-signed-zeros"]
+    if os.environ.get("NO_NATIVE", "0") in ("", "0") and compiler_accepts(["-march=native"]):
+        flags.append("-march=native")
+    flags += ["-Wno-unused-function", "-Wno-unreachable-code"]
+    return flags
+
+
+def extensions():
+    omp_compile, omp_link = openmp_flags()
+    cflags = compile_flags() + omp_compile
+    blas_lib_dir = scipy_openblas32.get_lib_dir()
+    only = os.environ.get("LLMPYX_ONLY", "")
+    sources = ["train_gpt2.pyx"] + sorted(glob.glob("kernels/*.pyx")) + sorted(glob.glob("dev/cpu/*.pyx"))
+    exts = []
+    for src in sources:
+        name = src[:-len(".pyx")].replace("/", ".")
+        if only and only not in name:
+            continue
+        exts.append(Extension(
+            name, [src],
+            include_dirs=[np.get_include(), scipy_openblas32.get_include_dir(), HERE],
+            library_dirs=[blas_lib_dir],
+            libraries=[scipy_openblas32.get_library()],
+            runtime_library_dirs=[blas_lib_dir] if sys.platform != "win32" else [],
+            extra_compile_args=cflags,
+            extra_link_args=omp_link,
+            define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+        ))
+    return exts
+
+
+directives = {
+    "language_level": 3,
+    "boundscheck": DEBUG,
+    "wraparound": DEBUG,
+    "initializedcheck": DEBUG,
+    "cdivision": not DEBUG,
+    "embedsignature": True,
+}
+
+setup(
+    name="llm.pyx",
+    packages=[],
+    ext_modules=cythonize(extensions(), compiler_directives=directives, nthreads=os.cpu_count() or 1,
+                          include_path=[HERE]),
+    zip_safe=False,
+)

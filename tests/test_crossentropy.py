@@ -1,0 +1,114 @@
+# kernels.crossentropy: softmax over the real vocab of padded rows, the cross-entropy loss, and
+# their fused backward, against NumPy float64 and PyTorch autograd.
+import numpy as np
+import pytest
+
+from kernels import crossentropy
+
+# (B, T, V, Vp): odd B*T, V prime with Vp > V, T=1, and no padding at all
+SHAPES = [(3, 5, 53, 64), (2, 1, 53, 64), (1, 3, 7, 7)]
+
+
+def make_logits(rng, B, T, V, Vp):
+    logits = (3.0 * rng.standard_normal((B, T, Vp))).astype(np.float32)
+    # rows offset by up to +-1000: exp overflows / underflows unless the max is subtracted
+    logits += rng.uniform(-1000.0, 1000.0, size=(B, T, 1)).astype(np.float32)
+    logits[..., V:] = 1e30  # the padding must be ignored
+    return logits
+
+
+def softmax_ref(logits, V):
+    x = logits[..., :V].astype(np.float64)
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def run_softmax(logits, V):
+    probs = np.full(logits.shape, np.nan, dtype=np.float32)
+    crossentropy.softmax(probs, logits, V)
+    return probs
+
+
+@pytest.mark.parametrize("B,T,V,Vp", SHAPES)
+def test_softmax_forward(B, T, V, Vp):
+    logits = make_logits(np.random.default_rng(0), B, T, V, Vp)
+    probs = run_softmax(logits, V)
+    np.testing.assert_allclose(probs[..., :V], softmax_ref(logits, V), rtol=1e-5, atol=0)
+    np.testing.assert_array_equal(probs[..., V:], 0.0)
+
+
+@pytest.mark.parametrize("B,T,V,Vp", SHAPES)
+def test_crossentropy_forward(B, T, V, Vp):
+    rng = np.random.default_rng(1)
+    probs = run_softmax(make_logits(rng, B, T, V, Vp), V)
+    targets = rng.integers(0, V, size=(B, T), dtype=np.int32)
+    losses = np.full((B, T), np.nan, dtype=np.float32)
+    crossentropy.forward(losses, probs, targets)
+    picked = np.take_along_axis(probs, targets[..., None], axis=-1)[..., 0]
+    np.testing.assert_allclose(losses, -np.log(picked.astype(np.float64)), rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("B,T,V,Vp", SHAPES)
+def test_backward_against_torch(B, T, V, Vp):
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(2)
+    logits = make_logits(rng, B, T, V, Vp)
+    probs = run_softmax(logits, V)
+    targets = rng.integers(0, V, size=(B, T), dtype=np.int32)
+    targets[0, 0] = V - 1  # the last real token
+    dlosses = rng.uniform(0.1, 1.0, size=(B, T)).astype(np.float32)
+    dlogits_start = rng.standard_normal((B, T, Vp), dtype=np.float32)
+    dlogits = dlogits_start.copy()
+    probs[..., V:] = 0.5  # never read: the gradient covers the first V entries only
+    crossentropy.backward(dlogits, dlosses, probs, targets, V)
+
+    x = torch.tensor(logits[..., :V], dtype=torch.float64, requires_grad=True)
+    losses = torch.nn.functional.cross_entropy(x.reshape(-1, V), torch.tensor(targets).long().reshape(-1),
+                                               reduction="none")
+    (losses * torch.tensor(dlosses, dtype=torch.float64).reshape(-1)).sum().backward()
+    np.testing.assert_allclose(dlogits[..., :V], dlogits_start[..., :V] + x.grad.numpy(),
+                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(dlogits[..., V:], dlogits_start[..., V:])  # padding untouched
+
+
+def test_vocab_out_of_range_raises():
+    logits = np.zeros((3, 5, 64), dtype=np.float32)
+    for V in (0, -1, 65):
+        with pytest.raises(ValueError, match="V = "):
+            crossentropy.softmax(np.zeros_like(logits), logits, V)
+        with pytest.raises(ValueError, match="V = "):
+            crossentropy.backward(np.zeros_like(logits), np.ones((3, 5), np.float32), logits,
+                                  np.zeros((3, 5), np.int32), V)
+
+
+def test_shape_mismatch_raises():
+    probs = np.full((3, 5, 64), 1.0 / 53, dtype=np.float32)
+    targets = np.zeros((3, 5), dtype=np.int32)
+    dlosses = np.ones((3, 5), dtype=np.float32)
+    with pytest.raises(ValueError, match="probs"):
+        crossentropy.softmax(np.zeros((3, 5, 63), np.float32), probs, 53)
+    with pytest.raises(ValueError, match="losses"):
+        crossentropy.forward(np.zeros((3, 4), np.float32), probs, targets)
+    with pytest.raises(ValueError, match="targets"):
+        crossentropy.forward(np.zeros((3, 5), np.float32), probs, np.zeros((5, 3), np.int32))
+    with pytest.raises(ValueError, match="dlogits"):
+        crossentropy.backward(np.zeros((3, 5, 53), np.float32), dlosses, probs, targets, 53)
+    with pytest.raises(ValueError, match="dlosses"):
+        crossentropy.backward(np.zeros_like(probs), np.ones((2, 5), np.float32), probs, targets, 53)
+    with pytest.raises(ValueError, match="targets"):
+        crossentropy.backward(np.zeros_like(probs), dlosses, probs, np.zeros((3, 6), np.int32), 53)
+
+
+@pytest.mark.parametrize("bad", [-1, 53, 64])
+def test_out_of_range_target_raises(bad):
+    V, Vp = 53, 64
+    probs = np.full((3, 5, Vp), 1.0 / V, dtype=np.float32)
+    targets = np.zeros((3, 5), dtype=np.int32)
+    targets[1, 4] = bad
+    dlogits = np.zeros_like(probs)
+    with pytest.raises(ValueError, match=r"targets\[1, 4\]"):
+        crossentropy.backward(dlogits, np.ones((3, 5), np.float32), probs, targets, V)
+    np.testing.assert_array_equal(dlogits, 0.0)
+    if bad < 0 or bad >= Vp:  # forward knows only Vp
+        with pytest.raises(ValueError, match=r"targets\[1, 4\]"):
+            crossentropy.forward(np.zeros((3, 5), np.float32), probs, targets)
