@@ -7,16 +7,7 @@ from cython.parallel cimport prange, threadid
 from libc.math cimport sqrtf
 from libc.stdlib cimport calloc, free
 
-cdef extern from *:
-    """
-    #ifdef _OPENMP
-    #include <omp.h>
-    static int layernorm_max_threads(void) { return omp_get_max_threads(); }
-    #else
-    static int layernorm_max_threads(void) { return 1; }
-    #endif
-    """
-    int layernorm_max_threads() noexcept nogil
+from kernels.parallel cimport max_threads
 
 cdef float EPS = 1e-5
 
@@ -92,7 +83,7 @@ cdef void layernorm_backward(float* dinp, float* dweight, float* dbias, const fl
     cdef Py_ssize_t BT = <Py_ssize_t>B * T
     cdef Py_ssize_t bt, i, th
     cdef Py_ssize_t stride = (C + FLOATS_PER_CACHE_LINE - 1) // FLOATS_PER_CACHE_LINE * FLOATS_PER_CACHE_LINE
-    cdef int num_threads = layernorm_max_threads()
+    cdef int num_threads = max_threads()
     if num_threads > BT:
         num_threads = <int>BT
     cdef float* scratch = NULL  # (num_threads, 2, stride): dweight row, dbias row per thread

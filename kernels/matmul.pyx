@@ -4,10 +4,13 @@
 #   dinp (B,T,C)   += dout @ weight
 #   dweight (OC,C) += dout^T @ inp        (summed over the B*T rows)
 #   dbias (OC,)    += dout summed over the B*T rows
-# The three GEMMs go to OpenBLAS (scipy-openblas32, row-major views of the same buffers); its
-# own thread pool sizes itself, so no thread count is fixed here.  The bias sum is ours.
+# The GEMMs go to OpenBLAS (scipy-openblas32, row-major views of the same buffers), run
+# single-threaded inside our own OpenMP threads, each on its own block of output columns: one
+# thread pool, so OpenBLAS's threads never compete for the cores with OpenMP's spinning ones.
 from cython.parallel cimport prange
 from libc.limits cimport INT_MAX
+
+from kernels.parallel cimport max_threads
 
 cdef extern from "cblas.h" nogil:
     enum CBLAS_ORDER:
@@ -18,11 +21,13 @@ cdef extern from "cblas.h" nogil:
     void scipy_cblas_sgemm(CBLAS_ORDER order, CBLAS_TRANSPOSE transa, CBLAS_TRANSPOSE transb,
                            int M, int N, int K, float alpha, const float* A, int lda,
                            const float* B, int ldb, float beta, float* C, int ldc)
+    void scipy_openblas_set_num_threads(int num_threads)
 
-# columns of dbias summed by one thread at a time: a whole number of cache lines, so no two
-# threads write the same line, and wide enough for the row loop to vectorise
+scipy_openblas_set_num_threads(1)
+
+# column blocks start on 64-byte boundaries, so threads share no cache lines of the output
 cdef enum:
-    BIAS_BLOCK = 64
+    FLOATS_PER_CACHE_LINE = 16
 
 
 cdef inline int leading_dim(int n) noexcept nogil:
@@ -30,45 +35,65 @@ cdef inline int leading_dim(int n) noexcept nogil:
     return n if n > 0 else 1
 
 
+cdef inline int block_start(int part, int parts, int n) noexcept nogil:
+    # start of block `part` of `parts` near-equal blocks of n columns (block_start(parts) == n)
+    cdef Py_ssize_t start
+    if part >= parts:
+        return n
+    start = (<Py_ssize_t>n * part // parts) // FLOATS_PER_CACHE_LINE * FLOATS_PER_CACHE_LINE
+    return <int>start
+
+
 cdef void matmul_forward(float* out, const float* inp, const float* weight, const float* bias,
                          int B, int T, int C, int OC) noexcept nogil:
-    cdef int BT = B * T
+    cdef int BT = B * T, parts = max_threads(), part, o0, o1
     cdef Py_ssize_t bt, o
     cdef float* out_bt
-    cdef float beta = 0.0
-    if bias != NULL:
-        # start each row of out at the bias and let the GEMM accumulate onto it
-        for bt in prange(BT, schedule="static"):
-            out_bt = out + bt * OC
-            for o in range(OC):
-                out_bt[o] = bias[o]
-        beta = 1.0
-    # out (BT,OC) = inp (BT,C) @ weight(OC,C)^T
-    scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, BT, OC, C,
-                      1.0, inp, leading_dim(C), weight, leading_dim(C), beta, out, leading_dim(OC))
+    cdef float beta
+    for part in prange(parts, schedule="static", num_threads=parts):
+        o0 = block_start(part, parts, OC)
+        o1 = block_start(part + 1, parts, OC)
+        beta = 0.0
+        if bias != NULL:
+            # start this block of out at the bias and let the GEMM accumulate onto it
+            for bt in range(BT):
+                out_bt = out + bt * OC
+                for o in range(o0, o1):
+                    out_bt[o] = bias[o]
+            beta = 1.0
+        # out[:, o0:o1] (BT, o1-o0) = inp (BT,C) @ weight[o0:o1] (o1-o0, C)^T
+        if o1 > o0:
+            scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, BT, o1 - o0, C,
+                              1.0, inp, leading_dim(C), weight + <Py_ssize_t>o0 * C, leading_dim(C),
+                              beta, out + o0, leading_dim(OC))
 
 
 cdef void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                           const float* inp, const float* weight, int B, int T, int C, int OC) noexcept nogil:
-    cdef int BT = B * T
-    cdef Py_ssize_t block, o, o_end, bt
-    cdef Py_ssize_t num_blocks = (OC + BIAS_BLOCK - 1) // BIAS_BLOCK
+    cdef int BT = B * T, parts = max_threads(), part, c0, c1, o0, o1
+    cdef Py_ssize_t bt, o
     cdef const float* dout_bt
-    # dinp (BT,C) += dout (BT,OC) @ weight (OC,C)
-    scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, BT, C, OC,
-                      1.0, dout, leading_dim(OC), weight, leading_dim(C), 1.0, dinp, leading_dim(C))
-    # dweight (OC,C) += dout^T (OC,BT) @ inp (BT,C)
-    scipy_cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, BT,
-                      1.0, dout, leading_dim(OC), inp, leading_dim(C), 1.0, dweight, leading_dim(C))
-    if dbias != NULL:
-        # each thread owns a block of columns and sweeps all rows over it: contiguous reads,
-        # the inner loop vectorises, and the partial sums stay in cache
-        for block in prange(num_blocks, schedule="static"):
-            o_end = min((block + 1) * BIAS_BLOCK, OC)
-            for bt in range(BT):
-                dout_bt = dout + bt * OC
-                for o in range(block * BIAS_BLOCK, o_end):
-                    dbias[o] = dbias[o] + dout_bt[o]
+    for part in prange(parts, schedule="static", num_threads=parts):
+        # dinp[:, c0:c1] (BT, c1-c0) += dout (BT,OC) @ weight[:, c0:c1] (OC, c1-c0)
+        c0 = block_start(part, parts, C)
+        c1 = block_start(part + 1, parts, C)
+        if c1 > c0:
+            scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, BT, c1 - c0, OC,
+                              1.0, dout, leading_dim(OC), weight + c0, leading_dim(C),
+                              1.0, dinp + c0, leading_dim(C))
+        # dweight[o0:o1] (o1-o0, C) += dout[:, o0:o1]^T (o1-o0, BT) @ inp (BT,C)
+        o0 = block_start(part, parts, OC)
+        o1 = block_start(part + 1, parts, OC)
+        if o1 > o0:
+            scipy_cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, o1 - o0, C, BT,
+                              1.0, dout + o0, leading_dim(OC), inp, leading_dim(C),
+                              1.0, dweight + <Py_ssize_t>o0 * C, leading_dim(C))
+            if dbias != NULL:
+                # dbias[o0:o1] += dout[:, o0:o1] summed over rows: contiguous, vectorised
+                for bt in range(BT):
+                    dout_bt = dout + bt * OC
+                    for o in range(o0, o1):
+                        dbias[o] = dbias[o] + dout_bt[o]
 
 
 cdef int expect_shape(str where, str name, const Py_ssize_t* shape, int ndim, tuple expected) except -1:

@@ -52,6 +52,21 @@ def test_bf16_checkpoint_loads_and_runs(reference_d2, capsys, monkeypatch):
     assert "step 9: loss" in out  # bf16 weights differ from the fp32 state: only that it runs
 
 
+@pytest.fixture(scope="module")
+def reference_losses_d2(reference_d2):
+    model, state_path = reference_d2
+    config, params = read_checkpoint(model)
+    state = read_debug_state(state_path, config)
+    return test_gpt2.expected_losses(config, params, state, str(state_path))
+
+
+@pytest.fixture
+def known_losses(reference_losses_d2, monkeypatch):
+    """The perturbation tests change logits or gradients only: they reuse the reference's step
+    losses instead of running PyTorch again each time."""
+    monkeypatch.setattr(test_gpt2, "expected_losses", lambda *args: reference_losses_d2)
+
+
 def perturbed_state(reference_d2, tmp_path, change):
     model, state_path = reference_d2
     config, _ = read_checkpoint(model)
@@ -62,7 +77,7 @@ def perturbed_state(reference_d2, tmp_path, change):
     return model, path
 
 
-def test_one_logit_off_fails(reference_d2, tmp_path, capsys, monkeypatch):
+def test_one_logit_off_fails(reference_d2, known_losses, tmp_path, capsys, monkeypatch):
     def change(state, config):
         state.logits[1, 5, 123] += 3 * test_gpt2.LOGITS_TOL * max(1.0, abs(state.logits[1, 5, 123]))
     code, out = run_check(*perturbed_state(reference_d2, tmp_path, change), capsys, monkeypatch)
@@ -70,7 +85,7 @@ def test_one_logit_off_fails(reference_d2, tmp_path, capsys, monkeypatch):
     assert "logits     NOT OK  max abs err" in out and "1 of" in out
 
 
-def test_loss_off_fails(reference_d2, tmp_path, capsys, monkeypatch):
+def test_loss_off_fails(reference_d2, known_losses, tmp_path, capsys, monkeypatch):
     def change(state, config):
         state.loss += 3 * test_gpt2.LOGITS_TOL * max(1.0, abs(state.loss))
     code, out = run_check(*perturbed_state(reference_d2, tmp_path, change), capsys, monkeypatch)
@@ -80,7 +95,7 @@ def test_loss_off_fails(reference_d2, tmp_path, capsys, monkeypatch):
 @pytest.mark.parametrize("tensor", ["wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw",
                                     "attprojb", "ln2w", "ln2b", "fcw", "fcb", "fcprojw",
                                     "fcprojb", "lnfw", "lnfb"])
-def test_one_gradient_off_fails(reference_d2, tmp_path, capsys, monkeypatch, tensor):
+def test_one_gradient_off_fails(reference_d2, known_losses, tmp_path, capsys, monkeypatch, tensor):
     def change(state, config):
         offset = 0
         for name, shape in config.param_shapes():
