@@ -190,7 +190,7 @@ cdef class GPT2:
         """Load an llm.c model file (version 3 fp32 or 5 bf16)."""
         config, params = read_checkpoint(path)
         model = cls(config)
-        model._params[:] = params
+        model.params[:] = params
         return model
 
     @classmethod

@@ -1,0 +1,239 @@
+"""
+The DataLoader of llm.pyx: serves (B, T) batches of inputs and targets from llm.c token shards,
+the way llm.c's llmc/dataloader.h does, so that the same shards give the same batches.
+
+- The shards are the files that match a glob pattern, sorted by name. Each one is a 1024-byte
+  header (magic 20240520, version 1, number of tokens) and then the tokens as uint16.
+- A shard of ntok tokens holds (ntok - 1) // (B*T) samples: sample i is the tokens
+  [i*B*T, (i+1)*B*T + 1), inputs the first B*T of them, targets the last B*T.
+- Training (shuffle=True): a Mersenne Twister seeded with 42 (llm.c's mt19937, which is
+  torch's) permutes the order of the shards at the start of every epoch and the order of the
+  samples each time a shard is opened. Validation (shuffle=False): in order, from the start.
+- state() / load_state() save and restore the position, the permutations and the RNG, so a
+  resumed run reads exactly the batches an uninterrupted one would have.
+
+Problems with the data (no file matches, a file that is not a shard, one too small for a
+single batch, a token id the model does not have) raise DataError, whose message is one
+line naming the file.
+"""
+import glob
+import os
+
+import numpy as np
+
+SHARD_MAGIC = 20240520
+SHARD_VERSION = 1
+HEADER_BYTES = 256 * 4
+SHUFFLE_SEED = 42  # llm.c: manual_seed(&shuffle_rng, 42 + process_rank), one process here
+
+
+class DataError(ValueError):
+    """Data that cannot be served; str(e) is one line, "<path>: <problem>"."""
+
+
+# ----------------------------------------------------------------------------
+# llm.c's random number generator (llmc/rand.h)
+
+class MT19937:
+    """The 32-bit Mersenne Twister as llm.c (and torch) seed and draw it.
+
+    llm.c's manual_seed is the reference init_genrand; NumPy's MT19937 runs the same
+    recurrence and tempering, but hashes its seed differently, so the seeded state is built
+    here and handed to NumPy, which then draws (random_raw) at C speed."""
+
+    N = 624
+
+    def __init__(self, seed):
+        key = np.empty(self.N, dtype=np.uint32)
+        x = seed & 0xFFFFFFFF
+        for j in range(self.N):
+            key[j] = x
+            x = (1812433253 * (x ^ (x >> 30)) + j + 1) & 0xFFFFFFFF
+        self.bit_generator = np.random.MT19937()
+        # pos = N: the next draw twists the whole state first, as llm.c's left_ = 1 does
+        self.set_state(key, self.N)
+
+    def randint32(self, count):
+        """The next `count` outputs of llm.c's randint32, as an int64 array."""
+        return self.bit_generator.random_raw(count).astype(np.int64)
+
+    def state(self):
+        """(key: 624 uint32, pos): everything the next draws depend on."""
+        s = self.bit_generator.state["state"]
+        return np.array(s["key"], dtype=np.uint32), int(s["pos"])
+
+    def set_state(self, key, pos):
+        key = np.asarray(key, dtype=np.uint32)
+        if key.shape != (self.N,) or not 0 <= pos <= self.N:
+            raise ValueError(f"MT19937: bad state (key of shape {key.shape}, pos {pos})")
+        self.bit_generator.state = {"bit_generator": "MT19937",
+                                    "state": {"key": key.copy(), "pos": int(pos)}}
+
+
+def random_permutation(indices, rng):
+    """Shuffle `indices` in place as llm.c's random_permutation: Fisher-Yates from the end,
+    swapping i with randint32 % (i + 1)."""
+    n = len(indices)
+    if n < 2:
+        return  # llm.c draws nothing for 0 or 1 elements
+    draws = rng.randint32(n - 1)  # the draw for i = n-1 first, down to i = 1
+    for k, i in enumerate(range(n - 1, 0, -1)):
+        j = int(draws[k] % (i + 1))
+        indices[i], indices[j] = indices[j], indices[i]
+
+
+# ----------------------------------------------------------------------------
+# shards
+
+def shard_tokens(path):
+    """The tokens of a shard as a read-only uint16 memmap, after checking its header and size
+    as llm.c does. Raises DataError."""
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            raw = f.read(HEADER_BYTES)
+        header = np.frombuffer(raw[:len(raw) // 4 * 4], dtype="<i4")
+    except OSError as e:
+        raise DataError(f"{path}: cannot read: {e.strerror}") from None
+    if size == 0:
+        raise DataError(f"{path}: empty file, not a token shard")
+    if header.size >= 1 and header[0] != SHARD_MAGIC:
+        raise DataError(f"{path}: not a token shard: bad magic number {header[0]} "
+                        f"(expected {SHARD_MAGIC}); re-run the data preparation")
+    if size < HEADER_BYTES:
+        raise DataError(f"{path}: truncated: {size} bytes, shorter than the "
+                        f"{HEADER_BYTES}-byte header")
+    if header[1] != SHARD_VERSION:
+        raise DataError(f"{path}: unsupported token shard version {header[1]} "
+                        f"(expected {SHARD_VERSION})")
+    ntok = int(header[2])
+    if ntok <= 0:
+        raise DataError(f"{path}: the shard holds no tokens")
+    expected = HEADER_BYTES + 2 * ntok
+    if size != expected:
+        raise DataError(f"{path}: file size {size} bytes does not match the {ntok} tokens "
+                        f"of its header ({expected} bytes)")
+    return np.memmap(path, dtype="<u2", mode="r", offset=HEADER_BYTES, shape=(ntok,))
+
+
+class DataLoader:
+    """Batches of (B, T) inputs and targets, int32, from the shards matching `pattern`."""
+
+    def __init__(self, pattern, B, T, shuffle, vocab_size=None):
+        self.B, self.T = B, T
+        self.shuffle = shuffle
+        self.vocab_size = vocab_size  # token ids must be below it (checked per batch)
+        self.files = sorted(glob.glob(pattern))
+        if not self.files:
+            what = "no file matches this pattern" if glob.has_magic(pattern) else "no such file"
+            raise DataError(f"{pattern}: {what}")
+        # validate every shard up front, so a bad one fails now and not hours into training
+        self.shard_num_tokens = []
+        for path in self.files:
+            ntok = len(shard_tokens(path))
+            if ntok < B * T + 1:
+                raise DataError(f"{path}: too small: {ntok} tokens, a batch of B={B} x T={T} "
+                                f"needs {B * T + 1}")
+            self.shard_num_tokens.append(ntok)
+        self.num_tokens = sum(self.shard_num_tokens)
+        if shuffle:
+            self.rng = MT19937(SHUFFLE_SEED)
+            self.shard_indices = list(range(len(self.files)))
+        self.reset()
+
+    # --- position in the data ---------------------------------------------------------
+
+    def _open_shard(self, shard_idx):
+        """Map the shard at position shard_idx of this epoch's order."""
+        file_idx = self.shard_indices[shard_idx] if self.shuffle else shard_idx
+        self.current_path = self.files[file_idx]
+        self.tokens = shard_tokens(self.current_path)
+        # each sample takes B*T+1 tokens but they advance by B*T: the last token only targets
+        self.shard_num_samples = (len(self.tokens) - 1) // (self.B * self.T)
+
+    def _permute_samples(self):
+        self.intra_shard_indices = list(range(self.shard_num_samples))
+        random_permutation(self.intra_shard_indices, self.rng)
+
+    def reset(self):
+        """Back to the first shard; for training, a new epoch: shuffle shards, then samples."""
+        self.current_shard_idx = 0
+        self.current_sample_idx = 0  # the next sample to serve from this shard
+        if self.shuffle:
+            random_permutation(self.shard_indices, self.rng)
+        self._open_shard(0)
+        if self.shuffle:
+            self._permute_samples()
+
+    def _advance(self):
+        """On to the next shard, or to a new epoch after the last."""
+        if self.current_shard_idx == len(self.files) - 1:
+            self.reset()
+            return
+        self.current_shard_idx += 1
+        self.current_sample_idx = 0
+        self._open_shard(self.current_shard_idx)
+        if self.shuffle:
+            self._permute_samples()
+
+    def next_batch(self):
+        """The next (inputs, targets), each (B, T) int32."""
+        if self.current_sample_idx >= self.shard_num_samples:
+            self._advance()  # only now, as llm.c: the next shard's shuffle draws come late
+        idx = self.current_sample_idx
+        self.current_sample_idx += 1
+        if self.shuffle:
+            idx = self.intra_shard_indices[idx]
+        BT = self.B * self.T
+        start = idx * BT
+        buf = np.array(self.tokens[start:start + BT + 1], dtype=np.int32)
+        if self.vocab_size is not None:
+            top = int(buf.max())
+            if top >= self.vocab_size:
+                pos = start + int(np.argmax(buf >= self.vocab_size))
+                raise DataError(f"{self.current_path}: token id {top} at position {pos} is "
+                                f"outside the model's vocabulary of {self.vocab_size}")
+        return buf[:-1].reshape(self.B, self.T), buf[1:].reshape(self.B, self.T)
+
+    # --- resuming ---------------------------------------------------------------------
+
+    def state(self):
+        """dict of NumPy arrays: everything the following batches depend on."""
+        state = {
+            "num_shards": np.array(len(self.files), dtype=np.int64),
+            "shard_idx": np.array(self.current_shard_idx, dtype=np.int64),
+            "sample_idx": np.array(self.current_sample_idx, dtype=np.int64),
+            "shard_num_samples": np.array(self.shard_num_samples, dtype=np.int64),
+        }
+        if self.shuffle:
+            key, pos = self.rng.state()
+            state.update(shard_indices=np.array(self.shard_indices, dtype=np.int32),
+                         intra_shard_indices=np.array(self.intra_shard_indices, dtype=np.int32),
+                         rng_key=key, rng_pos=np.array(pos, dtype=np.int64))
+        return state
+
+    def load_state(self, state, source="the training state"):
+        """Continue from a state() taken on a loader over the same shards, B and T."""
+        if int(state["num_shards"]) != len(self.files):
+            raise DataError(f"{source}: saved for {int(state['num_shards'])} shards, "
+                            f"the pattern now matches {len(self.files)}")
+        if self.shuffle:
+            shard_indices = [int(i) for i in state["shard_indices"]]
+            if sorted(shard_indices) != list(range(len(self.files))):
+                raise DataError(f"{source}: the saved shard order is not a permutation of "
+                                f"the {len(self.files)} shards")
+            self.shard_indices = shard_indices
+            self.rng.set_state(state["rng_key"], int(state["rng_pos"]))
+        self.current_shard_idx = int(state["shard_idx"])
+        if not 0 <= self.current_shard_idx < len(self.files):
+            raise DataError(f"{source}: shard position {self.current_shard_idx} out of range")
+        self._open_shard(self.current_shard_idx)
+        if self.shard_num_samples != int(state["shard_num_samples"]):
+            raise DataError(f"{source}: {self.current_path} now holds {self.shard_num_samples} "
+                            f"samples of B={self.B} x T={self.T}, the state was saved with "
+                            f"{int(state['shard_num_samples'])} (changed data, B or T?)")
+        if self.shuffle:
+            self.intra_shard_indices = [int(i) for i in state["intra_shard_indices"]]
+        self.current_sample_idx = int(state["sample_idx"])
+        if not 0 <= self.current_sample_idx <= self.shard_num_samples:
+            raise DataError(f"{source}: sample position {self.current_sample_idx} out of range")

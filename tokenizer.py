@@ -1,0 +1,223 @@
+"""
+GPT-2's tokenizer for llm.pyx, online or not.
+
+gpt2_encoding() returns tiktoken's Encoding for GPT-2 (byte-level BPE, 50257 tokens, EOT 50256).
+tiktoken downloads the BPE ranks on first use; where that cannot happen, the very same ranks
+are taken from elsewhere, each fallback announced in one line on stderr:
+  1. our cache of the ranks, $LLMPYX_CACHE_DIR or ~/.cache/llm.pyx/gpt2.tiktoken (silent)
+  2. tiktoken's own download (with a short network timeout, so offline fails fast)
+  3. the copy shipped inside a Whisper package on PyPI: `pip download --no-deps` of the
+     mlx-whisper wheel or else the openai-whisper sdist (nothing is installed); the file is
+     checked against its known sha256 and cached for next time (1).
+
+Tokenizer decodes token ids to text, from llm.c's gpt2_tokenizer.bin (the bytes of every
+token, see llmc_io.read_tokenizer) or from a tiktoken Encoding.
+"""
+import base64
+import codecs
+import glob
+import hashlib
+import os
+import socket
+import subprocess
+import sys
+import tarfile
+import tempfile
+import zipfile
+
+import llmc_io
+
+GPT2_RANKS_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
+GPT2_VOCAB_SIZE = 50257
+EOT = "<|endoftext|>"
+EOT_TOKEN = 50256
+# GPT-2's pre-tokenizer split; tiktoken's own spelling is preferred when it has one
+GPT2_PAT_STR = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+# PyPI packages that ship GPT-2's ranks as whisper/assets/gpt2.tiktoken: (name, pip options)
+PYPI_SOURCES = [
+    ("mlx-whisper", ["--only-binary", ":all:"]),     # a zip; pip only downloads it
+    ("openai-whisper", ["--no-binary", ":all:"]),    # an sdist; pip reads its metadata first
+]
+ONLINE_TIMEOUT_S = 10
+
+
+class TokenizerError(RuntimeError):
+    """No way to get GPT-2's BPE; the message (one line) says what to do."""
+
+
+def note(message):
+    print(f"tokenizer: {message}", file=sys.stderr, flush=True)
+
+
+def cache_dir():
+    if os.environ.get("LLMPYX_CACHE_DIR"):
+        return os.environ["LLMPYX_CACHE_DIR"]
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "llm.pyx")
+
+
+# ----------------------------------------------------------------------------
+# the encoding
+
+def encoding_from_ranks(data, source):
+    """tiktoken's GPT-2 Encoding built from the bytes of a .tiktoken ranks file (each line
+    "<base64 token> <rank>"), after checking they are GPT-2's: raises ValueError otherwise."""
+    import tiktoken
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != GPT2_RANKS_SHA256:
+        raise ValueError(f"{source}: not GPT-2's BPE ranks (sha256 {digest}, "
+                         f"expected {GPT2_RANKS_SHA256})")
+    ranks = {}
+    for line in data.splitlines():
+        if line:
+            token, rank = line.split()
+            ranks[base64.b64decode(token)] = int(rank)
+    try:
+        from tiktoken_ext.openai_public import r50k_pat_str as pat_str
+    except ImportError:
+        pat_str = GPT2_PAT_STR
+    return tiktoken.Encoding(name="gpt2", pat_str=pat_str, mergeable_ranks=ranks,
+                             special_tokens={EOT: EOT_TOKEN}, explicit_n_vocab=GPT2_VOCAB_SIZE)
+
+
+def tiktoken_online():
+    """tiktoken.get_encoding("gpt2"), with every socket operation bounded by a timeout."""
+    import tiktoken
+    previous = socket.getdefaulttimeout()
+    socket.setdefaulttimeout(ONLINE_TIMEOUT_S)  # requests/urllib3 fall back to this
+    try:
+        return tiktoken.get_encoding("gpt2")
+    finally:
+        socket.setdefaulttimeout(previous)
+
+
+def extract_ranks(archive):
+    """The bytes of .../assets/gpt2.tiktoken inside a wheel (zip) or an sdist (tar.gz)."""
+    if archive.endswith(".whl") or archive.endswith(".zip"):
+        with zipfile.ZipFile(archive) as z:
+            for name in z.namelist():
+                if name.endswith("/assets/gpt2.tiktoken"):
+                    return z.read(name)
+    else:
+        with tarfile.open(archive) as t:
+            for member in t.getmembers():
+                if member.isfile() and member.name.endswith("/assets/gpt2.tiktoken"):
+                    return t.extractfile(member).read()
+    raise ValueError(f"{os.path.basename(archive)}: holds no assets/gpt2.tiktoken")
+
+
+def ranks_from_pypi():
+    """(ranks bytes, where from): pip-download a Whisper package and take its gpt2.tiktoken."""
+    problems = []
+    with tempfile.TemporaryDirectory(prefix="llmpyx-bpe-") as tmp:
+        for package, options in PYPI_SOURCES:
+            dest = os.path.join(tmp, package)
+            cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
+                   "--retries", "1", "--timeout", "30", "--dest", dest, *options, package]
+            try:
+                run = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+            except (OSError, subprocess.TimeoutExpired) as e:
+                problems.append(f"{package}: {type(e).__name__}")
+                continue
+            archives = glob.glob(os.path.join(dest, "*"))
+            if run.returncode != 0 or not archives:
+                last = (run.stderr.strip().splitlines() or ["pip download failed"])[-1]
+                problems.append(f"{package}: {last.strip()}")
+                continue
+            try:
+                data = extract_ranks(archives[0])
+                encoding_from_ranks(data, os.path.basename(archives[0]))  # checks the sha256
+            except (ValueError, OSError, tarfile.TarError, zipfile.BadZipFile) as e:
+                problems.append(str(e))
+                continue
+            return data, f"{os.path.basename(archives[0])} from PyPI"
+    raise TokenizerError("cannot get GPT-2's BPE ranks: tiktoken's download failed and so did "
+                         "the PyPI fallback (" + "; ".join(problems) + "). Connect to the "
+                         "internet once, or put gpt2.tiktoken (sha256 "
+                         f"{GPT2_RANKS_SHA256[:12]}...) at {cached_ranks_path()}")
+
+
+def cached_ranks_path():
+    return os.path.join(cache_dir(), "gpt2.tiktoken")
+
+
+_encoding = None
+
+
+def gpt2_encoding():
+    """tiktoken's GPT-2 Encoding, from the cache, tiktoken's download or PyPI (see the top)."""
+    global _encoding
+    if _encoding is not None:
+        return _encoding
+    cached = cached_ranks_path()
+    if os.path.exists(cached):
+        try:
+            with open(cached, "rb") as f:
+                _encoding = encoding_from_ranks(f.read(), cached)
+            return _encoding
+        except (OSError, ValueError) as e:
+            note(f"ignoring the cached ranks: {e}")
+    try:
+        _encoding = tiktoken_online()
+        return _encoding
+    except Exception as e:  # tiktoken raises whatever requests or its cache raise
+        note(f"tiktoken could not download GPT-2's BPE ({type(e).__name__}, offline?); "
+             f"taking the copy inside a Whisper package from PyPI")
+    data, source = ranks_from_pypi()
+    _encoding = encoding_from_ranks(data, source)
+    try:
+        os.makedirs(cache_dir(), exist_ok=True)
+        llmc_io.atomic_write(cached, data)
+        note(f"GPT-2's BPE ranks from {source} (sha256 verified), cached at {cached}")
+    except OSError as e:
+        note(f"GPT-2's BPE ranks from {source} (sha256 verified); cannot cache them: {e}")
+    return _encoding
+
+
+# ----------------------------------------------------------------------------
+# decoding
+
+class Tokenizer:
+    """Token ids -> text. token_bytes[i] is the bytes of token i (GPT-2 is byte-level: one
+    character may span several tokens, so text is decoded from the joined bytes)."""
+
+    def __init__(self, token_bytes, eot_token, source):
+        self.token_bytes = token_bytes
+        self.eot_token = eot_token
+        self.source = source
+
+    @classmethod
+    def from_file(cls, path):
+        """llm.c's tokenizer file (gpt2_tokenizer.bin); raises llmc_io.FormatError."""
+        tokens, eot_token = llmc_io.read_tokenizer(path)
+        return cls(tokens, eot_token, path)
+
+    @classmethod
+    def from_encoding(cls, encoding):
+        tokens = [encoding.decode_single_token_bytes(i) for i in range(encoding.n_vocab)]
+        return cls(tokens, encoding.eot_token, f"tiktoken {encoding.name}")
+
+    @property
+    def vocab_size(self):
+        return len(self.token_bytes)
+
+    def decode(self, ids):
+        return b"".join(self.token_bytes[i] for i in ids).decode("utf-8", errors="replace")
+
+    def stream_decoder(self):
+        """A function token id -> the text it completes, for printing tokens as they come:
+        bytes of a character split across tokens are held until it is whole, and control
+        characters other than newline and tab are dropped (llm.c's safe_printf)."""
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+        def piece(token_id):
+            text = decoder.decode(self.token_bytes[token_id])
+            return "".join(c for c in text if c.isprintable() or c in "\n\t")
+        return piece
+
+
+def load_tokenizer(path="gpt2_tokenizer.bin"):
+    """The Tokenizer of llm.c's file at path if there is one, else of tiktoken's GPT-2."""
+    if os.path.exists(path):
+        return Tokenizer.from_file(path)
+    return Tokenizer.from_encoding(gpt2_encoding())

@@ -1,0 +1,600 @@
+"""
+Trains GPT-2 on the CPU: the training run of llm.pyx, as llm.c's train_gpt2.cu main() does it.
+
+    make train_gpt2 && python train.py
+
+With no arguments this is llm.c's CPU quickstart: tinyshakespeare (prepared on first use, also
+offline), GPT-2 124M from gpt2_124M.bin (or a random GPT-2 d12 when that file is missing),
+B=4, T=64, 40 steps of AdamW at lr 1e-4, the val loss every 10 steps over 5 batches and a
+64-token sample every 20 steps. The flags are train_gpt2.cu's (python train.py --help).
+
+Each step: grad_accum = total_batch_size / (B*T) micro-batches, each a forward and a backward
+that adds its gradient into the same buffer; then the global gradient norm, clipped to 1.0,
+and one AdamW update with a learning rate that warms up linearly and decays along a cosine.
+With -o DIR: DIR/main.log in llm.c's format, checkpoints every -n steps (model_%08d.bin, the
+model in llm.c's format, state_%08d_00000.bin, the optimizer and data loader as llm.c's
+trainer writes them, and DONE_%08d once both are complete), a loss curve at the end. -y 1
+resumes from the newest checkpoint there, continuing bit for bit as if never stopped.
+"""
+import argparse
+import glob
+import math
+import os
+import re
+import sys
+import time
+
+import numpy as np
+
+import llmc_io
+from dataloader import DataError, DataLoader
+from tokenizer import TokenizerError, load_tokenizer
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+# the defaults live in the repository, wherever train.py is run from
+DATA_DIR = os.path.relpath(os.path.join(HERE, "dev", "data", "tinyshakespeare"))
+DEFAULT_TRAIN = os.path.join(DATA_DIR, "tiny_shakespeare_train.bin")
+DEFAULT_VAL = os.path.join(DATA_DIR, "tiny_shakespeare_val.bin")
+DEFAULT_MODEL = os.path.relpath(os.path.join(HERE, "gpt2_124M.bin"))
+DEFAULT_DEPTH = 12  # the random model when DEFAULT_MODEL is missing: GPT-2 124M's shape
+GRAD_CLIP = 1.0
+BETA1, BETA2, EPS = 0.9, 0.95, 1e-8  # llm.c's train_gpt2.cu
+SAMPLE_SEED = 1337
+STATE_MAGIC = 20240527  # llm.c's training state file
+STATE_VERSION = 1
+
+
+class TrainError(Exception):
+    """Bad input found after the arguments were parsed; one line, exit status 1."""
+
+
+# ----------------------------------------------------------------------------
+# command line
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, not argparse's usage + error
+        sys.stderr.write(f"{self.prog}: error: {message} (see --help)\n")
+        sys.exit(2)
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    def _get_help_string(self, action):  # the defaults that are None are told in the help
+        return action.help if action.default is None else super()._get_help_string(action)
+
+
+def parse_args(argv):
+    p = Parser(prog="train.py", description="Train GPT-2 on the CPU (llm.c's train_gpt2.cu "
+               "flags).", formatter_class=HelpFormatter)
+    p.add_argument("-i", dest="train_data", metavar="PATTERN", default=DEFAULT_TRAIN,
+                   help="train data shards (glob); the default is prepared if missing")
+    p.add_argument("-j", dest="val_data", metavar="PATTERN", default=DEFAULT_VAL,
+                   help="val data shards (glob)")
+    p.add_argument("-o", dest="output_dir", metavar="DIR", default=None,
+                   help="output dir: main.log, checkpoints, loss.png (default: none)")
+    p.add_argument("-e", dest="init", metavar="MODEL", default=None,
+                   help=f"init from a model .bin, or dN for a random GPT-2 of depth N "
+                        f"(default: {DEFAULT_MODEL} if present, else d{DEFAULT_DEPTH})")
+    p.add_argument("-b", dest="B", metavar="INT", type=int, default=4, help="micro batch size B")
+    p.add_argument("-t", dest="T", metavar="INT", type=int, default=64, help="sequence length T")
+    p.add_argument("-d", dest="total_batch_size", metavar="INT", type=int, default=-1,
+                   help="total batch size in tokens, a multiple of B*T: gradient accumulation "
+                        "(-1: B*T)")
+    p.add_argument("-l", dest="lr", metavar="FLOAT", type=float, default=1e-4, help="learning rate")
+    p.add_argument("-u", dest="warmup", metavar="INT", type=int, default=0,
+                   help="learning rate warmup steps")
+    p.add_argument("-q", dest="final_lr_frac", metavar="FLOAT", type=float, default=1.0,
+                   help="final learning rate as a fraction of -l (cosine decay; 1.0: none)")
+    p.add_argument("-c", dest="weight_decay", metavar="FLOAT", type=float, default=0.0,
+                   help="weight decay (of the 2-D weights only)")
+    p.add_argument("-x", dest="max_steps", metavar="INT", type=int, default=40,
+                   help="steps to train (-1: one epoch)")
+    p.add_argument("-v", dest="val_every", metavar="INT", type=int, default=10,
+                   help="val loss every this many steps")
+    p.add_argument("-m", dest="val_batches", metavar="INT", type=int, default=5,
+                   help="val batches per val loss (-1: the whole val split; 0: no val)")
+    p.add_argument("-s", dest="sample_every", metavar="INT", type=int, default=20,
+                   help="sample every this many steps (0: never)")
+    p.add_argument("-g", dest="gen_tokens", metavar="INT", type=int, default=64,
+                   help="tokens per sample, counting the <|endoftext|> it starts from")
+    p.add_argument("-n", dest="checkpoint_every", metavar="INT", type=int, default=0,
+                   help="checkpoint every this many steps and at the end, into -o (0: never)")
+    p.add_argument("-y", dest="resume", metavar="INT", type=int, default=0, choices=(0, 1),
+                   help="1: resume from the newest checkpoint in -o")
+    p.add_argument("-r", dest="seed", metavar="INT", type=int, default=42,
+                   help="seed of the random init (-e dN)")
+    args = p.parse_args(argv)
+
+    def require(ok, flag, value, requirement):
+        if not ok:
+            p.error(f"argument {flag}: {requirement}, got {value}")
+    require(args.B >= 1, "-b", args.B, "the batch size must be at least 1")
+    require(args.T >= 1, "-t", args.T, "the sequence length must be at least 1")
+    require(args.total_batch_size == -1 or (args.total_batch_size > 0 and
+            args.total_batch_size % (args.B * args.T) == 0), "-d", args.total_batch_size,
+            f"must be -1 or a positive multiple of B*T = {args.B * args.T}")
+    require(math.isfinite(args.lr) and args.lr >= 0, "-l", args.lr, "must be a number >= 0")
+    require(args.warmup >= 0, "-u", args.warmup, "must be >= 0")
+    require(math.isfinite(args.final_lr_frac) and 0 <= args.final_lr_frac <= 1, "-q",
+            args.final_lr_frac, "must be in [0, 1]")
+    require(math.isfinite(args.weight_decay) and args.weight_decay >= 0, "-c",
+            args.weight_decay, "must be >= 0")
+    require(args.max_steps >= -1, "-x", args.max_steps,
+            "must be -1 (one epoch) or a number of steps >= 0")
+    require(args.val_every >= 1, "-v", args.val_every, "must be at least 1")
+    require(args.val_batches >= -1, "-m", args.val_batches,
+            "must be -1 (all), 0 (none) or a number of batches")
+    require(args.sample_every >= 0, "-s", args.sample_every, "must be >= 0")
+    require(args.gen_tokens >= 1, "-g", args.gen_tokens, "must be at least 1")
+    require(args.checkpoint_every >= 0, "-n", args.checkpoint_every, "must be >= 0")
+    require(args.seed >= 0, "-r", args.seed, "must be >= 0")
+    if args.checkpoint_every > 0 and args.output_dir is None:
+        p.error("argument -n: checkpoints need an output dir: add -o DIR")
+    if args.resume and args.output_dir is None:
+        p.error("argument -y: resuming needs the output dir of the run: add -o DIR")
+    return args
+
+
+# ----------------------------------------------------------------------------
+# output: a live progress line on a terminal, plain lines when piped
+
+class Console:
+    def __init__(self, stream=sys.stdout):
+        self.stream = stream
+        self.live = stream.isatty()
+        self.status_shown = False
+
+    def status(self, line):
+        """The per-step line: redrawn in place on a terminal, one line each when piped."""
+        if self.live:
+            self.stream.write("\r\033[K" + line)
+            self.status_shown = True
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def write(self, text):
+        """Other output, starting below the last status line."""
+        if self.status_shown:
+            self.stream.write("\n")
+            self.status_shown = False
+        self.stream.write(text)
+        self.stream.flush()
+
+    def print(self, line=""):
+        self.write(line + "\n")
+
+
+def note(message):
+    print(f"train.py: {message}", file=sys.stderr, flush=True)
+
+
+class Logger:
+    """DIR/main.log in llm.c's format: "s:STEP trl:LOSS lr:LR norm:NORM", "s:STEP tel:LOSS"."""
+
+    def __init__(self, output_dir, append):
+        self.path = None if output_dir is None else os.path.join(output_dir, "main.log")
+        if self.path and not append:
+            open(self.path, "w").close()
+
+    def _log(self, line):
+        if self.path:
+            with open(self.path, "a") as f:
+                f.write(line + "\n")
+
+    def log_train(self, step, loss, lr, norm):
+        self._log(f"s:{step} trl:{loss:.4f} lr:{lr:.6f} norm:{norm:.2f}")
+
+    def log_val(self, step, loss):
+        self._log(f"s:{step} tel:{loss:.4f}")
+
+
+def plot_losses(output_dir):
+    """DIR/loss.png: the train and val losses of main.log (needs matplotlib)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        note("matplotlib is not installed, skipping the loss plot (pip install matplotlib)")
+        return
+    curves = {"trl": {}, "tel": {}}
+    with open(os.path.join(output_dir, "main.log")) as f:
+        for line in f:
+            m = re.match(r"s:(\d+) (trl|tel):(\S+)", line)
+            if m:
+                curves[m.group(2)][int(m.group(1))] = float(m.group(3))
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for key, label in (("trl", "train loss"), ("tel", "val loss")):
+        if curves[key]:
+            steps = sorted(curves[key])
+            ax.plot(steps, [curves[key][s] for s in steps], label=label,
+                    marker="o" if key == "tel" else None)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    path = os.path.join(output_dir, "loss.png")
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+# ----------------------------------------------------------------------------
+# sampler: llm.c's xorshift RNG and sample_mult, so a model and seed give llm.c's tokens
+
+MASK64 = (1 << 64) - 1
+
+
+class XorShift:
+    """llm.c's random_u32 / random_f32: xorshift* on a 64-bit state."""
+
+    def __init__(self, seed):
+        self.state = seed & MASK64
+
+    def random_u32(self):
+        s = self.state
+        s ^= s >> 12
+        s ^= (s << 25) & MASK64
+        s ^= s >> 27
+        self.state = s
+        return ((s * 0x2545F4914F6CDD1D) & MASK64) >> 32
+
+    def random_f32(self):
+        """A float32 in [0, 1): the top 24 bits of random_u32 / 2^24 (exact in float32)."""
+        return np.float32((self.random_u32() >> 8) / 16777216.0)
+
+
+def sample_mult(probs, coin):
+    """The first index whose running float32 sum of probs exceeds coin (llm.c's sample_mult):
+    a draw from probs for a coin uniform in [0, 1); the last index if rounding leaves none."""
+    cdf = np.cumsum(probs, dtype=np.float32)  # sequential float32 sums, as the C loop
+    return min(int(np.searchsorted(cdf, np.float32(coin), side="right")), len(probs) - 1)
+
+
+def generate(model, tokenizer, gen_tokens, console):
+    """Sample gen_tokens-1 tokens after <|endoftext|>, printing them as they come. Each
+    sample starts from seed 1337, as llm.c's trainer does, so it depends on the model only."""
+    rng = XorShift(SAMPLE_SEED)
+    eot = tokenizer.eot_token if tokenizer is not None else llmc_io.GPT2_EOT_TOKEN
+    tokens = [eot]
+    piece = tokenizer.stream_decoder() if tokenizer is not None else (lambda t: f"{t} ")
+    V = model.config.vocab_size
+    console.print("generating:\n---")
+    for t in range(1, gen_tokens):
+        # the model is causal: position t-1 sees tokens[:t] only, so a (1, t) forward gives
+        # what llm.c's (B, T) forward over the padded batch gives there
+        model.forward(np.array([tokens], dtype=np.int32))
+        coin = rng.random_f32()
+        tokens.append(sample_mult(model.probs[0, t - 1, :V], coin))
+        console.write(piece(tokens[-1]))
+    console.print("\n---")
+    return tokens
+
+
+# ----------------------------------------------------------------------------
+# learning rate: linear warmup, then cosine decay to lr * final_lr_frac (llm.c)
+
+def get_learning_rate(step, lr, warmup, num_steps, final_lr_frac):
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    decay_ratio = (step - warmup) / (num_steps - warmup)
+    coeff = 0.5 * (1.0 + math.cos(math.pi * decay_ratio))  # 1 -> 0
+    min_lr = lr * final_lr_frac
+    return min_lr + coeff * (lr - min_lr)
+
+
+# ----------------------------------------------------------------------------
+# checkpoints: llm.c's file names and layouts, each file written whole or not at all
+
+def checkpoint_paths(output_dir, step):
+    return (os.path.join(output_dir, f"model_{step:08d}.bin"),
+            os.path.join(output_dir, f"state_{step:08d}_00000.bin"),
+            os.path.join(output_dir, f"DONE_{step:08d}"))
+
+
+def find_max_step(output_dir):
+    """The step of the newest complete checkpoint in output_dir, or None."""
+    steps = []
+    for done in glob.glob(os.path.join(output_dir, "DONE_*")):
+        m = re.fullmatch(r"DONE_(\d{8})", os.path.basename(done))
+        if m and all(os.path.exists(p) for p in checkpoint_paths(output_dir, int(m.group(1)))[:2]):
+            steps.append(int(m.group(1)))
+    return max(steps, default=None)
+
+
+# llm.c's mt19937_state struct, as the state file stores it
+MT_STATE_DTYPE = np.dtype([("seed", "<u8"), ("left", "<i4"), ("next", "<u4"),
+                           ("state", "<u4", 624), ("matrix_a", "<u4", 2)])
+
+
+def save_state(path, step, model, loader):
+    """llm.c's training state (train_gpt2.cu save_state): a 256-int header (magic, version,
+    1 process, rank 0, no master weights, shuffled data, the step, the data position), AdamW's
+    m and v, then the data loader's shard order, sample order and RNG."""
+    ls = loader.state()
+    header = np.zeros(256, dtype="<i4")
+    header[0:6] = [STATE_MAGIC, STATE_VERSION, 1, 0, 0, 1]
+    header[10] = step
+    header[30:34].view("<u8")[:] = [ls["shard_idx"], ls["sample_idx"]]
+    key, pos = ls["rng_key"], int(ls["rng_pos"])
+    rng = np.zeros((), dtype=MT_STATE_DTYPE)
+    # NumPy's pos counts the words used since the last twist; llm.c's left_ counts down to it
+    rng["left"], rng["next"], rng["state"] = 625 - pos, pos, key
+    rng["matrix_a"] = [0, 0x9908B0DF]
+    shards, samples = ls["shard_indices"], ls["intra_shard_indices"]
+    llmc_io.atomic_write(path, [
+        header, model.m, model.v,
+        np.array([len(shards)], "<u8"), shards.astype("<i4"),
+        np.array([len(samples)], "<u8"), samples.astype("<i4"),
+        rng.tobytes(),
+    ])
+
+
+def load_state(path, model, loader):
+    """The step saved in the state file at path; sets model.m, model.v and the loader."""
+    n = model.params.size
+    mismatch = TrainError(f"{path}: does not fit a model of {n} parameters (written for a model "
+                          f"of another size, or cut short)")
+    with open(path, "rb") as f:
+        if os.fstat(f.fileno()).st_size < 1024 + 8 * n:
+            raise mismatch
+        header = np.fromfile(f, "<i4", 256)
+        if header[0] != STATE_MAGIC or header[1] != STATE_VERSION:
+            raise TrainError(f"{path}: not a training state (magic {header[0]}, "
+                             f"version {header[1]})")
+        if tuple(header[2:6]) != (1, 0, 0, 1):
+            raise TrainError(f"{path}: written by a run this trainer cannot continue (processes "
+                             f"{header[2]}, master weights {header[4]}, shuffled data {header[5]})")
+        model.m[:] = np.fromfile(f, "<f4", n)
+        model.v[:] = np.fromfile(f, "<f4", n)
+        tail = f.read()
+    step = int(header[10])
+    shard_idx, sample_idx = (int(x) for x in header[30:34].view("<u8"))
+    try:  # after m and v: the shard order, the sample order, the RNG
+        num_shards = int(np.frombuffer(tail, "<u8", 1, 0)[0])
+        shard_indices = np.frombuffer(tail, "<i4", num_shards, 8)
+        offset = 8 + 4 * num_shards
+        num_samples = int(np.frombuffer(tail, "<u8", 1, offset)[0])
+        intra_shard_indices = np.frombuffer(tail, "<i4", num_samples, offset + 8)
+        offset += 8 + 4 * num_samples
+        rng = np.frombuffer(tail, MT_STATE_DTYPE, 1, offset)[0]
+    except ValueError:
+        raise mismatch from None
+    if offset + MT_STATE_DTYPE.itemsize != len(tail):
+        raise mismatch
+    pos = 624 if int(rng["left"]) <= 1 else 625 - int(rng["left"])
+    loader.load_state({"num_shards": num_shards, "shard_idx": shard_idx,
+                       "sample_idx": sample_idx, "shard_num_samples": num_samples,
+                       "shard_indices": shard_indices, "intra_shard_indices": intra_shard_indices,
+                       "rng_key": rng["state"], "rng_pos": pos}, source=path)
+    return step
+
+
+def write_checkpoint(output_dir, step, model, loader):
+    model_path, state_path, done_path = checkpoint_paths(output_dir, step)
+    model.save(model_path)
+    save_state(state_path, step, model, loader)
+    llmc_io.atomic_write(done_path, b"")  # the pair is complete
+
+
+# ----------------------------------------------------------------------------
+# data and model
+
+def prepare_default_data(args):
+    """First run: tokenize tinyshakespeare into the default shards (offline too)."""
+    if args.train_data != DEFAULT_TRAIN or args.val_data != DEFAULT_VAL:
+        return
+    if glob.glob(DEFAULT_TRAIN) and glob.glob(DEFAULT_VAL):
+        return
+    note("no tinyshakespeare shards yet, preparing them (dev/data/tinyshakespeare.py)")
+    sys.path.insert(0, os.path.join(HERE, "dev", "data"))
+    import tinyshakespeare
+    try:
+        tinyshakespeare.prepare()
+    except (tinyshakespeare.DataPrepError, TokenizerError, OSError) as e:
+        raise TrainError(f"cannot prepare tinyshakespeare: {e}") from None
+
+
+def load_model(args, resume_path):
+    """(model, how it was initialised)."""
+    try:
+        from train_gpt2 import GPT2
+    except ImportError as e:
+        raise TrainError(f"the model is not built ({e}): run `make train_gpt2` first") from None
+    try:
+        if resume_path is not None:
+            return GPT2.from_checkpoint(resume_path), f"checkpoint {resume_path}"
+        init = args.init
+        if init is None:
+            if os.path.exists(DEFAULT_MODEL):
+                init = DEFAULT_MODEL
+            else:
+                note(f"{DEFAULT_MODEL} not found: starting from a random GPT-2 d{DEFAULT_DEPTH} "
+                     f"(for the pretrained weights: python dev/download_gpt2.py, online)")
+                init = f"d{DEFAULT_DEPTH}"
+        depth = re.fullmatch(r"d(\d+)", init)
+        if depth and not os.path.exists(init):
+            depth = int(depth.group(1))
+            if not 1 <= depth <= 1000:
+                raise TrainError(f"-e {init}: the depth must be in 1..1000")
+            config = llmc_io.GPT2Config.from_depth(depth)
+            return GPT2.random(config, seed=args.seed), f"random d{depth} (seed {args.seed})"
+        if not os.path.exists(init):
+            raise TrainError(f"-e {init}: no such model file (nor dN, a random GPT-2 of depth N)")
+        return GPT2.from_checkpoint(init), f"checkpoint {init}"
+    except llmc_io.FormatError as e:
+        raise TrainError(str(e)) from None
+
+
+def evaluate(model, loader, num_batches):
+    loader.reset()
+    return sum(model.forward(*loader.next_batch()) for _ in range(num_batches)) / num_batches
+
+
+# ----------------------------------------------------------------------------
+# main training loop
+
+def main(argv=None):
+    args = parse_args(argv)
+    console = Console()
+    B, T = args.B, args.T
+    tokens_per_fwdbwd = B * T
+    total_batch_size = tokens_per_fwdbwd if args.total_batch_size == -1 else args.total_batch_size
+    grad_accum_steps = total_batch_size // tokens_per_fwdbwd
+
+    # resume from the newest complete checkpoint in the output dir, if asked and there is one
+    resume_step = None
+    if args.output_dir is not None:
+        os.makedirs(args.output_dir, exist_ok=True)
+        if args.resume:
+            resume_step = find_max_step(args.output_dir)
+            if resume_step is None:
+                note(f"no checkpoint in {args.output_dir} to resume from, starting afresh")
+    resume_paths = None if resume_step is None else checkpoint_paths(args.output_dir, resume_step)
+
+    # the model
+    model, init_desc = load_model(args, None if resume_paths is None else resume_paths[0])
+    config = model.config
+    if T > config.max_seq_len:
+        raise TrainError(f"-t {T} exceeds the model's max sequence length {config.max_seq_len}")
+    if args.gen_tokens > config.max_seq_len:
+        raise TrainError(f"-g {args.gen_tokens} exceeds the model's max sequence length "
+                         f"{config.max_seq_len}")
+
+    # the data
+    prepare_default_data(args)
+    train_loader = DataLoader(args.train_data, B, T, shuffle=True, vocab_size=config.vocab_size)
+    val_loader = DataLoader(args.val_data, B, T, shuffle=False, vocab_size=config.vocab_size)
+    num_steps = args.max_steps
+    if num_steps == -1:  # one epoch
+        num_steps = train_loader.num_tokens // total_batch_size
+        if num_steps == 0:
+            raise TrainError(f"{args.train_data}: {train_loader.num_tokens} tokens, less than one "
+                             f"step of {total_batch_size}")
+    val_batches = args.val_batches
+    if val_batches == -1:
+        val_batches = val_loader.num_tokens // tokens_per_fwdbwd
+
+    rows = [
+        ("train data pattern", args.train_data), ("val data pattern", args.val_data),
+        ("output log dir", args.output_dir or "none"), ("checkpoint every", args.checkpoint_every),
+        ("resume", args.resume), ("micro batch size B", B), ("sequence length T", T),
+        ("total batch size", total_batch_size), ("learning rate (LR)", f"{args.lr:e}"),
+        ("warmup iterations", args.warmup), ("final LR fraction", f"{args.final_lr_frac:e}"),
+        ("weight decay", f"{args.weight_decay:e}"), ("max_steps", num_steps),
+        ("val_loss_every", args.val_every), ("val_max_steps", val_batches),
+        ("sample_every", args.sample_every), ("genT", args.gen_tokens), None,
+        ("weight init method", init_desc), ("max_sequence_length T", config.max_seq_len),
+        ("vocab_size V", config.vocab_size), ("padded_vocab_size Vp", config.padded_vocab_size),
+        ("num_layers L", config.num_layers), ("num_heads NH", config.num_heads),
+        ("channels C", config.channels), ("num_parameters", model.params.size), None,
+        ("train tokens", train_loader.num_tokens), ("val tokens", val_loader.num_tokens),
+    ]
+    rule = "+-----------------------+" + "-" * 52 + "+"
+    console.print(rule)
+    for row in rows:
+        console.print(rule if row is None else f"| {row[0]:<21} | {str(row[1]):<50} |")
+    console.print(rule)
+    console.print(f"batch_size B={B} * seq_len T={T} and total_batch_size={total_batch_size} "
+                  f"=> grad_accum_steps={grad_accum_steps}")
+
+    logger = Logger(args.output_dir, append=resume_step is not None)
+    tokenizer = None  # loaded at the first sample
+
+    step = 0
+    if resume_paths is not None:
+        step = load_state(resume_paths[1], model, train_loader)
+        console.print(f"resuming from the checkpoint at step {step} in {args.output_dir}")
+    resuming = resume_paths is not None
+
+    total_time_s, timed_steps = 0.0, 0
+    ema_tokens_per_second = 0.0
+    first_step = True  # warms up caches and threads: left out of the averages
+    for step in range(step, num_steps + 1):
+        last_step = step == num_steps
+
+        # a resumed run has already done the val loss and sample of its first step
+        if val_batches > 0 and (step % args.val_every == 0 or last_step) and not resuming:
+            val_loss = evaluate(model, val_loader, val_batches)
+            console.print(f"val loss {val_loss:f}")
+            logger.log_val(step, val_loss)
+
+        if (args.sample_every > 0 and (step > 0 and step % args.sample_every == 0 or last_step)
+                and not resuming):
+            if tokenizer is None:
+                console.write("")  # its notes go below the last step line
+                try:
+                    tokenizer = load_tokenizer(os.path.join(HERE, "gpt2_tokenizer.bin"))
+                except (TokenizerError, llmc_io.FormatError) as e:
+                    note(f"no tokenizer, printing token ids ({e})")
+                    tokenizer = False
+            generate(model, tokenizer or None, args.gen_tokens, console)
+
+        if (args.checkpoint_every > 0 and not resuming and
+                (step > 0 and step % args.checkpoint_every == 0 or last_step)):
+            write_checkpoint(args.output_dir, step, model, train_loader)
+            console.print(f"checkpoint at step {step} written to {args.output_dir}")
+        resuming = False
+
+        if last_step:
+            break
+
+        # --------------- one step of training -----------------
+        start = time.perf_counter()
+        model.zero_grad()
+        loss = 0.0
+        for _ in range(grad_accum_steps):
+            inputs, targets = train_loader.next_batch()
+            loss += model.forward(inputs, targets)
+            model.backward()  # adds this micro-batch's gradient
+        loss /= grad_accum_steps
+        lr = get_learning_rate(step, args.lr, args.warmup, num_steps, args.final_lr_frac)
+        # the gradient is the sum over micro-batches: its mean is 1/grad_accum_steps of it
+        grad_norm = model.grad_norm() / grad_accum_steps
+        clip = GRAD_CLIP / grad_norm if grad_norm > GRAD_CLIP else 1.0
+        model.update(lr, BETA1, BETA2, EPS, args.weight_decay, step + 1,
+                     grad_scale=clip / grad_accum_steps, decay_2d_only=True)
+        elapsed_s = time.perf_counter() - start
+        # ------------------------------------------------------
+
+        tokens_per_second = total_batch_size / elapsed_s
+        shown_tokens_per_second = tokens_per_second
+        if not first_step:  # a bias-corrected moving average, as llm.c
+            timed_steps += 1
+            total_time_s += elapsed_s
+            ema_tokens_per_second = 0.95 * ema_tokens_per_second + 0.05 * tokens_per_second
+            shown_tokens_per_second = ema_tokens_per_second / (1 - 0.95 ** timed_steps)
+        first_step = False
+        console.status(f"step {step + 1:4d}/{num_steps} | loss {loss:.6f} | norm {grad_norm:.4f} "
+                       f"| lr {lr:.2e} | {elapsed_s * 1000:.2f} ms | "
+                       f"{shown_tokens_per_second:.0f} tok/s")
+        logger.log_train(step, loss, lr, grad_norm)
+
+    if timed_steps > 0:
+        console.print(f"total average iteration time: {total_time_s / timed_steps * 1000:f} ms")
+    if args.output_dir is not None:
+        path = plot_losses(args.output_dir)
+        if path:
+            console.print(f"loss curve written to {path}")
+
+
+def run(argv=None):
+    """main() with bad input reported in one line (exit status 1), never a traceback."""
+    try:
+        main(argv)
+    except (TrainError, DataError, TokenizerError, llmc_io.FormatError) as e:
+        sys.stdout.flush()
+        print(f"train.py: error: {e}", file=sys.stderr)
+        sys.exit(1)
+    except OSError as e:
+        sys.stdout.flush()
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"train.py: error: {where}{e.strerror or e}", file=sys.stderr)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        print("\ntrain.py: interrupted", file=sys.stderr)
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    run()
