@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 
-from llmc_io import FormatError, read_checkpoint, read_debug_state
+from llmc_io import FormatError, param_views, read_checkpoint, read_debug_state
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIXTURE_MODEL = os.path.join(HERE, "tests", "fixtures", "gpt2_tiny.bin")
@@ -102,12 +102,9 @@ def main():
             report("logits", not bad.any(), f"max abs err {err.max():.2e}, {bad.sum()} of {err.size} "
                    f"outside {LOGITS_TOL:g} rel-or-abs")
             report("loss", within(loss, state.loss, LOGITS_TOL), f"{loss:.6f} vs {state.loss:.6f}")
-            offset = 0
-            for name, shape in config.param_shapes():  # both buffers hold the 16 tensors in order
-                size = int(np.prod(shape))
-                grad = model.grads[offset:offset + size]
-                expected = state.grads[offset:offset + size]
-                offset += size
+            expected_grads = param_views(config, state.grads)
+            for name, grad in model.grad_tensors().items():
+                expected = expected_grads[name]
                 scale = np.abs(expected).max()
                 rel = np.abs(grad - expected).max() / scale if scale > 0 else np.abs(grad).max()
                 report(name, rel <= GRAD_TOL, f"max abs err / max |grad| = {rel:.2e}")

@@ -13,7 +13,7 @@ Dimension letters:
 """
 import numpy as np
 
-from llmc_io import GPT2Config, read_checkpoint, write_checkpoint
+from llmc_io import GPT2Config, param_views, read_checkpoint, write_checkpoint
 
 from kernels.backend cimport Kernels
 from kernels.cpu cimport cpu_kernels
@@ -242,22 +242,20 @@ cdef class GPT2:
             self._v = np.zeros_like(self._params)
         return self._v
 
-    def _split(self, flat, shapes, offsets):
-        return {name: flat[start:start + int(np.prod(shape))].reshape(shape)
-                for (name, shape), start in zip(shapes, offsets)}
-
     def param_tensors(self):
         """name -> shaped view of the parameter buffer, in llm.c's order."""
-        return self._split(self._params, self.config.param_shapes(), self.param_offsets)
+        return param_views(self.config, self._params)
 
     def grad_tensors(self):
         """name -> shaped view of the gradient buffer, in llm.c's order."""
-        return self._split(self.grads, self.config.param_shapes(), self.param_offsets)
+        return param_views(self.config, self.grads)
 
     def activations(self):
         """name -> shaped view of the last forward's 23 activation tensors."""
         self._require_forward()
-        return self._split(self._acts, activation_shapes(self.config, self.B, self.T), self.act_offsets)
+        return {name: self._acts[start:start + int(np.prod(shape))].reshape(shape)
+                for (name, shape), start in zip(activation_shapes(self.config, self.B, self.T),
+                                                self.act_offsets)}
 
     @property
     def logits(self):

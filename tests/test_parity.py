@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import test_gpt2
-from llmc_io import read_checkpoint, read_debug_state, write_debug_state
+from llmc_io import param_views, read_checkpoint, read_debug_state, write_debug_state
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -97,14 +97,8 @@ def test_loss_off_fails(reference_d2, known_losses, tmp_path, capsys, monkeypatc
                                     "fcprojb", "lnfw", "lnfb"])
 def test_one_gradient_off_fails(reference_d2, known_losses, tmp_path, capsys, monkeypatch, tensor):
     def change(state, config):
-        offset = 0
-        for name, shape in config.param_shapes():
-            size = int(np.prod(shape))
-            if name == tensor:
-                grad = state.grads[offset:offset + size]
-                grad[size // 2] += 2 * test_gpt2.GRAD_TOL * np.abs(grad).max()
-                return
-            offset += size
+        grad = param_views(config, state.grads)[tensor].reshape(-1)  # a view into state.grads
+        grad[grad.size // 2] += 2 * test_gpt2.GRAD_TOL * np.abs(grad).max()
     code, out = run_check(*perturbed_state(reference_d2, tmp_path, change), capsys, monkeypatch)
     assert code != 0
     failed = [line.split()[0] for line in out.splitlines() if "NOT OK" in line]
