@@ -53,14 +53,10 @@ def update(float[::1] params, float[::1] m, float[::1] v, const float[::1] grads
                      grad_scale, t)
 
 
-def _global_norm_squared(const float[::1] x):
+def norm_squared(const float[::1] x):
     """Sum of x^2 over x (n,), accumulated in double."""
     cdef double total
     with nogil:
         total = global_norm_squared(&x[0], x.shape[0])
     return total
 
-# the wrapper takes the kernel's name at Python level (a def cannot share a cdef's name)
-_global_norm_squared.__name__ = _global_norm_squared.__qualname__ = "global_norm_squared"
-globals()["global_norm_squared"] = _global_norm_squared
-del _global_norm_squared

@@ -1,65 +1,21 @@
-# GELU activation, the tanh approximation used by GPT-2:
-#   out = 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3)))
-#   out, inp (N,) with N = B*T*4C (the MLP's hidden layer)
-# Backward: dinp += gelu'(inp) * dout.
+# GELU, tanh approximation (promoted from dev/cpu/gelu_2.pyx): multi-threaded and vectorised.
+#   out = 0.5 x (1 + tanh(u)),  u = sqrt(2/pi) (x + 0.044715 x^3);  dinp += gelu'(inp) * dout
+# Rewritten with the logistic sigmoid s = 1 / (1 + exp(-2u)), since 0.5 (1 + tanh(u)) = s:
+#   gelu(x)  = x s
+#   gelu'(x) = s + x s (1 - s) 2 sqrt(2/pi) (1 + 3 0.044715 x^2)     (sech^2(u) = 4 s (1 - s))
+# One exp per element, and no cancellation where tanh(u) is near -1.  exp is kernels.vexp's
+# vectorisable vexpf, so the loops compile to SIMD code; threads take 64 KiB chunks.
 from cython.parallel cimport prange
-from libc.math cimport tanhf
+from kernels.vexp cimport vexpf
 
-cdef enum:
-    # threads take whole chunks of this many floats (64 KiB)
-    CHUNK = 16384
-
-cdef extern from *:
-    """
-    #define GELU_SCALING_FACTOR 0.7978845608028654f  /* sqrt(2/pi) */
-    #define GELU_CUBIC 0.044715f
-    """
-    float GELU_SCALING_FACTOR
-    float GELU_CUBIC
-
-
-cdef void gelu_forward(float* out, const float* inp, Py_ssize_t N) noexcept nogil:
-    cdef Py_ssize_t num_chunks = (N + CHUNK - 1) // CHUNK
-    cdef Py_ssize_t chunk, start, end, i
-    cdef float x, cube
-    for chunk in prange(num_chunks, schedule="static", use_threads_if=num_chunks > 1):
-        start = chunk * CHUNK
-        end = min(start + CHUNK, N)
-        for i in range(start, end):
-            x = inp[i]
-            cube = GELU_CUBIC * x * x * x
-            out[i] = 0.5 * x * (1.0 + tanhf(GELU_SCALING_FACTOR * (x + cube)))
-
-
-cdef void gelu_backward(float* dinp, const float* inp, const float* dout, Py_ssize_t N) noexcept nogil:
-    cdef Py_ssize_t num_chunks = (N + CHUNK - 1) // CHUNK
-    cdef Py_ssize_t chunk, start, end, i
-    cdef float x, tanh_out, sech2, local_grad
-    for chunk in prange(num_chunks, schedule="static", use_threads_if=num_chunks > 1):
-        start = chunk * CHUNK
-        end = min(start + CHUNK, N)
-        for i in range(start, end):
-            x = inp[i]
-            tanh_out = tanhf(GELU_SCALING_FACTOR * (x + GELU_CUBIC * x * x * x))
-            # sech^2 = 1 - tanh^2: no coshf, which overflows for large |x|
-            sech2 = 1.0 - tanh_out * tanh_out
-            local_grad = (0.5 * (1.0 + tanh_out)
-                          + 0.5 * x * sech2 * GELU_SCALING_FACTOR * (1.0 + 3.0 * GELU_CUBIC * x * x))
-            dinp[i] = dinp[i] + local_grad * dout[i]
-
-
-# ----------------------------------------------------------------------------
-# Python wrappers: flat (N,) float32 arrays (pass x.reshape(-1) for a (B,T,4C) tensor)
-
-def _check_size(str where, str name, Py_ssize_t got, Py_ssize_t want):
-    if got != want:
-        raise ValueError(f"gelu.{where}: {name} has {got} elements, expected {want}")
-
+# Python wrappers shared by the dev/cpu/gelu_N variants: the same names and arguments as
+# kernels.gelu (flat (N,) float32 arrays), so dev/ab.py drives every variant the same way.
 
 def forward(float[::1] out, const float[::1] inp):
     """out (N,) = gelu(inp)."""
     cdef Py_ssize_t N = inp.shape[0]
-    _check_size("forward", "out", out.shape[0], N)
+    if out.shape[0] != N:
+        raise ValueError(f"gelu.forward: out has {out.shape[0]} elements, expected {N}")
     if N == 0:
         return
     with nogil:
@@ -69,9 +25,40 @@ def forward(float[::1] out, const float[::1] inp):
 def backward(float[::1] dinp, const float[::1] inp, const float[::1] dout):
     """dinp (N,) += gelu'(inp) * dout."""
     cdef Py_ssize_t N = inp.shape[0]
-    _check_size("backward", "dinp", dinp.shape[0], N)
-    _check_size("backward", "dout", dout.shape[0], N)
+    if dinp.shape[0] != N or dout.shape[0] != N:
+        raise ValueError(f"gelu.backward: dinp, dout have {dinp.shape[0]}, {dout.shape[0]} "
+                         f"elements, expected {N}")
     if N == 0:
         return
     with nogil:
         gelu_backward(&dinp[0], &inp[0], &dout[0], N)
+
+cdef enum:
+    CHUNK = 16384   # floats per task: 64 KiB, a whole number of cache lines
+
+cdef float GELU_SCALING_FACTOR = 0.7978845608028654   # sqrt(2/pi)
+cdef float GELU_CUBIC = 0.044715
+
+
+cdef void gelu_forward(float* out, const float* inp, Py_ssize_t N) noexcept nogil:
+    cdef Py_ssize_t num_chunks = (N + CHUNK - 1) // CHUNK
+    cdef Py_ssize_t chunk, i
+    cdef float x, u
+    for chunk in prange(num_chunks, schedule="static", use_threads_if=num_chunks > 1):
+        for i in range(chunk * CHUNK, min(chunk * CHUNK + CHUNK, N)):
+            x = inp[i]
+            u = GELU_SCALING_FACTOR * (x + GELU_CUBIC * x * x * x)
+            out[i] = x / (1.0 + vexpf(-2.0 * u))
+
+
+cdef void gelu_backward(float* dinp, const float* inp, const float* dout, Py_ssize_t N) noexcept nogil:
+    cdef Py_ssize_t num_chunks = (N + CHUNK - 1) // CHUNK
+    cdef Py_ssize_t chunk, i
+    cdef float x, u, s, local_grad
+    for chunk in prange(num_chunks, schedule="static", use_threads_if=num_chunks > 1):
+        for i in range(chunk * CHUNK, min(chunk * CHUNK + CHUNK, N)):
+            x = inp[i]
+            u = GELU_SCALING_FACTOR * (x + GELU_CUBIC * x * x * x)
+            s = 1.0 / (1.0 + vexpf(-2.0 * u))
+            local_grad = s + x * s * (1.0 - s) * (2.0 * GELU_SCALING_FACTOR) * (1.0 + 3.0 * GELU_CUBIC * x * x)
+            dinp[i] = dinp[i] + local_grad * dout[i]

@@ -7,6 +7,8 @@
 # The GEMMs go to OpenBLAS (scipy-openblas32, row-major views of the same buffers), run
 # single-threaded inside our own OpenMP threads, each on its own block of output columns: one
 # thread pool, so OpenBLAS's threads never compete for the cores with OpenMP's spinning ones.
+# OpenBLAS's thread count is process-wide and anything may reset it (threadpoolctl, another
+# module), so each call checks it (cheap) and sets it back to 1.
 from cython.parallel cimport prange
 from libc.limits cimport INT_MAX
 
@@ -22,12 +24,16 @@ cdef extern from "cblas.h" nogil:
                            int M, int N, int K, float alpha, const float* A, int lda,
                            const float* B, int ldb, float beta, float* C, int ldc)
     void scipy_openblas_set_num_threads(int num_threads)
-
-scipy_openblas_set_num_threads(1)
+    int scipy_openblas_get_num_threads()
 
 # column blocks start on 64-byte boundaries, so threads share no cache lines of the output
 cdef enum:
     FLOATS_PER_CACHE_LINE = 16
+
+
+cdef inline void blas_single_threaded() noexcept nogil:
+    if scipy_openblas_get_num_threads() != 1:
+        scipy_openblas_set_num_threads(1)
 
 
 cdef inline int leading_dim(int n) noexcept nogil:
@@ -50,6 +56,7 @@ cdef void matmul_forward(float* out, const float* inp, const float* weight, cons
     cdef Py_ssize_t bt, o
     cdef float* out_bt
     cdef float beta
+    blas_single_threaded()
     for part in prange(parts, schedule="static", num_threads=parts):
         o0 = block_start(part, parts, OC)
         o1 = block_start(part + 1, parts, OC)
@@ -73,6 +80,7 @@ cdef void matmul_backward(float* dinp, float* dweight, float* dbias, const float
     cdef int BT = B * T, parts = max_threads(), part, c0, c1, o0, o1
     cdef Py_ssize_t bt, o
     cdef const float* dout_bt
+    blas_single_threaded()
     for part in prange(parts, schedule="static", num_threads=parts):
         # dinp[:, c0:c1] (BT, c1-c0) += dout (BT,OC) @ weight[:, c0:c1] (OC, c1-c0)
         c0 = block_start(part, parts, C)

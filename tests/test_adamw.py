@@ -1,4 +1,4 @@
-# kernels.adamw: update against torch.optim.AdamW (float64), global_norm_squared against NumPy.
+# kernels.adamw: update against torch.optim.AdamW (float64), norm_squared against NumPy.
 import numpy as np
 import pytest
 
@@ -75,7 +75,7 @@ def test_global_norm_squared(n):
     x = np.random.default_rng(n).standard_normal(n).astype(np.float32) * 3
     expected = np.sum(x.astype(np.float64) ** 2)
     # accumulated in double: far tighter than a float sum could get
-    assert adamw.global_norm_squared(x) == pytest.approx(expected, rel=1e-12, abs=0)
+    assert adamw.norm_squared(x) == pytest.approx(expected, rel=1e-12, abs=0)
 
 
 def test_bad_arguments_raise():

@@ -1,0 +1,349 @@
+"""
+dev/bench_step.py: how fast is a training step of llm.pyx, next to PyTorch on the same machine?
+
+Times N training steps (forward with targets, zero_grad, backward, AdamW update) of the real
+training path, train_gpt2.GPT2 on random tokens, and - when PyTorch is installed - the same
+step of the same model in PyTorch eager (train_gpt2_torch.GPT, torch.optim.AdamW(fused=True)),
+at the same size, batch and thread count, starting from the same parameters.  Each side runs
+in its own process (its own OpenMP runtime, its own peak RSS); with --rounds 2 the two are
+interleaved A B A B so that a noisy neighbour hurts both alike.
+
+    python dev/bench_step.py                          d12, B=4, T=64, 2 threads (make bench)
+    python dev/bench_step.py -t 1024 --steps 3        the long-context end
+    python dev/bench_step.py --threads 1
+    python dev/bench_step.py --profile                also: where llm.pyx's step time goes
+
+Prints ms/step (median, min-max), tokens/s, the ratio llm.pyx / PyTorch, the model FLOPs
+achieved against this machine's measured sgemm peak (scipy-openblas32, 2048^3, same threads),
+peak RSS, and the losses of both sides (same parameters, same batch: they must agree).
+The training path runs as it would from the shell with OMP_NUM_THREADS=--threads: nothing
+here changes its BLAS thread settings (the peak sgemm runs OpenBLAS on --threads threads).
+Other environment variables (OMP_WAIT_POLICY, OPENBLAS_NUM_THREADS, ...) pass through.
+"""
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+# the optimizer settings of both sides: llm.c's train_gpt2.c training loop
+ADAMW = dict(lr=1e-4, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("-e", "--depth", type=int, default=12, help="model depth dN (12: GPT-2 124M)")
+    p.add_argument("-b", "--batch", type=int, default=4, help="batch size B")
+    p.add_argument("-t", "--seq", type=int, default=64, help="sequence length T")
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="threads for both sides")
+    p.add_argument("--steps", type=int, default=8, help="timed steps per round")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps first (allocation, caches)")
+    p.add_argument("--rounds", type=int, default=2, help="llm.pyx/PyTorch rounds, interleaved")
+    p.add_argument("--no-torch", action="store_true", help="time llm.pyx only")
+    p.add_argument("--profile", action="store_true",
+                   help="also time each kernel of llm.pyx's step (replayed through the kernels' "
+                        "Python wrappers at the step's shapes)")
+    p.add_argument("--json", help="also write the results to this file")
+    p.add_argument("--worker", choices=["llmpyx", "torch", "peak", "profile"], help=argparse.SUPPRESS)
+    p.add_argument("--params", help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def config_for(args):
+    from llmc_io import GPT2Config
+    return GPT2Config.from_depth(args.depth)
+
+
+def model_flops(config, B, T):
+    """(matmul, attention) FLOPs of one training step: every matmul's 2*B*T*C*OC forward, and
+    twice that backward; attention's causal half of q.k and att.v, likewise."""
+    C, L, Vp = config.channels, config.num_layers, config.padded_vocab_size
+    matmul = 3 * 2.0 * B * T * (L * 12 * C * C + C * Vp)
+    attention = 3 * 2.0 * B * T * (T + 1) * C * L
+    return matmul, attention
+
+
+def peak_rss_bytes():
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss if sys.platform == "darwin" else rss * 1024
+
+
+def batch(config, B, T, seed=1234):
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(0, config.vocab_size, (B, T + 1)).astype(np.int32)
+    return tokens[:, :-1].copy(), tokens[:, 1:].copy()
+
+
+def limit_threads(n):
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        return None
+    return threadpool_limits(limits=n)
+
+
+# ----------------------------------------------------------------------------
+# workers: each prints one JSON line
+
+def worker_peak(args):
+    limiter = limit_threads(args.threads)
+    try:
+        from dev.cpu import machine
+        seconds = machine.sgemm_seconds(2048, 5)
+        source = "scipy-openblas32 sgemm 2048^3"
+    except ImportError:   # dev/cpu not built: NumPy's OpenBLAS is the same library family
+        a = np.random.default_rng(0).standard_normal((2048, 2048)).astype(np.float32)
+        a @ a
+        seconds = min(_timed(lambda: a @ a) for _ in range(5))
+        source = "numpy float32 matmul 2048^3"
+    del limiter
+    return dict(gflops=2.0 * 2048 ** 3 / seconds / 1e9, source=source)
+
+
+def _timed(fn):
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def worker_llmpyx(args):
+    # the training path as it runs: OMP_NUM_THREADS from --threads, BLAS threads left to it
+    from train_gpt2 import GPT2
+    config = config_for(args)
+    model = GPT2.random(config, seed=0)
+    if args.params:
+        np.save(args.params, model.params)
+    x, y = batch(config, args.batch, args.seq)
+    losses, times = [], []
+    for step in range(args.warmup + args.steps):
+        t0 = time.perf_counter()
+        loss = model.forward(x, y)
+        model.zero_grad()
+        model.backward()
+        model.update(ADAMW["lr"], ADAMW["beta1"], ADAMW["beta2"], ADAMW["eps"],
+                     ADAMW["weight_decay"], step + 1)
+        dt = time.perf_counter() - t0
+        losses.append(loss)
+        if step >= args.warmup:
+            times.append(dt)
+    return dict(times=times, losses=losses, rss=peak_rss_bytes())
+
+
+def worker_torch(args):
+    import torch
+    import train_gpt2_torch
+    torch.set_num_threads(args.threads)
+    config = config_for(args)
+    if args.params:
+        model = train_gpt2_torch.build_model(config, np.load(args.params))
+    else:
+        model = train_gpt2_torch.GPT(config)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=ADAMW["lr"],
+                                  betas=(ADAMW["beta1"], ADAMW["beta2"]), eps=ADAMW["eps"],
+                                  weight_decay=ADAMW["weight_decay"], fused=True)
+    x, y = (torch.from_numpy(a.astype(np.int64)) for a in batch(config, args.batch, args.seq))
+    losses, times = [], []
+    for step in range(args.warmup + args.steps):
+        t0 = time.perf_counter()
+        _, loss = model(x, y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        loss = loss.item()
+        dt = time.perf_counter() - t0
+        losses.append(loss)
+        if step >= args.warmup:
+            times.append(dt)
+    return dict(times=times, losses=losses, rss=peak_rss_bytes(), torch=torch.__version__)
+
+
+def worker_profile(args):
+    """Replay llm.pyx's step kernel by kernel through kernels.*'s Python wrappers, over the
+    model's own buffers, and time each call: {category: seconds per step}."""
+    from train_gpt2 import GPT2
+    from kernels import (adamw, attention, crossentropy, encoder, gelu, layernorm, matmul,
+                         residual)
+    config = config_for(args)
+    model = GPT2.random(config, seed=0)
+    B, T, C, L, NH, V = args.batch, args.seq, config.channels, config.num_layers, config.num_heads, config.vocab_size
+    x, y = batch(config, B, T)
+    model.forward(x, y)
+    acts = model.activations()
+    dacts = {k: np.zeros_like(v) for k, v in acts.items()}
+    p, g = model.param_tensors(), model.grad_tensors()
+    flat_params, flat_grads, m, v = model.params, model.grads, model.m, model.v
+    totals = {}
+    softmax = crossentropy.softmax
+
+    def timed(category, fn, *a):
+        t0 = time.perf_counter()
+        fn(*a)
+        totals[category] = totals.get(category, 0.0) + time.perf_counter() - t0
+
+    def step(t):
+        timed("encoder fwd", encoder.forward, acts["encoded"], x, p["wte"], p["wpe"])
+        for l in range(L):
+            res = acts["encoded"] if l == 0 else acts["residual3"][l - 1]
+            timed("layernorm fwd", layernorm.forward, acts["ln1"][l], acts["ln1_mean"][l], acts["ln1_rstd"][l], res, p["ln1w"][l], p["ln1b"][l])
+            timed("matmul fwd qkv", matmul.forward, acts["qkv"][l], acts["ln1"][l], p["qkvw"][l], p["qkvb"][l])
+            timed("attention fwd", attention.forward, acts["atty"][l], acts["preatt"][l], acts["att"][l], acts["qkv"][l], NH)
+            timed("matmul fwd attproj", matmul.forward, acts["attproj"][l], acts["atty"][l], p["attprojw"][l], p["attprojb"][l])
+            timed("residual fwd", residual.forward, acts["residual2"][l].reshape(-1), res.reshape(-1), acts["attproj"][l].reshape(-1))
+            timed("layernorm fwd", layernorm.forward, acts["ln2"][l], acts["ln2_mean"][l], acts["ln2_rstd"][l], acts["residual2"][l], p["ln2w"][l], p["ln2b"][l])
+            timed("matmul fwd fc", matmul.forward, acts["fch"][l], acts["ln2"][l], p["fcw"][l], p["fcb"][l])
+            timed("gelu fwd", gelu.forward, acts["fch_gelu"][l].reshape(-1), acts["fch"][l].reshape(-1))
+            timed("matmul fwd fcproj", matmul.forward, acts["fcproj"][l], acts["fch_gelu"][l], p["fcprojw"][l], p["fcprojb"][l])
+            timed("residual fwd", residual.forward, acts["residual3"][l].reshape(-1), acts["residual2"][l].reshape(-1), acts["fcproj"][l].reshape(-1))
+        timed("layernorm fwd", layernorm.forward, acts["lnf"], acts["lnf_mean"], acts["lnf_rstd"], acts["residual3"][L - 1], p["lnfw"], p["lnfb"])
+        timed("matmul fwd lm_head", matmul.forward, acts["logits"], acts["lnf"], p["wte"], None)
+        timed("softmax+loss fwd", softmax, acts["probs"], acts["logits"], V)
+        timed("softmax+loss fwd", crossentropy.forward, acts["losses"], acts["probs"], y)
+        timed("zero_grad (params)", flat_grads.fill, 0.0)
+        for d in dacts.values():
+            timed("zero act grads", d.fill, 0.0)
+        dacts["losses"].fill(1.0 / (B * T))
+        timed("softmax+loss bwd", crossentropy.backward, dacts["logits"], dacts["losses"], acts["probs"], y, V)
+        timed("matmul bwd lm_head", matmul.backward, dacts["lnf"], g["wte"], None, dacts["logits"], acts["lnf"], p["wte"])
+        timed("layernorm bwd", layernorm.backward, dacts["residual3"][L - 1], g["lnfw"], g["lnfb"], dacts["lnf"], acts["residual3"][L - 1], p["lnfw"], acts["lnf_mean"], acts["lnf_rstd"])
+        for l in range(L - 1, -1, -1):
+            res = acts["encoded"] if l == 0 else acts["residual3"][l - 1]
+            dres = dacts["encoded"] if l == 0 else dacts["residual3"][l - 1]
+            timed("residual bwd", residual.backward, dacts["residual2"][l].reshape(-1), dacts["fcproj"][l].reshape(-1), dacts["residual3"][l].reshape(-1))
+            timed("matmul bwd fcproj", matmul.backward, dacts["fch_gelu"][l], g["fcprojw"][l], g["fcprojb"][l], dacts["fcproj"][l], acts["fch_gelu"][l], p["fcprojw"][l])
+            timed("gelu bwd", gelu.backward, dacts["fch"][l].reshape(-1), acts["fch"][l].reshape(-1), dacts["fch_gelu"][l].reshape(-1))
+            timed("matmul bwd fc", matmul.backward, dacts["ln2"][l], g["fcw"][l], g["fcb"][l], dacts["fch"][l], acts["ln2"][l], p["fcw"][l])
+            timed("layernorm bwd", layernorm.backward, dacts["residual2"][l], g["ln2w"][l], g["ln2b"][l], dacts["ln2"][l], acts["residual2"][l], p["ln2w"][l], acts["ln2_mean"][l], acts["ln2_rstd"][l])
+            timed("residual bwd", residual.backward, dres.reshape(-1), dacts["attproj"][l].reshape(-1), dacts["residual2"][l].reshape(-1))
+            timed("matmul bwd attproj", matmul.backward, dacts["atty"][l], g["attprojw"][l], g["attprojb"][l], dacts["attproj"][l], acts["atty"][l], p["attprojw"][l])
+            timed("attention bwd", attention.backward, dacts["qkv"][l], dacts["preatt"][l], dacts["att"][l], dacts["atty"][l], acts["qkv"][l], acts["att"][l], NH)
+            timed("matmul bwd qkv", matmul.backward, dacts["ln1"][l], g["qkvw"][l], g["qkvb"][l], dacts["qkv"][l], acts["ln1"][l], p["qkvw"][l])
+            timed("layernorm bwd", layernorm.backward, dres, g["ln1w"][l], g["ln1b"][l], dacts["ln1"][l], res, p["ln1w"][l], acts["ln1_mean"][l], acts["ln1_rstd"][l])
+        timed("encoder bwd", encoder.backward, g["wte"], g["wpe"], dacts["encoded"], x)
+        timed("adamw", adamw.update, flat_params, m, v, flat_grads, ADAMW["lr"], ADAMW["beta1"],
+              ADAMW["beta2"], ADAMW["eps"], ADAMW["weight_decay"], 1.0, t)
+
+    for t in range(args.warmup):
+        step(t + 1)
+    totals.clear()
+    t0 = time.perf_counter()
+    for t in range(args.steps):
+        step(args.warmup + t + 1)
+    wall = (time.perf_counter() - t0) / args.steps
+    return dict(categories={k: s / args.steps for k, s in totals.items()}, wall=wall)
+
+
+# ----------------------------------------------------------------------------
+# the parent: run the workers, print the table
+
+def run_worker(kind, args, params_path=None):
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", kind, "-e", str(args.depth),
+           "-b", str(args.batch), "-t", str(args.seq), "--threads", str(args.threads),
+           "--steps", str(args.steps), "--warmup", str(args.warmup)]
+    if params_path:
+        cmd += ["--params", params_path]
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
+    if proc.returncode != 0:
+        raise RuntimeError(f"dev/bench_step.py: the {kind} worker failed:\n{proc.stderr.strip()}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def have_torch():
+    try:
+        import importlib.util
+        return importlib.util.find_spec("torch") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def summarize(times):
+    t = np.array(times)
+    return dict(median=float(np.median(t)), min=float(t.min()), max=float(t.max()), n=len(t))
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.worker:
+        fn = dict(llmpyx=worker_llmpyx, torch=worker_torch, peak=worker_peak, profile=worker_profile)[args.worker]
+        print(json.dumps(fn(args)))
+        return 0
+    if args.steps < 1 or args.rounds < 1 or args.threads < 1:
+        sys.exit("dev/bench_step.py: --steps, --rounds and --threads must be at least 1")
+
+    config = config_for(args)
+    B, T = args.batch, args.seq
+    if T > config.max_seq_len:
+        sys.exit(f"dev/bench_step.py: -t {T} exceeds the model's max_seq_len {config.max_seq_len}")
+    use_torch = not args.no_torch and have_torch()
+    tmp = tempfile.mkdtemp(prefix="bench_step_")
+    params_path = os.path.join(tmp, "params.npy") if use_torch else None
+    print(f"llm.pyx training step: d{args.depth} ({config.num_parameters() / 1e6:.1f}M parameters), "
+          f"B={B} T={T}, {args.threads} threads, {args.warmup} warm-up + {args.steps} timed steps "
+          f"x {args.rounds} rounds", flush=True)
+    try:
+        peak = run_worker("peak", args)
+        results = {"llm.pyx": [], "PyTorch": []}
+        for r in range(args.rounds):
+            results["llm.pyx"].append(run_worker("llmpyx", args, params_path if r == 0 else None))
+            if use_torch:
+                results["PyTorch"].append(run_worker("torch", args, params_path))
+        profile = run_worker("profile", args) if args.profile else None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    matmul_flops, attention_flops = model_flops(config, B, T)
+    flops = matmul_flops + attention_flops
+    print(f"model FLOPs per step: {flops / 1e9:.1f} G (matmuls {matmul_flops / 1e9:.1f} G, "
+          f"attention {attention_flops / 1e9:.1f} G); measured peak: {peak['gflops']:.0f} GFLOP/s "
+          f"({peak['source']}, {args.threads} threads) -> floor {flops / peak['gflops'] / 1e6:.0f} ms "
+          f"for the FLOPs alone")
+    rows = {}
+    print(f"\n{'':<9} {'ms/step':>9} {'min-max ms':>17} {'tokens/s':>9} {'GFLOP/s':>8} {'% peak':>7} {'peak RSS':>9}")
+    for name, runs in results.items():
+        if not runs:
+            continue
+        s = summarize([t for run in runs for t in run["times"]])
+        rss = max(run["rss"] for run in runs)
+        rows[name] = dict(s, rss=rss, losses=runs[0]["losses"])
+        gflops = flops / s["median"] / 1e9
+        print(f"{name:<9} {s['median'] * 1e3:9.1f} {s['min'] * 1e3:8.1f}-{s['max'] * 1e3:<8.1f} "
+              f"{B * T / s['median']:9.0f} {gflops:8.1f} {100 * gflops / peak['gflops']:6.0f}% "
+              f"{rss / 2 ** 30:7.2f} GB")
+    if "PyTorch" in rows:
+        ratio = rows["llm.pyx"]["median"] / rows["PyTorch"]["median"]
+        print(f"\nllm.pyx / PyTorch eager (torch {results['PyTorch'][0]['torch']}, fused AdamW): "
+              f"{ratio:.3f} of the time per step ({1 / ratio:.2f}x the speed)")
+        a, b = np.array(rows["llm.pyx"]["losses"]), np.array(rows["PyTorch"]["losses"])
+        print(f"losses, same parameters and batch: llm.pyx {a[0]:.6f} .. {a[-1]:.6f}, "
+              f"PyTorch {b[0]:.6f} .. {b[-1]:.6f}, max |difference| {np.max(np.abs(a - b)):.2e}")
+    elif not args.no_torch:
+        print("\n(PyTorch is not installed: llm.pyx only)")
+    if profile:
+        cats = profile["categories"]
+        total = sum(cats.values())
+        print(f"\nllm.pyx step, kernel by kernel (replayed through kernels.*; {total * 1e3:.0f} ms "
+              f"in kernels, {profile['wall'] * 1e3:.0f} ms wall per replayed step):")
+        for name, seconds in sorted(cats.items(), key=lambda kv: -kv[1]):
+            print(f"  {name:<22} {seconds * 1e3:8.1f} ms  {100 * seconds / total:5.1f}%")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(args=vars(args), peak=peak, results=rows, profile=profile,
+                           flops=flops), f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
