@@ -47,7 +47,7 @@ def parse_args(argv=None):
     p.add_argument("-e", "--depth", type=int, default=12, help="model depth dN (12: GPT-2 124M)")
     p.add_argument("-b", "--batch", type=int, default=4, help="batch size B")
     p.add_argument("-t", "--seq", type=int, default=64, help="sequence length T")
-    p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="threads for both sides")
+    p.add_argument("--threads", type=int, default=2, help="threads for both sides (OMP_NUM_THREADS, torch.set_num_threads)")
     p.add_argument("--steps", type=int, default=8, help="timed steps per round")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps first (allocation, caches)")
     p.add_argument("--rounds", type=int, default=2, help="llm.pyx/PyTorch rounds, interleaved")
@@ -86,19 +86,16 @@ def batch(config, B, T, seed=1234):
     return tokens[:, :-1].copy(), tokens[:, 1:].copy()
 
 
-def limit_threads(n):
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:
-        return None
-    return threadpool_limits(limits=n)
-
-
 # ----------------------------------------------------------------------------
 # workers: each prints one JSON line
 
 def worker_peak(args):
-    limiter = limit_threads(args.threads)
+    """The sgemm peak on --threads OpenBLAS threads."""
+    try:
+        from threadpoolctl import threadpool_limits
+        threadpool_limits(limits=args.threads)   # this process only measures
+    except ImportError:
+        pass
     try:
         from dev.cpu import machine
         seconds = machine.sgemm_seconds(2048, 5)
@@ -108,7 +105,6 @@ def worker_peak(args):
         a @ a
         seconds = min(_timed(lambda: a @ a) for _ in range(5))
         source = "numpy float32 matmul 2048^3"
-    del limiter
     return dict(gflops=2.0 * 2048 ** 3 / seconds / 1e9, source=source)
 
 

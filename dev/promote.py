@@ -7,8 +7,8 @@ dev/promote.py: write a staged variant out as the promoted kernel.
 
 A variant is written as a promoted kernel is: the same cdef functions with the same
 signatures (kernels/<kernel>.pxd), and Python wrappers with the same names and arguments.  The
-variant's shared wrappers (`include "_<kernel>_wrappers.pxi"`) are pasted in, and a cimport of
-dev.cpu.vexp becomes kernels.vexp (the .pxd is copied along).  Then rebuild (make train_gpt2),
+variant's shared wrappers (`include "_<kernel>_wrappers.pxi"`) are pasted in at the end.
+Then rebuild (make train_gpt2),
 run the kernel's tests and `python dev/ab.py <kernel>`: the kernels.<kernel> row must now
 match the variant's.
 """
@@ -16,7 +16,6 @@ import argparse
 import difflib
 import os
 import re
-import shutil
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -25,23 +24,31 @@ CPU = os.path.join(HERE, "cpu")
 
 
 def promoted_source(kernel, number):
-    """(text of kernels/<kernel>.pyx made from the variant, extra files {name: source path})."""
+    """The text of kernels/<kernel>.pyx made from the variant."""
     path = os.path.join(CPU, f"{kernel}_{number}.pyx")
     if not os.path.exists(path):
         raise SystemExit(f"dev/promote.py: {path} does not exist (see python dev/ab.py --list)")
     with open(path) as f:
         text = f.read()
-    extra = {}
 
     def paste(match):
+        # the wrappers, under a heading of their own instead of the .pxi's note about variants
         with open(os.path.join(CPU, match.group(1))) as f:
-            return f.read().rstrip("\n")
+            lines = f.read().rstrip("\n").splitlines()
+        while lines and (lines[0].startswith("#") or not lines[0].strip()):
+            lines.pop(0)
+        heading = ["# " + "-" * 76,
+                   "# Python wrappers: check shapes, then run the kernel without the GIL", ""]
+        return "\n".join(heading + lines)
 
-    text = re.sub(r'^include "([^"]+\.pxi)"$', paste, text, flags=re.M)
-    if "dev.cpu.vexp" in text:
-        text = text.replace("dev.cpu.vexp", "kernels.vexp")
-        extra["vexp.pxd"] = os.path.join(CPU, "vexp.pxd")
-    return text, extra
+    # the include line goes; the wrappers it stood for go to the end, after the kernels
+    wrappers = [paste(m) for m in re.finditer(r'^include "([^"]+\.pxi)"\n', text, flags=re.M)]
+    text = re.sub(r'^include "([^"]+\.pxi)"\n\n?', "", text, flags=re.M)
+    text = text.rstrip("\n") + "".join("\n\n\n" + w for w in wrappers) + "\n"
+    # the banner says where it came from
+    text = re.sub(rf"^# {kernel} variant {number}:", f"# {kernel} (promoted from dev/cpu/{kernel}_{number}.pyx):",
+                  text, count=1)
+    return text
 
 
 def main(argv=None):
@@ -52,7 +59,7 @@ def main(argv=None):
     p.add_argument("--diff", action="store_true", help="print the diff against the current file, write nothing")
     args = p.parse_args(argv)
 
-    text, extra = promoted_source(args.kernel, args.number)
+    text = promoted_source(args.kernel, args.number)
     target = os.path.join(args.to, f"{args.kernel}.pyx")
     if args.diff:
         old = open(target).read().splitlines(True) if os.path.exists(target) else []
@@ -62,9 +69,7 @@ def main(argv=None):
     os.makedirs(args.to, exist_ok=True)
     with open(target, "w") as f:
         f.write(text)
-    for name, source in extra.items():
-        shutil.copyfile(source, os.path.join(args.to, name))
-    print(f"wrote {target}" + "".join(f", {os.path.join(args.to, n)}" for n in extra))
+    print(f"wrote {target}")
     return 0
 
 

@@ -1,158 +1,200 @@
-# Causal multi-head self-attention (llm.c's attention), NH heads of size hs = C / NH.
-#   inp (B,T,3C): the q, k, v vectors of each position, in that order, each split into NH heads
-#   preatt (B,NH,T,T) = q . k / sqrt(hs)           (row t filled for t2 <= t, zero above)
-#   att    (B,NH,T,T) = softmax over t2 <= t       (zero above the diagonal)
-#   out    (B,T,C)    = att @ v, heads side by side
-# Backward, all += :  dinp (B,T,3C);  datt, dpreatt (B,NH,T,T) are scratch gradients that the
-# backward accumulates into and reads back (zero them before, as llm.c's zero_grad does).
-# Both passes run one thread per (b, h) pair: a head reads and writes only its own hs channels
-# of q, k, v and of out, and its own (T,T) block of the scores, so the threads never collide.
+# attention (promoted from dev/cpu/attention_3.pyx): the per-head products through OpenBLAS, on OpenMP's threads.
+#   inp (B,T,3C) = q, k, v;  preatt, att (B,NH,T,T);  out (B,T,C);  NH heads of hs = C/NH
+# One thread per (b, h) head, as variant 2, but each head's four kinds of products are
+# single-threaded sgemm calls on strided views of inp/dinp (row stride 3C, no copies):
+#   forward   preatt = scale q k^T,  out = att v
+#   backward  datt += dout v^T,  dv += att^T dout,  dq += scale dpreatt k,  dk += scale dpreatt^T q
+# The causal mask is used by blocks of TB rows: row block i only multiplies the columns
+# 0 .. (i+1)TB, so about half of the square is skipped at large T.  Forward's scores cover a
+# few entries above the diagonal inside the diagonal block, which the softmax then sets to
+# zero; backward takes its diagonal blocks through a small TB x TB buffer, so that it adds
+# nothing above the diagonal of datt and dpreatt (llm.c's kernels never touch those).
+# OpenBLAS's thread count is process-wide and must be 1 for calls from OpenMP threads: the
+# kernels set it (as matmul_5 does).  The softmax uses dev.cpu.vexp's vectorisable exp.
 from cython.parallel cimport prange
-from libc.limits cimport INT_MAX
-from libc.math cimport expf, sqrtf, INFINITY
+from libc.math cimport sqrtf, INFINITY
+from kernels.vexp cimport vexpf
+
+from kernels.cblas cimport (CblasNoTrans, CblasRowMajor, CblasTrans, scipy_cblas_sgemm,
+                            scipy_openblas_get_num_threads, scipy_openblas_set_num_threads)
+
+cdef enum:
+    TB = 64   # rows of the scores per block of the causal mask
+
+
+cdef inline void blas_single_threaded() noexcept nogil:
+    if scipy_openblas_get_num_threads() != 1:
+        scipy_openblas_set_num_threads(1)
+
+
+cdef inline void softmax_rows(float* preatt, float* att, int t0, int t1, int T) noexcept nogil:
+    # rows t0..t1 of one head: att = softmax of preatt over t2 <= t; both zero above
+    cdef Py_ssize_t t, t2
+    cdef float* pre_t
+    cdef float* att_t
+    cdef float maxval, expsum, inv, e
+    for t in range(t0, t1):
+        pre_t = preatt + t * T
+        att_t = att + t * T
+        maxval = -INFINITY
+        for t2 in range(t + 1):
+            maxval = max(maxval, pre_t[t2])
+        expsum = 0.0
+        for t2 in range(t + 1):
+            e = vexpf(pre_t[t2] - maxval)
+            att_t[t2] = e
+            expsum = expsum + e
+        inv = 1.0 / expsum
+        for t2 in range(t + 1):
+            att_t[t2] = att_t[t2] * inv
+        for t2 in range(t + 1, T):
+            pre_t[t2] = 0.0
+            att_t[t2] = 0.0
+
+
+cdef void forward_head(float* out, float* preatt, float* att, const float* inp,
+                       int b, int h, int T, int C, int NH) noexcept nogil:
+    cdef int C3 = 3 * C
+    cdef int hs = C // NH
+    cdef float scale = 1.0 / sqrtf(hs)
+    cdef const float* q = inp + <Py_ssize_t>b * T * C3 + h * hs
+    cdef const float* k = q + C
+    cdef const float* v = q + 2 * C
+    cdef float* pre_bh = preatt + (<Py_ssize_t>b * NH + h) * T * T
+    cdef float* att_bh = att + (<Py_ssize_t>b * NH + h) * T * T
+    cdef float* out_bh = out + <Py_ssize_t>b * T * C + h * hs
+    cdef int t0, rows, cols
+    t0 = 0
+    while t0 < T:
+        rows = min(<int>TB, T - t0)
+        cols = t0 + rows
+        # preatt[t0:t0+rows, :cols] = scale q[t0:t0+rows] k[:cols]^T
+        scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cols, hs, scale,
+                          q + <Py_ssize_t>t0 * C3, C3, k, C3, 0.0, pre_bh + <Py_ssize_t>t0 * T, T)
+        softmax_rows(pre_bh, att_bh, t0, t0 + rows, T)
+        # out[t0:t0+rows] = att[t0:t0+rows, :cols] v[:cols]
+        scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hs, cols, 1.0,
+                          att_bh + <Py_ssize_t>t0 * T, T, v, C3, 0.0, out_bh + <Py_ssize_t>t0 * C, C)
+        t0 += TB
+
+
+cdef inline void lower_triangle(float* dst, const float* src, int ld, int rows) noexcept nogil:
+    # dst (rows, rows), leading dimension TB = the lower triangle of src (leading dimension
+    # ld), zeros above the diagonal
+    cdef int i, j
+    for i in range(rows):
+        for j in range(rows):
+            dst[i * TB + j] = src[<Py_ssize_t>i * ld + j] if j <= i else 0.0
+
+
+cdef void backward_head(float* dinp, float* dpreatt, float* datt, const float* dout,
+                        const float* inp, const float* att, int b, int h, int T, int C,
+                        int NH) noexcept nogil:
+    cdef int C3 = 3 * C
+    cdef int hs = C // NH
+    cdef float scale = 1.0 / sqrtf(hs)
+    cdef Py_ssize_t base = <Py_ssize_t>b * T * C3 + h * hs
+    cdef const float* q = inp + base
+    cdef const float* k = q + C
+    cdef const float* v = q + 2 * C
+    cdef float* dq = dinp + base
+    cdef float* dk = dq + C
+    cdef float* dv = dq + 2 * C
+    cdef const float* att_bh = att + (<Py_ssize_t>b * NH + h) * T * T
+    cdef float* datt_bh = datt + (<Py_ssize_t>b * NH + h) * T * T
+    cdef float* dpre_bh = dpreatt + (<Py_ssize_t>b * NH + h) * T * T
+    cdef const float* dout_bh = dout + <Py_ssize_t>b * T * C + h * hs
+    cdef float diag[TB * TB]   # a diagonal block of datt, att or dpreatt, zero above the diagonal
+    cdef const float* att_t
+    cdef float* datt_t
+    cdef float* dpre_t
+    cdef int t0, rows, i, j
+    cdef Py_ssize_t t, t2
+    cdef float dot
+    t0 = 0
+    while t0 < T:
+        rows = min(<int>TB, T - t0)
+        # out = att v:  datt[t0:, :t0+rows] += dout[t0:] v^T, the diagonal block through `diag`
+        # so that nothing is added above the diagonal
+        if t0 > 0:
+            scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, t0, hs, 1.0,
+                              dout_bh + <Py_ssize_t>t0 * C, C, v, C3, 1.0, datt_bh + <Py_ssize_t>t0 * T, T)
+        scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, rows, hs, 1.0,
+                          dout_bh + <Py_ssize_t>t0 * C, C, v + <Py_ssize_t>t0 * C3, C3, 0.0, diag, TB)
+        for i in range(rows):
+            datt_t = datt_bh + <Py_ssize_t>(t0 + i) * T + t0
+            for j in range(i + 1):
+                datt_t[j] = datt_t[j] + diag[i * TB + j]
+        # dv[:t0+rows] += att[t0:, :t0+rows]^T dout[t0:], the diagonal block's lower triangle
+        # through `diag` (att above the diagonal is never read)
+        if t0 > 0:
+            scipy_cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, t0, hs, rows, 1.0,
+                              att_bh + <Py_ssize_t>t0 * T, T, dout_bh + <Py_ssize_t>t0 * C, C, 1.0, dv, C3)
+        lower_triangle(diag, att_bh + <Py_ssize_t>t0 * T + t0, T, rows)
+        scipy_cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, rows, hs, rows, 1.0,
+                          diag, TB, dout_bh + <Py_ssize_t>t0 * C, C, 1.0, dv + <Py_ssize_t>t0 * C3, C3)
+        # softmax: dpreatt[t2] += att[t2] (datt[t2] - sum_t3 att[t3] datt[t3]),  t2 <= t
+        for t in range(t0, t0 + rows):
+            att_t = att_bh + t * T
+            datt_t = datt_bh + t * T
+            dpre_t = dpre_bh + t * T
+            dot = 0.0
+            for t2 in range(t + 1):
+                dot = dot + att_t[t2] * datt_t[t2]
+            for t2 in range(t + 1):
+                dpre_t[t2] = dpre_t[t2] + att_t[t2] * (datt_t[t2] - dot)
+        # preatt = scale q k^T:  dq[t0:] += scale dpreatt[t0:, :] k,  dk += scale dpreatt^T q[t0:],
+        # columns below t0 straight from dpreatt, the diagonal block from its lower triangle
+        if t0 > 0:
+            scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hs, t0, scale,
+                              dpre_bh + <Py_ssize_t>t0 * T, T, k, C3, 1.0, dq + <Py_ssize_t>t0 * C3, C3)
+            scipy_cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, t0, hs, rows, scale,
+                              dpre_bh + <Py_ssize_t>t0 * T, T, q + <Py_ssize_t>t0 * C3, C3, 1.0, dk, C3)
+        lower_triangle(diag, dpre_bh + <Py_ssize_t>t0 * T + t0, T, rows)
+        scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hs, rows, scale,
+                          diag, TB, k + <Py_ssize_t>t0 * C3, C3, 1.0, dq + <Py_ssize_t>t0 * C3, C3)
+        scipy_cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, rows, hs, rows, scale,
+                          diag, TB, q + <Py_ssize_t>t0 * C3, C3, 1.0, dk + <Py_ssize_t>t0 * C3, C3)
+        t0 += TB
 
 
 cdef void attention_forward(float* out, float* preatt, float* att, const float* inp,
                             int B, int T, int C, int NH) noexcept nogil:
-    cdef Py_ssize_t C3 = 3 * <Py_ssize_t>C
-    cdef Py_ssize_t hs = C // NH
-    cdef float scale = 1.0 / sqrtf(hs)
-    cdef Py_ssize_t bh, b, h, t, t2, i
-    cdef const float* query_t
-    cdef const float* key_t2
-    cdef const float* value_t2
-    cdef float* preatt_bth
-    cdef float* att_bth
-    cdef float* out_bth
-    cdef float val, maxval, expsum, expsum_inv, att_btht2
+    cdef Py_ssize_t bh
+    blas_single_threaded()
     for bh in prange(<Py_ssize_t>B * NH, schedule="static"):
-        b = bh // NH
-        h = bh % NH
-        for t in range(T):
-            query_t = inp + (b * T + t) * C3 + h * hs
-            preatt_bth = preatt + (bh * T + t) * T
-            att_bth = att + (bh * T + t) * T
-
-            # scores against every earlier position, and their maximum for a stable softmax
-            maxval = -INFINITY
-            for t2 in range(t + 1):
-                key_t2 = inp + (b * T + t2) * C3 + h * hs + C
-                val = 0.0
-                for i in range(hs):
-                    val = val + query_t[i] * key_t2[i]
-                val = val * scale
-                preatt_bth[t2] = val
-                if val > maxval:
-                    maxval = val
-
-            expsum = 0.0
-            for t2 in range(t + 1):
-                val = expf(preatt_bth[t2] - maxval)
-                att_bth[t2] = val
-                expsum = expsum + val
-            expsum_inv = 1.0 / expsum
-            for t2 in range(t + 1):
-                att_bth[t2] = att_bth[t2] * expsum_inv
-            # the future is masked; zeros keep the buffers deterministic
-            for t2 in range(t + 1, T):
-                preatt_bth[t2] = 0.0
-                att_bth[t2] = 0.0
-
-            # weighted sum of the values
-            out_bth = out + (b * T + t) * C + h * hs
-            for i in range(hs):
-                out_bth[i] = 0.0
-            for t2 in range(t + 1):
-                value_t2 = inp + (b * T + t2) * C3 + h * hs + 2 * C
-                att_btht2 = att_bth[t2]
-                for i in range(hs):
-                    out_bth[i] = out_bth[i] + att_btht2 * value_t2[i]
+        forward_head(out, preatt, att, inp, <int>(bh // NH), <int>(bh % NH), T, C, NH)
 
 
 cdef void attention_backward(float* dinp, float* dpreatt, float* datt, const float* dout,
                              const float* inp, const float* att, int B, int T, int C, int NH) noexcept nogil:
-    cdef Py_ssize_t C3 = 3 * <Py_ssize_t>C
-    cdef Py_ssize_t hs = C // NH
-    cdef float scale = 1.0 / sqrtf(hs)
-    cdef Py_ssize_t bh, b, h, t, t2, i
-    cdef const float* query_t
-    cdef const float* key_t2
-    cdef const float* value_t2
-    cdef const float* att_bth
-    cdef const float* dout_bth
-    cdef float* dquery_t
-    cdef float* dkey_t2
-    cdef float* dvalue_t2
-    cdef float* datt_bth
-    cdef float* dpreatt_bth
-    cdef float dot, att_btht2, att_dot_datt, dscore
+    cdef Py_ssize_t bh
+    blas_single_threaded()
     for bh in prange(<Py_ssize_t>B * NH, schedule="static"):
-        b = bh // NH
-        h = bh % NH
-        for t in range(T):
-            att_bth = att + (bh * T + t) * T
-            datt_bth = datt + (bh * T + t) * T
-            dpreatt_bth = dpreatt + (bh * T + t) * T
-            query_t = inp + (b * T + t) * C3 + h * hs
-            dquery_t = dinp + (b * T + t) * C3 + h * hs
-            dout_bth = dout + (b * T + t) * C + h * hs
-
-            # out = att @ v
-            for t2 in range(t + 1):
-                value_t2 = inp + (b * T + t2) * C3 + h * hs + 2 * C
-                dvalue_t2 = dinp + (b * T + t2) * C3 + h * hs + 2 * C
-                att_btht2 = att_bth[t2]
-                dot = 0.0
-                for i in range(hs):
-                    dot = dot + value_t2[i] * dout_bth[i]
-                    dvalue_t2[i] = dvalue_t2[i] + att_btht2 * dout_bth[i]
-                datt_bth[t2] = datt_bth[t2] + dot
-
-            # softmax: dpreatt[t2] = att[t2] * (datt[t2] - sum_t3 att[t3] datt[t3]), which is
-            # llm.c's double loop over the Jacobian att[t2] (delta(t2,t3) - att[t3]) in O(T)
-            att_dot_datt = 0.0
-            for t2 in range(t + 1):
-                att_dot_datt = att_dot_datt + att_bth[t2] * datt_bth[t2]
-            for t2 in range(t + 1):
-                dpreatt_bth[t2] = dpreatt_bth[t2] + att_bth[t2] * (datt_bth[t2] - att_dot_datt)
-
-            # preatt = q . k * scale
-            for t2 in range(t + 1):
-                key_t2 = inp + (b * T + t2) * C3 + h * hs + C
-                dkey_t2 = dinp + (b * T + t2) * C3 + h * hs + C
-                dscore = dpreatt_bth[t2] * scale
-                for i in range(hs):
-                    dquery_t[i] = dquery_t[i] + key_t2[i] * dscore
-                    dkey_t2[i] = dkey_t2[i] + query_t[i] * dscore
+        backward_head(dinp, dpreatt, datt, dout, inp, att, <int>(bh // NH), <int>(bh % NH), T, C, NH)
 
 
-cdef int expect_shape(str where, str name, const Py_ssize_t* shape, int ndim, tuple expected) except -1:
-    got = tuple([shape[i] for i in range(ndim)])
+# ----------------------------------------------------------------------------
+# Python wrappers: check shapes, then run the kernel without the GIL
+
+cdef int _check(str where, tuple got, tuple expected, str name) except -1:
     if got != expected:
-        raise ValueError(f"{where}: {name} has shape {got}, expected {expected}")
-    return 0
-
-
-cdef int check_inp(str where, const float[:, :, ::1] inp, int NH) except -1:
-    cdef Py_ssize_t C3 = inp.shape[2]
-    if inp.shape[0] > INT_MAX or inp.shape[1] > INT_MAX or C3 > INT_MAX:
-        raise ValueError(f"{where}: inp shape ({inp.shape[0]}, {inp.shape[1]}, {C3}) exceeds the int range")
-    if C3 % 3 != 0:
-        raise ValueError(f"{where}: inp has {C3} channels, expected 3*C (q, k, v)")
-    if NH <= 0 or (C3 // 3) % NH != 0:
-        raise ValueError(f"{where}: NH={NH} heads must be positive and divide C={C3 // 3}")
+        raise ValueError(f"attention.{where}: {name} has shape {got}, expected {expected}")
     return 0
 
 
 def forward(float[:, :, ::1] out, float[:, :, :, ::1] preatt, float[:, :, :, ::1] att,
             const float[:, :, ::1] inp, int NH):
     """out (B,T,C), preatt, att (B,NH,T,T)  <-  causal self-attention of inp (B,T,3C)."""
-    where = "attention.forward"
-    check_inp(where, inp, NH)
     cdef int B = inp.shape[0], T = inp.shape[1], C = inp.shape[2] // 3
-    expect_shape(where, "out", out.shape, 3, (B, T, C))
-    expect_shape(where, "preatt", preatt.shape, 4, (B, NH, T, T))
-    expect_shape(where, "att", att.shape, 4, (B, NH, T, T))
+    if inp.shape[2] != 3 * C or NH <= 0 or C % NH != 0:
+        raise ValueError(f"attention.forward: inp has {inp.shape[2]} channels, expected 3*C "
+                         f"with C a multiple of NH={NH}")
+    _check("forward", (out.shape[0], out.shape[1], out.shape[2]), (B, T, C), "out")
+    _check("forward", (preatt.shape[0], preatt.shape[1], preatt.shape[2], preatt.shape[3]), (B, NH, T, T), "preatt")
+    _check("forward", (att.shape[0], att.shape[1], att.shape[2], att.shape[3]), (B, NH, T, T), "att")
+    if B * T == 0:
+        return
     with nogil:
         attention_forward(&out[0, 0, 0], &preatt[0, 0, 0, 0], &att[0, 0, 0, 0], &inp[0, 0, 0],
                           B, T, C, NH)
@@ -162,14 +204,17 @@ def backward(float[:, :, ::1] dinp, float[:, :, :, ::1] dpreatt, float[:, :, :, 
              const float[:, :, ::1] dout, const float[:, :, ::1] inp, const float[:, :, :, ::1] att,
              int NH):
     """dinp (B,T,3C), dpreatt, datt (B,NH,T,T)  +=  gradients from dout (B,T,C)."""
-    where = "attention.backward"
-    check_inp(where, inp, NH)
     cdef int B = inp.shape[0], T = inp.shape[1], C = inp.shape[2] // 3
-    expect_shape(where, "dinp", dinp.shape, 3, (B, T, 3 * C))
-    expect_shape(where, "dout", dout.shape, 3, (B, T, C))
-    expect_shape(where, "att", att.shape, 4, (B, NH, T, T))
-    expect_shape(where, "dpreatt", dpreatt.shape, 4, (B, NH, T, T))
-    expect_shape(where, "datt", datt.shape, 4, (B, NH, T, T))
+    if inp.shape[2] != 3 * C or NH <= 0 or C % NH != 0:
+        raise ValueError(f"attention.backward: inp has {inp.shape[2]} channels, expected 3*C "
+                         f"with C a multiple of NH={NH}")
+    _check("backward", (dinp.shape[0], dinp.shape[1], dinp.shape[2]), (B, T, 3 * C), "dinp")
+    _check("backward", (dout.shape[0], dout.shape[1], dout.shape[2]), (B, T, C), "dout")
+    _check("backward", (att.shape[0], att.shape[1], att.shape[2], att.shape[3]), (B, NH, T, T), "att")
+    _check("backward", (dpreatt.shape[0], dpreatt.shape[1], dpreatt.shape[2], dpreatt.shape[3]), (B, NH, T, T), "dpreatt")
+    _check("backward", (datt.shape[0], datt.shape[1], datt.shape[2], datt.shape[3]), (B, NH, T, T), "datt")
+    if B * T == 0:
+        return
     with nogil:
         attention_backward(&dinp[0, 0, 0], &dpreatt[0, 0, 0, 0], &datt[0, 0, 0, 0], &dout[0, 0, 0],
                            &inp[0, 0, 0], &att[0, 0, 0, 0], B, T, C, NH)

@@ -14,17 +14,8 @@ from libc.limits cimport INT_MAX
 
 from kernels.parallel cimport max_threads
 
-cdef extern from "cblas.h" nogil:
-    enum CBLAS_ORDER:
-        CblasRowMajor
-    enum CBLAS_TRANSPOSE:
-        CblasNoTrans
-        CblasTrans
-    void scipy_cblas_sgemm(CBLAS_ORDER order, CBLAS_TRANSPOSE transa, CBLAS_TRANSPOSE transb,
-                           int M, int N, int K, float alpha, const float* A, int lda,
-                           const float* B, int ldb, float beta, float* C, int ldc)
-    void scipy_openblas_set_num_threads(int num_threads)
-    int scipy_openblas_get_num_threads()
+from kernels.cblas cimport (CblasNoTrans, CblasRowMajor, CblasTrans, scipy_cblas_sgemm,
+                            scipy_openblas_get_num_threads, scipy_openblas_set_num_threads)
 
 # column blocks start on 64-byte boundaries, so threads share no cache lines of the output
 cdef enum:

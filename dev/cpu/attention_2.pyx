@@ -11,25 +11,16 @@
 #    registers (it cannot prove the output does not alias the inputs);
 #  - score rows are computed in whole blocks of 64 (Tp = T rounded up, padding columns of kT
 #    zero, scores for t2 > t computed and dropped): no scalar remainder loops;
-#  - the softmax uses dev.cpu.vexp's vectorisable exp;
+#  - the softmax uses kernels.vexp's vectorisable exp;
 #  - the softmax gradient is O(T) per row: dpreatt = att (datt - sum(att datt)).
 from cython.parallel cimport prange, threadid
 from libc.math cimport sqrtf, INFINITY
 from libc.stdlib cimport malloc, free
-from dev.cpu.vexp cimport vexpf
+from kernels.vexp cimport vexpf
 
 include "_attention_wrappers.pxi"
 
-cdef extern from *:
-    """
-    #ifdef _OPENMP
-    #include <omp.h>
-    static int attention2_max_threads(void) { return omp_get_max_threads(); }
-    #else
-    static int attention2_max_threads(void) { return 1; }
-    #endif
-    """
-    int attention2_max_threads() noexcept nogil
+from kernels.parallel cimport max_threads
 
 cdef enum:
     BLOCK = 64   # scores or channels summed at once in registers (4 x 16-float vectors)
@@ -193,7 +184,7 @@ cdef void backward_head(float* dinp, float* dpreatt, float* datt, const float* d
 
 cdef void attention_forward(float* out, float* preatt, float* att, const float* inp,
                             int B, int T, int C, int NH) noexcept nogil:
-    cdef int num_threads = attention2_max_threads()
+    cdef int num_threads = max_threads()
     cdef Py_ssize_t hs = C // NH
     cdef Py_ssize_t Tp = padded(T)
     cdef Py_ssize_t per_thread = (hs + 1) * Tp   # kT (hs, Tp) and a row of scores
@@ -210,7 +201,7 @@ cdef void attention_forward(float* out, float* preatt, float* att, const float* 
 
 cdef void attention_backward(float* dinp, float* dpreatt, float* datt, const float* dout,
                              const float* inp, const float* att, int B, int T, int C, int NH) noexcept nogil:
-    cdef int num_threads = attention2_max_threads()
+    cdef int num_threads = max_threads()
     cdef Py_ssize_t hs = C // NH
     cdef Py_ssize_t Tp = padded(T)
     cdef Py_ssize_t per_thread = (hs + 2) * Tp   # vT (hs, Tp), a row of datt, a row of dscores

@@ -10,24 +10,15 @@
 # zero; backward takes its diagonal blocks through a small TB x TB buffer, so that it adds
 # nothing above the diagonal of datt and dpreatt (llm.c's kernels never touch those).
 # OpenBLAS's thread count is process-wide and must be 1 for calls from OpenMP threads: the
-# kernels set it (as matmul_5 does).  The softmax uses dev.cpu.vexp's vectorisable exp.
+# kernels set it (as matmul_5 does).  The softmax uses kernels.vexp's vectorisable exp.
 from cython.parallel cimport prange
 from libc.math cimport sqrtf, INFINITY
-from dev.cpu.vexp cimport vexpf
+from kernels.vexp cimport vexpf
 
 include "_attention_wrappers.pxi"
 
-cdef extern from "cblas.h" nogil:
-    enum CBLAS_ORDER:
-        CblasRowMajor
-    enum CBLAS_TRANSPOSE:
-        CblasNoTrans
-        CblasTrans
-    void scipy_cblas_sgemm(CBLAS_ORDER order, CBLAS_TRANSPOSE transa, CBLAS_TRANSPOSE transb,
-                           int M, int N, int K, float alpha, const float* A, int lda,
-                           const float* B, int ldb, float beta, float* C, int ldc)
-    void scipy_openblas_set_num_threads(int num_threads)
-    int scipy_openblas_get_num_threads()
+from kernels.cblas cimport (CblasNoTrans, CblasRowMajor, CblasTrans, scipy_cblas_sgemm,
+                            scipy_openblas_get_num_threads, scipy_openblas_set_num_threads)
 
 cdef enum:
     TB = 64   # rows of the scores per block of the causal mask

@@ -2,12 +2,12 @@
 #   probs (B,T,Vp) = softmax(logits) over the first V entries, 0 in the padding
 #   losses (B,T) = -log probs[target];  dlogits (B,T,Vp) += (probs - onehot(target)) * dlosses
 # The softmax is ~V exponentials per position (12.9M at B=4, T=64): with libm's expf that is
-# one call per element; dev.cpu.vexp's exp vectorises.  The max, the exp-and-sum and the scale
+# one call per element; kernels.vexp's exp vectorises.  The max, the exp-and-sum and the scale
 # are three unit-stride sweeps of a row; the sum uses several float accumulators (vector lanes),
 # which keeps its error at the level of a pairwise sum.  Each thread takes whole rows.
 from cython.parallel cimport prange
 from libc.math cimport logf, INFINITY
-from dev.cpu.vexp cimport vexpf
+from kernels.vexp cimport vexpf
 
 include "_crossentropy_wrappers.pxi"
 

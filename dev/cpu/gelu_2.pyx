@@ -3,10 +3,10 @@
 # Rewritten with the logistic sigmoid s = 1 / (1 + exp(-2u)), since 0.5 (1 + tanh(u)) = s:
 #   gelu(x)  = x s
 #   gelu'(x) = s + x s (1 - s) 2 sqrt(2/pi) (1 + 3 0.044715 x^2)     (sech^2(u) = 4 s (1 - s))
-# One exp per element, and no cancellation where tanh(u) is near -1.  exp is dev.cpu.vexp's
+# One exp per element, and no cancellation where tanh(u) is near -1.  exp is kernels.vexp's
 # vectorisable vexpf, so the loops compile to SIMD code; threads take 64 KiB chunks.
 from cython.parallel cimport prange
-from dev.cpu.vexp cimport vexpf
+from kernels.vexp cimport vexpf
 
 include "_gelu_wrappers.pxi"
 

@@ -7,15 +7,7 @@ from cython.parallel cimport prange
 from libc.stdlib cimport malloc, free
 from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
 
-cdef extern from "cblas.h" nogil:
-    enum CBLAS_ORDER:
-        CblasRowMajor
-    enum CBLAS_TRANSPOSE:
-        CblasNoTrans
-        CblasTrans
-    void scipy_cblas_sgemm(CBLAS_ORDER order, CBLAS_TRANSPOSE transa, CBLAS_TRANSPOSE transb,
-                           int M, int N, int K, float alpha, const float* A, int lda,
-                           const float* B, int ldb, float beta, float* C, int ldc)
+from kernels.cblas cimport CblasNoTrans, CblasRowMajor, scipy_cblas_sgemm
 
 
 cdef double now() noexcept nogil:

@@ -13,16 +13,7 @@ from libc.stdlib cimport malloc, free
 
 include "_matmul_wrappers.pxi"
 
-cdef extern from *:
-    """
-    #ifdef _OPENMP
-    #include <omp.h>
-    static int matmul2_max_threads(void) { return omp_get_max_threads(); }
-    #else
-    static int matmul2_max_threads(void) { return 1; }
-    #endif
-    """
-    int matmul2_max_threads() noexcept nogil
+from kernels.parallel cimport max_threads
 
 cdef enum:
     MR = 4      # rows of a per register block
@@ -159,7 +150,7 @@ cdef void gemm(float* c, Py_ssize_t ldc, const float* a, Py_ssize_t a_rs, Py_ssi
     cdef Py_ssize_t m_tiles = (M + MB - 1) // MB
     cdef Py_ssize_t n_tiles = (N + NB - 1) // NB
     cdef Py_ssize_t t, mt, nt
-    cdef int num_threads = matmul2_max_threads()
+    cdef int num_threads = max_threads()
     cdef Py_ssize_t scratch_per_thread = (MB + NB) * KB
     cdef float* scratch = <float*>malloc(num_threads * scratch_per_thread * sizeof(float))
     cdef float* apack

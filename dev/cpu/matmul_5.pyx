@@ -13,28 +13,10 @@ from cython.parallel cimport prange
 
 include "_matmul_wrappers.pxi"
 
-cdef extern from "cblas.h" nogil:
-    enum CBLAS_ORDER:
-        CblasRowMajor
-    enum CBLAS_TRANSPOSE:
-        CblasNoTrans
-        CblasTrans
-    void scipy_cblas_sgemm(CBLAS_ORDER order, CBLAS_TRANSPOSE transa, CBLAS_TRANSPOSE transb,
-                           int M, int N, int K, float alpha, const float* A, int lda,
-                           const float* B, int ldb, float beta, float* C, int ldc)
-    void scipy_openblas_set_num_threads(int num_threads)
-    int scipy_openblas_get_num_threads()
+from kernels.cblas cimport (CblasNoTrans, CblasRowMajor, CblasTrans, scipy_cblas_sgemm,
+                            scipy_openblas_get_num_threads, scipy_openblas_set_num_threads)
 
-cdef extern from *:
-    """
-    #ifdef _OPENMP
-    #include <omp.h>
-    static int matmul5_max_threads(void) { return omp_get_max_threads(); }
-    #else
-    static int matmul5_max_threads(void) { return 1; }
-    #endif
-    """
-    int matmul5_max_threads() noexcept nogil
+from kernels.parallel cimport max_threads
 
 cdef enum:
     ALIGN = 16   # slice boundaries on 16 floats: every slice starts on a cache line
@@ -55,7 +37,7 @@ cdef inline int slice_start(int n, int part, int parts) noexcept nogil:
 cdef void matmul_forward(float* out, const float* inp, const float* weight, const float* bias,
                          int B, int T, int C, int OC) noexcept nogil:
     cdef int BT = B * T
-    cdef int parts = matmul5_max_threads()
+    cdef int parts = max_threads()
     cdef int part, o0, o1
     cdef Py_ssize_t bt, o
     cdef float* out_bt
@@ -81,7 +63,7 @@ cdef void matmul_forward(float* out, const float* inp, const float* weight, cons
 cdef void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                           const float* inp, const float* weight, int B, int T, int C, int OC) noexcept nogil:
     cdef int BT = B * T
-    cdef int parts = matmul5_max_threads()
+    cdef int parts = max_threads()
     cdef int part, c0, c1, o0, o1
     cdef Py_ssize_t o, bt
     cdef const float* dout_bt
