@@ -18,7 +18,7 @@ dev/ab.py: the kernel A/B lab.  For every staged variant of a kernel (dev/cpu/<k
 Build first (make train_gpt2).  The thread count is set for OpenMP (OMP_NUM_THREADS, before
 any OpenMP library loads) and, before every variant, for every BLAS pool (threadpoolctl), as a
 user's threadpool_limits(N) would: a kernel that needs OpenBLAS single-threaded (GEMMs called
-from OpenMP threads) must say so itself on every call, as matmul_5 does.
+from OpenMP threads) must say so itself on every call, as kernels.matmul does.
 tests/test_dev_variants.py imports check() from here and runs the check part on small shapes.
 """
 import argparse
@@ -718,8 +718,8 @@ def run_kernel(kernel_name, shapes, repeats, threads, peak, check_only, budget, 
                     out(f"{short(name):<20} {shape_name(s):<14} {case_name:<8} (skipped: about "
                         f"{est:.0f} s per call, from its time at {shape_name(shapes[0])})")
                     continue
-                # a variant may change a process-wide BLAS setting (matmul_5 sets OpenBLAS to
-                # one thread): every variant starts from the same thread counts
+                # a variant may change a process-wide BLAS setting (kernels.matmul sets OpenBLAS
+                # to one thread): every variant starts from the same thread counts
                 with limit_threads(threads):
                     lines = variant_lines(kernel, name, mods[name], s, case_name, st, repeats,
                                           peak_value, check_only, budget, base, first_time, failed)

@@ -1,16 +1,15 @@
 """
-dev/promote.py: write a staged variant out as the promoted kernel.
+dev/promote.py: move a staged variant into kernels/ as the promoted kernel.
 
-    python dev/promote.py gelu 2              dev/cpu/gelu_2.pyx -> kernels/gelu.pyx
-    python dev/promote.py gelu 2 --to /tmp/k  write into another folder (to try it first)
+    python dev/promote.py gelu 2              dev/cpu/gelu_2.pyx -> kernels/gelu.pyx (moved)
+    python dev/promote.py gelu 2 --to /tmp/k  write a copy into another folder (to try it first)
     python dev/promote.py gelu 2 --diff       show what would change in kernels/gelu.pyx
 
 A variant is written as a promoted kernel is: the same cdef functions with the same
 signatures (kernels/<kernel>.pxd), and Python wrappers with the same names and arguments.  The
 variant's shared wrappers (`include "_<kernel>_wrappers.pxi"`) are pasted in at the end.
-Then rebuild (make train_gpt2),
-run the kernel's tests and `python dev/ab.py <kernel>`: the kernels.<kernel> row must now
-match the variant's.
+The variant's file is then removed: kernels.<kernel> is its row in dev/ab.py from then on.
+Then rebuild (make train_gpt2), run the kernel's tests and `python dev/ab.py <kernel>`.
 """
 import argparse
 import difflib
@@ -21,6 +20,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 CPU = os.path.join(HERE, "cpu")
+DEFAULT_TARGET = os.path.join(ROOT, "kernels")
 
 
 def promoted_source(kernel, number):
@@ -55,10 +55,12 @@ def main(argv=None):
     p = argparse.ArgumentParser(description="Write dev/cpu/<kernel>_<N>.pyx out as kernels/<kernel>.pyx.")
     p.add_argument("kernel")
     p.add_argument("number", type=int)
-    p.add_argument("--to", default=os.path.join(ROOT, "kernels"), help="folder to write into")
+    p.add_argument("--to", default=DEFAULT_TARGET,
+                   help="folder to write into (another than kernels/ keeps the variant)")
     p.add_argument("--diff", action="store_true", help="print the diff against the current file, write nothing")
     args = p.parse_args(argv)
 
+    source = os.path.join(CPU, f"{args.kernel}_{args.number}.pyx")
     text = promoted_source(args.kernel, args.number)
     target = os.path.join(args.to, f"{args.kernel}.pyx")
     if args.diff:
@@ -70,6 +72,9 @@ def main(argv=None):
     with open(target, "w") as f:
         f.write(text)
     print(f"wrote {target}")
+    if args.to == DEFAULT_TARGET:  # promoted: the one copy now lives in kernels/
+        os.remove(source)
+        print(f"removed {source} (its row is kernels.{args.kernel} now)")
     return 0
 
 
