@@ -82,7 +82,8 @@ def extensions():
     cflags = compile_flags() + omp_compile
     blas_lib_dir = scipy_openblas32.get_lib_dir()
     only = os.environ.get("LLMPYX_ONLY", "")
-    sources = ["train_gpt2.pyx"] + sorted(glob.glob("kernels/*.pyx")) + sorted(glob.glob("dev/cpu/*.pyx"))
+    sources = (["train_gpt2.pyx"] + sorted(glob.glob("kernels/*.pyx")) + sorted(glob.glob("accel/*.pyx"))
+               + sorted(glob.glob("llmc/*.pyx")) + sorted(glob.glob("dev/cpu/*.pyx")))
     exts = []
     for src in sources:
         name = src[:-len(".pyx")].replace("/", ".")

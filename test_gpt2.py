@@ -6,6 +6,7 @@ tensors, then take 10 AdamW steps on the batch and compare the losses.
 
     python test_gpt2.py                                   # the committed tiny fixture
     python test_gpt2.py --model M.bin --state S.bin       # any llm.c-format pair
+    python test_gpt2.py --backend check:cpu               # on a backend (accel/README.md)
 
 Exits 0 only when every comparison passes ("overall okay: 1").
 """
@@ -65,22 +66,27 @@ def main():
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=FIXTURE_MODEL, help="llm.c model file (v3 or v5)")
     parser.add_argument("--state", default=FIXTURE_STATE, help="llm.c debug state file")
+    parser.add_argument("--backend", default="cpu",
+                        help="the backend to run on: cpu, check:NAME, profile:NAME, ...")
     args = parser.parse_args()
 
-    from train_gpt2 import GPT2  # after argument parsing, so --help works before a build
+    # after argument parsing, so --help works before a build
+    from accel.backend import BackendError
+    from train_gpt2 import GPT2
     try:
         config, params = read_checkpoint(args.model)
         state = read_debug_state(args.state, config)
-    except FormatError as e:
+        model = GPT2(config, backend=args.backend)
+    except (FormatError, BackendError) as e:
         parser.exit(2, f"test_gpt2.py: error: {e}\n")
-    model = GPT2(config)
-    model.params[:] = params
+    model.params = params
     B, T = state.x.shape
     V = config.vocab_size
     print(f"[GPT-2] {args.model}: L={config.num_layers} NH={config.num_heads} C={config.channels} "
           f"V={V} Vp={config.padded_vocab_size} maxT={config.max_seq_len}, "
           f"{config.num_parameters():,} parameters")
     print(f"[State] {args.state}: B={B} T={T}")
+    print(f"[Backend] {model.backend.name}")
     okay = True
 
     def report(what, ok, detail):
@@ -118,6 +124,8 @@ def main():
     else:
         diff = np.abs(np.array(losses) - np.array(expected[:STEPS]))
         report("losses", diff.max() <= LOSS_STEP_TOL, f"max |diff| {diff.max():.2e} vs {source}")
+    if model.backend.name.startswith("check:"):
+        report("check", model.backend.report()["mismatches"] == 0, model.backend.summary())
     print(f"overall okay: {int(okay)}")
     return 0 if okay else 1
 

@@ -1,3 +1,0 @@
-from kernels.backend cimport Kernels
-
-cdef Kernels cpu_kernels() noexcept nogil
