@@ -27,8 +27,8 @@ import time
 import numpy as np
 
 import llmc_io
-from dataloader import DataError, DataLoader
-from tokenizer import TokenizerError, load_tokenizer
+from llmc.dataloader import DataError, DataLoader
+from llmc.tokenizer import TokenizerError, load_tokenizer
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # the defaults live in the repository, wherever train.py is run from

@@ -16,7 +16,7 @@ import pytest
 
 import llmc_io
 import train
-from dataloader import DataLoader
+from llmc.dataloader import DataLoader
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -158,9 +158,10 @@ def test_bad_files(capsys, data, tmp_path):
     small = write_raw(tmp_path / "small.bin", [20240520, 1, 100], b"\x00" * 200)
     assert "too small: 100 tokens" in error("-i", small, "-j", data.val)
     magic = write_raw(tmp_path / "magic.bin", [20240326, 3, 1000], b"\x00" * 2000)
-    assert "bad magic number 20240326" in error("-i", data.train, "-j", magic)
+    line = error("-i", data.train, "-j", magic)
+    assert "this is a model checkpoint, not a GPT-2 token shard (magic number 20240326" in line
     truncated = write_raw(tmp_path / "cut.bin", [20240520, 1, 1000], b"\x00" * 1000)
-    assert "does not match" in error("-i", truncated, "-j", data.val)
+    assert "truncated: expected 3024 bytes" in error("-i", truncated, "-j", data.val)
     tokens = np.zeros(1000, dtype=np.int64)
     tokens[7] = 50300  # a valid uint16, but GPT-2 has 50257 tokens
     llmc_io.write_shard(tmp_path / "vocab.bin", tokens)
