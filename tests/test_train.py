@@ -2,7 +2,7 @@
 train.py end to end on a small random GPT-2 (d2) and token shards written here (no tokenizer,
 no internet): a run stopped at a checkpoint and resumed gives exactly the losses, samples and
 final files of an uninterrupted one; every bad input ends in one line "train.py: error: ...";
-checkpoints and the training state follow llm.c's names and layout.
+checkpoints and the training state follow llm.c's names and layout (llmc/checkpoint.py).
 """
 import os
 import re
@@ -16,6 +16,7 @@ import pytest
 
 import llmc_io
 import train
+from llmc import checkpoint
 from llmc.dataloader import DataLoader
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -203,16 +204,27 @@ def test_find_max_step_takes_newest_complete(tmp_path):
     def touch(name):
         (tmp_path / name).write_bytes(b"")
     for step in (3, 6):
-        for path in train.checkpoint_paths(str(tmp_path), step):
+        for path in checkpoint.checkpoint_paths(str(tmp_path), step):
             touch(os.path.basename(path))
     touch("model_00000009.bin")  # a checkpoint cut short: no state, no DONE
     touch("DONE_00000012")  # a DONE without its files
     touch(".model_00000015.bin.123.abcd.tmp")  # an atomic write that never finished
-    assert train.find_max_step(str(tmp_path)) == 6
-    assert train.find_max_step(str(tmp_path / "empty")) is None
+    assert checkpoint.find_max_step(str(tmp_path)) == 6
+    assert checkpoint.find_max_step(str(tmp_path / "empty")) is None
 
 
-def test_state_file_layout_and_round_trip(tmp_path):
+def fake_model(size, rng=None):
+    """What checkpoint.py uses of a model: its parameter count, AdamW's m and v, save()."""
+    def save(path):
+        with open(path, "wb") as f:
+            f.write(b"model")
+    m, v = np.zeros(size, np.float32), np.zeros(size, np.float32)
+    if rng is not None:
+        m, v = rng.standard_normal(size).astype(np.float32), rng.random(size).astype(np.float32)
+    return types.SimpleNamespace(params=np.zeros(size, np.float32), m=m, v=v, save=save)
+
+
+def test_checkpoint_state_layout_and_resume(tmp_path):
     B, T = 2, 4
     for i, n in enumerate((8 * 6 + 1, 8 * 4 + 1)):
         llmc_io.write_shard(tmp_path / f"s_{i}.bin", np.arange(n) % 50000)
@@ -220,14 +232,14 @@ def test_state_file_layout_and_round_trip(tmp_path):
     loader = DataLoader(pattern, B, T, shuffle=True)
     for _ in range(8):  # into the second shard
         loader.next_batch()
-    rng = np.random.default_rng(1)
-    model = types.SimpleNamespace(params=np.zeros(1000, np.float32),
-                                  m=rng.standard_normal(1000).astype(np.float32),
-                                  v=rng.random(1000).astype(np.float32))
-    path = tmp_path / "state_00000007_00000.bin"
-    train.save_state(str(path), 7, model, loader)
+    model = fake_model(1000, np.random.default_rng(1))
+    out = tmp_path / "out"
+    out.mkdir()
+    checkpoint.write_checkpoint(str(out), 7, model, loader)
+    assert sorted(os.listdir(out)) == ["DONE_00000007", "model_00000007.bin",
+                                       "state_00000007_00000.bin"]
 
-    raw = path.read_bytes()
+    raw = (out / "state_00000007_00000.bin").read_bytes()
     header = np.frombuffer(raw, "<i4", 256)
     assert list(header[:6]) == [20240527, 1, 1, 0, 0, 1] and header[10] == 7
     assert list(header[30:34].view("<u8")) == [loader.current_shard_idx, loader.current_sample_idx]
@@ -237,14 +249,11 @@ def test_state_file_layout_and_round_trip(tmp_path):
     assert len(raw) == 1024 + 8000 + 8 + 4 * 2 + 8 + 4 * loader.shard_num_samples + 2520
 
     expected = [loader.next_batch()[0] for _ in range(12)]
-    fresh = types.SimpleNamespace(params=np.zeros(1000, np.float32),
-                                  m=np.zeros(1000, np.float32), v=np.zeros(1000, np.float32))
+    fresh = fake_model(1000)
     resumed = DataLoader(pattern, B, T, shuffle=True)
-    assert train.load_state(str(path), fresh, resumed) == 7
+    assert checkpoint.resume(str(out), 7, fresh, resumed) == 7
     assert np.array_equal(fresh.m, model.m) and np.array_equal(fresh.v, model.v)
     assert all(np.array_equal(resumed.next_batch()[0], e) for e in expected)
 
-    bigger = types.SimpleNamespace(params=np.zeros(1001, np.float32),
-                                   m=np.zeros(1001, np.float32), v=np.zeros(1001, np.float32))
-    with pytest.raises(train.TrainError, match="does not fit a model of 1001 parameters"):
-        train.load_state(str(path), bigger, DataLoader(pattern, B, T, shuffle=True))
+    with pytest.raises(llmc_io.FormatError, match="does not fit a model of 1001 parameters"):
+        checkpoint.resume(str(out), 7, fake_model(1001), DataLoader(pattern, B, T, shuffle=True))
