@@ -11,8 +11,8 @@ B=4, T=64, 40 steps of AdamW at lr 1e-4, the val loss every 10 steps over 5 batc
 Each step: grad_accum = total_batch_size / (B*T) micro-batches, each a forward and a backward
 that adds its gradient into the same buffer; then the global gradient norm, clipped to 1.0,
 and one AdamW update with a learning rate that warms up linearly and decays along a cosine.
-With -o DIR: DIR/main.log in llm.c's format, checkpoints every -n steps (llmc/checkpoint.py),
-and the loss curve DIR/loss.png at the end. -y 1 resumes from the
+With -o DIR: DIR/main.log in llm.c's format, checkpoints every -n steps (llmc/checkpoint.py;
+-nk N keeps the newest N), and the loss curve DIR/loss.png at the end. -y 1 resumes from the
 newest checkpoint there, continuing bit for bit as if never stopped.
 
 The pieces live in llmc/, as llm.c's: dataloader, tokenizer, sampler, schedulers, logger,
@@ -97,6 +97,8 @@ def parse_args(argv):
                    help="tokens per sample, counting the <|endoftext|> it starts from")
     p.add_argument("-n", dest="checkpoint_every", metavar="INT", type=int, default=0,
                    help="checkpoint every this many steps and at the end, into -o (0: never)")
+    p.add_argument("-nk", dest="checkpoints_keep", metavar="INT", type=int, default=0,
+                   help="keep only the newest this many checkpoints (0: all)")
     p.add_argument("-y", dest="resume", metavar="INT", type=int, default=0, choices=(0, 1),
                    help="1: resume from the newest checkpoint in -o")
     p.add_argument("-r", dest="seed", metavar="INT", type=int, default=42,
@@ -125,6 +127,7 @@ def parse_args(argv):
     require(args.sample_every >= 0, "-s", args.sample_every, "must be >= 0")
     require(args.gen_tokens >= 1, "-g", args.gen_tokens, "must be at least 1")
     require(args.checkpoint_every >= 0, "-n", args.checkpoint_every, "must be >= 0")
+    require(args.checkpoints_keep >= 0, "-nk", args.checkpoints_keep, "must be >= 0")
     require(args.seed >= 0, "-r", args.seed, "must be >= 0")
     if args.checkpoint_every > 0 and args.output_dir is None:
         p.error("argument -n: checkpoints need an output dir: add -o DIR")
@@ -230,7 +233,7 @@ def main(argv=None):
     console.table([
         ("train data pattern", args.train_data), ("val data pattern", args.val_data),
         ("output log dir", args.output_dir or "none"), ("checkpoint every", args.checkpoint_every),
-        ("resume", args.resume),
+        ("checkpoints keep", args.checkpoints_keep), ("resume", args.resume),
         ("micro batch size B", B), ("sequence length T", T),
         ("total batch size", total_batch_size), ("learning rate (LR)", f"{args.lr:e}"),
         ("warmup iterations", args.warmup), ("final LR fraction", f"{args.final_lr_frac:e}"),
@@ -277,7 +280,7 @@ def main(argv=None):
 
         if (args.checkpoint_every > 0 and not resuming and
                 (step > 0 and step % args.checkpoint_every == 0 or last_step)):
-            write_checkpoint(args.output_dir, step, model, train_loader)
+            write_checkpoint(args.output_dir, step, model, train_loader, args.checkpoints_keep)
             console.print(f"checkpoint at step {step} written to {args.output_dir}")
         resuming = False
 

@@ -22,23 +22,37 @@ def checkpoint_paths(output_dir, step):
             os.path.join(output_dir, f"DONE_{step:08d}"))
 
 
-def find_max_step(output_dir):
-    """The step of the newest complete checkpoint in output_dir (a DONE and both files), or
-    None."""
+def complete_steps(output_dir):
+    """The steps of the complete checkpoints in output_dir (a DONE and both files), sorted."""
     steps = []
     for done in glob.glob(os.path.join(output_dir, "DONE_*")):
         m = re.fullmatch(r"DONE_(\d{8})", os.path.basename(done))
         if m and all(os.path.exists(p) for p in checkpoint_paths(output_dir, int(m.group(1)))[:2]):
             steps.append(int(m.group(1)))
-    return max(steps, default=None)
+    return sorted(steps)
 
 
-def write_checkpoint(output_dir, step, model, loader):
-    """The checkpoint at step: the model, the optimizer and data loader state, then DONE."""
+def find_max_step(output_dir):
+    """The step of the newest complete checkpoint in output_dir, or None."""
+    return max(complete_steps(output_dir), default=None)
+
+
+def write_checkpoint(output_dir, step, model, loader, keep=0):
+    """The checkpoint at step: the model, the optimizer and data loader state, then DONE.
+    keep > 0 then deletes all but the newest `keep` complete checkpoints (llm.c's -nk)."""
     model_path, state_path, done_path = checkpoint_paths(output_dir, step)
     model.save(model_path)
     llmc_io.write_state(state_path, step, model.m, model.v, loader.state())
     llmc_io.atomic_write(done_path, b"")
+    if keep > 0:
+        for old_step in complete_steps(output_dir)[:-keep]:
+            delete_checkpoint(output_dir, old_step)
+
+
+def delete_checkpoint(output_dir, step):
+    model_path, state_path, done_path = checkpoint_paths(output_dir, step)
+    for path in (done_path, model_path, state_path):  # DONE first: never a DONE without files
+        os.remove(path)
 
 
 def resume(output_dir, step, model, loader):

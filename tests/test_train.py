@@ -1,8 +1,9 @@
 """
 train.py end to end on a small random GPT-2 (d2) and token shards written here (no tokenizer,
 no internet): a run stopped at a checkpoint and resumed gives exactly the losses, samples and
-final files of an uninterrupted one; every bad input ends in one line "train.py: error: ...";
-checkpoints and the training state follow llm.c's names and layout (llmc/checkpoint.py).
+final files of an uninterrupted one; -nk keeps the newest checkpoints only; every bad input
+ends in one line "train.py: error: ..."; checkpoints and the training state follow llm.c's
+names and layout (llmc/checkpoint.py).
 """
 import os
 import re
@@ -139,6 +140,7 @@ def write_raw(path, ints, payload=b""):
     (["-v", 0], "argument -v"),
     (["-y", 2], "argument -y"),
     (["-n", 5], "add -o DIR"),
+    (["-nk", -1], "argument -nk"),
     (["-y", 1], "add -o DIR"),
     (["-k", "cosine"], "unrecognized arguments"),
 ])
@@ -193,7 +195,7 @@ def test_cli_error_and_help(data, tmp_path):
         f"train.py: error: {tmp_path / 'x_*.bin'}: no file matches this pattern"]
     run = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True)
     assert run.returncode == 0
-    for flag in "ijoebtdluqcxvmsgnyr":
+    for flag in [*"ijoebtdluqcxvmsgnyr", "nk"]:
         assert f"  -{flag} " in run.stdout
 
 
@@ -257,3 +259,16 @@ def test_checkpoint_state_layout_and_resume(tmp_path):
 
     with pytest.raises(llmc_io.FormatError, match="does not fit a model of 1001 parameters"):
         checkpoint.resume(str(out), 7, fake_model(1001), DataLoader(pattern, B, T, shuffle=True))
+
+
+def test_keep_newest_checkpoints(data, tmp_path):
+    common = ["-e", "d2", "-b", 2, "-t", 32, "-i", data.train, "-j", data.val, "-m", 1, "-s", 0]
+    out = tmp_path / "out"
+    run_train(*common, "-x", 5, "-n", 2, "-nk", 2, "-o", out)  # checkpoints at 2, 4 and 5
+    assert sorted(p.name for p in out.iterdir()) == [
+        "DONE_00000004", "DONE_00000005", "loss.png", "main.log", "model_00000004.bin",
+        "model_00000005.bin", "state_00000004_00000.bin", "state_00000005_00000.bin"]
+    stdout = run_train(*common, "-x", 6, "-n", 2, "-nk", 1, "-o", out, "-y", 1)
+    assert "resuming from the checkpoint at step 5" in stdout
+    assert sorted(p.name for p in out.iterdir() if "_0000000" in p.name) == [
+        "DONE_00000006", "model_00000006.bin", "state_00000006_00000.bin"]
