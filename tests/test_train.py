@@ -1,9 +1,9 @@
 """
 train.py end to end on a small random GPT-2 (d2) and token shards written here (no tokenizer,
 no internet): a run stopped at a checkpoint and resumed gives exactly the losses, samples and
-final files of an uninterrupted one; -nk keeps the newest checkpoints only; every bad input
-ends in one line "train.py: error: ..."; checkpoints and the training state follow llm.c's
-names and layout (llmc/checkpoint.py).
+final files of an uninterrupted one; -nk keeps the newest checkpoints only; -o writes loss.png;
+every bad input ends in one line "train.py: error: ..."; checkpoints and the training state
+follow llm.c's names and layout (llmc/checkpoint.py); main.log and its plot (llmc/logger.py).
 """
 import os
 import re
@@ -19,6 +19,7 @@ import llmc_io
 import train
 from llmc import checkpoint
 from llmc.dataloader import DataLoader
+from llmc.logger import plot_losses
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -261,14 +262,33 @@ def test_checkpoint_state_layout_and_resume(tmp_path):
         checkpoint.resume(str(out), 7, fake_model(1001), DataLoader(pattern, B, T, shuffle=True))
 
 
-def test_keep_newest_checkpoints(data, tmp_path):
+def test_keep_newest_checkpoints_and_plot(data, tmp_path):
     common = ["-e", "d2", "-b", 2, "-t", 32, "-i", data.train, "-j", data.val, "-m", 1, "-s", 0]
     out = tmp_path / "out"
     run_train(*common, "-x", 5, "-n", 2, "-nk", 2, "-o", out)  # checkpoints at 2, 4 and 5
     assert sorted(p.name for p in out.iterdir()) == [
         "DONE_00000004", "DONE_00000005", "loss.png", "main.log", "model_00000004.bin",
         "model_00000005.bin", "state_00000004_00000.bin", "state_00000005_00000.bin"]
+    assert (out / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     stdout = run_train(*common, "-x", 6, "-n", 2, "-nk", 1, "-o", out, "-y", 1)
     assert "resuming from the checkpoint at step 5" in stdout
     assert sorted(p.name for p in out.iterdir() if "_0000000" in p.name) == [
         "DONE_00000006", "model_00000006.bin", "state_00000006_00000.bin"]
+
+
+# ----------------------------------------------------------------------------
+# main.log and loss.png
+
+def test_plot_losses(tmp_path):
+    train_log = [f"s:{s} trl:{10 - s / 2:.4f} lr:0.000100 norm:1.00" for s in range(10)]
+    (tmp_path / "main.log").write_text("s:0 tel:10.5000\n" + "\n".join(train_log) + "\n")
+    assert plot_losses(str(tmp_path)) == str(tmp_path / "loss.png")
+    assert (tmp_path / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_losses_without_matplotlib(tmp_path, monkeypatch, capsys):
+    (tmp_path / "main.log").write_text("s:0 trl:10.0000 lr:0.000100 norm:1.00\n")
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # makes `import matplotlib` fail
+    assert plot_losses(str(tmp_path)) is None
+    assert "skipping the loss plot" in capsys.readouterr().err
+    assert not (tmp_path / "loss.png").exists()
