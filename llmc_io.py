@@ -1,6 +1,6 @@
 """
-llm.c's file formats, in pure Python + NumPy: model checkpoints, debug states, tokenizers
-and token shards, read and written byte-for-byte as llm.c reads and writes them.
+llm.c's file formats, in pure Python + NumPy: model checkpoints, debug states, tokenizers,
+token shards and training states, read and written byte-for-byte as llm.c reads and writes them.
 
 Every file starts with a header of 256 little-endian int32 (1024 bytes); the data follows.
 
@@ -19,6 +19,12 @@ Every file starts with a header of 256 little-endian int32 (1024 bytes); the dat
     token shard       magic 20240520, version 1
         header [2] number of tokens
         data   the tokens as uint16
+    training state    magic 20240527, version 1 (train_gpt2.cu's state_%08d_%05d.bin)
+        header [2] processes [3] rank [4] master weights [5] shuffled data [10] step
+               [30:32] shard index, [32:34] sample index of the data loader (each a uint64)
+        data   AdamW's m and v (fp32, one per parameter), then the data loader: the number of
+               shards (uint64) and their order (int32), the number of samples of the current
+               shard (uint64) and their order (int32), and its RNG (llm.c's mt19937_state)
 
 Readers check what they read and raise FormatError("<path>: <problem>") for a file that is
 not what it should be. Writers go through atomic_write, so a failed write never leaves a
@@ -37,11 +43,13 @@ MODEL_MAGIC = 20240326
 DEBUG_STATE_MAGIC = 20240327
 TOKENIZER_MAGIC = 20240328
 SHARD_MAGIC = 20240520
+STATE_MAGIC = 20240527
 
 MODEL_VERSIONS = {3: "float32", 5: "bfloat16"}
 DEBUG_STATE_VERSION = 2
 TOKENIZER_VERSION = 2
 SHARD_VERSION = 1
+STATE_VERSION = 1
 
 # the magic numbers of llm.c's files, to say what a file passed in the wrong place is
 FILE_KINDS = {
@@ -50,7 +58,7 @@ FILE_KINDS = {
     TOKENIZER_MAGIC: "a tokenizer",
     SHARD_MAGIC: "a GPT-2 token shard",
     20240522: "an eval file (HellaSwag/MMLU)",
-    20240527: "a training state of llm.c's CUDA trainer",
+    STATE_MAGIC: "a training state",
     20240801: "a LLaMA-3 token shard",
 }
 
@@ -211,7 +219,8 @@ def _read_header(f, path, magic, kind):
             raise FormatError(path, f"not {kind}: bad magic number {found} "
                                     f"(expected {magic}){looks}")
     if len(raw) < HEADER_BYTES:
-        raise FormatError(path, f"truncated: {size} bytes, shorter than the {HEADER_BYTES}-byte "
+        what = "empty file" if size == 0 else f"{size} bytes"
+        raise FormatError(path, f"truncated: {what}, shorter than the {HEADER_BYTES}-byte "
                                 f"header of {kind}")
     return [int(v) for v in np.frombuffer(raw, dtype="<i4")], size
 
@@ -519,3 +528,82 @@ def write_shard(path, tokens):
         raise ValueError(f"write_shard: {tokens.size} tokens do not fit an int32 count")
     atomic_write(path, [_header(SHARD_MAGIC, SHARD_VERSION, tokens.size),
                         np.ascontiguousarray(tokens, dtype="<u2")])
+
+
+# ----------------------------------------------------------------------------
+# training state: AdamW's moments and the data loader's position, to resume a run
+
+# llm.c's mt19937_state struct (llmc/rand.h), the shuffling RNG of the data loader
+MT_STATE_DTYPE = np.dtype([("seed", "<u8"), ("left", "<i4"), ("next", "<u4"),
+                           ("state", "<u4", 624), ("matrix_a", "<u4", 2)])
+MT_STATE_WORDS = 624
+
+
+def write_state(path, step, m, v, loader_state):
+    """Write llm.c's training state (train_gpt2.cu save_state) of a run of one process, no
+    master weights, on shuffled data: the step, AdamW's m and v (1-D, one value per
+    parameter) and loader_state, the state() of a shuffling DataLoader."""
+    m, v = np.asarray(m), np.asarray(v)
+    if m.ndim != 1 or v.shape != m.shape:
+        raise ValueError(f"write_state: m and v must be 1-D and of one size, got {m.shape} "
+                         f"and {v.shape}")
+    header = np.zeros(HEADER_INTS, dtype="<i4")
+    header[0:6] = [STATE_MAGIC, STATE_VERSION, 1, 0, 0, 1]  # 1 process, rank 0, shuffled
+    header[10] = step
+    header[30:34].view("<u8")[:] = [loader_state["shard_idx"], loader_state["sample_idx"]]
+    pos = int(loader_state["rng_pos"])
+    rng = np.zeros((), dtype=MT_STATE_DTYPE)
+    # NumPy's pos counts the words used since the last twist; llm.c's left_ counts down to it
+    rng["left"], rng["next"] = MT_STATE_WORDS + 1 - pos, pos
+    rng["state"] = loader_state["rng_key"]
+    rng["matrix_a"] = [0, 0x9908B0DF]
+    shards, samples = loader_state["shard_indices"], loader_state["intra_shard_indices"]
+    atomic_write(path, [
+        header, np.ascontiguousarray(m, dtype="<f4"), np.ascontiguousarray(v, dtype="<f4"),
+        np.array([len(shards)], "<u8"), np.asarray(shards).astype("<i4"),
+        np.array([len(samples)], "<u8"), np.asarray(samples).astype("<i4"),
+        rng.tobytes(),
+    ])
+
+
+def read_state(path, num_parameters):
+    """(step, m, v, loader_state) from the training state at path, for a model of
+    num_parameters; loader_state is what DataLoader.load_state takes."""
+    n = num_parameters
+    mismatch = FormatError(path, f"does not fit a model of {n} parameters (written for a model "
+                                 f"of another size, or cut short)")
+    with _open(path) as f:
+        if os.fstat(f.fileno()).st_size < HEADER_BYTES + 8 * n:
+            raise mismatch
+        header = _read_array(f, path, "<i4", HEADER_INTS)
+        if header[0] != STATE_MAGIC or header[1] != STATE_VERSION:
+            raise FormatError(path, f"not a training state (magic {header[0]}, "
+                                    f"version {header[1]})")
+        if tuple(header[2:6]) != (1, 0, 0, 1):
+            raise FormatError(path, f"written by a run this trainer cannot continue (processes "
+                                    f"{header[2]}, master weights {header[4]}, shuffled data "
+                                    f"{header[5]})")
+        m = _read_array(f, path, "<f4", n).astype(np.float32, copy=False)
+        v = _read_array(f, path, "<f4", n).astype(np.float32, copy=False)
+        tail = f.read()
+    try:  # after m and v: the shard order, the sample order, the RNG
+        num_shards = int(np.frombuffer(tail, "<u8", 1, 0)[0])
+        shard_indices = np.frombuffer(tail, "<i4", num_shards, 8)
+        offset = 8 + 4 * num_shards
+        num_samples = int(np.frombuffer(tail, "<u8", 1, offset)[0])
+        intra_shard_indices = np.frombuffer(tail, "<i4", num_samples, offset + 8)
+        offset += 8 + 4 * num_samples
+        rng = np.frombuffer(tail, MT_STATE_DTYPE, 1, offset)[0]
+    except ValueError:
+        raise mismatch from None
+    if offset + MT_STATE_DTYPE.itemsize != len(tail):
+        raise mismatch
+    shard_idx, sample_idx = (int(x) for x in header[30:34].view("<u8"))
+    left = int(rng["left"])
+    loader_state = {
+        "num_shards": num_shards, "shard_idx": shard_idx, "sample_idx": sample_idx,
+        "shard_num_samples": num_samples, "shard_indices": shard_indices,
+        "intra_shard_indices": intra_shard_indices, "rng_key": rng["state"],
+        "rng_pos": MT_STATE_WORDS if left <= 1 else MT_STATE_WORDS + 1 - left,
+    }
+    return int(header[10]), m, v, loader_state

@@ -11,37 +11,36 @@ B=4, T=64, 40 steps of AdamW at lr 1e-4, the val loss every 10 steps over 5 batc
 Each step: grad_accum = total_batch_size / (B*T) micro-batches, each a forward and a backward
 that adds its gradient into the same buffer; then the global gradient norm, clipped to 1.0,
 and one AdamW update with a learning rate that warms up linearly and decays along a cosine.
-With -o DIR: DIR/main.log in llm.c's format, checkpoints every -n steps (model_%08d.bin, the
-model in llm.c's format, state_%08d_00000.bin, the optimizer and data loader as llm.c's
-trainer writes them, and DONE_%08d once both are complete), a loss curve at the end. -y 1
-resumes from the newest checkpoint there, continuing bit for bit as if never stopped.
+With -o DIR: DIR/main.log in llm.c's format, checkpoints every -n steps (llmc/checkpoint.py;
+-nk N keeps the newest N), and the loss curve DIR/loss.png at the end. -y 1 resumes from the
+newest checkpoint there, continuing bit for bit as if never stopped.
+
+The pieces live in llmc/, as llm.c's: dataloader, tokenizer, sampler, schedulers, logger,
+checkpoint, default_data; the file formats in llmc_io.py; the model in train_gpt2.pyx.
 """
 import argparse
-import glob
 import math
 import os
 import re
 import sys
 import time
 
-import numpy as np
-
 import llmc_io
-from dataloader import DataError, DataLoader
-from tokenizer import TokenizerError, load_tokenizer
+from llmc import default_data
+from llmc.checkpoint import checkpoint_paths, find_max_step, resume, write_checkpoint
+from llmc.dataloader import DataError, DataLoader
+from llmc.logger import Console, Logger, note, plot_losses
+from llmc.sampler import generate
+from llmc.schedulers import get_scheduler
+from llmc.tokenizer import TokenizerError, load_tokenizer
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # the defaults live in the repository, wherever train.py is run from
-DATA_DIR = os.path.relpath(os.path.join(HERE, "dev", "data", "tinyshakespeare"))
-DEFAULT_TRAIN = os.path.join(DATA_DIR, "tiny_shakespeare_train.bin")
-DEFAULT_VAL = os.path.join(DATA_DIR, "tiny_shakespeare_val.bin")
 DEFAULT_MODEL = os.path.relpath(os.path.join(HERE, "gpt2_124M.bin"))
 DEFAULT_DEPTH = 12  # the random model when DEFAULT_MODEL is missing: GPT-2 124M's shape
+DEFAULT_TOKENIZER = os.path.join(HERE, "gpt2_tokenizer.bin")
 GRAD_CLIP = 1.0
 BETA1, BETA2, EPS = 0.9, 0.95, 1e-8  # llm.c's train_gpt2.cu
-SAMPLE_SEED = 1337
-STATE_MAGIC = 20240527  # llm.c's training state file
-STATE_VERSION = 1
 
 
 class TrainError(Exception):
@@ -65,9 +64,9 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 def parse_args(argv):
     p = Parser(prog="train.py", description="Train GPT-2 on the CPU (llm.c's train_gpt2.cu "
                "flags).", formatter_class=HelpFormatter)
-    p.add_argument("-i", dest="train_data", metavar="PATTERN", default=DEFAULT_TRAIN,
+    p.add_argument("-i", dest="train_data", metavar="PATTERN", default=default_data.TRAIN,
                    help="train data shards (glob); the default is prepared if missing")
-    p.add_argument("-j", dest="val_data", metavar="PATTERN", default=DEFAULT_VAL,
+    p.add_argument("-j", dest="val_data", metavar="PATTERN", default=default_data.VAL,
                    help="val data shards (glob)")
     p.add_argument("-o", dest="output_dir", metavar="DIR", default=None,
                    help="output dir: main.log, checkpoints, loss.png (default: none)")
@@ -98,6 +97,8 @@ def parse_args(argv):
                    help="tokens per sample, counting the <|endoftext|> it starts from")
     p.add_argument("-n", dest="checkpoint_every", metavar="INT", type=int, default=0,
                    help="checkpoint every this many steps and at the end, into -o (0: never)")
+    p.add_argument("-nk", dest="checkpoints_keep", metavar="INT", type=int, default=0,
+                   help="keep only the newest this many checkpoints (0: all)")
     p.add_argument("-y", dest="resume", metavar="INT", type=int, default=0, choices=(0, 1),
                    help="1: resume from the newest checkpoint in -o")
     p.add_argument("-r", dest="seed", metavar="INT", type=int, default=42,
@@ -126,6 +127,7 @@ def parse_args(argv):
     require(args.sample_every >= 0, "-s", args.sample_every, "must be >= 0")
     require(args.gen_tokens >= 1, "-g", args.gen_tokens, "must be at least 1")
     require(args.checkpoint_every >= 0, "-n", args.checkpoint_every, "must be >= 0")
+    require(args.checkpoints_keep >= 0, "-nk", args.checkpoints_keep, "must be >= 0")
     require(args.seed >= 0, "-r", args.seed, "must be >= 0")
     if args.checkpoint_every > 0 and args.output_dir is None:
         p.error("argument -n: checkpoints need an output dir: add -o DIR")
@@ -135,265 +137,7 @@ def parse_args(argv):
 
 
 # ----------------------------------------------------------------------------
-# output: a live progress line on a terminal, plain lines when piped
-
-class Console:
-    def __init__(self, stream=sys.stdout):
-        self.stream = stream
-        self.live = stream.isatty()
-        self.status_shown = False
-
-    def status(self, line):
-        """The per-step line: redrawn in place on a terminal, one line each when piped."""
-        if self.live:
-            self.stream.write("\r\033[K" + line)
-            self.status_shown = True
-        else:
-            self.stream.write(line + "\n")
-        self.stream.flush()
-
-    def write(self, text):
-        """Other output, starting below the last status line."""
-        if self.status_shown:
-            self.stream.write("\n")
-            self.status_shown = False
-        self.stream.write(text)
-        self.stream.flush()
-
-    def print(self, line=""):
-        self.write(line + "\n")
-
-
-def note(message):
-    print(f"train.py: {message}", file=sys.stderr, flush=True)
-
-
-class Logger:
-    """DIR/main.log in llm.c's format: "s:STEP trl:LOSS lr:LR norm:NORM", "s:STEP tel:LOSS"."""
-
-    def __init__(self, output_dir, append):
-        self.path = None if output_dir is None else os.path.join(output_dir, "main.log")
-        if self.path and not append:
-            open(self.path, "w").close()
-
-    def _log(self, line):
-        if self.path:
-            with open(self.path, "a") as f:
-                f.write(line + "\n")
-
-    def log_train(self, step, loss, lr, norm):
-        self._log(f"s:{step} trl:{loss:.4f} lr:{lr:.6f} norm:{norm:.2f}")
-
-    def log_val(self, step, loss):
-        self._log(f"s:{step} tel:{loss:.4f}")
-
-
-def plot_losses(output_dir):
-    """DIR/loss.png: the train and val losses of main.log (needs matplotlib)."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        note("matplotlib is not installed, skipping the loss plot (pip install matplotlib)")
-        return
-    curves = {"trl": {}, "tel": {}}
-    with open(os.path.join(output_dir, "main.log")) as f:
-        for line in f:
-            m = re.match(r"s:(\d+) (trl|tel):(\S+)", line)
-            if m:
-                curves[m.group(2)][int(m.group(1))] = float(m.group(3))
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for key, label in (("trl", "train loss"), ("tel", "val loss")):
-        if curves[key]:
-            steps = sorted(curves[key])
-            ax.plot(steps, [curves[key][s] for s in steps], label=label,
-                    marker="o" if key == "tel" else None)
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss")
-    ax.legend()
-    ax.grid(alpha=0.3)
-    path = os.path.join(output_dir, "loss.png")
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
-
-
-# ----------------------------------------------------------------------------
-# sampler: llm.c's xorshift RNG and sample_mult, so a model and seed give llm.c's tokens
-
-MASK64 = (1 << 64) - 1
-
-
-class XorShift:
-    """llm.c's random_u32 / random_f32: xorshift* on a 64-bit state."""
-
-    def __init__(self, seed):
-        self.state = seed & MASK64
-
-    def random_u32(self):
-        s = self.state
-        s ^= s >> 12
-        s ^= (s << 25) & MASK64
-        s ^= s >> 27
-        self.state = s
-        return ((s * 0x2545F4914F6CDD1D) & MASK64) >> 32
-
-    def random_f32(self):
-        """A float32 in [0, 1): the top 24 bits of random_u32 / 2^24 (exact in float32)."""
-        return np.float32((self.random_u32() >> 8) / 16777216.0)
-
-
-def sample_mult(probs, coin):
-    """The first index whose running float32 sum of probs exceeds coin (llm.c's sample_mult):
-    a draw from probs for a coin uniform in [0, 1); the last index if rounding leaves none."""
-    cdf = np.cumsum(probs, dtype=np.float32)  # sequential float32 sums, as the C loop
-    return min(int(np.searchsorted(cdf, np.float32(coin), side="right")), len(probs) - 1)
-
-
-def generate(model, tokenizer, gen_tokens, console):
-    """Sample gen_tokens-1 tokens after <|endoftext|>, printing them as they come. Each
-    sample starts from seed 1337, as llm.c's trainer does, so it depends on the model only."""
-    rng = XorShift(SAMPLE_SEED)
-    eot = tokenizer.eot_token if tokenizer is not None else llmc_io.GPT2_EOT_TOKEN
-    tokens = [eot]
-    piece = tokenizer.stream_decoder() if tokenizer is not None else (lambda t: f"{t} ")
-    V = model.config.vocab_size
-    console.print("generating:\n---")
-    for t in range(1, gen_tokens):
-        # the model is causal: position t-1 sees tokens[:t] only, so a (1, t) forward gives
-        # what llm.c's (B, T) forward over the padded batch gives there
-        model.forward(np.array([tokens], dtype=np.int32))
-        coin = rng.random_f32()
-        tokens.append(sample_mult(model.probs[0, t - 1, :V], coin))
-        console.write(piece(tokens[-1]))
-    console.print("\n---")
-    return tokens
-
-
-# ----------------------------------------------------------------------------
-# learning rate: linear warmup, then cosine decay to lr * final_lr_frac (llm.c)
-
-def get_learning_rate(step, lr, warmup, num_steps, final_lr_frac):
-    if step < warmup:
-        return lr * (step + 1) / warmup
-    decay_ratio = (step - warmup) / (num_steps - warmup)
-    coeff = 0.5 * (1.0 + math.cos(math.pi * decay_ratio))  # 1 -> 0
-    min_lr = lr * final_lr_frac
-    return min_lr + coeff * (lr - min_lr)
-
-
-# ----------------------------------------------------------------------------
-# checkpoints: llm.c's file names and layouts, each file written whole or not at all
-
-def checkpoint_paths(output_dir, step):
-    return (os.path.join(output_dir, f"model_{step:08d}.bin"),
-            os.path.join(output_dir, f"state_{step:08d}_00000.bin"),
-            os.path.join(output_dir, f"DONE_{step:08d}"))
-
-
-def find_max_step(output_dir):
-    """The step of the newest complete checkpoint in output_dir, or None."""
-    steps = []
-    for done in glob.glob(os.path.join(output_dir, "DONE_*")):
-        m = re.fullmatch(r"DONE_(\d{8})", os.path.basename(done))
-        if m and all(os.path.exists(p) for p in checkpoint_paths(output_dir, int(m.group(1)))[:2]):
-            steps.append(int(m.group(1)))
-    return max(steps, default=None)
-
-
-# llm.c's mt19937_state struct, as the state file stores it
-MT_STATE_DTYPE = np.dtype([("seed", "<u8"), ("left", "<i4"), ("next", "<u4"),
-                           ("state", "<u4", 624), ("matrix_a", "<u4", 2)])
-
-
-def save_state(path, step, model, loader):
-    """llm.c's training state (train_gpt2.cu save_state): a 256-int header (magic, version,
-    1 process, rank 0, no master weights, shuffled data, the step, the data position), AdamW's
-    m and v, then the data loader's shard order, sample order and RNG."""
-    ls = loader.state()
-    header = np.zeros(256, dtype="<i4")
-    header[0:6] = [STATE_MAGIC, STATE_VERSION, 1, 0, 0, 1]
-    header[10] = step
-    header[30:34].view("<u8")[:] = [ls["shard_idx"], ls["sample_idx"]]
-    key, pos = ls["rng_key"], int(ls["rng_pos"])
-    rng = np.zeros((), dtype=MT_STATE_DTYPE)
-    # NumPy's pos counts the words used since the last twist; llm.c's left_ counts down to it
-    rng["left"], rng["next"], rng["state"] = 625 - pos, pos, key
-    rng["matrix_a"] = [0, 0x9908B0DF]
-    shards, samples = ls["shard_indices"], ls["intra_shard_indices"]
-    llmc_io.atomic_write(path, [
-        header, model.m, model.v,
-        np.array([len(shards)], "<u8"), shards.astype("<i4"),
-        np.array([len(samples)], "<u8"), samples.astype("<i4"),
-        rng.tobytes(),
-    ])
-
-
-def load_state(path, model, loader):
-    """The step saved in the state file at path; sets model.m, model.v and the loader."""
-    n = model.params.size
-    mismatch = TrainError(f"{path}: does not fit a model of {n} parameters (written for a model "
-                          f"of another size, or cut short)")
-    with open(path, "rb") as f:
-        if os.fstat(f.fileno()).st_size < 1024 + 8 * n:
-            raise mismatch
-        header = np.fromfile(f, "<i4", 256)
-        if header[0] != STATE_MAGIC or header[1] != STATE_VERSION:
-            raise TrainError(f"{path}: not a training state (magic {header[0]}, "
-                             f"version {header[1]})")
-        if tuple(header[2:6]) != (1, 0, 0, 1):
-            raise TrainError(f"{path}: written by a run this trainer cannot continue (processes "
-                             f"{header[2]}, master weights {header[4]}, shuffled data {header[5]})")
-        model.m[:] = np.fromfile(f, "<f4", n)
-        model.v[:] = np.fromfile(f, "<f4", n)
-        tail = f.read()
-    step = int(header[10])
-    shard_idx, sample_idx = (int(x) for x in header[30:34].view("<u8"))
-    try:  # after m and v: the shard order, the sample order, the RNG
-        num_shards = int(np.frombuffer(tail, "<u8", 1, 0)[0])
-        shard_indices = np.frombuffer(tail, "<i4", num_shards, 8)
-        offset = 8 + 4 * num_shards
-        num_samples = int(np.frombuffer(tail, "<u8", 1, offset)[0])
-        intra_shard_indices = np.frombuffer(tail, "<i4", num_samples, offset + 8)
-        offset += 8 + 4 * num_samples
-        rng = np.frombuffer(tail, MT_STATE_DTYPE, 1, offset)[0]
-    except ValueError:
-        raise mismatch from None
-    if offset + MT_STATE_DTYPE.itemsize != len(tail):
-        raise mismatch
-    pos = 624 if int(rng["left"]) <= 1 else 625 - int(rng["left"])
-    loader.load_state({"num_shards": num_shards, "shard_idx": shard_idx,
-                       "sample_idx": sample_idx, "shard_num_samples": num_samples,
-                       "shard_indices": shard_indices, "intra_shard_indices": intra_shard_indices,
-                       "rng_key": rng["state"], "rng_pos": pos}, source=path)
-    return step
-
-
-def write_checkpoint(output_dir, step, model, loader):
-    model_path, state_path, done_path = checkpoint_paths(output_dir, step)
-    model.save(model_path)
-    save_state(state_path, step, model, loader)
-    llmc_io.atomic_write(done_path, b"")  # the pair is complete
-
-
-# ----------------------------------------------------------------------------
-# data and model
-
-def prepare_default_data(args):
-    """First run: tokenize tinyshakespeare into the default shards (offline too)."""
-    if args.train_data != DEFAULT_TRAIN or args.val_data != DEFAULT_VAL:
-        return
-    if glob.glob(DEFAULT_TRAIN) and glob.glob(DEFAULT_VAL):
-        return
-    note("no tinyshakespeare shards yet, preparing them (dev/data/tinyshakespeare.py)")
-    sys.path.insert(0, os.path.join(HERE, "dev", "data"))
-    import tinyshakespeare
-    try:
-        tinyshakespeare.prepare()
-    except (tinyshakespeare.DataPrepError, TokenizerError, OSError) as e:
-        raise TrainError(f"cannot prepare tinyshakespeare: {e}") from None
-
+# model, tokenizer, evaluation
 
 def load_model(args, resume_path):
     """(model, how it was initialised)."""
@@ -426,6 +170,16 @@ def load_model(args, resume_path):
         raise TrainError(str(e)) from None
 
 
+def load_sample_tokenizer():
+    """The tokenizer of the samples: llm.c's gpt2_tokenizer.bin if present, else tiktoken's
+    GPT-2; None (the samples print as token ids) when neither can be had."""
+    try:
+        return load_tokenizer(DEFAULT_TOKENIZER)
+    except (TokenizerError, llmc_io.FormatError) as e:
+        note(f"no tokenizer, printing token ids ({e})")
+        return None
+
+
 def evaluate(model, loader, num_batches):
     loader.reset()
     return sum(model.forward(*loader.next_batch()) for _ in range(num_batches)) / num_batches
@@ -450,10 +204,11 @@ def main(argv=None):
             resume_step = find_max_step(args.output_dir)
             if resume_step is None:
                 note(f"no checkpoint in {args.output_dir} to resume from, starting afresh")
-    resume_paths = None if resume_step is None else checkpoint_paths(args.output_dir, resume_step)
 
     # the model
-    model, init_desc = load_model(args, None if resume_paths is None else resume_paths[0])
+    resume_model_path = (None if resume_step is None else
+                         checkpoint_paths(args.output_dir, resume_step)[0])
+    model, init_desc = load_model(args, resume_model_path)
     config = model.config
     if T > config.max_seq_len:
         raise TrainError(f"-t {T} exceeds the model's max sequence length {config.max_seq_len}")
@@ -462,7 +217,7 @@ def main(argv=None):
                          f"{config.max_seq_len}")
 
     # the data
-    prepare_default_data(args)
+    default_data.prepare(args.train_data, args.val_data)
     train_loader = DataLoader(args.train_data, B, T, shuffle=True, vocab_size=config.vocab_size)
     val_loader = DataLoader(args.val_data, B, T, shuffle=False, vocab_size=config.vocab_size)
     num_steps = args.max_steps
@@ -475,10 +230,11 @@ def main(argv=None):
     if val_batches == -1:
         val_batches = val_loader.num_tokens // tokens_per_fwdbwd
 
-    rows = [
+    console.table([
         ("train data pattern", args.train_data), ("val data pattern", args.val_data),
         ("output log dir", args.output_dir or "none"), ("checkpoint every", args.checkpoint_every),
-        ("resume", args.resume), ("micro batch size B", B), ("sequence length T", T),
+        ("checkpoints keep", args.checkpoints_keep), ("resume", args.resume),
+        ("micro batch size B", B), ("sequence length T", T),
         ("total batch size", total_batch_size), ("learning rate (LR)", f"{args.lr:e}"),
         ("warmup iterations", args.warmup), ("final LR fraction", f"{args.final_lr_frac:e}"),
         ("weight decay", f"{args.weight_decay:e}"), ("max_steps", num_steps),
@@ -489,23 +245,19 @@ def main(argv=None):
         ("num_layers L", config.num_layers), ("num_heads NH", config.num_heads),
         ("channels C", config.channels), ("num_parameters", model.params.size), None,
         ("train tokens", train_loader.num_tokens), ("val tokens", val_loader.num_tokens),
-    ]
-    rule = "+-----------------------+" + "-" * 52 + "+"
-    console.print(rule)
-    for row in rows:
-        console.print(rule if row is None else f"| {row[0]:<21} | {str(row[1]):<50} |")
-    console.print(rule)
+    ])
     console.print(f"batch_size B={B} * seq_len T={T} and total_batch_size={total_batch_size} "
                   f"=> grad_accum_steps={grad_accum_steps}")
 
     logger = Logger(args.output_dir, append=resume_step is not None)
-    tokenizer = None  # loaded at the first sample
+    lr_scheduler = get_scheduler("cosine", args.lr, args.warmup, num_steps, args.final_lr_frac)
+    tokenizer, tokenizer_loaded = None, False  # loaded at the first sample
 
     step = 0
-    if resume_paths is not None:
-        step = load_state(resume_paths[1], model, train_loader)
+    if resume_step is not None:
+        step = resume(args.output_dir, resume_step, model, train_loader)
         console.print(f"resuming from the checkpoint at step {step} in {args.output_dir}")
-    resuming = resume_paths is not None
+    resuming = resume_step is not None
 
     total_time_s, timed_steps = 0.0, 0
     ema_tokens_per_second = 0.0
@@ -521,18 +273,14 @@ def main(argv=None):
 
         if (args.sample_every > 0 and (step > 0 and step % args.sample_every == 0 or last_step)
                 and not resuming):
-            if tokenizer is None:
+            if not tokenizer_loaded:
                 console.write("")  # its notes go below the last step line
-                try:
-                    tokenizer = load_tokenizer(os.path.join(HERE, "gpt2_tokenizer.bin"))
-                except (TokenizerError, llmc_io.FormatError) as e:
-                    note(f"no tokenizer, printing token ids ({e})")
-                    tokenizer = False
-            generate(model, tokenizer or None, args.gen_tokens, console)
+                tokenizer, tokenizer_loaded = load_sample_tokenizer(), True
+            generate(model, tokenizer, args.gen_tokens, console)
 
         if (args.checkpoint_every > 0 and not resuming and
                 (step > 0 and step % args.checkpoint_every == 0 or last_step)):
-            write_checkpoint(args.output_dir, step, model, train_loader)
+            write_checkpoint(args.output_dir, step, model, train_loader, args.checkpoints_keep)
             console.print(f"checkpoint at step {step} written to {args.output_dir}")
         resuming = False
 
@@ -548,7 +296,7 @@ def main(argv=None):
             loss += model.forward(inputs, targets)
             model.backward()  # adds this micro-batch's gradient
         loss /= grad_accum_steps
-        lr = get_learning_rate(step, args.lr, args.warmup, num_steps, args.final_lr_frac)
+        lr = lr_scheduler.get_learning_rate(step)
         # the gradient is the sum over micro-batches: its mean is 1/grad_accum_steps of it
         grad_norm = model.grad_norm() / grad_accum_steps
         clip = GRAD_CLIP / grad_norm if grad_norm > GRAD_CLIP else 1.0

@@ -270,9 +270,9 @@ def reference_losses(config, params, x, y, steps=10, lr=ADAMW["lr"], beta1=ADAMW
 # the batch and the tokenizer
 
 def _gpt2_encoding():
-    """The GPT-2 BPE: the project's tokenizer.py, else tiktoken's (which may download)."""
+    """The GPT-2 BPE: the project's llmc/tokenizer.py, else tiktoken's (which may download)."""
     try:
-        import tokenizer
+        from llmc import tokenizer
         return tokenizer.gpt2_encoding()
     except Exception:
         pass
@@ -309,9 +309,9 @@ def make_batch(config, B, T, seed, input_text=None):
 
 
 def write_gpt2_tokenizer(path):
-    """gpt2_tokenizer.bin from the project's tokenizer.py; on failure say so and go on."""
+    """gpt2_tokenizer.bin from the project's llmc/tokenizer.py; on failure say so and go on."""
     try:
-        import tokenizer
+        from llmc import tokenizer
         encoding = tokenizer.gpt2_encoding()
         tokens = [encoding.decode_single_token_bytes(i) for i in range(encoding.n_vocab)]
         llmc_io.write_tokenizer(path, tokens, encoding.eot_token)

@@ -154,7 +154,7 @@ def download(url, path):
 
 def write_tokenizer_file(path):
     """llm.c's gpt2_tokenizer.bin from tiktoken's GPT-2 (for decoding without tiktoken)."""
-    from tokenizer import gpt2_encoding
+    from llmc.tokenizer import gpt2_encoding
     enc = gpt2_encoding()
     tokens = [enc.decode_single_token_bytes(i) for i in range(enc.n_vocab)]
     llmc_io.write_tokenizer(path, tokens, enc.eot_token)

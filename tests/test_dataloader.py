@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import llmc_io
-from dataloader import MT19937, DataError, DataLoader, random_permutation
+from llmc.dataloader import MT19937, DataError, DataLoader, random_permutation
 
 
 class ReferenceMT:
@@ -186,10 +186,13 @@ def write_raw(path, header_values, tokens=b""):
     (lambda p: write_bytes(p / "short.bin", b"\x00" * 10), "bad magic"),
     (lambda p: write_bytes(p / "header.bin", np.array([20240520, 1], "<i4").tobytes()),
      "truncated"),
-    (lambda p: write_raw(p / "magic.bin", [20240326, 1, 100], b"\x00" * 200), "bad magic"),
+    (lambda p: write_raw(p / "magic.bin", [20240326, 1, 100], b"\x00" * 200),
+     "this is a model checkpoint, not a GPT-2 token shard"),
     (lambda p: write_raw(p / "version.bin", [20240520, 7, 100], b"\x00" * 200), "version 7"),
-    (lambda p: write_raw(p / "zero.bin", [20240520, 1, 0]), "no tokens"),
-    (lambda p: write_raw(p / "size.bin", [20240520, 1, 100], b"\x00" * 150), "does not match"),
+    (lambda p: write_raw(p / "zero.bin", [20240520, 1, 0]), "too small: 0 tokens"),
+    (lambda p: write_raw(p / "size.bin", [20240520, 1, 100], b"\x00" * 150),
+     "truncated: expected 1224 bytes"),
+    (lambda p: write_raw(p / "long.bin", [20240520, 1, 100], b"\x00" * 250), "too long"),
     (lambda p: write_raw(p / "small.bin", [20240520, 1, 16], b"\x00" * 32), "too small"),
 ])
 def test_bad_shards_raise_one_line(tmp_path, make, message):

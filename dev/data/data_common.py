@@ -1,7 +1,7 @@
 """
 What the data scripts share: downloading a file, writing llm.c token shards, and the way to
-GPT-2's tokenizer (tokenizer.gpt2_encoding, with its offline fallbacks) and llmc_io, which live
-at the repository root.
+GPT-2's tokenizer (llmc.tokenizer.gpt2_encoding, with its offline fallbacks) and llmc_io, which
+live at the repository root.
 
 A token shard (llm.c's .bin) is a header of 256 int32 (magic 20240520, version 1, the number
 of tokens) followed by the tokens as uint16.
@@ -17,7 +17,7 @@ if REPO_ROOT not in sys.path:
     sys.path.insert(0, REPO_ROOT)
 
 import llmc_io  # noqa: E402
-from tokenizer import EOT, TokenizerError, gpt2_encoding  # noqa: E402,F401  (for the scripts)
+from llmc.tokenizer import EOT, TokenizerError, gpt2_encoding  # noqa: E402,F401 (for the scripts)
 
 DOWNLOAD_TIMEOUT_S = 30
 

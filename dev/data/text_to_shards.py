@@ -9,7 +9,7 @@ every document is <|endoftext|> followed by its tokens, as llm.c's data scripts 
 Text that looks like "<|endoftext|>" in a file is ordinary text, not the special token. The
 first --val-fraction of the tokens is the val split (NAME_val_000000.bin), the rest the train
 split, in shards of at most --shard-size tokens (NAME_train_000001.bin, ...), like llm.c's
-fineweb.py. Works offline: see tokenizer.py for where GPT-2's BPE comes from.
+fineweb.py. Works offline: see llmc/tokenizer.py for where GPT-2's BPE comes from.
 """
 import argparse
 import os

@@ -3,7 +3,8 @@ The DataLoader of llm.pyx: serves (B, T) batches of inputs and targets from llm.
 the way llm.c's llmc/dataloader.h does, so that the same shards give the same batches.
 
 - The shards are the files that match a glob pattern, sorted by name. Each one is a 1024-byte
-  header (magic 20240520, version 1, number of tokens) and then the tokens as uint16.
+  header (magic 20240520, version 1, number of tokens) and then the tokens as uint16, read
+  with llmc_io.read_shard.
 - A shard of ntok tokens holds (ntok - 1) // (B*T) samples: sample i is the tokens
   [i*B*T, (i+1)*B*T + 1), inputs the first B*T of them, targets the last B*T.
 - Training (shuffle=True): a Mersenne Twister seeded with 42 (llm.c's mt19937, which is
@@ -17,13 +18,11 @@ single batch, a token id the model does not have) raise DataError, whose message
 line naming the file.
 """
 import glob
-import os
 
 import numpy as np
 
-SHARD_MAGIC = 20240520
-SHARD_VERSION = 1
-HEADER_BYTES = 256 * 4
+import llmc_io
+
 SHUFFLE_SEED = 42  # llm.c: manual_seed(&shuffle_rng, 42 + process_rank), one process here
 
 
@@ -86,34 +85,12 @@ def random_permutation(indices, rng):
 # shards
 
 def shard_tokens(path):
-    """The tokens of a shard as a read-only uint16 memmap, after checking its header and size
-    as llm.c does. Raises DataError."""
+    """The tokens of the shard at path, a read-only uint16 memmap (llmc_io.read_shard checks
+    its header and size). Raises DataError."""
     try:
-        size = os.path.getsize(path)
-        with open(path, "rb") as f:
-            raw = f.read(HEADER_BYTES)
-        header = np.frombuffer(raw[:len(raw) // 4 * 4], dtype="<i4")
-    except OSError as e:
-        raise DataError(f"{path}: cannot read: {e.strerror}") from None
-    if size == 0:
-        raise DataError(f"{path}: empty file, not a token shard")
-    if header.size >= 1 and header[0] != SHARD_MAGIC:
-        raise DataError(f"{path}: not a token shard: bad magic number {header[0]} "
-                        f"(expected {SHARD_MAGIC}); re-run the data preparation")
-    if size < HEADER_BYTES:
-        raise DataError(f"{path}: truncated: {size} bytes, shorter than the "
-                        f"{HEADER_BYTES}-byte header")
-    if header[1] != SHARD_VERSION:
-        raise DataError(f"{path}: unsupported token shard version {header[1]} "
-                        f"(expected {SHARD_VERSION})")
-    ntok = int(header[2])
-    if ntok <= 0:
-        raise DataError(f"{path}: the shard holds no tokens")
-    expected = HEADER_BYTES + 2 * ntok
-    if size != expected:
-        raise DataError(f"{path}: file size {size} bytes does not match the {ntok} tokens "
-                        f"of its header ({expected} bytes)")
-    return np.memmap(path, dtype="<u2", mode="r", offset=HEADER_BYTES, shape=(ntok,))
+        return llmc_io.read_shard(path, mmap=True)
+    except llmc_io.FormatError as e:
+        raise DataError(str(e)) from None
 
 
 class DataLoader:

@@ -1,0 +1,107 @@
+"""
+What a training run writes: the Console (stdout, with a live step line on a terminal), notes on
+stderr, llm.c's main.log (llmc/logger.h) and the loss plot of it, loss.png.
+"""
+import os
+import re
+import sys
+
+TABLE_RULE = "+-----------------------+" + "-" * 52 + "+"
+
+
+def note(message):
+    print(f"train.py: {message}", file=sys.stderr, flush=True)
+
+
+class Console:
+    """stdout: a live progress line on a terminal, plain lines when piped."""
+
+    def __init__(self, stream=sys.stdout):
+        self.stream = stream
+        self.live = stream.isatty()
+        self.status_shown = False
+
+    def status(self, line):
+        """The per-step line: redrawn in place on a terminal, one line each when piped."""
+        if self.live:
+            self.stream.write("\r\033[K" + line)
+            self.status_shown = True
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def write(self, text):
+        """Other output, starting below the last status line."""
+        if self.status_shown:
+            self.stream.write("\n")
+            self.status_shown = False
+        self.stream.write(text)
+        self.stream.flush()
+
+    def print(self, line=""):
+        self.write(line + "\n")
+
+    def table(self, rows):
+        """llm.c's table of settings: rows of (name, value), None for a rule."""
+        self.print(TABLE_RULE)
+        for row in rows:
+            self.print(TABLE_RULE if row is None else f"| {row[0]:<21} | {str(row[1]):<50} |")
+        self.print(TABLE_RULE)
+
+
+class Logger:
+    """DIR/main.log in llm.c's format: "s:STEP trl:LOSS lr:LR norm:NORM", "s:STEP tel:LOSS"."""
+
+    def __init__(self, output_dir, append):
+        self.path = None if output_dir is None else os.path.join(output_dir, "main.log")
+        if self.path and not append:
+            open(self.path, "w").close()
+
+    def _log(self, line):
+        if self.path:
+            with open(self.path, "a") as f:
+                f.write(line + "\n")
+
+    def log_train(self, step, loss, lr, norm):
+        self._log(f"s:{step} trl:{loss:.4f} lr:{lr:.6f} norm:{norm:.2f}")
+
+    def log_val(self, step, loss):
+        self._log(f"s:{step} tel:{loss:.4f}")
+
+
+def read_log(path):
+    """The losses in a main.log: {"trl": {step: loss}, "tel": {step: loss}}."""
+    curves = {"trl": {}, "tel": {}}
+    with open(path) as f:
+        for line in f:
+            m = re.match(r"s:(\d+) (trl|tel):(\S+)", line)
+            if m:
+                curves[m.group(2)][int(m.group(1))] = float(m.group(3))
+    return curves
+
+
+def plot_losses(output_dir):
+    """DIR/loss.png: the train and val losses of DIR/main.log; its path, or None (with a note)
+    when matplotlib cannot be imported."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")  # files only, no display needed
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        note(f"cannot import matplotlib ({e}), skipping the loss plot (pip install matplotlib)")
+        return None
+    curves = read_log(os.path.join(output_dir, "main.log"))
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for key, label in (("trl", "train loss"), ("tel", "val loss")):
+        if curves[key]:
+            steps = sorted(curves[key])
+            ax.plot(steps, [curves[key][s] for s in steps], label=label,
+                    marker="o" if key == "tel" else None)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    path = os.path.join(output_dir, "loss.png")
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

@@ -1,0 +1,57 @@
+"""
+Sampling from the model as llm.c's trainer does: its xorshift RNG (random_u32, random_f32) and
+sample_mult, so a model and a seed give the tokens llm.c gives.
+"""
+import numpy as np
+
+import llmc_io
+
+SAMPLE_SEED = 1337  # llm.c's trainer samples from this seed every time
+MASK64 = (1 << 64) - 1
+
+
+class XorShift:
+    """llm.c's random_u32 / random_f32: xorshift* on a 64-bit state."""
+
+    def __init__(self, seed):
+        self.state = seed & MASK64
+
+    def random_u32(self):
+        s = self.state
+        s ^= s >> 12
+        s ^= (s << 25) & MASK64
+        s ^= s >> 27
+        self.state = s
+        return ((s * 0x2545F4914F6CDD1D) & MASK64) >> 32
+
+    def random_f32(self):
+        """A float32 in [0, 1): the top 24 bits of random_u32 / 2^24 (exact in float32)."""
+        return np.float32((self.random_u32() >> 8) / 16777216.0)
+
+
+def sample_mult(probs, coin):
+    """The first index whose running float32 sum of probs exceeds coin (llm.c's sample_mult):
+    a draw from probs for a coin uniform in [0, 1); the last index if rounding leaves none."""
+    cdf = np.cumsum(probs, dtype=np.float32)  # sequential float32 sums, as the C loop
+    return min(int(np.searchsorted(cdf, np.float32(coin), side="right")), len(probs) - 1)
+
+
+def generate(model, tokenizer, gen_tokens, console):
+    """Sample gen_tokens-1 tokens after <|endoftext|>, printing them as they come (as token ids
+    when tokenizer is None). Each sample starts from seed 1337, as llm.c's trainer does, so it
+    depends on the model only."""
+    rng = XorShift(SAMPLE_SEED)
+    eot = tokenizer.eot_token if tokenizer is not None else llmc_io.GPT2_EOT_TOKEN
+    tokens = [eot]
+    piece = tokenizer.stream_decoder() if tokenizer is not None else (lambda t: f"{t} ")
+    V = model.config.vocab_size
+    console.print("generating:\n---")
+    for t in range(1, gen_tokens):
+        # the model is causal: position t-1 sees tokens[:t] only, so a (1, t) forward gives
+        # what llm.c's (B, T) forward over the padded batch gives there
+        model.forward(np.array([tokens], dtype=np.int32))
+        coin = rng.random_f32()
+        tokens.append(sample_mult(model.probs[0, t - 1, :V], coin))
+        console.write(piece(tokens[-1]))
+    console.print("\n---")
+    return tokens
