@@ -103,6 +103,9 @@ def parse_args(argv):
                    help="1: resume from the newest checkpoint in -o")
     p.add_argument("-r", dest="seed", metavar="INT", type=int, default=42,
                    help="seed of the random init (-e dN)")
+    p.add_argument("--backend", metavar="NAME", default="cpu",
+                   help="where the model runs: cpu, check:NAME, profile:NAME, ... "
+                        "(accel/README.md)")
     args = p.parse_args(argv)
 
     def require(ok, flag, value, requirement):
@@ -142,12 +145,13 @@ def parse_args(argv):
 def load_model(args, resume_path):
     """(model, how it was initialised)."""
     try:
+        from accel.backend import BackendError
         from train_gpt2 import GPT2
     except ImportError as e:
         raise TrainError(f"the model is not built ({e}): run `make train_gpt2` first") from None
     try:
         if resume_path is not None:
-            return GPT2.from_checkpoint(resume_path), f"checkpoint {resume_path}"
+            return GPT2.from_checkpoint(resume_path, args.backend), f"checkpoint {resume_path}"
         init = args.init
         if init is None:
             if os.path.exists(DEFAULT_MODEL):
@@ -162,11 +166,12 @@ def load_model(args, resume_path):
             if not 1 <= depth <= 1000:
                 raise TrainError(f"-e {init}: the depth must be in 1..1000")
             config = llmc_io.GPT2Config.from_depth(depth)
-            return GPT2.random(config, seed=args.seed), f"random d{depth} (seed {args.seed})"
+            return (GPT2.random(config, seed=args.seed, backend=args.backend),
+                    f"random d{depth} (seed {args.seed})")
         if not os.path.exists(init):
             raise TrainError(f"-e {init}: no such model file (nor dN, a random GPT-2 of depth N)")
-        return GPT2.from_checkpoint(init), f"checkpoint {init}"
-    except llmc_io.FormatError as e:
+        return GPT2.from_checkpoint(init, args.backend), f"checkpoint {init}"
+    except (llmc_io.FormatError, BackendError) as e:
         raise TrainError(str(e)) from None
 
 
@@ -243,7 +248,8 @@ def main(argv=None):
         ("weight init method", init_desc), ("max_sequence_length T", config.max_seq_len),
         ("vocab_size V", config.vocab_size), ("padded_vocab_size Vp", config.padded_vocab_size),
         ("num_layers L", config.num_layers), ("num_heads NH", config.num_heads),
-        ("channels C", config.channels), ("num_parameters", model.params.size), None,
+        ("channels C", config.channels), ("num_parameters", model.num_parameters),
+        ("backend", model.backend.name), None,
         ("train tokens", train_loader.num_tokens), ("val tokens", val_loader.num_tokens),
     ])
     console.print(f"batch_size B={B} * seq_len T={T} and total_batch_size={total_batch_size} "
@@ -320,6 +326,8 @@ def main(argv=None):
 
     if timed_steps > 0:
         console.print(f"total average iteration time: {total_time_s / timed_steps * 1000:f} ms")
+    if hasattr(model.backend, "summary"):  # check: and profile: say what they saw
+        console.print(model.backend.summary())
     if args.output_dir is not None:
         path = plot_losses(args.output_dir)
         if path:

@@ -12,6 +12,7 @@ interleaved A B A B so that a noisy neighbour hurts both alike.
     python dev/bench_step.py -t 1024 --steps 3        the long-context end
     python dev/bench_step.py --threads 1
     python dev/bench_step.py --profile                also: where llm.pyx's step time goes
+    python dev/bench_step.py --backend NAME           llm.pyx on another backend
 
 Prints ms/step (median, min-max), tokens/s, the ratio llm.pyx / PyTorch, the model FLOPs
 achieved against this machine's measured sgemm peak (scipy-openblas32, 2048^3, same threads),
@@ -52,9 +53,10 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=2, help="untimed steps first (allocation, caches)")
     p.add_argument("--rounds", type=int, default=2, help="llm.pyx/PyTorch rounds, interleaved")
     p.add_argument("--no-torch", action="store_true", help="time llm.pyx only")
+    p.add_argument("--backend", default="cpu", help="llm.pyx's backend (accel/README.md)")
     p.add_argument("--profile", action="store_true",
-                   help="also time each kernel of llm.pyx's step (replayed through the kernels' "
-                        "Python wrappers at the step's shapes)")
+                   help="also time each entry of the backend table over llm.pyx's step "
+                        "(the step on profile:BACKEND)")
     p.add_argument("--json", help="also write the results to this file")
     p.add_argument("--worker", choices=["llmpyx", "torch", "peak", "profile"], help=argparse.SUPPRESS)
     p.add_argument("--params", help=argparse.SUPPRESS)
@@ -114,27 +116,31 @@ def _timed(fn):
     return time.perf_counter() - t0
 
 
-def worker_llmpyx(args):
-    # the training path as it runs: OMP_NUM_THREADS from --threads, BLAS threads left to it
-    from train_gpt2 import GPT2
-    config = config_for(args)
-    model = GPT2.random(config, seed=0)
-    if args.params:
-        np.save(args.params, model.params)
-    x, y = batch(config, args.batch, args.seq)
+def llmpyx_steps(model, x, y, first_t, steps):
+    """(losses, seconds) of `steps` training steps of llm.pyx's model."""
     losses, times = [], []
-    for step in range(args.warmup + args.steps):
+    for t in range(first_t, first_t + steps):
         t0 = time.perf_counter()
         loss = model.forward(x, y)
         model.zero_grad()
         model.backward()
         model.update(ADAMW["lr"], ADAMW["beta1"], ADAMW["beta2"], ADAMW["eps"],
-                     ADAMW["weight_decay"], step + 1)
-        dt = time.perf_counter() - t0
+                     ADAMW["weight_decay"], t)
+        times.append(time.perf_counter() - t0)
         losses.append(loss)
-        if step >= args.warmup:
-            times.append(dt)
-    return dict(times=times, losses=losses, rss=peak_rss_bytes())
+    return losses, times
+
+
+def worker_llmpyx(args):
+    # the training path as it runs: OMP_NUM_THREADS from --threads, BLAS threads left to it
+    from train_gpt2 import GPT2
+    config = config_for(args)
+    model = GPT2.random(config, seed=0, backend=args.backend)
+    if args.params:
+        np.save(args.params, model.params)
+    x, y = batch(config, args.batch, args.seq)
+    losses, times = llmpyx_steps(model, x, y, 1, args.warmup + args.steps)
+    return dict(times=times[args.warmup:], losses=losses, rss=peak_rss_bytes())
 
 
 def worker_torch(args):
@@ -166,78 +172,19 @@ def worker_torch(args):
 
 
 def worker_profile(args):
-    """Replay llm.pyx's step kernel by kernel through kernels.*'s Python wrappers, over the
-    model's own buffers, and time each call: {category: seconds per step}."""
+    """The step on profile:BACKEND: {entry: seconds per step} of the table's entries, and the
+    wall time per step (the rest is Python and the model's bookkeeping)."""
     from train_gpt2 import GPT2
-    from kernels import (adamw, attention, crossentropy, encoder, gelu, layernorm, matmul,
-                         residual)
     config = config_for(args)
-    model = GPT2.random(config, seed=0)
-    B, T, C, L, NH, V = args.batch, args.seq, config.channels, config.num_layers, config.num_heads, config.vocab_size
-    x, y = batch(config, B, T)
-    model.forward(x, y)
-    acts = model.activations()
-    dacts = {k: np.zeros_like(v) for k, v in acts.items()}
-    p, g = model.param_tensors(), model.grad_tensors()
-    flat_params, flat_grads, m, v = model.params, model.grads, model.m, model.v
-    totals = {}
-    softmax = crossentropy.softmax
-
-    def timed(category, fn, *a):
-        t0 = time.perf_counter()
-        fn(*a)
-        totals[category] = totals.get(category, 0.0) + time.perf_counter() - t0
-
-    def step(t):
-        timed("encoder fwd", encoder.forward, acts["encoded"], x, p["wte"], p["wpe"])
-        for l in range(L):
-            res = acts["encoded"] if l == 0 else acts["residual3"][l - 1]
-            timed("layernorm fwd", layernorm.forward, acts["ln1"][l], acts["ln1_mean"][l], acts["ln1_rstd"][l], res, p["ln1w"][l], p["ln1b"][l])
-            timed("matmul fwd qkv", matmul.forward, acts["qkv"][l], acts["ln1"][l], p["qkvw"][l], p["qkvb"][l])
-            timed("attention fwd", attention.forward, acts["atty"][l], acts["preatt"][l], acts["att"][l], acts["qkv"][l], NH)
-            timed("matmul fwd attproj", matmul.forward, acts["attproj"][l], acts["atty"][l], p["attprojw"][l], p["attprojb"][l])
-            timed("residual fwd", residual.forward, acts["residual2"][l].reshape(-1), res.reshape(-1), acts["attproj"][l].reshape(-1))
-            timed("layernorm fwd", layernorm.forward, acts["ln2"][l], acts["ln2_mean"][l], acts["ln2_rstd"][l], acts["residual2"][l], p["ln2w"][l], p["ln2b"][l])
-            timed("matmul fwd fc", matmul.forward, acts["fch"][l], acts["ln2"][l], p["fcw"][l], p["fcb"][l])
-            timed("gelu fwd", gelu.forward, acts["fch_gelu"][l].reshape(-1), acts["fch"][l].reshape(-1))
-            timed("matmul fwd fcproj", matmul.forward, acts["fcproj"][l], acts["fch_gelu"][l], p["fcprojw"][l], p["fcprojb"][l])
-            timed("residual fwd", residual.forward, acts["residual3"][l].reshape(-1), acts["residual2"][l].reshape(-1), acts["fcproj"][l].reshape(-1))
-        timed("layernorm fwd", layernorm.forward, acts["lnf"], acts["lnf_mean"], acts["lnf_rstd"], acts["residual3"][L - 1], p["lnfw"], p["lnfb"])
-        timed("matmul fwd lm_head", matmul.forward, acts["logits"], acts["lnf"], p["wte"], None)
-        timed("softmax+loss fwd", softmax, acts["probs"], acts["logits"], V)
-        timed("softmax+loss fwd", crossentropy.forward, acts["losses"], acts["probs"], y)
-        timed("zero_grad (params)", flat_grads.fill, 0.0)
-        for d in dacts.values():
-            timed("zero act grads", d.fill, 0.0)
-        dacts["losses"].fill(1.0 / (B * T))
-        timed("softmax+loss bwd", crossentropy.backward, dacts["logits"], dacts["losses"], acts["probs"], y, V)
-        timed("matmul bwd lm_head", matmul.backward, dacts["lnf"], g["wte"], None, dacts["logits"], acts["lnf"], p["wte"])
-        timed("layernorm bwd", layernorm.backward, dacts["residual3"][L - 1], g["lnfw"], g["lnfb"], dacts["lnf"], acts["residual3"][L - 1], p["lnfw"], acts["lnf_mean"], acts["lnf_rstd"])
-        for l in range(L - 1, -1, -1):
-            res = acts["encoded"] if l == 0 else acts["residual3"][l - 1]
-            dres = dacts["encoded"] if l == 0 else dacts["residual3"][l - 1]
-            timed("residual bwd", residual.backward, dacts["residual2"][l].reshape(-1), dacts["fcproj"][l].reshape(-1), dacts["residual3"][l].reshape(-1))
-            timed("matmul bwd fcproj", matmul.backward, dacts["fch_gelu"][l], g["fcprojw"][l], g["fcprojb"][l], dacts["fcproj"][l], acts["fch_gelu"][l], p["fcprojw"][l])
-            timed("gelu bwd", gelu.backward, dacts["fch"][l].reshape(-1), acts["fch"][l].reshape(-1), dacts["fch_gelu"][l].reshape(-1))
-            timed("matmul bwd fc", matmul.backward, dacts["ln2"][l], g["fcw"][l], g["fcb"][l], dacts["fch"][l], acts["ln2"][l], p["fcw"][l])
-            timed("layernorm bwd", layernorm.backward, dacts["residual2"][l], g["ln2w"][l], g["ln2b"][l], dacts["ln2"][l], acts["residual2"][l], p["ln2w"][l], acts["ln2_mean"][l], acts["ln2_rstd"][l])
-            timed("residual bwd", residual.backward, dres.reshape(-1), dacts["attproj"][l].reshape(-1), dacts["residual2"][l].reshape(-1))
-            timed("matmul bwd attproj", matmul.backward, dacts["atty"][l], g["attprojw"][l], g["attprojb"][l], dacts["attproj"][l], acts["atty"][l], p["attprojw"][l])
-            timed("attention bwd", attention.backward, dacts["qkv"][l], dacts["preatt"][l], dacts["att"][l], dacts["atty"][l], acts["qkv"][l], acts["att"][l], NH)
-            timed("matmul bwd qkv", matmul.backward, dacts["ln1"][l], g["qkvw"][l], g["qkvb"][l], dacts["qkv"][l], acts["ln1"][l], p["qkvw"][l])
-            timed("layernorm bwd", layernorm.backward, dres, g["ln1w"][l], g["ln1b"][l], dacts["ln1"][l], res, p["ln1w"][l], acts["ln1_mean"][l], acts["ln1_rstd"][l])
-        timed("encoder bwd", encoder.backward, g["wte"], g["wpe"], dacts["encoded"], x)
-        timed("adamw", adamw.update, flat_params, m, v, flat_grads, ADAMW["lr"], ADAMW["beta1"],
-              ADAMW["beta2"], ADAMW["eps"], ADAMW["weight_decay"], 1.0, t)
-
-    for t in range(args.warmup):
-        step(t + 1)
-    totals.clear()
-    t0 = time.perf_counter()
-    for t in range(args.steps):
-        step(args.warmup + t + 1)
-    wall = (time.perf_counter() - t0) / args.steps
-    return dict(categories={k: s / args.steps for k, s in totals.items()}, wall=wall)
+    model = GPT2.random(config, seed=0, backend="profile:" + args.backend)
+    x, y = batch(config, args.batch, args.seq)
+    llmpyx_steps(model, x, y, 1, args.warmup)
+    model.backend.reset()
+    _, times = llmpyx_steps(model, x, y, 1 + args.warmup, args.steps)
+    entries = model.backend.report()["entries"]
+    return dict(categories={name: e["seconds"] / args.steps for name, e in entries.items()},
+                calls={name: e["calls"] // args.steps for name, e in entries.items()},
+                wall=sum(times) / args.steps)
 
 
 # ----------------------------------------------------------------------------
@@ -246,7 +193,7 @@ def worker_profile(args):
 def run_worker(kind, args, params_path=None):
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", kind, "-e", str(args.depth),
            "-b", str(args.batch), "-t", str(args.seq), "--threads", str(args.threads),
-           "--steps", str(args.steps), "--warmup", str(args.warmup)]
+           "--steps", str(args.steps), "--warmup", str(args.warmup), "--backend", args.backend]
     if params_path:
         cmd += ["--params", params_path]
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
@@ -330,10 +277,11 @@ def main(argv=None):
     if profile:
         cats = profile["categories"]
         total = sum(cats.values())
-        print(f"\nllm.pyx step, kernel by kernel (replayed through kernels.*; {total * 1e3:.0f} ms "
-              f"in kernels, {profile['wall'] * 1e3:.0f} ms wall per replayed step):")
+        print(f"\nllm.pyx step on profile:{args.backend}, entry by entry ({total * 1e3:.0f} ms in the "
+              f"table, {profile['wall'] * 1e3:.0f} ms wall per step):")
         for name, seconds in sorted(cats.items(), key=lambda kv: -kv[1]):
-            print(f"  {name:<22} {seconds * 1e3:8.1f} ms  {100 * seconds / total:5.1f}%")
+            print(f"  {name:<30} {profile['calls'][name]:5d} calls {seconds * 1e3:8.1f} ms  "
+                  f"{100 * seconds / total:5.1f}%")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(args=vars(args), peak=peak, results=rows, profile=profile,

@@ -60,7 +60,7 @@ def resume(output_dir, step, model, loader):
     built from that checkpoint's model file) and loader; the step it was saved at."""
     state_path = checkpoint_paths(output_dir, step)[1]
     saved_step, m, v, loader_state = llmc_io.read_state(state_path, model.params.size)
-    model.m[:] = m
-    model.v[:] = v
+    model.m = m
+    model.v = v
     loader.load_state(loader_state, source=state_path)
     return saved_step
