@@ -14,7 +14,6 @@
 #include <cstring>
 #include <deque>
 #include <memory>
-#include <new>
 #include <random>
 #include <vector>
 
@@ -199,7 +198,11 @@ const std::function<void()>* thread_body = nullptr;
 const char* running_kernel = "";
 std::mt19937_64 rng;
 std::string error;
-std::unique_ptr<unsigned char[]> dynamic_shared;
+struct FreeMemory {
+    void operator()(void* p) const { std::free(p); }
+};
+// malloc'ed at its exact size, so that AddressSanitizer sees accesses past it; 16-byte aligned.
+std::unique_ptr<unsigned char, FreeMemory> dynamic_shared;
 bool stacks_dirty = false;  // fibers were abandoned mid-run: their stacks keep ASan poison
 
 #ifdef EMU_ASAN
@@ -520,7 +523,7 @@ bool launch(const char* kernel_name, Dim3 grid, Dim3 block, size_t dynamic_share
     block_threads = int(block.x * block.y * block.z);
     prepare_fibers(block_threads);
     thread_body = &body;
-    dynamic_shared.reset(static_cast<unsigned char*>(::operator new[](dynamic_shared_bytes, std::align_val_t(16))));
+    dynamic_shared.reset(static_cast<unsigned char*>(std::malloc(dynamic_shared_bytes)));
     rng.seed(c.seed);
 
     const unsigned long blocks = (unsigned long)grid.x * grid.y * grid.z;
