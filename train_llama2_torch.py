@@ -14,14 +14,14 @@ where n_kv_heads < n_heads.  Every model starts from llama2.c's random init (the
 pretrained-weight reader yet).
 
 writes to the output directory, for NAME (--name; default llama2_<model>):
-    NAME.bin                      the model, in llama_formats' TEMPORARY float32 format
+    NAME.bin                      the model, in llmc_io's TEMPORARY float32 format
     NAME_debug_state.bin          one batch (x, y), then the logits, mean loss and gradients
                                   of one forward + backward on it (llm.c's debug state format)
     NAME_debug_state.losses.json  the losses of 10 AdamW steps on that same batch, as llm.c's
                                   test_gpt2.c runs them, with the optimizer's settings
 
 Tests import reference_forward_backward() and reference_losses(), which start from a flat
-parameter vector in llama_formats.LlamaConfig.param_shapes() order.
+parameter vector in llmc_io.LlamaConfig.param_shapes() order.
 """
 import argparse
 import json
@@ -33,9 +33,8 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-import llama_formats
 import llmc_io
-from llama_formats import PRESETS, LlamaConfig
+from llmc_io import PRESETS, LlamaConfig
 
 # AdamW as llm.c's test_gpt2.c runs it: weight decay on every parameter
 ADAMW = {"lr": 1e-4, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.01}
@@ -195,7 +194,7 @@ def flat_vector(model, grads=False):
 def build_model(config, params):
     """A Transformer whose weights are the flat vector params."""
     model = Transformer(config)
-    views = llama_formats.param_views(config, np.asarray(params, dtype=np.float32))
+    views = llmc_io.param_views(config, np.asarray(params, dtype=np.float32))
     tensors = dict(model.named_parameters())
     with torch.no_grad():
         for name, _ in config.param_shapes():
@@ -311,7 +310,7 @@ def parse_args(argv):
     overrides = {field: getattr(args, flag) for flag, field in SIZE_FLAGS.items()
                  if getattr(args, flag) is not None}
     if args.dim is not None and args.hidden_dim is None:
-        overrides["hidden_dim"] = llama_formats.llama2c_hidden_dim(args.dim)
+        overrides["hidden_dim"] = llmc_io.llama2c_hidden_dim(args.dim)
     if args.shared_classifier is not None:
         overrides["shared_classifier"] = args.shared_classifier
     try:
@@ -336,7 +335,7 @@ def main(argv=None):
 
     os.makedirs(args.output_dir, exist_ok=True)
     out = lambda filename: os.path.join(args.output_dir, filename)
-    llama_formats.write_model(out(f"{name}.bin"), config, params)
+    llmc_io.write_llama_model(out(f"{name}.bin"), config, params)
     print(f"wrote {out(name + '.bin')} (temporary float32 format)")
 
     logits, loss, grads = reference_forward_backward(config, params, x, y)
