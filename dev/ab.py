@@ -15,7 +15,7 @@ dev/ab.py: the kernel A/B lab.  For every staged variant of a kernel (dev/cpu/<k
     python dev/ab.py all
     python dev/ab.py gelu --check-only
 
-Build first (make train_gpt2).  The thread count is set for OpenMP (OMP_NUM_THREADS, before
+Build first (make dev).  The thread count is set for OpenMP (OMP_NUM_THREADS, before
 any OpenMP library loads) and, before every variant, for every BLAS pool (threadpoolctl), as a
 user's threadpool_limits(N) would: a kernel that needs OpenBLAS single-threaded (GEMMs called
 from OpenMP threads) must say so itself on every call, as kernels.matmul does.
@@ -532,7 +532,7 @@ def load(module_name):
     try:
         return importlib.import_module(module_name)
     except ImportError as e:
-        raise SystemExit(f"dev/ab.py: cannot import {module_name} ({e}); build it first: make train_gpt2")
+        raise SystemExit(f"dev/ab.py: cannot import {module_name} ({e}); build it first: make dev")
 
 
 def max_errors(pairs):
