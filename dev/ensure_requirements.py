@@ -73,9 +73,9 @@ def main(argv=None):
         return 1
     print(f"installing {what}: {shown}", flush=True)
     if subprocess.run(command).returncode != 0:
-        print(f"pip could not install {path} (see above).  Run it yourself, or in a virtual "
-              f"environment:\n  python3 -m venv .venv && . .venv/bin/activate && {shown}",
-              file=sys.stderr)
+        print(f"pip could not install {path} (see above).  Run it yourself:\n  {shown}\nor, where "
+              f"this Python does not allow it, in a virtual environment:\n  python3 -m venv .venv && "
+              f". .venv/bin/activate && python -m pip install -r {shlex.quote(path)}", file=sys.stderr)
         return 1
     return 0
 
