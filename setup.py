@@ -1,14 +1,19 @@
 """
-Build of llm.pyx: every .pyx in the project (train_gpt2.pyx, kernels/, dev/cpu/) becomes an
-extension module built in place, with one set of compiler flags and Cython directives.
+Build of llm.pyx: each .pyx becomes an extension module built in place, with one set of
+compiler flags and Cython directives.  Two parts, built separately:
+    the product   every .pyx in the repository outside dev/ (train_gpt2.pyx, kernels/, and any
+                  new folder of them), found by walking the tree
+    the lab       dev/cpu/*.pyx, the kernel variants dev/ab.py compares (LLMPYX_LAB=1)
 
-    python setup.py build_ext --inplace       (what `make train_gpt2` runs)
+    python setup.py build_ext --inplace                 (what `make train_gpt2` runs)
+    LLMPYX_LAB=1 python setup.py build_ext --inplace    (what `make dev` runs)
 
 Environment switches:
     NO_OMP=1        build without OpenMP (single-threaded kernels)
     DEBUG=1         Cython bounds/wraparound/initialized checks on, -O0 -g (slow, for debugging)
     NO_NATIVE=1     do not tune for this CPU (-march=native); for binaries that travel
     LLMPYX_ONLY=s   build only the modules whose dotted name contains s (e.g. kernels.gelu)
+    LLMPYX_LAB=1    build the lab instead of the product
 """
 import glob
 import os
@@ -77,16 +82,30 @@ def compile_flags():
     return flags
 
 
+def product_sources():
+    """Every .pyx below HERE outside dev/, skipping build output, hidden folders and any
+    virtual environment kept in the tree (their packages may ship .pyx files)."""
+    sources = []
+    for root, dirs, files in os.walk(HERE):
+        dirs[:] = sorted(d for d in dirs
+                         if not d.startswith(".")
+                         and not (root == HERE and d in ("dev", "build"))
+                         and not os.path.exists(os.path.join(root, d, "pyvenv.cfg")))
+        sources += [os.path.relpath(os.path.join(root, f), HERE)
+                    for f in sorted(files) if f.endswith(".pyx")]
+    return sources
+
+
 def extensions():
     omp_compile, omp_link = openmp_flags()
     cflags = compile_flags() + omp_compile
     blas_lib_dir = scipy_openblas32.get_lib_dir()
     only = os.environ.get("LLMPYX_ONLY", "")
-    sources = (["train_gpt2.pyx"] + sorted(glob.glob("kernels/*.pyx")) + sorted(glob.glob("accel/*.pyx"))
-               + sorted(glob.glob("llmc/*.pyx")) + sorted(glob.glob("dev/cpu/*.pyx")))
+    lab = os.environ.get("LLMPYX_LAB", "0") not in ("", "0")
+    sources = sorted(glob.glob(os.path.join("dev", "cpu", "*.pyx"))) if lab else product_sources()
     exts = []
     for src in sources:
-        name = src[:-len(".pyx")].replace("/", ".")
+        name = src[:-len(".pyx")].replace(os.sep, ".")
         if only and only not in name:
             continue
         exts.append(Extension(

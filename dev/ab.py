@@ -2,10 +2,10 @@
 dev/ab.py: the kernel A/B lab.  For every staged variant of a kernel (dev/cpu/<kernel>_<N>.pyx,
 1 = the straight llm.c port, higher = more elaborate) and for the promoted kernel
 (kernels/<kernel>.pyx), on GPT-2 124M shapes:
-  1. check it against a float64 NumPy reference (forward outputs and, for backward, the
-     gradients it adds into buffers that start non-zero): max abs error and that error
-     relative to the largest reference value; a variant outside its tolerance makes the run
-     exit non-zero, naming it;
+  1. check it against the float64 NumPy reference, kernels/reference.py (forward outputs
+     and, for backward, the gradients it adds into buffers that start non-zero): max abs
+     error and that error relative to the largest reference value; a variant outside its
+     tolerance makes the run exit non-zero, naming it;
   2. time it: warm-up, repeats, median and spread (min-max), and GFLOP/s (matmul, attention)
      or GB/s (the memory-bound rest) against this machine's sgemm peak and DRAM bandwidth,
      measured in the same run (a kernel whose data fits in cache can beat the latter).
@@ -15,7 +15,7 @@ dev/ab.py: the kernel A/B lab.  For every staged variant of a kernel (dev/cpu/<k
     python dev/ab.py all
     python dev/ab.py gelu --check-only
 
-Build first (make train_gpt2).  The thread count is set for OpenMP (OMP_NUM_THREADS, before
+Build first (make dev).  The thread count is set for OpenMP (OMP_NUM_THREADS, before
 any OpenMP library loads) and, before every variant, for every BLAS pool (threadpoolctl), as a
 user's threadpool_limits(N) would: a kernel that needs OpenBLAS single-threaded (GEMMs called
 from OpenMP threads) must say so itself on every call, as kernels.matmul does.
@@ -35,6 +35,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
+
+from kernels import reference as R  # noqa: E402
 
 # GPT-2 124M (d12): C channels, NH heads, V vocab, Vp padded vocab, maxT context, L layers
 GPT2 = dict(C=768, NH=12, V=50257, Vp=50304, maxT=1024, L=12)
@@ -56,7 +58,8 @@ def shape_name(s):
 
 
 # ----------------------------------------------------------------------------
-# Kernels: inputs, the float64 reference, the calls, and the work done per call.
+# Kernels: inputs, the calls, the comparison with the float64 reference (kernels/reference.py,
+# the tests' too), and the work done per call.
 # For each case, make() builds a state dict of float32 inputs and outputs; one method per
 # pass (forward, backward, ...) calls a module's wrappers on it; compare(st, pass) returns
 # {tensor: (what the module wrote, the float64 reference)}.
@@ -134,19 +137,38 @@ class Matmul(Kernel):
         pick = rng.choice(n - 2, self.SAMPLE - 2, replace=False) + 1
         return np.concatenate([[0], np.sort(pick), [n - 1]])
 
+    def reference(self, st, pass_):
+        """The sampled rows and their reference values, computed once per state: the float64
+        GEMMs take seconds at lm_head's size, and every module gets the same inputs.
+        forward: (rows of out, out);  backward: (rows of dinp, rows of dweight, dinp, dweight,
+        dbias), from the rows of dout that each needs (dweight's rows are columns of dout)."""
+        key = "reference " + pass_
+        if key not in st:
+            rng = np.random.default_rng(1)
+            C, OC = st["C"], st["OC"]
+            inp, dout = st["inp"].reshape(-1, C), st["dout"].reshape(-1, OC)
+            bt = self._rows(inp.shape[0], rng)
+            if pass_ == "forward":
+                st[key] = bt, R.matmul_forward(inp[bt], st["weight"], st["bias"])
+            else:
+                o = self._rows(OC, rng)
+                dinp = R.matmul_backward(st["dinp0"].reshape(-1, C)[bt], 0.0, None, dout[bt], inp[bt],
+                                         st["weight"])[0]
+                dbias0 = None if st["dbias0"] is None else st["dbias0"][o]
+                _, dweight, dbias = R.matmul_backward(0.0, st["dweight0"][o], dbias0, dout[:, o], inp,
+                                                      st["weight"][o])
+                st[key] = bt, o, dinp, dweight, dbias
+        return st[key]
+
     def compare(self, st, pass_):
-        rng = np.random.default_rng(1)
         C, OC = st["C"], st["OC"]
-        inp, w, dout = (f64(st[k]).reshape(-1, st[k].shape[-1]) for k in ("inp", "weight", "dout"))
-        bt = self._rows(inp.shape[0], rng)
         if pass_ == "forward":
-            ref = inp[bt] @ w.T + (0 if st["bias"] is None else f64(st["bias"]))
-            return {"out": (st["out"].reshape(-1, OC)[bt], ref)}
-        o = self._rows(OC, rng)
-        got = {"dinp": (st["dinp"].reshape(-1, C)[bt], f64(st["dinp0"]).reshape(-1, C)[bt] + dout[bt] @ w),
-               "dweight": (st["dweight"][o], f64(st["dweight0"])[o] + dout[:, o].T @ inp)}
-        if st["dbias"] is not None:
-            got["dbias"] = (st["dbias"], f64(st["dbias0"]) + dout.sum(0))
+            bt, out = self.reference(st, pass_)
+            return {"out": (st["out"].reshape(-1, OC)[bt], out)}
+        bt, o, dinp, dweight, dbias = self.reference(st, pass_)
+        got = {"dinp": (st["dinp"].reshape(-1, C)[bt], dinp), "dweight": (st["dweight"][o], dweight)}
+        if dbias is not None:
+            got["dbias"] = (st["dbias"][o], dbias)
         return got
 
     def work(self, st, pass_):
@@ -190,42 +212,24 @@ class Attention(Kernel):
 
     def compare(self, st, pass_):
         # one batch row at a time: the (NH,T,T) float64 scores of all B at T=1024 are 400 MB each.
-        # Backward as llm.c's: datt and dpreatt accumulate on and below the diagonal only, and
-        # the softmax and q.k gradients use the accumulated values
-        B, T, C, NH = st["B"], st["T"], st["C"], st["NH"]
-        hs = C // NH
+        # preatt above the diagonal is not compared (llm.c's kernel leaves it as it was); the
+        # backward reference reads this module's att, whose NaNs above the diagonal it must ignore
+        B, T = st["B"], st["T"]
         lower = np.tril(np.ones((T, T), bool))
-        pairs = {k: ([], []) for k in (("out", "preatt", "att") if pass_ == "forward"
-                                       else ("dinp", "dpreatt", "datt"))}
+        names = ("out", "preatt", "att") if pass_ == "forward" else ("dinp", "dpreatt", "datt")
+        pairs = {name: [] for name in names}
         for b in range(B):
-            qkv = f64(st["inp"][b]).reshape(T, 3, NH, hs).transpose(1, 2, 0, 3)   # (3,NH,T,hs)
-            q, k, v = qkv
-            pre = q @ k.transpose(0, 2, 1) / np.sqrt(hs)
-            masked = np.where(lower, pre, -np.inf)
-            att = np.exp(masked - masked.max(-1, keepdims=True))
-            att /= att.sum(-1, keepdims=True)
             if pass_ == "forward":
-                out = (att @ v).transpose(1, 0, 2).reshape(T, C)
-                pairs["out"][0].append(st["out"][b])
-                pairs["out"][1].append(out)
-                pairs["preatt"][0].append(st["preatt"][b][:, lower])
-                pairs["preatt"][1].append(pre[:, lower])
-                pairs["att"][0].append(st["att"][b])
-                pairs["att"][1].append(att)
+                refs = R.attention_forward(st["inp"][b], st["NH"])
             else:
-                dout = f64(st["dout"][b]).reshape(T, NH, hs).transpose(1, 0, 2)
-                datt = f64(st["datt0"][b]) + np.where(lower, dout @ v.transpose(0, 2, 1), 0.0)
-                dv = att.transpose(0, 2, 1) @ dout
-                rowsum = np.where(lower, att * datt, 0.0).sum(-1, keepdims=True)
-                dpre = f64(st["dpreatt0"][b]) + np.where(lower, att * (datt - rowsum), 0.0)
-                dpre_lower = np.where(lower, dpre, 0.0)
-                dq = dpre_lower @ k / np.sqrt(hs)
-                dk = dpre_lower.transpose(0, 2, 1) @ q / np.sqrt(hs)
-                dinp = np.stack([dq, dk, dv]).transpose(2, 0, 1, 3).reshape(T, 3 * C)
-                for name, ref in (("dinp", f64(st["dinp0"][b]) + dinp), ("dpreatt", dpre), ("datt", datt)):
-                    pairs[name][0].append(st[name][b])
-                    pairs[name][1].append(ref)
-        return {k: (np.stack(g), np.stack(r)) for k, (g, r) in pairs.items()}
+                refs = R.attention_backward(st["dinp0"][b], st["dpreatt0"][b], st["datt0"][b],
+                                            st["dout"][b], st["inp"][b], st["att"][b], st["NH"])
+            for name, ref in zip(names, refs):
+                got = st[name][b]
+                if name == "preatt":
+                    got, ref = got[:, lower], ref[:, lower]
+                pairs[name].append((got, ref))
+        return pairs
 
     def work(self, st, pass_):
         # the causal half of q.k^T and of att @ v: 2 * (T(T+1)/2) * hs * 2 flops per (b, h)
@@ -264,19 +268,15 @@ class Layernorm(Kernel):
                 np.copyto(st[k], st[k + "0"])
 
     def compare(self, st, pass_):
-        x, w, b, dout = f64(st["inp"]), f64(st["weight"]), f64(st["bias"]), f64(st["dout"])
-        mean = x.mean(-1, keepdims=True)
-        rstd = 1.0 / np.sqrt(((x - mean) ** 2).mean(-1, keepdims=True) + 1e-5)
-        norm = (x - mean) * rstd
         if pass_ == "forward":
-            return {"out": (st["out"], norm * w + b), "mean": (st["mean"], mean[..., 0]),
-                    "rstd": (st["rstd"], rstd[..., 0])}
-        # backward uses the mean and rstd that this module's forward cached: the reference's
-        dnorm = dout * w
-        dinp = rstd * (dnorm - dnorm.mean(-1, keepdims=True) - norm * (dnorm * norm).mean(-1, keepdims=True))
-        return {"dinp": (st["dinp"], f64(st["dinp0"]) + dinp),
-                "dweight": (st["dweight"], f64(st["dweight0"]) + (dout * norm).sum((0, 1))),
-                "dbias": (st["dbias"], f64(st["dbias0"]) + dout.sum((0, 1)))}
+            names, refs = ("out", "mean", "rstd"), R.layernorm_forward(st["inp"], st["weight"], st["bias"])
+        else:
+            # from the mean and rstd this module's forward cached (checked by forward), as its
+            # backward reads them
+            names = ("dinp", "dweight", "dbias")
+            refs = R.layernorm_backward(st["dinp0"], st["dweight0"], st["dbias0"], st["dout"], st["inp"],
+                                        st["weight"], st["mean"], st["rstd"])
+        return {name: (st[name], ref) for name, ref in zip(names, refs)}
 
     def work(self, st, pass_):
         n = st["B"] * st["T"] * st["C"] * 4
@@ -308,13 +308,9 @@ class Gelu(Kernel):
             np.copyto(st["dinp"], st["dinp0"])
 
     def compare(self, st, pass_):
-        x = f64(st["inp"])
-        u = np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)
-        th = np.tanh(u)
         if pass_ == "forward":
-            return {"out": (st["out"], 0.5 * x * (1 + th))}
-        grad = 0.5 * (1 + th) + 0.5 * x * (1 - th * th) * np.sqrt(2 / np.pi) * (1 + 3 * 0.044715 * x * x)
-        return {"dinp": (st["dinp"], f64(st["dinp0"]) + grad * f64(st["dout"]))}
+            return {"out": (st["out"], R.gelu_forward(st["inp"]))}
+        return {"dinp": (st["dinp"], R.gelu_backward(st["dinp0"], st["inp"], st["dout"]))}
 
     def work(self, st, pass_):
         return st["N"] * 4 * (2 if pass_ == "forward" else 4)
@@ -346,9 +342,9 @@ class Residual(Kernel):
 
     def compare(self, st, pass_):
         if pass_ == "forward":
-            return {"out": (st["out"], f64(st["inp1"]) + f64(st["inp2"]))}
-        return {"dinp1": (st["dinp1"], f64(st["dinp10"]) + f64(st["dout"])),
-                "dinp2": (st["dinp2"], f64(st["dinp20"]) + f64(st["dout"]))}
+            return {"out": (st["out"], R.residual_forward(st["inp1"], st["inp2"]))}
+        dinp1, dinp2 = R.residual_backward(st["dinp10"], st["dinp20"], st["dout"])
+        return {"dinp1": (st["dinp1"], dinp1), "dinp2": (st["dinp2"], dinp2)}
 
     def work(self, st, pass_):
         return st["N"] * 4 * (3 if pass_ == "forward" else 5)
@@ -383,13 +379,10 @@ class Encoder(Kernel):
             np.copyto(st["dwpe"], st["dwpe0"])
 
     def compare(self, st, pass_):
-        T, ids = st["T"], st["inp"]
         if pass_ == "forward":
-            return {"out": (st["out"], f64(st["wte"])[ids] + f64(st["wpe"])[:T])}
-        dwte, dwpe = f64(st["dwte0"]), f64(st["dwpe0"])
-        np.add.at(dwte, ids.reshape(-1), f64(st["dout"]).reshape(-1, st["C"]))
-        dwpe[:T] += f64(st["dout"]).sum(0)
-        rows = np.unique(ids)
+            return {"out": (st["out"], R.encoder_forward(st["inp"], st["wte"], st["wpe"]))}
+        dwte, dwpe = R.encoder_backward(st["dwte0"], st["dwpe0"], st["dout"], st["inp"])
+        rows = np.unique(st["inp"])   # the rows of wte read (the rest are 50k untouched rows)
         return {"dwte": (st["dwte"][rows], dwte[rows]), "dwpe": (st["dwpe"], dwpe)}
 
     def work(self, st, pass_):
@@ -438,29 +431,24 @@ class Crossentropy(Kernel):
     ROWS = 256   # positions per reference chunk: float64 copies of (B*T, Vp) would be GBs
 
     def compare(self, st, pass_):
+        # forward and backward read the probs this module's softmax_forward wrote
         V, Vp = st["V"], st["Vp"]
         targets = st["targets"].reshape(-1)
         if pass_ == "forward":
-            # forward and backward read the probs this module's softmax_forward wrote
-            probs = st["probs"].reshape(-1, Vp)
-            ref = -np.log(f64(probs[np.arange(len(targets)), targets]))
+            ref = R.crossentropy_forward(st["probs"].reshape(-1, Vp), targets)
             return {"losses": (st["losses"].reshape(-1), ref)}
+        name = "probs" if pass_ == "softmax_forward" else "dlogits"
         pairs = []
         for r0 in range(0, len(targets), self.ROWS):
             rows = slice(r0, r0 + self.ROWS)
             if pass_ == "softmax_forward":
-                z = f64(st["logits"].reshape(-1, Vp)[rows, :V])
-                e = np.exp(z - z.max(-1, keepdims=True))
-                ref = np.zeros((len(z), Vp))
-                ref[:, :V] = e / e.sum(-1, keepdims=True)
-                pairs.append((st["probs"].reshape(-1, Vp)[rows], ref))
+                ref = R.softmax_forward(st["logits"].reshape(-1, Vp)[rows], V)
             else:
-                ref = f64(st["probs"].reshape(-1, Vp)[rows])
-                ref[np.arange(len(ref)), targets[rows]] -= 1.0
-                ref[:, V:] = 0.0
-                ref = f64(st["dlogits0"].reshape(-1, Vp)[rows]) + ref * f64(st["dlosses"].reshape(-1)[rows])[:, None]
-                pairs.append((st["dlogits"].reshape(-1, Vp)[rows], ref))
-        return {"probs" if pass_ == "softmax_forward" else "dlogits": pairs}
+                ref = R.crossentropy_softmax_backward(st["dlogits0"].reshape(-1, Vp)[rows],
+                                                      st["dlosses"].reshape(-1)[rows],
+                                                      st["probs"].reshape(-1, Vp)[rows], targets[rows], V)
+            pairs.append((st[name].reshape(-1, Vp)[rows], ref))
+        return {name: pairs}
 
     def work(self, st, pass_):
         n = st["B"] * st["T"] * st["Vp"] * 4
@@ -506,17 +494,11 @@ class Adamw(Kernel):
 
     def compare(self, st, pass_):
         if pass_ == "global_norm_squared":
-            return {"norm2": (np.array([st["norm2"]]), np.array([np.sum(f64(st["grads"]) ** 2)]))}
-        h = self.HYPER
+            return {"norm2": (np.array([st["norm2"]]), np.array([R.global_norm_squared(st["grads"])]))}
         k = len(st["check"]["params"])
-        p, m, v = (f64(st["check"][key]) for key in ("params", "m", "v"))
-        g = f64(st["grads"][:k]) * h["grad_scale"]
-        m = h["beta1"] * m + (1 - h["beta1"]) * g
-        v = h["beta2"] * v + (1 - h["beta2"]) * g * g
-        m_hat = m / (1 - h["beta1"] ** h["t"])
-        v_hat = v / (1 - h["beta2"] ** h["t"])
-        p = p - h["lr"] * (m_hat / (np.sqrt(v_hat) + h["eps"]) + h["weight_decay"] * p)
-        return {"params": (st["params"][:k], p), "m": (st["m"][:k], m), "v": (st["v"][:k], v)}
+        check = st["check"]
+        refs = R.adamw_update(check["params"], check["m"], check["v"], st["grads"][:k], **self.HYPER)
+        return {name: (st[name][:k], ref) for name, ref in zip(("params", "m", "v"), refs)}
 
     def work(self, st, pass_):
         return st["n"] * 4 * (7 if pass_ == "update" else 1)
@@ -550,7 +532,7 @@ def load(module_name):
     try:
         return importlib.import_module(module_name)
     except ImportError as e:
-        raise SystemExit(f"dev/ab.py: cannot import {module_name} ({e}); build it first: make train_gpt2")
+        raise SystemExit(f"dev/ab.py: cannot import {module_name} ({e}); build it first: make dev")
 
 
 def max_errors(pairs):

@@ -6,10 +6,11 @@ dev/promote.py: move a staged variant into kernels/ as the promoted kernel.
     python dev/promote.py gelu 2 --diff       show what would change in kernels/gelu.pyx
 
 A variant is written as a promoted kernel is: the same cdef functions with the same
-signatures (kernels/<kernel>.pxd), and Python wrappers with the same names and arguments.  The
-variant's shared wrappers (`include "_<kernel>_wrappers.pxi"`) are pasted in at the end.
-The variant's file is then removed: kernels.<kernel> is its row in dev/ab.py from then on.
-Then rebuild (make train_gpt2), run the kernel's tests and `python dev/ab.py <kernel>`.
+signatures (kernels/<kernel>.pxd), and the same Python wrappers, included from
+kernels/_<kernel>_wrappers.pxi by both.  So promotion is a move: only the banner changes, to
+say where the kernel came from.  The variant's file is then removed: kernels.<kernel> is its
+row in dev/ab.py from then on.  Then rebuild (make dev), run the kernel's tests and
+`python dev/ab.py <kernel>`.
 """
 import argparse
 import difflib
@@ -30,25 +31,12 @@ def promoted_source(kernel, number):
         raise SystemExit(f"dev/promote.py: {path} does not exist (see python dev/ab.py --list)")
     with open(path) as f:
         text = f.read()
-
-    def paste(match):
-        # the wrappers, under a heading of their own instead of the .pxi's note about variants
-        with open(os.path.join(CPU, match.group(1))) as f:
-            lines = f.read().rstrip("\n").splitlines()
-        while lines and (lines[0].startswith("#") or not lines[0].strip()):
-            lines.pop(0)
-        heading = ["# " + "-" * 76,
-                   "# Python wrappers: check shapes, then run the kernel without the GIL", ""]
-        return "\n".join(heading + lines)
-
-    # the include line goes; the wrappers it stood for go to the end, after the kernels
-    wrappers = [paste(m) for m in re.finditer(r'^include "([^"]+\.pxi)"\n', text, flags=re.M)]
-    text = re.sub(r'^include "([^"]+\.pxi)"\n\n?', "", text, flags=re.M)
-    text = text.rstrip("\n") + "".join("\n\n\n" + w for w in wrappers) + "\n"
-    # the banner says where it came from
-    text = re.sub(rf"^# {kernel} variant {number}:", f"# {kernel} (promoted from dev/cpu/{kernel}_{number}.pyx):",
-                  text, count=1)
-    return text
+    include = f'include "kernels/_{kernel}_wrappers.pxi"'
+    if not re.search(rf"^{re.escape(include)}$", text, flags=re.M):
+        raise SystemExit(f"dev/promote.py: {path} does not `{include}`: the promoted kernel "
+                         f"must keep the wrappers the tests and dev/ab.py call")
+    banner = f"# {kernel} (promoted from dev/cpu/{kernel}_{number}.pyx):"
+    return re.sub(rf"^# {kernel} variant {number}:", banner, text, count=1)
 
 
 def main(argv=None):
@@ -72,7 +60,7 @@ def main(argv=None):
     with open(target, "w") as f:
         f.write(text)
     print(f"wrote {target}")
-    if args.to == DEFAULT_TARGET:  # promoted: the one copy now lives in kernels/
+    if os.path.abspath(args.to) == DEFAULT_TARGET:  # promoted: the one copy now lives in kernels/
         os.remove(source)
         print(f"removed {source} (its row is kernels.{args.kernel} now)")
     return 0

@@ -9,6 +9,8 @@
 from cython.parallel cimport prange
 from libc.math cimport powf, sqrtf
 
+include "kernels/_adamw_wrappers.pxi"
+
 
 cdef void adamw_update(float* params, float* m, float* v, const float* grads, Py_ssize_t n,
                        float lr, float beta1, float beta2, float eps, float weight_decay,
@@ -36,27 +38,3 @@ cdef double global_norm_squared(const float* x, Py_ssize_t n) noexcept nogil:
     for i in prange(n, schedule="static"):
         total += <double>x[i] * x[i]
     return total
-
-
-def update(float[::1] params, float[::1] m, float[::1] v, const float[::1] grads,
-           float lr, float beta1, float beta2, float eps, float weight_decay,
-           float grad_scale, int t):
-    """One AdamW step on params (n,), with moments m, v (n,) and gradients grads (n,); t >= 1."""
-    n = params.shape[0]
-    for name, buf in (("m", m), ("v", v), ("grads", grads)):
-        if buf.shape[0] != n:
-            raise ValueError(f"adamw.update: {name} has {buf.shape[0]} elements, params has {n}")
-    if t < 1:
-        raise ValueError(f"adamw.update: step t={t}, must be >= 1 (bias correction divides by 1 - beta^t)")
-    with nogil:
-        adamw_update(&params[0], &m[0], &v[0], &grads[0], n, lr, beta1, beta2, eps, weight_decay,
-                     grad_scale, t)
-
-
-def norm_squared(const float[::1] x):
-    """Sum of x^2 over x (n,), accumulated in double."""
-    cdef double total
-    with nogil:
-        total = global_norm_squared(&x[0], x.shape[0])
-    return total
-

@@ -10,21 +10,19 @@
 # zero; backward takes its diagonal blocks through a small TB x TB buffer, so that it adds
 # nothing above the diagonal of datt and dpreatt (llm.c's kernels never touch those).
 # OpenBLAS's thread count is process-wide and must be 1 for calls from OpenMP threads: the
-# kernels set it (as matmul_5 does).  The softmax uses dev.cpu.vexp's vectorisable exp.
+# kernels set it (kernels.parallel's blas_single_threaded).  The softmax uses kernels.vexp's
+# vectorisable exp.
 from cython.parallel cimport prange
 from libc.math cimport sqrtf, INFINITY
 from kernels.vexp cimport vexpf
 
-from kernels.cblas cimport (CblasNoTrans, CblasRowMajor, CblasTrans, scipy_cblas_sgemm,
-                            scipy_openblas_get_num_threads, scipy_openblas_set_num_threads)
+from kernels.cblas cimport CblasNoTrans, CblasRowMajor, CblasTrans, scipy_cblas_sgemm
+from kernels.parallel cimport blas_single_threaded
+
+include "kernels/_attention_wrappers.pxi"
 
 cdef enum:
     TB = 64   # rows of the scores per block of the causal mask
-
-
-cdef inline void blas_single_threaded() noexcept nogil:
-    if scipy_openblas_get_num_threads() != 1:
-        scipy_openblas_set_num_threads(1)
 
 
 cdef inline void softmax_rows(float* preatt, float* att, int t0, int t1, int T) noexcept nogil:
@@ -172,49 +170,3 @@ cdef void attention_backward(float* dinp, float* dpreatt, float* datt, const flo
     blas_single_threaded()
     for bh in prange(<Py_ssize_t>B * NH, schedule="static"):
         backward_head(dinp, dpreatt, datt, dout, inp, att, <int>(bh // NH), <int>(bh % NH), T, C, NH)
-
-
-# ----------------------------------------------------------------------------
-# Python wrappers: check shapes, then run the kernel without the GIL
-
-cdef int _check(str where, tuple got, tuple expected, str name) except -1:
-    if got != expected:
-        raise ValueError(f"attention.{where}: {name} has shape {got}, expected {expected}")
-    return 0
-
-
-def forward(float[:, :, ::1] out, float[:, :, :, ::1] preatt, float[:, :, :, ::1] att,
-            const float[:, :, ::1] inp, int NH):
-    """out (B,T,C), preatt, att (B,NH,T,T)  <-  causal self-attention of inp (B,T,3C)."""
-    cdef int B = inp.shape[0], T = inp.shape[1], C = inp.shape[2] // 3
-    if inp.shape[2] != 3 * C or NH <= 0 or C % NH != 0:
-        raise ValueError(f"attention.forward: inp has {inp.shape[2]} channels, expected 3*C "
-                         f"with C a multiple of NH={NH}")
-    _check("forward", (out.shape[0], out.shape[1], out.shape[2]), (B, T, C), "out")
-    _check("forward", (preatt.shape[0], preatt.shape[1], preatt.shape[2], preatt.shape[3]), (B, NH, T, T), "preatt")
-    _check("forward", (att.shape[0], att.shape[1], att.shape[2], att.shape[3]), (B, NH, T, T), "att")
-    if B * T == 0:
-        return
-    with nogil:
-        attention_forward(&out[0, 0, 0], &preatt[0, 0, 0, 0], &att[0, 0, 0, 0], &inp[0, 0, 0],
-                          B, T, C, NH)
-
-
-def backward(float[:, :, ::1] dinp, float[:, :, :, ::1] dpreatt, float[:, :, :, ::1] datt,
-             const float[:, :, ::1] dout, const float[:, :, ::1] inp, const float[:, :, :, ::1] att,
-             int NH):
-    """dinp (B,T,3C), dpreatt, datt (B,NH,T,T)  +=  gradients from dout (B,T,C)."""
-    cdef int B = inp.shape[0], T = inp.shape[1], C = inp.shape[2] // 3
-    if inp.shape[2] != 3 * C or NH <= 0 or C % NH != 0:
-        raise ValueError(f"attention.backward: inp has {inp.shape[2]} channels, expected 3*C "
-                         f"with C a multiple of NH={NH}")
-    _check("backward", (dinp.shape[0], dinp.shape[1], dinp.shape[2]), (B, T, 3 * C), "dinp")
-    _check("backward", (dout.shape[0], dout.shape[1], dout.shape[2]), (B, T, C), "dout")
-    _check("backward", (att.shape[0], att.shape[1], att.shape[2], att.shape[3]), (B, NH, T, T), "att")
-    _check("backward", (dpreatt.shape[0], dpreatt.shape[1], dpreatt.shape[2], dpreatt.shape[3]), (B, NH, T, T), "dpreatt")
-    _check("backward", (datt.shape[0], datt.shape[1], datt.shape[2], datt.shape[3]), (B, NH, T, T), "datt")
-    if B * T == 0:
-        return
-    with nogil:
-        attention_backward(&dinp[0, 0, 0], &dpreatt[0, 0, 0, 0], &datt[0, 0, 0, 0], &dout[0, 0, 0],
-                           &inp[0, 0, 0], &att[0, 0, 0, 0], B, T, C, NH)

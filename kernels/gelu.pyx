@@ -8,30 +8,8 @@
 from cython.parallel cimport prange
 from kernels.vexp cimport vexpf
 
-# Python wrappers shared by the dev/cpu/gelu_N variants: the same names and arguments as
-# kernels.gelu (flat (N,) float32 arrays), so dev/ab.py drives every variant the same way.
+include "kernels/_gelu_wrappers.pxi"
 
-def forward(float[::1] out, const float[::1] inp):
-    """out (N,) = gelu(inp)."""
-    cdef Py_ssize_t N = inp.shape[0]
-    if out.shape[0] != N:
-        raise ValueError(f"gelu.forward: out has {out.shape[0]} elements, expected {N}")
-    if N == 0:
-        return
-    with nogil:
-        gelu_forward(&out[0], &inp[0], N)
-
-
-def backward(float[::1] dinp, const float[::1] inp, const float[::1] dout):
-    """dinp (N,) += gelu'(inp) * dout."""
-    cdef Py_ssize_t N = inp.shape[0]
-    if dinp.shape[0] != N or dout.shape[0] != N:
-        raise ValueError(f"gelu.backward: dinp, dout have {dinp.shape[0]}, {dout.shape[0]} "
-                         f"elements, expected {N}")
-    if N == 0:
-        return
-    with nogil:
-        gelu_backward(&dinp[0], &inp[0], &dout[0], N)
 
 cdef enum:
     CHUNK = 16384   # floats per task: 64 KiB, a whole number of cache lines

@@ -10,21 +10,15 @@
 # OpenBLAS's thread count is process-wide and anything may reset it (threadpoolctl, another
 # module), so each call checks it (cheap) and sets it back to 1.
 from cython.parallel cimport prange
-from libc.limits cimport INT_MAX
 
-from kernels.parallel cimport max_threads
+from kernels.cblas cimport CblasNoTrans, CblasRowMajor, CblasTrans, scipy_cblas_sgemm
+from kernels.parallel cimport blas_single_threaded, max_threads
 
-from kernels.cblas cimport (CblasNoTrans, CblasRowMajor, CblasTrans, scipy_cblas_sgemm,
-                            scipy_openblas_get_num_threads, scipy_openblas_set_num_threads)
+include "kernels/_matmul_wrappers.pxi"
 
 # column blocks start on 64-byte boundaries, so threads share no cache lines of the output
 cdef enum:
     FLOATS_PER_CACHE_LINE = 16
-
-
-cdef inline void blas_single_threaded() noexcept nogil:
-    if scipy_openblas_get_num_threads() != 1:
-        scipy_openblas_set_num_threads(1)
 
 
 cdef inline int leading_dim(int n) noexcept nogil:
@@ -93,49 +87,3 @@ cdef void matmul_backward(float* dinp, float* dweight, float* dbias, const float
                     dout_bt = dout + bt * OC
                     for o in range(o0, o1):
                         dbias[o] = dbias[o] + dout_bt[o]
-
-
-cdef int expect_shape(str where, str name, const Py_ssize_t* shape, int ndim, tuple expected) except -1:
-    got = tuple([shape[i] for i in range(ndim)])
-    if got != expected:
-        raise ValueError(f"{where}: {name} has shape {got}, expected {expected}")
-    return 0
-
-
-cdef int check_sizes(str where, Py_ssize_t B, Py_ssize_t T, Py_ssize_t C, Py_ssize_t OC) except -1:
-    if B * T > INT_MAX or C > INT_MAX or OC > INT_MAX:
-        raise ValueError(f"{where}: sizes B*T={B * T}, C={C}, OC={OC} exceed the BLAS int range")
-    return 0
-
-
-def forward(float[:, :, ::1] out, const float[:, :, ::1] inp, const float[:, ::1] weight,
-            const float[::1] bias=None):
-    """out (B,T,OC) = inp (B,T,C) @ weight (OC,C)^T + bias (OC,) (bias may be None)."""
-    where = "matmul.forward"
-    cdef Py_ssize_t B = inp.shape[0], T = inp.shape[1], C = inp.shape[2], OC = weight.shape[0]
-    expect_shape(where, "weight", weight.shape, 2, (OC, C))
-    expect_shape(where, "out", out.shape, 3, (B, T, OC))
-    if bias is not None:
-        expect_shape(where, "bias", bias.shape, 1, (OC,))
-    check_sizes(where, B, T, C, OC)
-    cdef const float* bias_ptr = &bias[0] if bias is not None else NULL
-    with nogil:
-        matmul_forward(&out[0, 0, 0], &inp[0, 0, 0], &weight[0, 0], bias_ptr, B, T, C, OC)
-
-
-def backward(float[:, :, ::1] dinp, float[:, ::1] dweight, float[::1] dbias,
-             const float[:, :, ::1] dout, const float[:, :, ::1] inp, const float[:, ::1] weight):
-    """dinp (B,T,C), dweight (OC,C), dbias (OC,) or None  +=  gradients from dout (B,T,OC)."""
-    where = "matmul.backward"
-    cdef Py_ssize_t B = inp.shape[0], T = inp.shape[1], C = inp.shape[2], OC = weight.shape[0]
-    expect_shape(where, "weight", weight.shape, 2, (OC, C))
-    expect_shape(where, "dout", dout.shape, 3, (B, T, OC))
-    expect_shape(where, "dinp", dinp.shape, 3, (B, T, C))
-    expect_shape(where, "dweight", dweight.shape, 2, (OC, C))
-    if dbias is not None:
-        expect_shape(where, "dbias", dbias.shape, 1, (OC,))
-    check_sizes(where, B, T, C, OC)
-    cdef float* dbias_ptr = &dbias[0] if dbias is not None else NULL
-    with nogil:
-        matmul_backward(&dinp[0, 0, 0], &dweight[0, 0], dbias_ptr, &dout[0, 0, 0], &inp[0, 0, 0],
-                        &weight[0, 0], B, T, C, OC)

@@ -1,3 +1,7 @@
+# Thread helpers shared by the CPU kernels and their dev/cpu variants: OpenMP's thread count,
+# and OpenBLAS set to one thread for GEMMs called from inside OpenMP's threads.
+from kernels.cblas cimport scipy_openblas_get_num_threads, scipy_openblas_set_num_threads
+
 # OpenMP's thread count for the next parallel region, or 1 where the build has no OpenMP
 # (NO_OMP=1, or a compiler without it).
 cdef extern from *:
@@ -10,3 +14,11 @@ cdef extern from *:
     #endif
     """
     int max_threads() noexcept nogil
+
+
+# OpenBLAS's thread count is process-wide and anything may reset it (threadpoolctl, another
+# module): a kernel that calls OpenBLAS from OpenMP's threads sets it back to 1 on every call
+# (a cheap check), so that only one thread pool ever runs.
+cdef inline void blas_single_threaded() noexcept nogil:
+    if scipy_openblas_get_num_threads() != 1:
+        scipy_openblas_set_num_threads(1)

@@ -1,10 +1,11 @@
-# kernels.attention: forward against NumPy (float64) and PyTorch's causal attention, backward
-# against PyTorch autograd (float64) and a NumPy transcription of llm.c's accumulate-into-scratch
-# semantics.
+# kernels.attention against the float64 reference (kernels/reference.py), a transcription of
+# llm.c's accumulate-into-scratch semantics; the reference against PyTorch's causal attention
+# and autograd (float64).
 import numpy as np
 import pytest
 
 from kernels import attention
+from kernels import reference as R
 
 # (B, T, C, NH): B*T not a multiple of 8, T=1, C not a power of two, one head, hs=1
 SIZES = [(3, 5, 36, 3), (1, 1, 20, 4), (2, 7, 20, 4), (2, 16, 48, 1), (1, 6, 6, 6)]
@@ -12,47 +13,6 @@ SIZES = [(3, 5, 36, 3), (1, 1, 20, 4), (2, 7, 20, 4), (2, 16, 48, 1), (1, 6, 6, 
 
 def randn(rng, *shape):
     return rng.standard_normal(shape).astype(np.float32)
-
-
-def heads(inp, NH):
-    """(B,T,3C) -> q, k, v each (B,NH,T,hs), float64."""
-    B, T, C3 = inp.shape
-    q, k, v = np.split(inp.astype(np.float64), 3, axis=2)
-    return [x.reshape(B, T, NH, C3 // 3 // NH).transpose(0, 2, 1, 3) for x in (q, k, v)]
-
-
-def merge(x):
-    """(B,NH,T,hs) -> (B,T,NH*hs)."""
-    B, NH, T, hs = x.shape
-    return x.transpose(0, 2, 1, 3).reshape(B, T, NH * hs)
-
-
-def reference_forward(inp, NH):
-    q, k, v = heads(inp, NH)
-    T = inp.shape[1]
-    causal = np.tril(np.ones((T, T), dtype=bool))
-    preatt = q @ k.transpose(0, 1, 3, 2) / np.sqrt(q.shape[-1])
-    masked = np.where(causal, preatt, -np.inf)
-    att = np.exp(masked - masked.max(axis=-1, keepdims=True))
-    att /= att.sum(axis=-1, keepdims=True)
-    return merge(att @ v), np.where(causal, preatt, 0.0), att
-
-
-def reference_backward(dinp, dpreatt, datt, dout, inp, att, NH):
-    """llm.c's backward in float64: reads only t2 <= t of att/datt/dpreatt, adds to all three."""
-    q, k, v = heads(inp, NH)
-    B, T, C = dout.shape
-    causal = np.tril(np.ones((T, T)))
-    att = att.astype(np.float64) * causal
-    dout_h = dout.astype(np.float64).reshape(B, T, NH, C // NH).transpose(0, 2, 1, 3)
-    datt = datt + causal * (dout_h @ v.transpose(0, 1, 3, 2))
-    dv = att.transpose(0, 1, 3, 2) @ dout_h
-    softmax_dot = (att * datt).sum(axis=-1, keepdims=True)
-    dpreatt = dpreatt + causal * att * (datt - softmax_dot)
-    dscores = causal * dpreatt / np.sqrt(q.shape[-1])
-    dq, dk = dscores @ k, dscores.transpose(0, 1, 3, 2) @ q
-    dinp = dinp + np.concatenate([merge(dq), merge(dk), merge(dv)], axis=2)
-    return dinp, dpreatt, datt
 
 
 def run_forward(inp, NH):
@@ -65,11 +25,11 @@ def run_forward(inp, NH):
 
 
 @pytest.mark.parametrize("B,T,C,NH", SIZES)
-def test_forward_matches_numpy(B, T, C, NH):
+def test_forward(B, T, C, NH):
     rng = np.random.default_rng(B * 100 + T)
     inp = randn(rng, B, T, 3 * C)
     out, preatt, att = run_forward(inp, NH)
-    expected_out, expected_preatt, expected_att = reference_forward(inp, NH)
+    expected_out, expected_preatt, expected_att = R.attention_forward(inp, NH)
     np.testing.assert_allclose(out, expected_out, rtol=1e-5, atol=1e-5)
     # above the diagonal both score buffers hold exact zeros
     np.testing.assert_allclose(preatt, expected_preatt, rtol=1e-5, atol=1e-5)
@@ -77,25 +37,16 @@ def test_forward_matches_numpy(B, T, C, NH):
 
 
 @pytest.mark.parametrize("B,T,C,NH", SIZES)
-def test_forward_matches_torch_sdpa(B, T, C, NH):
-    torch = pytest.importorskip("torch")
-    rng = np.random.default_rng(B * 100 + T + 1)
-    inp = randn(rng, B, T, 3 * C)
-    out, _, _ = run_forward(inp, NH)
-    q, k, v = (torch.from_numpy(x) for x in heads(inp, NH))
-    expected = merge(torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).numpy())
-    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
-
-
-@pytest.mark.parametrize("B,T,C,NH", SIZES)
-def test_backward_matches_torch_and_accumulates(B, T, C, NH):
+def test_reference_against_torch(B, T, C, NH):
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(B * 100 + T + 2)
     inp, dout = randn(rng, B, T, 3 * C), randn(rng, B, T, C)
-    _, _, att = run_forward(inp, NH)
+    out, _, att = R.attention_forward(inp, NH)
 
     x = torch.tensor(inp.astype(np.float64), requires_grad=True)
     q, k, v = (t.view(B, T, NH, C // NH).transpose(1, 2) for t in x.split(C, dim=2))
+    sdpa = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    np.testing.assert_allclose(out, R.merge_heads(sdpa.detach().numpy()), rtol=1e-10, atol=1e-12)
     preatt_t = q @ k.transpose(-2, -1) / np.sqrt(C // NH)
     causal = torch.ones(T, T, dtype=torch.bool).tril()
     att_t = torch.softmax(preatt_t.masked_fill(~causal, float("-inf")), dim=-1)
@@ -103,18 +54,15 @@ def test_backward_matches_torch_and_accumulates(B, T, C, NH):
     att_t.retain_grad()
     (att_t @ v).transpose(1, 2).reshape(B, T, C).backward(torch.tensor(dout.astype(np.float64)))
 
-    # dinp starts nonzero and must be added to; the scratch gradients start at zero as in llm.c
+    # the scratch gradients start at zero, as in llm.c's training step
     dinp0 = randn(rng, B, T, 3 * C)
-    dinp = dinp0.copy()
-    dpreatt = np.zeros((B, NH, T, T), np.float32)
-    datt = np.zeros((B, NH, T, T), np.float32)
-    attention.backward(dinp, dpreatt, datt, dout, inp, att, NH)
-
+    zeros = np.zeros((B, NH, T, T))
+    dinp, dpreatt, datt = R.attention_backward(dinp0, zeros, zeros, dout, inp, att, NH)
     lower = np.broadcast_to(causal.numpy(), datt.shape)
-    np.testing.assert_allclose(dinp, dinp0 + x.grad.numpy(), rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(datt[lower], att_t.grad.numpy()[lower], rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(dpreatt, preatt_t.grad.numpy(), rtol=1e-4, atol=1e-6)
-    assert not datt[~lower].any(), "backward wrote datt above the diagonal"
+    np.testing.assert_allclose(dinp, dinp0 + x.grad.numpy(), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(datt[lower], att_t.grad.numpy()[lower], rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(dpreatt, preatt_t.grad.numpy(), rtol=1e-10, atol=1e-12)
+    assert not datt[~lower].any(), "the reference wrote datt above the diagonal"
 
 
 @pytest.mark.parametrize("B,T,C,NH", SIZES)
@@ -125,7 +73,7 @@ def test_backward_accumulates_into_scratch_and_ignores_future(B, T, C, NH):
     upper = ~np.tril(np.ones((T, T), dtype=bool))
     att[:, :, upper] = randn(rng, B, NH, int(upper.sum()))  # the backward must not read these
     dinp, dpreatt, datt = randn(rng, B, T, 3 * C), randn(rng, B, NH, T, T), randn(rng, B, NH, T, T)
-    expected = reference_backward(dinp, dpreatt, datt, dout, inp, att, NH)
+    expected = R.attention_backward(dinp, dpreatt, datt, dout, inp, att, NH)
     attention.backward(dinp, dpreatt, datt, dout, inp, att, NH)
     for got, want in zip((dinp, dpreatt, datt), expected):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)

@@ -1,9 +1,11 @@
 # kernels.crossentropy: softmax over the real vocab of padded rows, the cross-entropy loss, and
-# their fused backward, against NumPy float64 and PyTorch autograd.
+# their fused backward, against the float64 reference (kernels/reference.py); the reference
+# against PyTorch's cross_entropy and autograd.
 import numpy as np
 import pytest
 
 from kernels import crossentropy
+from kernels import reference as R
 
 # (B, T, V, Vp): odd B*T, V prime with Vp > V, T=1, and no padding at all
 SHAPES = [(3, 5, 53, 64), (2, 1, 53, 64), (1, 3, 7, 7)]
@@ -17,12 +19,6 @@ def make_logits(rng, B, T, V, Vp):
     return logits
 
 
-def softmax_ref(logits, V):
-    x = logits[..., :V].astype(np.float64)
-    e = np.exp(x - x.max(axis=-1, keepdims=True))
-    return e / e.sum(axis=-1, keepdims=True)
-
-
 def run_softmax(logits, V):
     probs = np.full(logits.shape, np.nan, dtype=np.float32)
     crossentropy.softmax(probs, logits, V)
@@ -33,8 +29,8 @@ def run_softmax(logits, V):
 def test_softmax_forward(B, T, V, Vp):
     logits = make_logits(np.random.default_rng(0), B, T, V, Vp)
     probs = run_softmax(logits, V)
-    np.testing.assert_allclose(probs[..., :V], softmax_ref(logits, V), rtol=1e-5, atol=0)
-    np.testing.assert_array_equal(probs[..., V:], 0.0)
+    # atol 0: the padding must hold exact zeros
+    np.testing.assert_allclose(probs, R.softmax_forward(logits, V), rtol=1e-5, atol=0)
 
 
 @pytest.mark.parametrize("B,T,V,Vp", SHAPES)
@@ -44,31 +40,46 @@ def test_crossentropy_forward(B, T, V, Vp):
     targets = rng.integers(0, V, size=(B, T), dtype=np.int32)
     losses = np.full((B, T), np.nan, dtype=np.float32)
     crossentropy.forward(losses, probs, targets)
-    picked = np.take_along_axis(probs, targets[..., None], axis=-1)[..., 0]
-    np.testing.assert_allclose(losses, -np.log(picked.astype(np.float64)), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(losses, R.crossentropy_forward(probs, targets), rtol=1e-6, atol=1e-7)
+
+
+def backward_case(B, T, V, Vp):
+    """logits, targets (the last real token among them), dlosses, and dlogits' starting value."""
+    rng = np.random.default_rng(2)
+    logits = make_logits(rng, B, T, V, Vp)
+    targets = rng.integers(0, V, size=(B, T), dtype=np.int32)
+    targets[0, 0] = V - 1
+    dlosses = rng.uniform(0.1, 1.0, size=(B, T)).astype(np.float32)
+    return logits, targets, dlosses, rng.standard_normal((B, T, Vp), dtype=np.float32)
 
 
 @pytest.mark.parametrize("B,T,V,Vp", SHAPES)
-def test_backward_against_torch(B, T, V, Vp):
-    torch = pytest.importorskip("torch")
-    rng = np.random.default_rng(2)
-    logits = make_logits(rng, B, T, V, Vp)
+def test_backward(B, T, V, Vp):
+    logits, targets, dlosses, dlogits_start = backward_case(B, T, V, Vp)
     probs = run_softmax(logits, V)
-    targets = rng.integers(0, V, size=(B, T), dtype=np.int32)
-    targets[0, 0] = V - 1  # the last real token
-    dlosses = rng.uniform(0.1, 1.0, size=(B, T)).astype(np.float32)
-    dlogits_start = rng.standard_normal((B, T, Vp), dtype=np.float32)
-    dlogits = dlogits_start.copy()
     probs[..., V:] = 0.5  # never read: the gradient covers the first V entries only
+    dlogits = dlogits_start.copy()
     crossentropy.backward(dlogits, dlosses, probs, targets, V)
+    expected = R.crossentropy_softmax_backward(dlogits_start, dlosses, probs, targets, V)
+    np.testing.assert_allclose(dlogits[..., :V], expected[..., :V], rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(dlogits[..., V:], dlogits_start[..., V:])  # padding untouched
 
+
+@pytest.mark.parametrize("B,T,V,Vp", SHAPES)
+def test_reference_against_torch(B, T, V, Vp):
+    torch = pytest.importorskip("torch")
+    logits, targets, dlosses, dlogits_start = backward_case(B, T, V, Vp)
+    probs = R.softmax_forward(logits, V)
     x = torch.tensor(logits[..., :V], dtype=torch.float64, requires_grad=True)
     losses = torch.nn.functional.cross_entropy(x.reshape(-1, V), torch.tensor(targets).long().reshape(-1),
                                                reduction="none")
     (losses * torch.tensor(dlosses, dtype=torch.float64).reshape(-1)).sum().backward()
+    np.testing.assert_allclose(R.crossentropy_forward(probs, targets).reshape(-1), losses.detach().numpy(),
+                               rtol=1e-10, atol=1e-12)
+    dlogits = R.crossentropy_softmax_backward(dlogits_start, dlosses, probs, targets, V)
     np.testing.assert_allclose(dlogits[..., :V], dlogits_start[..., :V] + x.grad.numpy(),
-                               rtol=1e-5, atol=1e-6)
-    np.testing.assert_array_equal(dlogits[..., V:], dlogits_start[..., V:])  # padding untouched
+                               rtol=1e-10, atol=1e-12)
+    np.testing.assert_array_equal(dlogits[..., V:], dlogits_start[..., V:])
 
 
 def test_vocab_out_of_range_raises():

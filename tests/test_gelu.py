@@ -1,9 +1,10 @@
-# kernels.gelu: tanh-approximation GELU, forward against NumPy float64, backward against
-# PyTorch autograd (gelu(approximate="tanh")).
+# kernels.gelu: tanh-approximation GELU against the float64 reference (kernels/reference.py),
+# and the reference's backward against PyTorch autograd (gelu(approximate="tanh")).
 import numpy as np
 import pytest
 
 from kernels import gelu
+from kernels import reference as R
 
 # 3*5*4*37 elements; and one size spanning several 16384-float chunks, with a ragged last one
 SIZES = [3 * 5 * 4 * 37, 1, 3 * 16384 + 5]
@@ -19,34 +20,40 @@ def make_input(rng, N):
     return x
 
 
-def gelu_ref(x):
-    x = x.astype(np.float64)
-    return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x**3)))
-
-
 @pytest.mark.parametrize("N", SIZES)
 def test_forward(N):
     x = make_input(np.random.default_rng(0), N)
     out = np.full(N, np.nan, dtype=np.float32)
     gelu.forward(out, x)
-    np.testing.assert_allclose(out, gelu_ref(x), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(out, R.gelu_forward(x), rtol=1e-5, atol=1e-6)
+
+
+def backward_case(N):
+    rng = np.random.default_rng(1)
+    x = make_input(rng, N)
+    return x, rng.standard_normal(N, dtype=np.float32), rng.standard_normal(N, dtype=np.float32)
 
 
 @pytest.mark.parametrize("N", SIZES)
-def test_backward_against_torch(N):
-    torch = pytest.importorskip("torch")
-    rng = np.random.default_rng(1)
-    x = make_input(rng, N)
-    dout = rng.standard_normal(N, dtype=np.float32)
-    dinp_start = rng.standard_normal(N, dtype=np.float32)
+def test_backward(N):
+    x, dout, dinp_start = backward_case(N)
     dinp = dinp_start.copy()
     gelu.backward(dinp, x, dout)
-
-    xt = torch.tensor(x, dtype=torch.float64, requires_grad=True)
-    torch.nn.functional.gelu(xt, approximate="tanh").backward(torch.tensor(dout, dtype=torch.float64))
     # atol: in the far tails gelu' is ~1e-6 and float32's 1 - tanh^2 loses its digits (as
     # PyTorch's float32 kernel does); a wrong term or constant is off by > 1e-3
-    np.testing.assert_allclose(dinp, dinp_start + xt.grad.numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(dinp, R.gelu_backward(dinp_start, x, dout), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("N", SIZES)
+def test_reference_against_torch(N):
+    torch = pytest.importorskip("torch")
+    x, dout, dinp_start = backward_case(N)
+    xt = torch.tensor(x, dtype=torch.float64, requires_grad=True)
+    out = torch.nn.functional.gelu(xt, approximate="tanh")
+    out.backward(torch.tensor(dout, dtype=torch.float64))
+    np.testing.assert_allclose(R.gelu_forward(x), out.detach().numpy(), rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(R.gelu_backward(dinp_start, x, dout), dinp_start + xt.grad.numpy(),
+                               rtol=1e-12, atol=1e-12)
 
 
 def test_size_mismatch_raises():

@@ -1,11 +1,13 @@
-# kernels.layernorm: forward against NumPy in float64, backward against PyTorch autograd.
+# kernels.layernorm against the float64 reference (kernels/reference.py), and the reference's
+# backward against PyTorch autograd.
 import numpy as np
 import pytest
 from threadpoolctl import threadpool_limits
 
 from kernels import layernorm
+from kernels import reference as R
 
-EPS = 1e-5
+EPS = R.LAYERNORM_EPS
 SHAPES = [(3, 5, 37), (2, 1, 24), (1, 7, 200)]  # (B, T, C): odd B*T, C not a power of two, T=1
 
 
@@ -15,14 +17,6 @@ def make_inputs(rng, B, T, C):
     weight = rng.standard_normal(C, dtype=np.float32)
     bias = rng.standard_normal(C, dtype=np.float32)
     return inp, weight, bias
-
-
-def layernorm_ref(inp, weight, bias):
-    x = inp.astype(np.float64)
-    mean = x.mean(axis=-1)
-    rstd = 1.0 / np.sqrt(((x - mean[..., None]) ** 2).mean(axis=-1) + EPS)
-    out = (x - mean[..., None]) * rstd[..., None] * weight + bias
-    return out, mean, rstd
 
 
 def run_forward(inp, weight, bias):
@@ -38,7 +32,7 @@ def run_forward(inp, weight, bias):
 def test_forward(B, T, C):
     inp, weight, bias = make_inputs(np.random.default_rng(0), B, T, C)
     out, mean, rstd = run_forward(inp, weight, bias)
-    out_ref, mean_ref, rstd_ref = layernorm_ref(inp, weight, bias)
+    out_ref, mean_ref, rstd_ref = R.layernorm_forward(inp, weight, bias)
     np.testing.assert_allclose(mean, mean_ref, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(rstd, rstd_ref, rtol=1e-5)
     np.testing.assert_allclose(out, out_ref, rtol=1e-5, atol=1e-5)
@@ -54,31 +48,43 @@ def test_forward_eps():
     np.testing.assert_allclose(out[0, 0], bias, atol=1e-6)
 
 
-@pytest.mark.parametrize("num_threads", [1, 3])
-@pytest.mark.parametrize("B,T,C", SHAPES)
-def test_backward_against_torch(B, T, C, num_threads):
-    torch = pytest.importorskip("torch")
+def backward_case(B, T, C):
+    """inp, weight, bias, dout, and gradient buffers that start nonzero (backward adds)."""
     rng = np.random.default_rng(1)
     inp, weight, bias = make_inputs(rng, B, T, C)
     dout = rng.standard_normal((B, T, C), dtype=np.float32)
+    starts = (rng.standard_normal((B, T, C), dtype=np.float32), rng.standard_normal(C, dtype=np.float32),
+              rng.standard_normal(C, dtype=np.float32))
+    return inp, weight, bias, dout, starts
+
+
+@pytest.mark.parametrize("num_threads", [1, 3])
+@pytest.mark.parametrize("B,T,C", SHAPES)
+def test_backward(B, T, C, num_threads):
+    inp, weight, bias, dout, starts = backward_case(B, T, C)
     _, mean, rstd = run_forward(inp, weight, bias)
-
-    # gradient buffers start nonzero: backward must add to them
-    dinp_start = rng.standard_normal((B, T, C), dtype=np.float32)
-    dweight_start = rng.standard_normal(C, dtype=np.float32)
-    dbias_start = rng.standard_normal(C, dtype=np.float32)
-    dinp, dweight, dbias = dinp_start.copy(), dweight_start.copy(), dbias_start.copy()
+    grads = [g.copy() for g in starts]
     with threadpool_limits(limits=num_threads, user_api="openmp"):
-        layernorm.backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd)
+        layernorm.backward(*grads, dout, inp, weight, mean, rstd)
+    expected = R.layernorm_backward(*starts, dout, inp, weight, mean, rstd)
+    for got, want in zip(grads, expected):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
+
+@pytest.mark.parametrize("B,T,C", SHAPES)
+def test_reference_against_torch(B, T, C):
+    torch = pytest.importorskip("torch")
+    inp, weight, bias, dout, starts = backward_case(B, T, C)
+    out, mean, rstd = R.layernorm_forward(inp, weight, bias)
     x = torch.tensor(inp, dtype=torch.float64, requires_grad=True)
     w = torch.tensor(weight, dtype=torch.float64, requires_grad=True)
     b = torch.tensor(bias, dtype=torch.float64, requires_grad=True)
-    torch.nn.functional.layer_norm(x, (C,), w, b, eps=EPS).backward(
-        torch.tensor(dout, dtype=torch.float64))
-    np.testing.assert_allclose(dinp, dinp_start + x.grad.numpy(), rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(dweight, dweight_start + w.grad.numpy(), rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(dbias, dbias_start + b.grad.numpy(), rtol=1e-5, atol=1e-5)
+    out_t = torch.nn.functional.layer_norm(x, (C,), w, b, eps=EPS)
+    out_t.backward(torch.tensor(dout, dtype=torch.float64))
+    np.testing.assert_allclose(out, out_t.detach().numpy(), rtol=1e-10, atol=1e-12)
+    expected = R.layernorm_backward(*starts, dout, inp, weight, mean, rstd)
+    for want, start, grad in zip(expected, starts, (x.grad, w.grad, b.grad)):
+        np.testing.assert_allclose(want, start + grad.numpy(), rtol=1e-10, atol=1e-12)
 
 
 def valid_forward_args(B=3, T=5, C=37):

@@ -1,8 +1,11 @@
-# kernels.matmul: forward against NumPy in float64, backward against PyTorch autograd in float64.
+# kernels.matmul against the float64 reference (kernels/reference.py), and the reference's
+# backward against PyTorch autograd in float64.
 import numpy as np
 import pytest
 
 from kernels import matmul
+from kernels import reference as R
+from kernels.reference import f64
 
 # B*T not a multiple of 8, T=1, odd OC, C not a power of two, OC spanning several dbias blocks
 SIZES = [(3, 5, 36, 17), (1, 1, 20, 7), (2, 4, 24, 130), (2, 8, 64, 96)]
@@ -10,10 +13,6 @@ SIZES = [(3, 5, 36, 17), (1, 1, 20, 7), (2, 4, 24, 130), (2, 8, 64, 96)]
 
 def randn(rng, *shape):
     return rng.standard_normal(shape).astype(np.float32)
-
-
-def f64(x):
-    return x.astype(np.float64)
 
 
 @pytest.mark.parametrize("B,T,C,OC", SIZES)
@@ -24,47 +23,44 @@ def test_forward(B, T, C, OC, with_bias):
     bias = randn(rng, OC) if with_bias else None
     out = np.full((B, T, OC), np.nan, dtype=np.float32)  # every entry must be written
     matmul.forward(out, inp, weight, bias)
-    expected = f64(inp) @ f64(weight).T + (f64(bias) if with_bias else 0.0)
-    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(out, R.matmul_forward(inp, weight, bias), rtol=1e-5, atol=1e-5)
+
+
+def backward_case(B, T, C, OC):
+    """inp, weight, dout, and gradient buffers that start nonzero (the kernel must add)."""
+    rng = np.random.default_rng(B * 1000 + OC)
+    return (randn(rng, B, T, C), randn(rng, OC, C), randn(rng, B, T, OC),
+            (randn(rng, B, T, C), randn(rng, OC, C), randn(rng, OC)))
 
 
 @pytest.mark.parametrize("B,T,C,OC", SIZES)
 @pytest.mark.parametrize("with_bias", [True, False])
-def test_backward_matches_torch_and_accumulates(B, T, C, OC, with_bias):
-    torch = pytest.importorskip("torch")
-    rng = np.random.default_rng(B * 1000 + OC)
-    inp, weight, dout = randn(rng, B, T, C), randn(rng, OC, C), randn(rng, B, T, OC)
-    x = torch.tensor(f64(inp), requires_grad=True)
-    w = torch.tensor(f64(weight), requires_grad=True)
-    b = torch.zeros(OC, dtype=torch.float64, requires_grad=True)
-    (x @ w.T + b).backward(torch.tensor(f64(dout)))
-
-    # gradient buffers start nonzero: the kernel must add to them
-    dinp0, dweight0, dbias0 = randn(rng, B, T, C), randn(rng, OC, C), randn(rng, OC)
+def test_backward_accumulates(B, T, C, OC, with_bias):
+    inp, weight, dout, (dinp0, dweight0, dbias0) = backward_case(B, T, C, OC)
     dinp, dweight, dbias = dinp0.copy(), dweight0.copy(), dbias0.copy()
     matmul.backward(dinp, dweight, dbias if with_bias else None, dout, inp, weight)
-
-    np.testing.assert_allclose(dinp, dinp0 + x.grad.numpy(), rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(dweight, dweight0 + w.grad.numpy(), rtol=1e-5, atol=1e-5)
+    expected = R.matmul_backward(dinp0, dweight0, dbias0 if with_bias else None, dout, inp, weight)
+    np.testing.assert_allclose(dinp, expected[0], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(dweight, expected[1], rtol=1e-5, atol=1e-5)
     if with_bias:
-        np.testing.assert_allclose(dbias, dbias0 + b.grad.numpy(), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(dbias, expected[2], rtol=1e-5, atol=1e-5)
     else:
         np.testing.assert_array_equal(dbias, dbias0)
 
 
-def test_backward_without_torch_numpy_reference():
-    # the same check with a NumPy reference, so it runs where torch is absent
-    rng = np.random.default_rng(7)
-    B, T, C, OC = 3, 5, 20, 67
-    inp, weight, dout = randn(rng, B, T, C), randn(rng, OC, C), randn(rng, B, T, OC)
-    dinp, dweight, dbias = randn(rng, B, T, C), randn(rng, OC, C), randn(rng, OC)
-    expected_dinp = f64(dinp) + f64(dout) @ f64(weight)
-    expected_dweight = f64(dweight) + f64(dout).reshape(-1, OC).T @ f64(inp).reshape(-1, C)
-    expected_dbias = f64(dbias) + f64(dout).sum(axis=(0, 1))
-    matmul.backward(dinp, dweight, dbias, dout, inp, weight)
-    np.testing.assert_allclose(dinp, expected_dinp, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(dweight, expected_dweight, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(dbias, expected_dbias, rtol=1e-5, atol=1e-5)
+@pytest.mark.parametrize("B,T,C,OC", SIZES)
+def test_reference_against_torch(B, T, C, OC):
+    torch = pytest.importorskip("torch")
+    inp, weight, dout, starts = backward_case(B, T, C, OC)
+    x = torch.tensor(f64(inp), requires_grad=True)
+    w = torch.tensor(f64(weight), requires_grad=True)
+    b = torch.tensor(f64(starts[2]), requires_grad=True)
+    out = x @ w.T + b
+    out.backward(torch.tensor(f64(dout)))
+    np.testing.assert_allclose(R.matmul_forward(inp, weight, starts[2]), out.detach().numpy(), rtol=1e-12)
+    for want, start, grad in zip(R.matmul_backward(*starts, dout, inp, weight), starts,
+                                 (x.grad, w.grad, b.grad)):
+        np.testing.assert_allclose(want, start + grad.numpy(), rtol=1e-12, atol=1e-12)
 
 
 def test_shape_mismatches_raise():

@@ -14,7 +14,9 @@
 from cython.parallel cimport prange, threadid
 from libc.stdlib cimport malloc, free
 
-include "_matmul_wrappers.pxi"
+from kernels.parallel cimport max_threads
+
+include "kernels/_matmul_wrappers.pxi"
 
 cdef extern from *:
     """
@@ -25,12 +27,6 @@ cdef extern from *:
     static inline f32x8 v8_zero(void) { f32x8 z = {0}; return z; }
     static inline f32x8 v8_fma(f32x8 acc, float a, f32x8 b) { return acc + a * b; }
     static inline f32x8 v8_add(f32x8 x, f32x8 y) { return x + y; }
-    #ifdef _OPENMP
-    #include <omp.h>
-    static int matmul6_max_threads(void) { return omp_get_max_threads(); }
-    #else
-    static int matmul6_max_threads(void) { return 1; }
-    #endif
     """
     ctypedef struct f32x8:
         pass
@@ -39,7 +35,6 @@ cdef extern from *:
     f32x8 v8_zero() noexcept nogil
     f32x8 v8_fma(f32x8 acc, float a, f32x8 b) noexcept nogil
     f32x8 v8_add(f32x8 x, f32x8 y) noexcept nogil
-    int matmul6_max_threads() noexcept nogil
 
 cdef enum:
     MR = 6      # rows of c per register block
@@ -160,7 +155,7 @@ cdef void gemm(float* c, Py_ssize_t ldc, const float* a, Py_ssize_t a_rs, Py_ssi
     cdef Py_ssize_t m_tiles = (M + MC - 1) // MC
     cdef Py_ssize_t n_tiles = (N + NC - 1) // NC
     cdef Py_ssize_t t, mt, nt
-    cdef int num_threads = matmul6_max_threads()
+    cdef int num_threads = max_threads()
     cdef Py_ssize_t per_thread = (MC + NC) * KC
     cdef float* scratch = <float*>malloc(num_threads * per_thread * sizeof(float))
     cdef float* apack

@@ -1,5 +1,7 @@
-# Python wrappers shared by the dev/cpu/attention_N variants: the same names and arguments as
-# kernels.attention, so dev/ab.py drives every variant the same way.
+# Python wrappers of kernels/attention.pyx: check the arguments, then run the kernel without the GIL.
+# Included, not imported, by kernels/attention.pyx and by every dev/cpu/attention_N.pyx variant, so
+# each module wraps its own cdef functions under the same names and arguments: the tests,
+# dev/ab.py and dev/promote.py treat a kernel and its variants alike.
 
 cdef int _check(str where, tuple got, tuple expected, str name) except -1:
     if got != expected:

@@ -1,16 +1,18 @@
-# Python wrappers shared by the dev/cpu/adamw_N variants: the same names and arguments as
-# kernels.adamw, so dev/ab.py drives every variant the same way.
+# Python wrappers of kernels/adamw.pyx: check the arguments, then run the kernel without the GIL.
+# Included, not imported, by kernels/adamw.pyx and by every dev/cpu/adamw_N.pyx variant, so
+# each module wraps its own cdef functions under the same names and arguments: the tests,
+# dev/ab.py and dev/promote.py treat a kernel and its variants alike.
 
 def update(float[::1] params, float[::1] m, float[::1] v, const float[::1] grads,
            float lr, float beta1, float beta2, float eps, float weight_decay,
            float grad_scale, int t):
     """One AdamW step on params (n,), with moments m, v (n,) and gradients grads (n,); t >= 1."""
-    cdef Py_ssize_t n = params.shape[0]
-    if m.shape[0] != n or v.shape[0] != n or grads.shape[0] != n:
-        raise ValueError(f"adamw.update: m, v, grads have {m.shape[0]}, {v.shape[0]}, "
-                         f"{grads.shape[0]} elements, params has {n}")
+    n = params.shape[0]
+    for name, buf in (("m", m), ("v", v), ("grads", grads)):
+        if buf.shape[0] != n:
+            raise ValueError(f"adamw.update: {name} has {buf.shape[0]} elements, params has {n}")
     if t < 1:
-        raise ValueError(f"adamw.update: step t={t}, must be >= 1")
+        raise ValueError(f"adamw.update: step t={t}, must be >= 1 (bias correction divides by 1 - beta^t)")
     if n == 0:
         return
     with nogil:
@@ -26,4 +28,3 @@ def norm_squared(const float[::1] x):
     with nogil:
         total = global_norm_squared(&x[0], x.shape[0])
     return total
-

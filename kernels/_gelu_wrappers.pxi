@@ -1,5 +1,7 @@
-# Python wrappers shared by the dev/cpu/gelu_N variants: the same names and arguments as
-# kernels.gelu (flat (N,) float32 arrays), so dev/ab.py drives every variant the same way.
+# Python wrappers of kernels/gelu.pyx: check the arguments, then run the kernel without the GIL.
+# Included, not imported, by kernels/gelu.pyx and by every dev/cpu/gelu_N.pyx variant, so
+# each module wraps its own cdef functions under the same names and arguments: the tests,
+# dev/ab.py and dev/promote.py treat a kernel and its variants alike.
 
 def forward(float[::1] out, const float[::1] inp):
     """out (N,) = gelu(inp)."""
