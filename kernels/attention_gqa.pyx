@@ -23,18 +23,12 @@ from cython.parallel cimport prange, threadid
 from libc.math cimport sqrtf, INFINITY
 from libc.stdlib cimport calloc, free, malloc
 
-from kernels.cblas cimport (CblasNoTrans, CblasRowMajor, CblasTrans, scipy_cblas_sgemm,
-                            scipy_openblas_get_num_threads, scipy_openblas_set_num_threads)
-from kernels.parallel cimport max_threads
+from kernels.cblas cimport CblasNoTrans, CblasRowMajor, CblasTrans, scipy_cblas_sgemm
+from kernels.parallel cimport blas_single_threaded, max_threads
 from kernels.vexp cimport vexpf
 
 cdef enum:
     TB = 64   # rows of the scores per block of the causal mask
-
-
-cdef inline void blas_single_threaded() noexcept nogil:
-    if scipy_openblas_get_num_threads() != 1:
-        scipy_openblas_set_num_threads(1)
 
 
 cdef inline void softmax_rows_inplace(float* att, int t0, int t1, int T) noexcept nogil:
