@@ -531,7 +531,7 @@ cdef class InstrumentedBackend(Backend):
     def reset(self):
         """Forget the counts, times and mismatches so far."""
         cdef int i
-        for i in range(NUM_ENTRIES):
+        for i in range(<int>NUM_ENTRIES):
             self.s.stats[i] = EntryStats(0, 0.0, 0, 0, 0.0)
         self.s.first_entry = -1
 

@@ -13,8 +13,7 @@
 # kernels set it (kernels.parallel's blas_single_threaded).  The softmax uses kernels.vexp's
 # vectorisable exp.
 from cython.parallel cimport prange
-from libc.math cimport sqrtf, INFINITY
-from kernels.vexp cimport vexpf
+from libc.math cimport sqrtf
 
 from kernels.cblas cimport CblasNoTrans, CblasRowMajor, CblasTrans, scipy_cblas_sgemm
 from kernels.parallel cimport blas_single_threaded
@@ -23,31 +22,6 @@ include "kernels/_attention_wrappers.pxi"
 
 cdef enum:
     TB = 64   # rows of the scores per block of the causal mask
-
-
-cdef inline void softmax_rows(float* preatt, float* att, int t0, int t1, int T) noexcept nogil:
-    # rows t0..t1 of one head: att = softmax of preatt over t2 <= t; both zero above
-    cdef Py_ssize_t t, t2
-    cdef float* pre_t
-    cdef float* att_t
-    cdef float maxval, expsum, inv, e
-    for t in range(t0, t1):
-        pre_t = preatt + t * T
-        att_t = att + t * T
-        maxval = -INFINITY
-        for t2 in range(t + 1):
-            maxval = max(maxval, pre_t[t2])
-        expsum = 0.0
-        for t2 in range(t + 1):
-            e = vexpf(pre_t[t2] - maxval)
-            att_t[t2] = e
-            expsum = expsum + e
-        inv = 1.0 / expsum
-        for t2 in range(t + 1):
-            att_t[t2] = att_t[t2] * inv
-        for t2 in range(t + 1, T):
-            pre_t[t2] = 0.0
-            att_t[t2] = 0.0
 
 
 cdef void forward_head(float* out, float* preatt, float* att, const float* inp,

@@ -20,37 +20,15 @@
 # OpenBLAS's thread count is process-wide and must be 1 for calls from OpenMP threads: the
 # kernels set it, as kernels/matmul does.  The softmax uses kernels.vexp's vectorisable exp.
 from cython.parallel cimport prange, threadid
-from libc.math cimport sqrtf, INFINITY
+from libc.math cimport sqrtf
 from libc.stdlib cimport calloc, free, malloc
 
 from kernels.cblas cimport CblasNoTrans, CblasRowMajor, CblasTrans, scipy_cblas_sgemm
+from kernels.attention cimport softmax_rows
 from kernels.parallel cimport blas_single_threaded, max_threads
-from kernels.vexp cimport vexpf
 
 cdef enum:
     TB = 64   # rows of the scores per block of the causal mask
-
-
-cdef inline void softmax_rows_inplace(float* att, int t0, int t1, int T) noexcept nogil:
-    # rows t0..t1 of one head's scores become probabilities over t2 <= t, zeros above
-    cdef Py_ssize_t t, t2
-    cdef float* att_t
-    cdef float maxval, expsum, inv, e
-    for t in range(t0, t1):
-        att_t = att + t * T
-        maxval = -INFINITY
-        for t2 in range(t + 1):
-            maxval = max(maxval, att_t[t2])
-        expsum = 0.0
-        for t2 in range(t + 1):
-            e = vexpf(att_t[t2] - maxval)
-            att_t[t2] = e
-            expsum = expsum + e
-        inv = 1.0 / expsum
-        for t2 in range(t + 1):
-            att_t[t2] = att_t[t2] * inv
-        for t2 in range(t + 1, T):
-            att_t[t2] = 0.0
 
 
 cdef void forward_head(float* out, float* att, const float* q, const float* k, const float* v,
@@ -71,7 +49,7 @@ cdef void forward_head(float* out, float* att, const float* q, const float* k, c
         scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cols, hs, scale,
                           q_bh + <Py_ssize_t>t0 * ldq, ldq, k_bh, ldkv, 0.0,
                           att_bh + <Py_ssize_t>t0 * T, T)
-        softmax_rows_inplace(att_bh, t0, t0 + rows, T)
+        softmax_rows(att_bh, att_bh, t0, t0 + rows, T)  # in place
         # out[t0:t0+rows] = att[t0:t0+rows, :cols] v[:cols]
         scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hs, cols, 1.0,
                           att_bh + <Py_ssize_t>t0 * T, T, v_bh, ldkv, 0.0,
