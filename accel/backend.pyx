@@ -60,12 +60,14 @@ cdef list missing_entries(BackendTable* t, tuple groups):
         ("gpt2", "softmax_forward", t.softmax_forward != NULL),
         ("gpt2", "crossentropy_forward", t.crossentropy_forward != NULL),
         ("gpt2", "crossentropy_softmax_backward", t.crossentropy_softmax_backward != NULL),
+        ("flash", "flash_attention_forward", t.flash_attention_forward != NULL),
+        ("flash", "flash_attention_backward", t.flash_attention_backward != NULL),
     ]
     return [name for group, name, present in entries if group in groups and not present]
 
 
 cdef BackendTable _empty_table
-ENTRY_GROUPS = {group: missing_entries(&_empty_table, (group,)) for group in ("core", "gpt2")}
+ENTRY_GROUPS = {group: missing_entries(&_empty_table, (group,)) for group in ("core", "gpt2", "flash")}
 
 
 cdef class Backend:
@@ -91,7 +93,7 @@ cdef class Backend:
     def _without_entry(self, str entry):
         """A copy of this backend with one entry left out (tests of the validation); raises
         BackendError as a backend module's create() would."""
-        names = ENTRY_GROUPS["core"] + ENTRY_GROUPS["gpt2"]   # the table's order
+        names = [name for group in ENTRY_GROUPS.values() for name in group]   # the table's order
         assert sizeof(BackendTable) == (1 + len(names)) * sizeof(void*)
         cdef Backend copy = Backend(self.name, self.host_visible, self.families, self)
         copy.table = self.table
@@ -128,6 +130,9 @@ cdef class Backend:
         returns (mean, global_norm_squared), else None."""
         cdef BackendTable* t = &self.table
         cdef void* c = t.ctx
+        for group, names in ENTRY_GROUPS.items():
+            if group != "core" and entry in names:
+                self.require(group)   # its entries may be NULL
         a = args
         try:
             if entry == "fill":
@@ -174,6 +179,11 @@ cdef class Backend:
             elif entry == "crossentropy_softmax_backward":
                 t.crossentropy_softmax_backward(c, f(a[0]), f(a[1]), f(a[2]), i(a[3]), a[4], a[5],
                                                 a[6], a[7])
+            elif entry == "flash_attention_forward":
+                t.flash_attention_forward(c, f(a[0]), f(a[1]), f(a[2]), a[3], a[4], a[5], a[6])
+            elif entry == "flash_attention_backward":
+                t.flash_attention_backward(c, f(a[0]), f(a[1]), f(a[2]), f(a[3]), f(a[4]), a[5],
+                                           a[6], a[7], a[8])
             else:
                 raise ValueError(f"no kernel entry {entry!r} (memory goes through Buffer)")
         except IndexError:

@@ -11,6 +11,7 @@ from kernels.encoder cimport encoder_forward, encoder_backward
 from kernels.layernorm cimport layernorm_forward, layernorm_backward
 from kernels.matmul cimport matmul_forward, matmul_backward
 from kernels.attention cimport attention_forward, attention_backward
+from kernels.flash_attention cimport flash_attention_forward, flash_attention_backward
 from kernels.gelu cimport gelu_forward, gelu_backward
 from kernels.residual cimport residual_forward, residual_backward
 from kernels.crossentropy cimport softmax_forward, crossentropy_forward, crossentropy_softmax_backward
@@ -140,6 +141,17 @@ cdef void cpu_crossentropy_softmax_backward(void* ctx, float* dlogits, const flo
                                             int B, int T, int V, int Vp) noexcept nogil:
     crossentropy_softmax_backward(dlogits, dlosses, probs, targets, B, T, V, Vp)
 
+# --- flash attention --------------------------------------------------------------------
+
+cdef void cpu_flash_attention_forward(void* ctx, float* out, float* lse, const float* inp,
+                                      int B, int T, int C, int NH) noexcept nogil:
+    flash_attention_forward(out, lse, inp, B, T, C, NH)
+
+cdef void cpu_flash_attention_backward(void* ctx, float* dinp, const float* dout, const float* inp,
+                                       const float* out, const float* lse,
+                                       int B, int T, int C, int NH) noexcept nogil:
+    flash_attention_backward(dinp, dout, inp, out, lse, B, T, C, NH)
+
 
 # --- planted faults: deliberately wrong entries, for the tests that prove check: finds them --
 
@@ -152,13 +164,20 @@ cdef void faulty_layernorm_backward(void* ctx, float* dinp, float* dweight, floa
     cdef float* scratch_dbias = dweight   # dbias lands in dweight: both wrong, dinp right
     layernorm_backward(dinp, dweight, scratch_dbias, dout, inp, weight, mean, rstd, B, T, C)
 
-FAULTS = ("gelu_forward", "layernorm_backward")
+cdef void faulty_flash_attention_backward(void* ctx, float* dinp, const float* dout,
+                                          const float* inp, const float* out, const float* lse,
+                                          int B, int T, int C, int NH) noexcept nogil:
+    pass   # adds nothing into dinp
+
+FAULTS = ("gelu_forward", "layernorm_backward", "flash_attention_backward")
 
 
-def create(fault=None):
-    """The CPU backend; with fault (one of FAULTS) that entry deliberately wrong, for tests."""
-    cdef Backend backend = Backend("cpu" if fault is None else f"cpu-with-faulty-{fault}",
-                                   True, ("gpt2",))
+def create(fault=None, bint flash=True):
+    """The CPU backend; with fault (one of FAULTS) that entry deliberately wrong, and with
+    flash=False without the flash group (as a backend with gpt2's kernels only), for tests."""
+    name = "cpu" if fault is None else f"cpu-with-faulty-{fault}"
+    cdef Backend backend = Backend(name if flash else name + "-without-flash", True,
+                                   ("gpt2", "flash") if flash else ("gpt2",))
     cdef BackendTable* t = &backend.table
     t.ctx = NULL
     t.alloc = cpu_alloc
@@ -188,10 +207,15 @@ def create(fault=None):
     t.softmax_forward = cpu_softmax_forward
     t.crossentropy_forward = cpu_crossentropy_forward
     t.crossentropy_softmax_backward = cpu_crossentropy_softmax_backward
+    if flash:
+        t.flash_attention_forward = cpu_flash_attention_forward
+        t.flash_attention_backward = cpu_flash_attention_backward
     if fault == "gelu_forward":
         t.gelu_forward = faulty_gelu_forward
     elif fault == "layernorm_backward":
         t.layernorm_backward = faulty_layernorm_backward
+    elif fault == "flash_attention_backward":
+        t.flash_attention_backward = faulty_flash_attention_backward
     elif fault is not None:
         raise ValueError(f"no planted fault for {fault!r} (there are: {', '.join(FAULTS)})")
     backend.validate()
