@@ -13,9 +13,10 @@
 # crosses the diagonal the scores above it are set to probability 0 before any product.
 # Threads: forward over (b, h, query tile), longest tiles first; backward over (b, h), since a
 # query tile adds into the k and v gradients of every key block before it.
-# Variant 3 over variant 2 (64 x 64 tiles, a scalar max; dev/BENCHMARKS.md section 6): GCC does
-# not vectorise a max reduction without -ffinite-math-only (never used here), so the row
-# maximum runs in 16 independent lanes; and tiles of 128 x 256, a quarter of the sgemm calls.
+# Variant 3 over variant 2 (64 x 64 tiles; dev/BENCHMARKS.md section 6): GCC does not vectorise
+# a max reduction without -ffinite-math-only (never used here), so variant 2's row maximum was
+# one serial chain of compares; here it runs in 16 independent lanes, which GCC keeps in
+# registers, 16 compares in flight; and tiles of 128 x 256, a quarter of the sgemm calls.
 # The scratch tiles (128 KB each, two in backward) live on the thread's stack.  The exponentials
 # use kernels.vexp's vectorisable exp; OpenBLAS is held to one thread (kernels.parallel's
 # blas_single_threaded), as every kernel that calls it from OpenMP's threads.
@@ -31,7 +32,7 @@ include "kernels/_flash_attention_wrappers.pxi"
 cdef enum:
     BQ = 128   # query rows per tile
     BK = 256   # keys per block
-    LANES = 16 # the row maximum's independent lanes: one AVX-512 vector, two AVX2 ones
+    LANES = 16 # the row maximum's independent compare chains
 
 
 cdef inline float row_max(const float* x, int n, float start) noexcept nogil:
