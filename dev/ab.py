@@ -577,8 +577,30 @@ class Adamw(Kernel):
         return st["n"] * 4 * (7 if pass_ == "update" else 1)
 
 
+class Zero(Kernel):
+    name = "zero"
+    passes = ("zero",)
+    tolerance = 0.0
+
+    def make(self, s, case, rng):
+        # zero_grad's buffer: the parameter gradients
+        return dict(x=np.ones(num_parameters(s), np.float32))
+
+    def zero(self, mod, st):
+        mod.zero(st["x"])
+
+    def fresh_outputs(self, st, pass_):
+        st["x"].fill(1.0)
+
+    def compare(self, st, pass_):
+        return {"x": (st["x"], R.zero(st["x"]))}
+
+    def work(self, st, pass_):
+        return st["x"].nbytes
+
+
 KERNELS = {k.name: k for k in (Matmul(), Attention(), FlashAttention(), Layernorm(), Gelu(), Adamw(), Crossentropy(),
-                               Encoder(), Residual())}
+                               Encoder(), Residual(), Zero())}
 
 
 # ----------------------------------------------------------------------------
