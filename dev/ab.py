@@ -577,6 +577,36 @@ class Adamw(Kernel):
         return st["n"] * 4 * (7 if pass_ == "update" else 1)
 
 
+class MatmulGelu(Kernel):
+    """GPT-2's fc matmul and its GELU (the lab's fusion test; the model runs them apart)."""
+    name = "matmul_gelu"
+    passes = ("forward",)
+    metric = "GFLOP/s"
+    tolerance = 1e-5
+
+    def make(self, s, case, rng):
+        B, T, C = s["B"], s["T"], s["C"]
+        return dict(B=B, T=T, C=C, OC=4 * C, inp=rand(rng, B, T, C),
+                    weight=rand(rng, 4 * C, C, scale=0.02), bias=rand(rng, 4 * C, scale=0.1),
+                    out=np.zeros((B, T, 4 * C), np.float32), out_gelu=np.zeros((B, T, 4 * C), np.float32))
+
+    def forward(self, mod, st):
+        mod.forward(st["out"], st["out_gelu"], st["inp"], st["weight"], st["bias"])
+
+    def fresh_outputs(self, st, pass_):
+        st["out"].fill(np.nan)
+        st["out_gelu"].fill(np.nan)
+
+    def compare(self, st, pass_):
+        rows = st["inp"].reshape(-1, st["C"])[:256]   # the first 256 positions
+        out = R.matmul_forward(rows, st["weight"], st["bias"])
+        return {"out": (st["out"].reshape(-1, st["OC"])[:256], out),
+                "out_gelu": (st["out_gelu"].reshape(-1, st["OC"])[:256], R.gelu_forward(out))}
+
+    def work(self, st, pass_):
+        return 2.0 * st["B"] * st["T"] * st["C"] * st["OC"]
+
+
 class Zero(Kernel):
     name = "zero"
     passes = ("zero",)
@@ -600,7 +630,7 @@ class Zero(Kernel):
 
 
 KERNELS = {k.name: k for k in (Matmul(), Attention(), FlashAttention(), Layernorm(), Gelu(), Adamw(), Crossentropy(),
-                               Encoder(), Residual(), Zero())}
+                               Encoder(), Residual(), Zero(), MatmulGelu())}
 
 
 # ----------------------------------------------------------------------------
