@@ -769,12 +769,14 @@ def llama_param_views(config, flat):
 
 
 def rope_tables(max_seq_len, head_size, theta=LLAMA2C_ROPE_THETA):
-    """RoPE's (cos, sin), each (max_seq_len, head_size/2) float32, computed in float32 step by
-    step as llama2.c's model.py does (the legacy file stores them; run.c skips them)."""
+    """RoPE's (cos, sin), each (max_seq_len, head_size/2) float32, as llama2.c's model.py
+    computes them: frequencies theta^(-2i/hs) and angles t*freq in float32 (bit for bit as
+    PyTorch's), cos and sin correctly rounded (PyTorch's float32 cos and sin may differ in the
+    last bit; run.c never reads these tables)."""
     exponents = np.arange(0, head_size, 2, dtype=np.float32)[:head_size // 2] / np.float32(head_size)
-    freqs = np.float32(1.0) / (np.float32(theta) ** exponents)
-    angles = np.outer(np.arange(max_seq_len, dtype=np.float32), freqs).astype(np.float32)
-    return np.cos(angles), np.sin(angles)
+    freqs = np.float32(1.0) / (np.float64(theta) ** exponents.astype(np.float64)).astype(np.float32)
+    angles = np.outer(np.arange(max_seq_len, dtype=np.float32), freqs).astype(np.float64)
+    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
 
 
 def _llama2c_sizes(config):
