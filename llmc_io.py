@@ -967,3 +967,193 @@ def read_safetensors(path):
         else:
             tensors[name] = raw.astype(np.float32, copy=False)
     return tensors
+
+
+# ----------------------------------------------------------------------------
+# Hugging Face's Llama checkpoints: the names of its tensors, and its q/k rows.  Hugging Face
+# stores each head's q and k rows permuted for its rotate-half RoPE (the first half of a head's
+# channels paired with the second); llama2.c, Meta and llama.cpp pair adjacent channels.
+
+HF_LLAMA_NAMES = {  # ours -> Hugging Face's, {l} the layer
+    "tok_embeddings": "model.embed_tokens.weight", "norm": "model.norm.weight",
+    "output": "lm_head.weight", "attention_norm": "model.layers.{l}.input_layernorm.weight",
+    "wq": "model.layers.{l}.self_attn.q_proj.weight", "wk": "model.layers.{l}.self_attn.k_proj.weight",
+    "wv": "model.layers.{l}.self_attn.v_proj.weight", "wo": "model.layers.{l}.self_attn.o_proj.weight",
+    "ffn_norm": "model.layers.{l}.post_attention_layernorm.weight",
+    "w1": "model.layers.{l}.mlp.gate_proj.weight", "w2": "model.layers.{l}.mlp.down_proj.weight",
+    "w3": "model.layers.{l}.mlp.up_proj.weight",
+}
+
+
+def hf_rotate_half_rows(w, n_heads):
+    """Adjacent-pair q/k rows (ours) -> Hugging Face's rotate-half order."""
+    rows, cols = w.shape
+    return w.reshape(n_heads, rows // n_heads // 2, 2, cols).transpose(0, 2, 1, 3).reshape(rows, cols)
+
+
+def hf_adjacent_pair_rows(w, n_heads):
+    """Hugging Face's rotate-half q/k rows -> adjacent pairs (ours); undoes hf_rotate_half_rows."""
+    rows, cols = w.shape
+    return w.reshape(n_heads, 2, rows // n_heads // 2, cols).transpose(0, 2, 1, 3).reshape(rows, cols)
+
+
+def llama_from_hf(tensors, hf_config, source="safetensors"):
+    """(LlamaConfig, params) from Hugging Face LlamaForCausalLM tensors (name -> array) and its
+    config.json (a dict)."""
+    def get(name):
+        if name not in tensors:
+            raise FormatError(source, f"no tensor {name}: not a Hugging Face Llama checkpoint?")
+        return tensors[name]
+    try:
+        n_heads = int(hf_config["num_attention_heads"])
+        config = LlamaConfig(
+            dim=int(hf_config["hidden_size"]), n_layers=int(hf_config["num_hidden_layers"]),
+            n_heads=n_heads, n_kv_heads=int(hf_config.get("num_key_value_heads", n_heads)),
+            vocab_size=int(hf_config["vocab_size"]), hidden_dim=int(hf_config["intermediate_size"]),
+            max_seq_len=int(hf_config["max_position_embeddings"]),
+            norm_eps=float(hf_config.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(hf_config.get("rope_theta", 10000.0)),
+            shared_classifier=bool(hf_config.get("tie_word_embeddings", False)))
+    except KeyError as e:
+        raise FormatError(source, f"config.json has no {e.args[0]}: not a Llama config?") from None
+    except ValueError as e:
+        raise FormatError(source, f"config.json: {e}") from None
+    params = np.empty(config.num_parameters(), dtype=np.float32)
+    for name, view in llama_param_views(config, params).items():
+        per_layer = "{l}" in HF_LLAMA_NAMES[name]
+        for l in range(config.n_layers if per_layer else 1):
+            hf_name = HF_LLAMA_NAMES[name].format(l=l)
+            tensor, target = get(hf_name), (view[l] if per_layer else view)
+            if tensor.shape != target.shape:
+                raise FormatError(source, f"{hf_name} has shape {tensor.shape}, expected "
+                                          f"{target.shape} for {config.describe()}")
+            if name in ("wq", "wk"):
+                tensor = hf_adjacent_pair_rows(tensor, n_heads if name == "wq" else config.n_kv_heads)
+            target[...] = tensor
+    return config, params
+
+
+# ----------------------------------------------------------------------------
+# GGUF, llama.cpp's file, through its own Python package (gguf): a Llama model in float32 with
+# its SentencePiece vocabulary, so llama.cpp runs what we trained.  llama.cpp's "llama"
+# architecture rotates adjacent channel pairs, as we do: q and k go in unpermuted.
+
+GGUF_LLAMA_TENSORS = {  # ours -> llama.cpp's, {l} the layer
+    "tok_embeddings": "token_embd.weight", "norm": "output_norm.weight", "output": "output.weight",
+    "attention_norm": "blk.{l}.attn_norm.weight", "wq": "blk.{l}.attn_q.weight",
+    "wk": "blk.{l}.attn_k.weight", "wv": "blk.{l}.attn_v.weight", "wo": "blk.{l}.attn_output.weight",
+    "ffn_norm": "blk.{l}.ffn_norm.weight", "w1": "blk.{l}.ffn_gate.weight",
+    "w2": "blk.{l}.ffn_down.weight", "w3": "blk.{l}.ffn_up.weight",
+}
+
+
+def sentencepiece_vocab_from_llama2c(pieces, scores):
+    """(tokens as SentencePiece spells them, scores, gguf token types) of a llama2.c
+    tokenizer.bin's pieces: spaces back to U+2581, BOS/EOS as <s> and </s>."""
+    import gguf
+    tokens, types = [], []
+    for i, piece in enumerate(pieces):
+        text = {b"\n<s>\n": "<s>", b"\n</s>\n": "</s>"}.get(piece) or \
+            piece.decode("utf-8", errors="replace").replace(" ", "\u2581")
+        tokens.append(text)
+        if i == 0:
+            types.append(gguf.TokenType.UNKNOWN)
+        elif i in (1, 2):
+            types.append(gguf.TokenType.CONTROL)
+        elif len(piece) == 6 and piece.startswith(b"<0x") and piece.endswith(b">"):
+            types.append(gguf.TokenType.BYTE)
+        else:
+            types.append(gguf.TokenType.NORMAL)
+    return tokens, [float(s) for s in scores], types
+
+
+def write_gguf(path, config, params, pieces, scores, name="llm.pyx llama"):
+    """A GGUF file (float32) of this Llama model with the vocabulary of a llama2.c
+    tokenizer.bin (pieces, scores), as llama.cpp's "llama" architecture reads it."""
+    try:
+        import gguf
+    except ImportError:
+        raise RuntimeError("GGUF export needs the gguf package (llama.cpp's writer): "
+                           "pip install gguf") from None
+    if len(pieces) != config.vocab_size:
+        raise ValueError(f"write_gguf: the tokenizer has {len(pieces)} tokens, the model's "
+                         f"vocabulary {config.vocab_size}")
+    views = llama_param_views(config, np.ascontiguousarray(params, dtype=np.float32))
+    tmp = f"{os.fspath(path)}.{os.getpid()}.tmp"
+    writer = gguf.GGUFWriter(tmp, "llama")
+    try:
+        writer.add_name(name)
+        writer.add_context_length(config.max_seq_len)
+        writer.add_embedding_length(config.dim)
+        writer.add_block_count(config.n_layers)
+        writer.add_feed_forward_length(config.hidden_dim)
+        writer.add_rope_dimension_count(config.head_size)
+        writer.add_head_count(config.n_heads)
+        writer.add_head_count_kv(config.n_kv_heads)
+        writer.add_layer_norm_rms_eps(config.norm_eps)
+        writer.add_rope_freq_base(config.rope_theta)
+        writer.add_vocab_size(config.vocab_size)
+        writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+        tokens, token_scores, types = sentencepiece_vocab_from_llama2c(pieces, scores)
+        writer.add_tokenizer_model("llama")
+        writer.add_token_list(tokens)
+        writer.add_token_scores(token_scores)
+        writer.add_token_types(types)
+        writer.add_unk_token_id(0)
+        writer.add_bos_token_id(1)
+        writer.add_eos_token_id(2)
+        writer.add_add_bos_token(True)
+        for ours, theirs in GGUF_LLAMA_TENSORS.items():
+            if ours not in views:
+                continue
+            per_layer = "{l}" in theirs
+            for l in range(config.n_layers if per_layer else 1):
+                tensor = views[ours][l] if per_layer else views[ours]
+                writer.add_tensor(theirs.format(l=l), np.ascontiguousarray(tensor))
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        os.replace(tmp, path)
+    except BaseException:
+        writer.close()
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def read_gguf(path):
+    """(LlamaConfig, params, tokens) of a float32 llama GGUF file, through gguf's reader."""
+    import gguf
+    try:
+        reader = gguf.GGUFReader(path)
+    except (ValueError, OSError) as e:
+        raise FormatError(path, f"not a GGUF file: {' '.join(str(e).split())}") from None
+
+    def field(key):
+        f = reader.get_field(key)
+        if f is None:
+            raise FormatError(path, f"no {key}: not a llama GGUF?")
+        return f.contents()
+    if field("general.architecture") != "llama":
+        raise FormatError(path, f"architecture {field('general.architecture')!r}, not llama")
+    tensors = {t.name: t for t in reader.tensors}
+    config = LlamaConfig(
+        dim=field("llama.embedding_length"), n_layers=field("llama.block_count"),
+        n_heads=field("llama.attention.head_count"), n_kv_heads=field("llama.attention.head_count_kv"),
+        vocab_size=len(field("tokenizer.ggml.tokens")), hidden_dim=field("llama.feed_forward_length"),
+        max_seq_len=field("llama.context_length"),
+        # float32 there: the shortest decimal that rounds to it gives back what was written
+        norm_eps=float(str(np.float32(field("llama.attention.layer_norm_rms_epsilon")))),
+        rope_theta=float(str(np.float32(field("llama.rope.freq_base")))), shared_classifier="output.weight" not in tensors)
+    params = np.empty(config.num_parameters(), dtype=np.float32)
+    for ours, view in llama_param_views(config, params).items():
+        theirs = GGUF_LLAMA_TENSORS[ours]
+        per_layer = "{l}" in theirs
+        for l in range(config.n_layers if per_layer else 1):
+            tensor = tensors[theirs.format(l=l)]
+            if tensor.tensor_type != gguf.GGMLQuantizationType.F32:
+                raise FormatError(path, f"{tensor.name} is {tensor.tensor_type.name}, not F32")
+            (view[l] if per_layer else view)[...] = np.asarray(tensor.data).reshape(
+                view.shape[1:] if per_layer else view.shape)
+    return config, params, field("tokenizer.ggml.tokens")
