@@ -259,6 +259,13 @@ def load_sample_tokenizer():
         return None
 
 
+def memory_line(memory):
+    """One line of what the model allocated on its backend, by kind (Model.memory())."""
+    mib = lambda n: f"{n / 2 ** 20:,.0f} MiB"  # noqa: E731
+    return ("memory allocated: " + ", ".join(f"{kind} {mib(n)}" for kind, n in memory.items())
+            + f"; total {mib(sum(memory.values()))}")
+
+
 def evaluate(model, loader, num_batches):
     loader.reset()
     return sum(model.forward(*loader.next_batch()) for _ in range(num_batches)) / num_batches
@@ -394,11 +401,13 @@ def main(argv=None):
             total_time_s += elapsed_s
             ema_tokens_per_second = 0.95 * ema_tokens_per_second + 0.05 * tokens_per_second
             shown_tokens_per_second = ema_tokens_per_second / (1 - 0.95 ** timed_steps)
-        first_step = False
         console.status(f"step {step + 1:4d}/{num_steps} | loss {loss:.6f} | norm {grad_norm:.4f} "
                        f"| lr {lr:.2e} | {elapsed_s * 1000:.2f} ms | "
                        f"{shown_tokens_per_second:.0f} tok/s")
         logger.log_train(step, loss, lr, grad_norm)
+        if first_step:  # everything is allocated by now: say how much, as llm.c does
+            console.print(memory_line(model.memory()))
+        first_step = False
 
     if timed_steps > 0:
         console.print(f"total average iteration time: {total_time_s / timed_steps * 1000:f} ms")
