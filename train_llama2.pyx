@@ -123,6 +123,9 @@ cdef class Llama2(Model):
     FAMILY = "llama"
     # the matrices: weight decay applies to them alone with decay_2d_only (not the norms)
     MATRICES = frozenset(("tok_embeddings", "wq", "wk", "wv", "wo", "w1", "w2", "w3", "output"))
+    # no kernel reads or adds to their gradients (attention_gqa's backward keeps its score
+    # gradients in scratch; the loss gradient goes straight to the logits): not zeroed
+    NO_GRAD = frozenset(("att", "probs"))
     cdef int L, NH, NKV, hs, C, H, V
     cdef float eps
     cdef ParameterTensors params_c, grads_c     # pointers into the buffers, llm.c's structs

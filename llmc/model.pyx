@@ -4,6 +4,8 @@ The model-generic core: what every model family shares, written once.
 A family (GPT-2 in train_gpt2.pyx) subclasses Model and gives
     FAMILY                      the backend kernels it needs ("gpt2")
     MATRICES                    the parameter tensors weight decay applies to (decay_2d_only)
+    NO_GRAD                     activations whose gradient no kernel reads or adds to: backward
+                                does not zero their slots (optional)
     config.param_shapes()       its parameters, [(name, shape)] in file order
     activation_shapes(B, T)     its activations, [(name, shape)], one of them "losses" (B, T)
     point_parameters / point_activations    its structs of tensor pointers, from a Layout
@@ -58,6 +60,7 @@ cdef inline int* ints(Buffer buffer) noexcept:
 cdef class Model:
     FAMILY = None
     MATRICES = frozenset()
+    NO_GRAD = frozenset()
 
     def __init__(self, config, backend="cpu"):
         """A model of this config with all parameters zero, on a backend (a name, see
@@ -264,16 +267,31 @@ cdef class Model:
         cdef Py_ssize_t BT = <Py_ssize_t>B * T
         cdef float* grads_acts = floats(self._grads_acts)
         cdef float* dlosses = grads_acts + <Py_ssize_t>self.act_layout.offset("losses")
-        cdef size_t nbytes = self.act_layout.size * sizeof(float)
         cdef const int* inp = ints(self._inputs)
         cdef const int* tgt = ints(self._targets)
+        cdef Py_ssize_t start, size
+        # activation gradients are accumulated into, so they start at zero (but for NO_GRAD's)
+        for start, size in self._grad_zero_spans():
+            with nogil:
+                self.b.zero(self.b.ctx, grads_acts + start, size * sizeof(float))
         with nogil:
-            # activation gradients are accumulated into, so they start at zero; the loss is the
-            # mean over B*T positions
-            self.b.zero(self.b.ctx, grads_acts, nbytes)
+            # the loss is the mean over B*T positions
             self.b.fill(self.b.ctx, dlosses, 1.0 / BT, BT)
             self.backward_pass(inp, tgt, B, T)
         self.backend.check_error()
+
+    def _grad_zero_spans(self):
+        """[(start, size)] in floats: runs of neighbouring activations outside NO_GRAD."""
+        spans = []
+        for name, start, size in zip(self.act_layout.names, self.act_layout.offsets,
+                                     self.act_layout.sizes):
+            if name in self.NO_GRAD:
+                continue
+            if spans and sum(spans[len(spans) - 1]) == start:   # adjoins the last span
+                last_start, last_size = spans.pop()
+                start, size = last_start, last_size + size
+            spans.append((start, size))
+        return spans
 
     # --- optimizer -------------------------------------------------------------------------
 
