@@ -72,7 +72,7 @@ ctypedef struct ActivationTensors:
     float* lnf          # (B, T, C)
     float* lnf_rstd     # (B, T)
     float* logits       # (B, T, V)
-    float* probs        # (B, T, V)
+    float* logsum       # (B, T)  log of the softmax's normaliser (kernels/classifier: no probs)
     float* losses       # (B, T)
 
 # one layer's slice of the 18 per-layer activations (or of their gradients)
@@ -110,7 +110,7 @@ def activation_shapes(config, int B, int T):
         ("ln2", (L, B, T, C)), ("ln2_rstd", (L, B, T)), ("h1", (L, B, T, H)),
         ("h3", (L, B, T, H)), ("hgated", (L, B, T, H)), ("ffnproj", (L, B, T, C)),
         ("residual3", (L, B, T, C)), ("lnf", (B, T, C)), ("lnf_rstd", (B, T)),
-        ("logits", (B, T, V)), ("probs", (B, T, V)), ("losses", (B, T)),
+        ("logits", (B, T, V)), ("logsum", (B, T)), ("losses", (B, T)),
     ]
 
 
@@ -125,7 +125,7 @@ cdef class Llama2(Model):
     MATRICES = frozenset(("tok_embeddings", "wq", "wk", "wv", "wo", "w1", "w2", "w3", "output"))
     # no kernel reads or adds to their gradients (attention_gqa's backward keeps its score
     # gradients in scratch; the loss gradient goes straight to the logits): not zeroed
-    NO_GRAD = frozenset(("att", "probs"))
+    NO_GRAD = frozenset(("att", "logsum"))
     cdef int L, NH, NKV, hs, C, H, V
     cdef float eps
     cdef ParameterTensors params_c, grads_c     # pointers into the buffers, llm.c's structs
@@ -205,8 +205,11 @@ cdef class Llama2(Model):
 
     @property
     def probs(self):
-        """(B, T, V) softmax of the logits."""
-        return self.activation("probs")
+        """(B, T, V) softmax of the logits, computed here from the logits and logsum (the
+        model keeps no probabilities: sampling is their only use)."""
+        logits = self.activation("logits")
+        shifted = np.exp(logits - logits.max(axis=-1, keepdims=True))
+        return shifted / np.exp(self.activation("logsum"))[..., None]
 
     cdef LayerActivations layer_slice(self, ActivationTensors* a, Py_ssize_t l, int B, int T) noexcept nogil:
         """Layer l's activations (or gradients) inside the stacked (L, ...) tensors of a."""
@@ -291,9 +294,8 @@ cdef class Llama2(Model):
         self.b.mark(ctx, self.step, -1)
         self.b.rmsnorm_forward(ctx, acts.lnf, acts.lnf_rstd, residual, p.norm, self.eps, B, T, C)
         self.b.matmul_forward(ctx, acts.logits, acts.lnf, p.output, NULL, B, T, C, V)
-        self.b.softmax_forward(ctx, acts.probs, acts.logits, B, T, V, V)
-        if targets != NULL:
-            self.b.crossentropy_forward(ctx, acts.losses, acts.probs, targets, B, T, V)
+        self.b.classifier_forward(ctx, acts.losses if targets != NULL else NULL, acts.logsum,
+                                  acts.logits, targets, B, T, V)
 
     # --- backward --------------------------------------------------------------
 
@@ -359,8 +361,8 @@ cdef class Llama2(Model):
 
         # the core has zeroed the activation gradients and set dlosses to 1/(B*T)
         self.b.mark(ctx, self.step, -1)
-        self.b.crossentropy_softmax_backward(ctx, grads_acts.logits, grads_acts.losses, acts.probs,
-                                             targets, B, T, V, V)
+        self.b.classifier_backward(ctx, grads_acts.logits, grads_acts.losses, acts.logits,
+                                   acts.logsum, targets, B, T, V)
         self.b.matmul_backward(ctx, grads_acts.lnf, g.output, NULL, grads_acts.logits, acts.lnf,
                                p.output, B, T, C, V)
         la = self.layer_slice(&acts, L - 1, B, T)

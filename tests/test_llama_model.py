@@ -75,6 +75,14 @@ def test_random_init_is_llama2c_s():
                                   Llama2.random(config, seed=1).params)
 
 
+def test_probs_are_the_softmax_of_the_logits():
+    model = Llama2.random(TINY_MQA, seed=2)
+    model.forward(batch(TINY_MQA, 2, 5)[0])   # no targets: the logsum is computed all the same
+    logits = model.logits.astype(np.float64)
+    expected = np.exp(logits - logits.max(-1, keepdims=True))
+    np.testing.assert_allclose(model.probs, expected / expected.sum(-1, keepdims=True), rtol=1e-5)
+
+
 def test_save_and_load_round_trip(tmp_path):
     model = Llama2.random(TINY_GQA, seed=4)
     model.save(tmp_path / "m.bin")
@@ -98,7 +106,7 @@ def test_backward_zeroes_every_activation_gradient_but_no_grad_ones():
     layout = model.act_layout
     zeroed = {name for name, start in zip(layout.names, layout.offsets)
               if any(s <= start < s + n for s, n in model._grad_zero_spans())}
-    assert zeroed == set(layout.names) - {"att", "probs"} == set(layout.names) - Llama2.NO_GRAD
+    assert zeroed == set(layout.names) - {"att", "logsum"} == set(layout.names) - Llama2.NO_GRAD
     assert sum(n for _, n in model._grad_zero_spans()) == layout.size - sum(
         n for name, n in zip(layout.names, layout.sizes) if name in Llama2.NO_GRAD)
 
@@ -180,6 +188,10 @@ def run_every_llama_entry(backend, seed=0):
     backend.call("attention_gqa_forward", buf(B, T, NH, hs), att, q, k, v, B, T, NH, NKV, hs)
     backend.call("attention_gqa_backward", buf(B, T, NH, hs), buf(B, T, NKV, hs),
                  buf(B, T, NKV, hs), buf(B, T, NH, hs), q, k, v, att, B, T, NH, NKV, hs)
+    logits, logsum = buf(B, T, V, scale=3.0), backend.alloc(4 * B * T)
+    backend.call("classifier_forward", buf(B, T), logsum, logits, inp, B, T, V)
+    backend.call("classifier_forward", None, logsum, logits, None, B, T, V)
+    backend.call("classifier_backward", buf(B, T, V), buf(B, T), logits, logsum, inp, B, T, V)
 
 
 def test_every_llama_entry_passes_check_cpu():
