@@ -10,18 +10,11 @@
 # number keeps logits - max exact, so the probabilities are as accurate as a softmax's however
 # far the logits are from 0.  exp is kernels.vexp's vectorisable vexpf; threads take rows.
 from cython.parallel cimport prange
-from libc.math cimport expf, logf, INFINITY
+from libc.math cimport expf, logf
 
 from kernels.parallel cimport SERIAL_BELOW
+from kernels.rowmax cimport row_max
 from kernels.vexp cimport vexpf
-
-
-cdef inline float row_max(const float* row, int V) noexcept nogil:
-    cdef Py_ssize_t i
-    cdef float maxval = -INFINITY
-    for i in range(V):
-        maxval = max(maxval, row[i])
-    return maxval
 
 
 cdef void classifier_forward(float* losses, float* logsum, const float* logits, const int* targets,
