@@ -14,8 +14,7 @@ import pytest
 import test_llama2
 from accel import cpu, instrument
 from accel.backend import ENTRY_GROUPS, BackendError, get_backend
-from llmc_io import (LlamaConfig, param_views, read_debug_state, read_llama_model,
-                     write_debug_state)
+from llmc_io import LlamaConfig, param_views, read_debug_state, write_debug_state
 from train_llama2 import Llama2
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -131,14 +130,15 @@ def test_fixture_losses_without_torch(monkeypatch):
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "torch" else find_spec(name, *a))
-    config, params = read_llama_model(test_llama2.FIXTURE_MODEL)
+    fixture = Llama2.from_checkpoint(test_llama2.FIXTURE_MODEL)
+    config, params = fixture.config, fixture.params
     state = read_debug_state(test_llama2.FIXTURE_STATE, config)
     losses, source = test_llama2.expected_losses(config, params, state, test_llama2.FIXTURE_STATE)
     assert source.endswith("llama2_tiny_debug_state.losses.json") and len(losses) == 10
 
 
 def test_a_gradient_off_by_more_than_its_tolerance_fails(tmp_path, capsys, monkeypatch):
-    config, _ = read_llama_model(test_llama2.FIXTURE_MODEL)
+    config = Llama2.from_checkpoint(test_llama2.FIXTURE_MODEL).config
     state = read_debug_state(test_llama2.FIXTURE_STATE, config)
     grads = state.grads.copy()
     wk = param_views(config, grads)["wk"]
