@@ -30,3 +30,35 @@ clean:
 	rm -rf build
 	find . \( -name '.?*' -o -exec test -e '{}/pyvenv.cfg' \; \) -prune -o -name '*.pyx' -print | \
 	    while read -r f; do rm -f "$${f%.pyx}.c" "$$(dirname "$$f")"/*.so "$$(dirname "$$f")"/*.pyd; done
+
+# Metal on Linux: accel/metal/gpt2.metal rewritten for the CPU emulator of MSL (accel/emu) and
+# built with the emulator into the library that backend metal-emu loads. The tests build other
+# variants (planted faults, AddressSanitizer) with METAL_SOURCE, METAL_EMU_LIB, METAL_EMU_FLAGS.
+#   make metal-emu
+# On macOS: the Metal runtime and the compiled kernel library (needs Xcode's command-line tools).
+#   make metal
+METAL_SOURCE ?= accel/metal/gpt2.metal
+METAL_EMU_LIB ?= accel/metal/build/libmetal_emu.so
+METAL_EMU_FLAGS ?= -O2 -g
+METAL_EMU_DEPS := accel/emu/msl_rewrite.py accel/emu/msl_emu.h accel/emu/msl_runtime.cpp \
+    accel/emu/emu_core.cpp accel/emu/emu_core.h accel/metal/metal_runtime.h
+
+.PHONY: metal-emu metal
+metal-emu: $(METAL_EMU_LIB)
+
+$(METAL_EMU_LIB): $(METAL_SOURCE) $(METAL_EMU_DEPS)
+	mkdir -p $(dir $@)
+	$(PYTHON) accel/emu/msl_rewrite.py $(METAL_SOURCE) -o $@.cpp
+	$(CXX) -std=c++17 $(METAL_EMU_FLAGS) -Wall -fPIC -fvisibility=hidden -shared -I accel/emu/include \
+	    accel/emu/emu_core.cpp accel/emu/msl_runtime.cpp $@.cpp -o $@
+
+metal: accel/metal/build/libmetal_runtime.dylib accel/metal/build/gpt2.metallib
+
+accel/metal/build/libmetal_runtime.dylib: accel/metal/metal_runtime.m accel/metal/metal_runtime.h
+	mkdir -p $(dir $@)
+	xcrun clang -fobjc-arc -O2 -Wall -dynamiclib -framework Metal -framework Foundation $< -o $@
+
+accel/metal/build/gpt2.metallib: accel/metal/gpt2.metal
+	mkdir -p $(dir $@)
+	xcrun -sdk macosx metal -c $< -o accel/metal/build/gpt2.air
+	xcrun -sdk macosx metallib accel/metal/build/gpt2.air -o $@
