@@ -294,7 +294,7 @@ _ACCEL = os.path.dirname(os.path.abspath(__file__))
 register_backend("cpu", "accel.cpu", "the Cython kernels of kernels/, OpenMP and OpenBLAS")
 register_backend("hip", "accel.hip", "HIP on AMD or NVIDIA GPUs",
                  "not written yet (issue 9: accel/hip)")
-register_backend("metal", "accel.metal.metal", "Metal on Apple GPUs (accel/metal)",
+register_backend("metal", "accel.metal.metal", "Metal on Apple GPUs",
                  "Metal needs macOS" if sys.platform != "darwin" else
                  None if os.path.exists(os.path.join(_ACCEL, "metal", "build", "libmetal_runtime.dylib")) else
                  "not built: run `make metal`")

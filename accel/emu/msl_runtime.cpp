@@ -174,3 +174,17 @@ EMU_MSL_EXPORT void metal_dispatch_threadgroups(MetalRuntime* rt, const MetalKer
 EMU_MSL_EXPORT void metal_synchronize(MetalRuntime*) {}
 
 EMU_MSL_EXPORT const char* metal_error(MetalRuntime* rt) { return rt->error.empty() ? nullptr : rt->error.c_str(); }
+
+// Emulator only (not in metal_runtime.h): the schedule ("lockstep", "shuffled", ... as
+// EMU_SCHEDULE names them), its seed and the simdgroup size for the dispatches that follow.
+// Returns 0, or -1 for an unknown schedule or a simdgroup size that is not a power of two up to 64.
+EMU_MSL_EXPORT int metal_emu_configure(const char* schedule, uint64_t seed, int simdgroup_size) {
+    emu::Config c = emu::config();
+    if (!emu::parse_schedule(schedule, c) || simdgroup_size < 1 || simdgroup_size > 64 ||
+        (simdgroup_size & (simdgroup_size - 1)))
+        return -1;
+    c.seed = seed;
+    c.warp_size = simdgroup_size;
+    emu::config() = c;
+    return 0;
+}

@@ -19,6 +19,7 @@ from accel.backend cimport Backend, BackendTable
 from libc.math cimport powf, sqrtf
 from libc.stdint cimport uint32_t
 from libc.stdio cimport snprintf
+from libc.stdlib cimport calloc, free
 from libc.string cimport memcpy, memset
 from posix.dlfcn cimport dlopen, dlsym, dlerror, dlclose, RTLD_NOW, RTLD_LOCAL
 
@@ -88,6 +89,8 @@ ctypedef struct Context:
     const MetalKernel* kernels[<int>NUM_KERNELS]
     float* partials              # (MAX_PARTIALS,) shared memory for mean and the norm
     char host_error[256]         # a failure found on the host side, "" if none
+    Py_ssize_t live              # allocations not yet freed
+    bint closing                 # the Runtime has gone: close when the last allocation goes
 
 
 # --- dispatch helpers ------------------------------------------------------------------------
@@ -147,12 +150,23 @@ cdef void elementwise(Context* c, Kernel k, MetalArg* args, int num_args, Py_ssi
 
 cdef void* m_alloc(void* ctx, size_t nbytes) noexcept nogil:
     cdef Context* c = <Context*>ctx
-    return c.alloc(c.rt, nbytes)
+    cdef void* ptr = c.alloc(c.rt, nbytes)
+    if ptr != NULL:
+        c.live += 1
+    return ptr
+
+cdef void close_context(Context* c) noexcept nogil:
+    c.free(c.rt, c.partials)
+    c.close(c.rt)
+    free(c)
 
 cdef void m_free(void* ctx, void* ptr, size_t nbytes) noexcept nogil:
     cdef Context* c = <Context*>ctx
     c.synchronize(c.rt)
     c.free(c.rt, ptr)
+    c.live -= 1
+    if c.closing and c.live == 0:
+        close_context(c)
 
 cdef void m_zero(void* ctx, void* ptr, size_t nbytes) noexcept nogil:
     cdef Context* c = <Context*>ctx
@@ -379,16 +393,27 @@ cdef void m_crossentropy_softmax_backward(void* ctx, float* dlogits, const float
 # --- the runtime: loading it, and the backend over it --------------------------------------------
 
 cdef class Runtime:
-    """A loaded runtime library and its open context; closed when the backend goes."""
+    """A loaded runtime library and its open context. The context outlives this object while
+    buffers allocated through it remain (a garbage collector's cycle may free a backend before
+    its buffers); the last one closes it."""
     cdef void* handle
-    cdef Context ctx
+    cdef Context* ctx
     cdef readonly str device_name
 
+    def __cinit__(self):
+        self.ctx = <Context*>calloc(1, sizeof(Context))
+        if self.ctx == NULL:
+            raise MemoryError()
+
     def __dealloc__(self):
-        if self.ctx.rt != NULL:
-            if self.ctx.partials != NULL:
-                self.ctx.free(self.ctx.rt, self.ctx.partials)
-            self.ctx.close(self.ctx.rt)
+        if self.ctx.rt == NULL or self.ctx.partials == NULL:
+            if self.ctx.rt != NULL:
+                self.ctx.close(self.ctx.rt)
+            free(self.ctx)
+        elif self.ctx.live == 0:
+            close_context(self.ctx)
+        else:
+            self.ctx.closing = True
         # the library stays loaded: a runtime's code may still be referenced (atexit, TLS)
 
 
@@ -412,26 +437,26 @@ def open_runtime(str library, str kernels):
     if r.handle == NULL:
         raise BackendError(f"cannot load {library}: {(<bytes>dlerror()).decode(errors='replace')}")
     open_ = <open_f>symbol(r.handle, "metal_open", library)
-    r.ctx.close = <close_f>symbol(r.handle, "metal_close", library)
+    r.ctx[0].close = <close_f>symbol(r.handle, "metal_close", library)
     device_name = <name_f>symbol(r.handle, "metal_device_name", library)
-    r.ctx.alloc = <alloc_f>symbol(r.handle, "metal_alloc", library)
-    r.ctx.free = <free_f>symbol(r.handle, "metal_free", library)
+    r.ctx[0].alloc = <alloc_f>symbol(r.handle, "metal_alloc", library)
+    r.ctx[0].free = <free_f>symbol(r.handle, "metal_free", library)
     kernel = <kernel_f>symbol(r.handle, "metal_kernel", library)
-    r.ctx.dispatch_threads = <dispatch_f>symbol(r.handle, "metal_dispatch_threads", library)
-    r.ctx.dispatch_threadgroups = <dispatch_f>symbol(r.handle, "metal_dispatch_threadgroups", library)
-    r.ctx.synchronize = <sync_f>symbol(r.handle, "metal_synchronize", library)
-    r.ctx.error = <name_f>symbol(r.handle, "metal_error", library)
+    r.ctx[0].dispatch_threads = <dispatch_f>symbol(r.handle, "metal_dispatch_threads", library)
+    r.ctx[0].dispatch_threadgroups = <dispatch_f>symbol(r.handle, "metal_dispatch_threadgroups", library)
+    r.ctx[0].synchronize = <sync_f>symbol(r.handle, "metal_synchronize", library)
+    r.ctx[0].error = <name_f>symbol(r.handle, "metal_error", library)
     error[0] = 0
-    r.ctx.rt = open_(kernels.encode(), error, sizeof(error))
-    if r.ctx.rt == NULL:
+    r.ctx[0].rt = open_(kernels.encode(), error, sizeof(error))
+    if r.ctx[0].rt == NULL:
         raise BackendError(error.decode(errors="replace") or f"{library}: metal_open failed")
-    r.device_name = device_name(r.ctx.rt).decode(errors="replace")
+    r.device_name = device_name(r.ctx[0].rt).decode(errors="replace")
     for i, name in enumerate(KERNEL_NAMES):
-        r.ctx.kernels[i] = kernel(r.ctx.rt, name.encode())
-        if r.ctx.kernels[i] == NULL:
+        r.ctx[0].kernels[i] = kernel(r.ctx[0].rt, name.encode())
+        if r.ctx[0].kernels[i] == NULL:
             raise BackendError(f"{kernels}: no kernel '{name}'")
-    r.ctx.partials = <float*>r.ctx.alloc(r.ctx.rt, MAX_PARTIALS * sizeof(float))
-    if r.ctx.partials == NULL:
+    r.ctx[0].partials = <float*>r.ctx[0].alloc(r.ctx[0].rt, MAX_PARTIALS * sizeof(float))
+    if r.ctx[0].partials == NULL:
         raise BackendError("out of memory")
     return r
 
@@ -447,7 +472,7 @@ def create(library=None, str name="metal"):
     cdef Runtime runtime = open_runtime(library, kernels)
     cdef Backend backend = Backend(name, False, ("gpt2",), runtime)
     cdef BackendTable* t = &backend.table
-    t.ctx = &runtime.ctx
+    t.ctx = runtime.ctx
     t.alloc = m_alloc
     t.free = m_free
     t.zero = m_zero
