@@ -209,3 +209,30 @@ def test_address_sanitizer_reports_a_write_past_the_output(tmp_path):
     assert summary[0].endswith(" in layernorm_backward_params"), summary[0]
     reported = int(summary[0].split(f"{source}:")[1].split()[0])
     assert line < reported < line + 10, summary[0]   # a line of that kernel's loop
+
+
+# --- the lint: what g++ accepts and Metal does not ---------------------------------------------
+
+def test_lint_passes_gpt2_metal():
+    result = subprocess.run([sys.executable, "accel/metal/lint.py", str(SOURCE)], cwd=ROOT, capture_output=True,
+                            text=True)
+    assert result.returncode == 0 and result.stdout == "", result.stdout
+
+
+def test_lint_names_each_planted_problem_by_line():
+    from accel.metal import lint
+    source = "\n".join([
+        "#include <metal_stdlib>",
+        "#include <vector>",                                                   # 2: a C++ header
+        "float helper(float* x, thread float& y) { return x[0] + y; }",         # 3: no address space
+        "kernel void k(device float3* out [[buffer(0)]],",                      # 4: float3 in a buffer
+        "              constant float* in [[buffer(1)]],",
+        "              uint i [[thread_position_in_grid]]) {",
+        "    double d = 1.0;  // a comment: new delete throw",                  # 7: double
+        "    device float* p = new float[3];",                                  # 8: new
+        "    out[i] = float3(in[i]);",
+        "}",
+    ])
+    problems = lint.lint(source, "x.metal")
+    assert [p.split(":")[1] for p in problems] == ["2", "3", "4", "7", "8"], problems
+    assert "helper: parameter 'float* x' has no address space" in problems[1]
