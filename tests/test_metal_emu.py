@@ -236,3 +236,115 @@ def test_lint_names_each_planted_problem_by_line():
     problems = lint.lint(source, "x.metal")
     assert [p.split(":")[1] for p in problems] == ["2", "3", "4", "7", "8"], problems
     assert "helper: parameter 'float* x' has no address space" in problems[1]
+
+
+# --- the MSL front-end and the C ABI, on sample kernels (accel/emu/tests/msl_features.metal) --
+
+class MetalArg(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("nbytes", ctypes.c_uint32)]
+
+
+class Runtime:
+    """metal_runtime.h through ctypes, over an emulator library."""
+
+    def __init__(self, library):
+        lib = self.lib = ctypes.CDLL(str(library))
+        lib.metal_open.restype = ctypes.c_void_p
+        lib.metal_open.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]
+        lib.metal_alloc.restype = ctypes.c_void_p
+        lib.metal_alloc.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        lib.metal_kernel.restype = ctypes.c_void_p
+        lib.metal_kernel.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+        lib.metal_error.restype = ctypes.c_char_p
+        lib.metal_error.argtypes = [ctypes.c_void_p]
+        lib.metal_close.argtypes = [ctypes.c_void_p]
+        lib.metal_dispatch_threads.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(MetalArg), ctypes.c_int,
+                                               ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint32),
+                                               ctypes.POINTER(ctypes.c_uint32), ctypes.c_int]
+        error = ctypes.create_string_buffer(256)
+        self.rt = lib.metal_open(b"", error, 256)
+        assert self.rt, error.value
+
+    def array(self, values, dtype):
+        values = np.asarray(values, dtype=dtype)
+        ptr = self.lib.metal_alloc(self.rt, values.nbytes)
+        view = np.ctypeslib.as_array((ctypes.c_char * values.nbytes).from_address(ptr)).view(dtype)
+        view[:] = values.reshape(-1)
+        return ptr, view
+
+    def dispatch(self, kernel, args, threads, group, threadgroup_bytes=()):
+        handle = self.lib.metal_kernel(self.rt, kernel.encode())
+        assert handle, self.lib.metal_error(self.rt)
+        bound = (MetalArg * len(args))()
+        keep = []
+        for i, a in enumerate(args):
+            if isinstance(a, int):                       # a pointer from metal_alloc
+                bound[i] = MetalArg(a, 0)
+            else:                                        # bytes of a scalar
+                keep.append(ctypes.create_string_buffer(a, len(a)))
+                bound[i] = MetalArg(ctypes.addressof(keep[-1]), len(a))
+        u32 = lambda values: (ctypes.c_uint32 * max(len(values), 1))(*values)
+        self.lib.metal_dispatch_threads(self.rt, handle, bound, len(args), u32(threads), u32(group),
+                                        u32(threadgroup_bytes), len(threadgroup_bytes))
+        error = self.lib.metal_error(self.rt)
+        assert error is None, error.decode()
+
+
+@pytest.fixture(scope="module")
+def features(tmp_path_factory):
+    source = ROOT / "accel" / "emu" / "tests" / "msl_features.metal"
+    return make_library(source, tmp_path_factory.mktemp("msl") / "msl_features.so")
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES, ids=[f"{s}-{seed}" for s, seed in SCHEDULES])
+def test_msl_features_through_the_c_abi(features, schedule):
+    configure(features, *schedule)
+    r = Runtime(features)
+
+    counts, view = r.array([0, 0], np.uint32)
+    r.dispatch("count", [counts], (1000, 1, 1), (64, 1, 1))
+    assert view.tolist() == [1000, 999]
+
+    # a threadgroup of 40: one full simdgroup of 32 lanes, one of 8
+    out, view = r.array(np.zeros((40, 4)), np.float32)
+    r.dispatch("shuffles", [out], (40, 1, 1), (40, 1, 1))
+    expected = []
+    for t in range(40):
+        lane, width = t % 32, 32 if t < 32 else 8
+        expected.append([lane + 1 if lane + 1 < width else lane, lane - 1 if lane >= 1 else lane,
+                         lane ^ 1 if (lane ^ 1) < width else lane, 0, width - 32])
+    assert view.reshape(40, 4).tolist() == [e[:3] + [e[3] + e[4]] for e in expected]
+
+    a = np.linspace(-2, 3, 37, dtype=np.float32)
+    out, view = r.array(np.zeros(37), np.float32)
+    pa, _ = r.array(a, np.float32)
+    r.dispatch("vectors", [out, pa, np.float32(0.5).tobytes()], (37, 1, 1), (16, 1, 1))
+    halved = (a.astype(np.float16) * np.float16(2)).astype(np.float32)
+    np.testing.assert_allclose(view, halved + a * a + 5 + 0.5, rtol=1e-6)
+
+    x = np.arange(50, dtype=np.float32)
+    out, view = r.array(np.zeros(50), np.float32)
+    px, _ = r.array(x, np.float32)
+    r.dispatch("reverse", [out, px], (50, 1, 1), (16, 1, 1), threadgroup_bytes=(16 * 4,))
+    assert view.tolist() == [v for s in range(0, 50, 16) for v in reversed(x[s:s + 16].tolist())]
+
+    grid, group = (5, 3, 2), (2, 2, 2)
+    out, view = r.array(np.zeros(30), np.uint32)
+    sizes, size_view = r.array(np.zeros(30), np.uint32)
+    r.dispatch("positions", [out, sizes], grid, group)
+    assert view.tolist() == list(range(1, 31))   # every position exactly once
+    edge = lambda p, n, g: min(g, n - p // g * g)
+    assert size_view.tolist() == [edge(x, 5, 2) * edge(y, 3, 2) * edge(z, 2, 2)
+                                  for z in range(2) for y in range(3) for x in range(5)]
+    r.lib.metal_close(r.rt)
+
+
+def test_a_kernel_argument_left_unbound_is_reported(features):
+    r = Runtime(features)
+    out, _ = r.array(np.zeros((40, 4)), np.float32)
+    handle = r.lib.metal_kernel(r.rt, b"shuffles")
+    assert handle
+    # no buffer bound at [[buffer(0)]]
+    r.lib.metal_dispatch_threads(r.rt, handle, (MetalArg * 0)(), 0, (ctypes.c_uint32 * 3)(8, 1, 1),
+                                 (ctypes.c_uint32 * 3)(8, 1, 1), None, 0)
+    assert "no argument bound at [[buffer(0)]]" in r.lib.metal_error(r.rt).decode()
