@@ -63,7 +63,8 @@ cdef enum:
     ELEMENTWISE_GROUP = 256
     ELEMENTWISE_THREADS = 1 << 18  # grid-stride kernels run at most this many threads
     MAX_PARTIALS = 64            # threadgroups of a sum (one partial sum each)
-    TILE = 16                    # gpt2.metal's matmul tile
+    TILE = 64                    # gpt2.metal's matmul: outputs per threadgroup side,
+    TILE_THREADS = 16            # by threads per side
     LINEAR_GROUP = 64            # one thread per channel or row
 
 # the runtime's functions (metal_runtime.h), looked up by name
@@ -289,7 +290,7 @@ cdef void gemm(Context* c, float* out, const float* a, const float* b, const flo
     args[4], args[5], args[6] = val(&M, 4), val(&N, 4), val(&K, 4)
     args[7], args[8], args[9], args[10] = val(&a_row, 4), val(&a_k, 4), val(&b_k, 4), val(&b_col, 4)
     args[11], args[12] = val(&accumulate, 4), val(&has_bias, 4)
-    groups(c, K_MATMUL, args, 13, (N + TILE - 1) // TILE, (M + TILE - 1) // TILE, TILE, TILE)
+    groups(c, K_MATMUL, args, 13, (N + TILE - 1) // TILE, (M + TILE - 1) // TILE, TILE_THREADS, TILE_THREADS)
 
 cdef void m_matmul_forward(void* ctx, float* out, const float* inp, const float* weight,
                            const float* bias, int B, int T, int C, int OC) noexcept nogil:
