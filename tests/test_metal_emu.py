@@ -120,10 +120,13 @@ def test_rows_and_tiles_larger_than_a_threadgroup(library):
     assert report["entries"]["layernorm_forward"]["compared"] == 3
 
 
-def test_test_gpt2_passes_on_metal_emu(library):
-    result = subprocess.run([sys.executable, "test_gpt2.py", "--backend", "metal-emu"], cwd=ROOT,
+def test_test_gpt2_passes_on_check_metal_emu(library):
+    # check: compares every call with the CPU oracle and replaces nothing when all are within
+    # tolerance, so "check OK" means the parity checks ran on metal-emu's own results
+    result = subprocess.run([sys.executable, "test_gpt2.py", "--backend", "check:metal-emu"], cwd=ROOT,
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0 and "overall okay: 1" in result.stdout, result.stdout + result.stderr
+    assert "check      OK      check:metal-emu: 1040 outputs compared, all within tolerance" in result.stdout
 
 
 def test_unbuilt_library_is_one_line_saying_how_to_build(tmp_path):

@@ -279,13 +279,20 @@ kernel void matmul(device float* out [[buffer(0)]],
             b_tile[kb][c] = k0 + kb < K && col0 + c < N ? b[(long)(k0 + kb) * b_k + (long)(col0 + c) * b_col] : 0.0f;
         }
         threadgroup_barrier(mem_flags::mem_threadgroup);
+        // each slice summed on its own, then added: two-level summation keeps the rounding
+        // error of long sums (K = 50304 for the logits' dinp) within the oracle's tolerance
+        float slice[4][4];
+        for (int i = 0; i < 4; ++i)
+            for (int j = 0; j < 4; ++j) slice[i][j] = 0.0f;
         for (int k = 0; k < TILE_K; ++k) {
             float av[4], bv[4];
             for (int i = 0; i < 4; ++i) av[i] = a_tile[k][tid.y + TILE_THREADS * i];
             for (int j = 0; j < 4; ++j) bv[j] = b_tile[k][tid.x + TILE_THREADS * j];
             for (int i = 0; i < 4; ++i)
-                for (int j = 0; j < 4; ++j) acc[i][j] += av[i] * bv[j];
+                for (int j = 0; j < 4; ++j) slice[i][j] += av[i] * bv[j];
         }
+        for (int i = 0; i < 4; ++i)
+            for (int j = 0; j < 4; ++j) acc[i][j] += slice[i][j];
         threadgroup_barrier(mem_flags::mem_threadgroup);  // the tiles are read before the next load
     }
     for (int i = 0; i < 4; ++i) {
