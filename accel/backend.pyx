@@ -12,6 +12,7 @@ that returns a Backend over its table; `register_backend` adds it under a name. 
 validated when the Backend is made: a missing entry is refused, by name.
 """
 import importlib
+import os
 import sys
 
 import numpy as np
@@ -352,12 +353,18 @@ def register_backend(str name, str module, str description, unavailable=None):
     _REGISTRY[name] = (module, description, unavailable)
 
 
+_ACCEL = os.path.dirname(os.path.abspath(__file__))
 register_backend("cpu", "accel.cpu", "the Cython kernels of kernels/, OpenMP and OpenBLAS")
 register_backend("hip", "accel.hip", "HIP on AMD or NVIDIA GPUs",
                  "not written yet (issue 9: accel/hip)")
-register_backend("metal", "accel.metal", "Metal on Apple GPUs",
+register_backend("metal", "accel.metal.metal", "Metal on Apple GPUs",
                  "Metal needs macOS" if sys.platform != "darwin" else
-                 "not written yet (issue 10: accel/metal)")
+                 None if os.path.exists(os.path.join(_ACCEL, "metal", "build", "libmetal_runtime.dylib")) else
+                 "not built: run `make metal`")
+register_backend("metal-emu", "accel.metal.emulated", "accel/metal's kernels on the CPU emulator of MSL",
+                 "the Metal emulator runs on Linux" if not sys.platform.startswith("linux") else
+                 None if os.path.exists(os.path.join(_ACCEL, "metal", "build", "libmetal_emu.so")) else
+                 "not built: run `make metal-emu`")
 register_backend("ane", "accel.ane", "the Apple Neural Engine",
                  "the Neural Engine needs macOS" if sys.platform != "darwin" else
                  "not written yet (issue 11: accel/ane)")
