@@ -4,7 +4,10 @@ GPT-2 training in Cython: the model of llm.c's train_gpt2.c, on any backend.
 GPT-2's shapes, its forward and its backward; everything else (buffers, tokens in and loss
 out, zero_grad, the gradient norm, AdamW) is the model-generic core, llmc/model.pyx, and every
 kernel call goes through the backend table (accel/backend.pxd): GPT2(config, backend="cpu").
-One parameter buffer cut into 16 tensors, one activation buffer cut into 23, as llm.c.
+One parameter buffer cut into 16 tensors, one activation buffer cut into 24: llm.c's 23 and the
+attention's log-sum-exp.  Attention is flash attention (only a (B,NH,T) log-sum-exp per layer
+kept) where the backend has the "flash" kernels, else llm.c's with its (B,NH,T,T) pre-softmax
+and softmax buffers; the buffers of the one not used are empty.
 
 Dimension letters:
     B batch size, T sequence length, C channels, L layers, NH heads,
@@ -42,7 +45,7 @@ ctypedef struct ParameterTensors:
     float* lnfb       # (C,)
 
 # ----------------------------------------------------------------------------
-# the activations: 23 tensors, as llm.c
+# the activations: llm.c's 23 tensors and att_lse
 
 ctypedef struct ActivationTensors:
     float* encoded    # (B, T, C)
@@ -51,8 +54,9 @@ ctypedef struct ActivationTensors:
     float* ln1_rstd   # (L, B, T)
     float* qkv        # (L, B, T, 3C)
     float* atty       # (L, B, T, C)
-    float* preatt     # (L, B, NH, T, T)
-    float* att        # (L, B, NH, T, T)
+    float* preatt     # (L, B, NH, T, T)  llm.c's attention; empty with flash attention
+    float* att        # (L, B, NH, T, T)  llm.c's attention; empty with flash attention
+    float* att_lse    # (L, B, NH, T)     flash attention: each row's log-sum-exp; else empty
     float* attproj    # (L, B, T, C)
     float* residual2  # (L, B, T, C)
     float* ln2        # (L, B, T, C)
@@ -70,14 +74,19 @@ ctypedef struct ActivationTensors:
     float* losses     # (B, T)
 
 
-def activation_shapes(config, int B, int T):
-    """The 23 activation tensors' (name, shape) for a batch of B sequences of T tokens."""
+def activation_shapes(config, int B, int T, bint flash=True):
+    """The 24 activation tensors' (name, shape) for a batch of B sequences of T tokens, with
+    flash attention or llm.c's."""
     cdef int L = config.num_layers, C = config.channels, NH = config.num_heads
     Vp = config.padded_vocab_size
+    empty = (0,)
+    scores = empty if flash else (L, B, NH, T, T)
+    lse = (L, B, NH, T) if flash else empty
     return [
         ("encoded", (B, T, C)), ("ln1", (L, B, T, C)), ("ln1_mean", (L, B, T)),
         ("ln1_rstd", (L, B, T)), ("qkv", (L, B, T, 3 * C)), ("atty", (L, B, T, C)),
-        ("preatt", (L, B, NH, T, T)), ("att", (L, B, NH, T, T)), ("attproj", (L, B, T, C)),
+        ("preatt", scores), ("att", scores), ("att_lse", lse),
+        ("attproj", (L, B, T, C)),
         ("residual2", (L, B, T, C)), ("ln2", (L, B, T, C)), ("ln2_mean", (L, B, T)),
         ("ln2_rstd", (L, B, T)), ("fch", (L, B, T, 4 * C)), ("fch_gelu", (L, B, T, 4 * C)),
         ("fcproj", (L, B, T, C)), ("residual3", (L, B, T, C)), ("lnf", (B, T, C)),
@@ -96,6 +105,7 @@ cdef class GPT2(Model):
     # the matrices: weight decay applies to them alone with decay_2d_only (llm.c's CUDA trainer)
     MATRICES = frozenset(("wte", "wpe", "qkvw", "attprojw", "fcw", "fcprojw"))
     cdef int L, NH, C, V, Vp
+    cdef readonly bint flash                    # flash attention (the backend has it)
     cdef ParameterTensors params_c, grads_c     # pointers into the buffers, llm.c's structs
     cdef ActivationTensors acts_c, grads_acts_c
 
@@ -103,10 +113,11 @@ cdef class GPT2(Model):
         """A model of this GPT2Config with all parameters zero (see random / from_checkpoint),
         on a backend: "cpu", "check:cpu", ... (accel.backend.backend_names())."""
         assert sizeof(ParameterTensors) == 16 * sizeof(float*)
-        assert sizeof(ActivationTensors) == 23 * sizeof(float*)
+        assert sizeof(ActivationTensors) == 24 * sizeof(float*)
         self.L, self.NH, self.C = config.num_layers, config.num_heads, config.channels
         self.V, self.Vp = config.vocab_size, config.padded_vocab_size
         super().__init__(config, backend)
+        self.flash = self.backend.supports("flash")
 
     cdef void point_parameters(self, float* params, float* grads) noexcept:
         self.param_layout.point(<float**>&self.params_c, params)
@@ -119,7 +130,7 @@ cdef class GPT2(Model):
             self.act_layout.point(<float**>&self.grads_acts_c, grads_acts)
 
     def activation_shapes(self, int B, int T):
-        return activation_shapes(self.config, B, T)
+        return activation_shapes(self.config, B, T, self.flash)
 
     @classmethod
     def from_checkpoint(cls, path, backend="cpu"):
@@ -169,7 +180,8 @@ cdef class GPT2(Model):
         cdef ActivationTensors acts = self.acts_c
         cdef int L = self.L, NH = self.NH, C = self.C, V = self.V, Vp = self.Vp
         cdef Py_ssize_t BT = <Py_ssize_t>B * T, BTC = BT * C, l
-        cdef Py_ssize_t att_size = <Py_ssize_t>B * NH * T * T
+        cdef Py_ssize_t att_size = 0 if self.flash else <Py_ssize_t>B * NH * T * T
+        cdef Py_ssize_t lse_size = <Py_ssize_t>B * NH * T if self.flash else 0
         cdef float* residual
 
         self.b.encoder_forward(ctx, acts.encoded, inputs, params.wte, params.wpe, B, T, C)  # (B,T,C)
@@ -197,6 +209,7 @@ cdef class GPT2(Model):
             l_atty = acts.atty + l * BTC
             l_preatt = acts.preatt + l * att_size
             l_att = acts.att + l * att_size
+            l_att_lse = acts.att_lse + l * lse_size
             l_attproj = acts.attproj + l * BTC
             l_residual2 = acts.residual2 + l * BTC
             l_ln2 = acts.ln2 + l * BTC
@@ -209,7 +222,10 @@ cdef class GPT2(Model):
 
             self.b.layernorm_forward(ctx, l_ln1, l_ln1_mean, l_ln1_rstd, residual, l_ln1w, l_ln1b, B, T, C)
             self.b.matmul_forward(ctx, l_qkv, l_ln1, l_qkvw, l_qkvb, B, T, C, 3 * C)
-            self.b.attention_forward(ctx, l_atty, l_preatt, l_att, l_qkv, B, T, C, NH)
+            if self.flash:
+                self.b.flash_attention_forward(ctx, l_atty, l_att_lse, l_qkv, B, T, C, NH)
+            else:
+                self.b.attention_forward(ctx, l_atty, l_preatt, l_att, l_qkv, B, T, C, NH)
             self.b.matmul_forward(ctx, l_attproj, l_atty, l_attprojw, l_attprojb, B, T, C, C)
             self.b.residual_forward(ctx, l_residual2, residual, l_attproj, BTC)
             self.b.layernorm_forward(ctx, l_ln2, l_ln2_mean, l_ln2_rstd, l_residual2, l_ln2w, l_ln2b, B, T, C)
@@ -235,7 +251,8 @@ cdef class GPT2(Model):
         cdef ActivationTensors acts = self.acts_c, grads_acts = self.grads_acts_c
         cdef int L = self.L, NH = self.NH, C = self.C, V = self.V, Vp = self.Vp
         cdef Py_ssize_t BT = <Py_ssize_t>B * T, BTC = BT * C, l
-        cdef Py_ssize_t att_size = <Py_ssize_t>B * NH * T * T
+        cdef Py_ssize_t att_size = 0 if self.flash else <Py_ssize_t>B * NH * T * T
+        cdef Py_ssize_t lse_size = <Py_ssize_t>B * NH * T if self.flash else 0
         cdef float* residual
         cdef float* dresidual
 
@@ -280,6 +297,7 @@ cdef class GPT2(Model):
             l_qkv = acts.qkv + l * BTC * 3
             l_atty = acts.atty + l * BTC
             l_att = acts.att + l * att_size
+            l_att_lse = acts.att_lse + l * lse_size
             l_residual2 = acts.residual2 + l * BTC
             l_ln2 = acts.ln2 + l * BTC
             l_ln2_mean = acts.ln2_mean + l * BT
@@ -309,7 +327,10 @@ cdef class GPT2(Model):
                                  l_ln2_mean, l_ln2_rstd, B, T, C)
             self.b.residual_backward(ctx, dresidual, dl_attproj, dl_residual2, BTC)
             self.b.matmul_backward(ctx, dl_atty, dl_attprojw, dl_attprojb, dl_attproj, l_atty, l_attprojw, B, T, C, C)
-            self.b.attention_backward(ctx, dl_qkv, dl_preatt, dl_att, dl_atty, l_qkv, l_att, B, T, C, NH)
+            if self.flash:
+                self.b.flash_attention_backward(ctx, dl_qkv, dl_atty, l_qkv, l_atty, l_att_lse, B, T, C, NH)
+            else:
+                self.b.attention_backward(ctx, dl_qkv, dl_preatt, dl_att, dl_atty, l_qkv, l_att, B, T, C, NH)
             self.b.matmul_backward(ctx, dl_ln1, dl_qkvw, dl_qkvb, dl_qkv, l_ln1, l_qkvw, B, T, C, 3 * C)
             self.b.layernorm_backward(ctx, dresidual, dl_ln1w, dl_ln1b, dl_ln1, residual, l_ln1w,
                                  l_ln1_mean, l_ln1_rstd, B, T, C)
