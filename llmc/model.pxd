@@ -22,6 +22,7 @@ cdef class Model:
     cdef bint has_targets                # the last forward had targets
     cdef float mean_loss
     cdef readonly int step               # AdamW updates done (the check backend reports it)
+    cdef readonly Py_ssize_t shard_start, shard_end  # the parameters AdamW updates (ZeRO-1: a span)
 
     # what a model family fills in
     cdef void point_parameters(self, float* params, float* grads) noexcept
@@ -30,3 +31,4 @@ cdef class Model:
     cdef void backward_pass(self, const int* inputs, const int* targets, int B, int T) noexcept nogil
 
     cdef Buffer _lazy(self, Buffer buffer, Layout layout)
+    cdef Buffer _moments(self, Buffer buffer)
