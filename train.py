@@ -30,6 +30,7 @@ from llmc import default_data
 from llmc.checkpoint import checkpoint_paths, find_max_step, resume, write_checkpoint
 from llmc.dataloader import DataError, DataLoader
 from llmc.logger import Console, Logger, note, plot_losses
+from llmc.recompute import parse_policy
 from llmc.sampler import generate
 from llmc.schedulers import get_scheduler
 from llmc.tokenizer import TokenizerError, load_tokenizer
@@ -106,6 +107,13 @@ def parse_args(argv):
     p.add_argument("--backend", metavar="NAME", default="cpu",
                    help="where the model runs: cpu, check:NAME, profile:NAME, ... "
                         "(accel/README.md)")
+    p.add_argument("--recompute", metavar="POLICY", default="all",
+                   help="activation checkpointing: all (keep every layer's activations), "
+                        "every-N, sqrt, boundary, none (keep fewer, recompute them in backward: "
+                        "less memory, more time; llmc/recompute.py)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the plan of a step of the model at -b, -t, --recompute (memory, "
+                        "FLOPs, time estimate) without allocating it, and exit")
     args = p.parse_args(argv)
 
     def require(ok, flag, value, requirement):
@@ -132,6 +140,10 @@ def parse_args(argv):
     require(args.checkpoint_every >= 0, "-n", args.checkpoint_every, "must be >= 0")
     require(args.checkpoints_keep >= 0, "-nk", args.checkpoints_keep, "must be >= 0")
     require(args.seed >= 0, "-r", args.seed, "must be >= 0")
+    try:
+        args.recompute = parse_policy(args.recompute)
+    except ValueError as e:
+        p.error(f"argument --recompute: {e}")
     if args.checkpoint_every > 0 and args.output_dir is None:
         p.error("argument -n: checkpoints need an output dir: add -o DIR")
     if args.resume and args.output_dir is None:
@@ -142,37 +154,64 @@ def parse_args(argv):
 # ----------------------------------------------------------------------------
 # model, tokenizer, evaluation
 
-def load_model(args, resume_path):
-    """(model, how it was initialised)."""
+def import_model():
+    """The GPT2 class, or a TrainError saying to build it."""
     try:
-        from accel.backend import BackendError
         from train_gpt2 import GPT2
     except ImportError as e:
         raise TrainError(f"the model is not built ({e}): run `make train_gpt2` first") from None
+    return GPT2
+
+
+def resolve_init(args):
+    """-e as (a model file, None) or (None, the depth of a random GPT-2 dN)."""
+    init = args.init
+    if init is None:
+        if os.path.exists(DEFAULT_MODEL):
+            return DEFAULT_MODEL, None
+        note(f"{DEFAULT_MODEL} not found: starting from a random GPT-2 d{DEFAULT_DEPTH} "
+             f"(for the pretrained weights: python dev/download_gpt2.py, online)")
+        return None, DEFAULT_DEPTH
+    depth = re.fullmatch(r"d(\d+)", init)
+    if depth and not os.path.exists(init):
+        if not 1 <= int(depth.group(1)) <= 1000:
+            raise TrainError(f"-e {init}: the depth must be in 1..1000")
+        return None, int(depth.group(1))
+    if not os.path.exists(init):
+        raise TrainError(f"-e {init}: no such model file (nor dN, a random GPT-2 of depth N)")
+    return init, None
+
+
+def load_model(args, resume_path):
+    """(model, how it was initialised)."""
+    from accel.backend import BackendError
+    GPT2 = import_model()
     try:
         if resume_path is not None:
-            return GPT2.from_checkpoint(resume_path, args.backend), f"checkpoint {resume_path}"
-        init = args.init
-        if init is None:
-            if os.path.exists(DEFAULT_MODEL):
-                init = DEFAULT_MODEL
-            else:
-                note(f"{DEFAULT_MODEL} not found: starting from a random GPT-2 d{DEFAULT_DEPTH} "
-                     f"(for the pretrained weights: python dev/download_gpt2.py, online)")
-                init = f"d{DEFAULT_DEPTH}"
-        depth = re.fullmatch(r"d(\d+)", init)
-        if depth and not os.path.exists(init):
-            depth = int(depth.group(1))
-            if not 1 <= depth <= 1000:
-                raise TrainError(f"-e {init}: the depth must be in 1..1000")
+            return (GPT2.from_checkpoint(resume_path, args.backend, args.recompute),
+                    f"checkpoint {resume_path}")
+        path, depth = resolve_init(args)
+        if depth is not None:
             config = llmc_io.GPT2Config.from_depth(depth)
-            return (GPT2.random(config, seed=args.seed, backend=args.backend),
-                    f"random d{depth} (seed {args.seed})")
-        if not os.path.exists(init):
-            raise TrainError(f"-e {init}: no such model file (nor dN, a random GPT-2 of depth N)")
-        return GPT2.from_checkpoint(init, args.backend), f"checkpoint {init}"
+            return (GPT2.random(config, seed=args.seed, backend=args.backend,
+                                recompute=args.recompute), f"random d{depth} (seed {args.seed})")
+        return GPT2.from_checkpoint(path, args.backend, args.recompute), f"checkpoint {path}"
     except (llmc_io.FormatError, BackendError) as e:
         raise TrainError(str(e)) from None
+
+
+def dry_run(args):
+    """The plan of a training step of the model (llmc/plan.py), made without allocating it."""
+    from llmc.plan import format_plan
+    GPT2 = import_model()
+    path, depth = resolve_init(args)
+    if depth is not None:
+        config, name = llmc_io.GPT2Config.from_depth(depth), f"GPT-2 d{depth}"
+    else:
+        config, name = llmc_io.read_checkpoint(path)[0], f"GPT-2 {path}"
+    if args.T > config.max_seq_len:
+        raise TrainError(f"-t {args.T} exceeds the model's max sequence length {config.max_seq_len}")
+    print(format_plan(GPT2, config, name, args.B, args.T, args.recompute))
 
 
 def load_sample_tokenizer():
@@ -195,6 +234,8 @@ def evaluate(model, loader, num_batches):
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.dry_run:
+        return dry_run(args)
     console = Console()
     B, T = args.B, args.T
     tokens_per_fwdbwd = B * T
@@ -249,7 +290,7 @@ def main(argv=None):
         ("vocab_size V", config.vocab_size), ("padded_vocab_size Vp", config.padded_vocab_size),
         ("num_layers L", config.num_layers), ("num_heads NH", config.num_heads),
         ("channels C", config.channels), ("num_parameters", model.num_parameters),
-        ("backend", model.backend.name), None,
+        ("backend", model.backend.name), ("recompute", model.recompute), None,
         ("train tokens", train_loader.num_tokens), ("val tokens", val_loader.num_tokens),
     ])
     console.print(f"batch_size B={B} * seq_len T={T} and total_batch_size={total_batch_size} "
