@@ -1,13 +1,19 @@
 """Activation checkpointing (llmc/recompute.py, run by llmc/model.pyx): every policy gives
 bit-identical gradients and training steps, keeps the activations it says, and recomputes the
 layer forwards it says."""
+import os
+import re
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
 from llmc.recompute import RecomputePlan, parse_policy
-from llmc_io import GPT2Config
+from llmc_io import GPT2Config, write_shard
 from train_gpt2 import GPT2, activation_shapes
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 POLICIES = ["all", "boundary", "sqrt", "every-2", "every-3", "none"]
 V = 101
 
@@ -195,3 +201,21 @@ def test_plans_keep_every_input_a_layer_reads():
                 assert resident[p.slot_of[l]] == l, (policy, L, l)
                 assert l == 0 or holds[p.output_of[l - 1]] == l - 1, (policy, L, l)
             assert recomputed == p.recomputed
+
+
+def test_train_py_trains_alike_under_every_policy(tmp_path):
+    """--recompute reaches the model: the same loss and norm lines as the default."""
+    rng = np.random.default_rng(0)
+    for name in ("train_000.bin", "val_000.bin"):
+        write_shard(tmp_path / name, rng.integers(0, 50257, 3000))
+    outputs = {}
+    for policy in ("all", "none"):
+        done = subprocess.run(
+            [sys.executable, os.path.join(ROOT, "train.py"), "-e", "d2", "-b", "2", "-t", "16",
+             "-x", "2", "-m", "0", "-s", "0", "-i", str(tmp_path / "train_*.bin"),
+             "-j", str(tmp_path / "val_000.bin"), "--recompute", policy],
+            capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        assert re.search(rf"recompute\s+\|\s+{policy}", done.stdout), done.stdout
+        outputs[policy] = re.findall(r"loss \S+ \| norm \S+", done.stdout)
+    assert len(outputs["all"]) == 2 and outputs["none"] == outputs["all"]
