@@ -2,8 +2,9 @@
 #   make train_gpt2      install what requirements.txt lists if anything is missing, then build
 #                        the product: every .pyx outside dev/ (NO_OMP=1, DEBUG=1, NO_NATIVE=1 switch)
 #   make dev             the kernel lab too: the variants in dev/cpu (dev/ab.py, dev/README.md)
-#   make test            unit tests (pytest) and the PyTorch parity check (test_gpt2.py); the
-#                        variants' tests need `make dev` first, and are skipped without it
+#   make test            unit tests (pytest) and the PyTorch parity checks (test_gpt2.py,
+#                        test_llama2.py); the variants' tests need `make dev` first, and are
+#                        skipped without it
 #   make bench           time a training step against PyTorch eager (dev/bench_step.py)
 #   make clean
 PYTHON ?= python3
@@ -20,6 +21,7 @@ dev: train_gpt2
 test: train_gpt2
 	$(PYTHON) -m pytest -q tests
 	$(PYTHON) test_gpt2.py
+	$(PYTHON) test_llama2.py
 
 bench: train_gpt2
 	$(PYTHON) dev/bench_step.py

@@ -1,5 +1,6 @@
 """
-Trains GPT-2 on the CPU: the training run of llm.pyx, as llm.c's train_gpt2.cu main() does it.
+Trains GPT-2 (or Llama 2) on the CPU: the training run of llm.pyx, as llm.c's train_gpt2.cu
+main() does it.
 
     make train_gpt2 && python train.py
 
@@ -15,8 +16,15 @@ With -o DIR: DIR/main.log in llm.c's format, checkpoints every -n steps (llmc/ch
 -nk N keeps the newest N), and the loss curve DIR/loss.png at the end. -y 1 resumes from the
 newest checkpoint there, continuing bit for bit as if never stopped.
 
+Llama 2 (train_llama2.pyx) trains the same way, with the same flags: --model stories15M (any
+Llama preset: stories15M, stories42M, stories110M, llama-1b, llama-7b), or --family llama with
+-e dN (a tiny Llama of depth N) or a Llama model file. A new random model's vocabulary is the
+data's tokenizer's (--vocab-size overrides it). --lr-schedule cosine-restarts is llama.cpp's
+cosine decay with warm restarts.
+
 The pieces live in llmc/, as llm.c's: dataloader, tokenizer, sampler, schedulers, logger,
-checkpoint, default_data; the file formats in llmc_io.py; the model in train_gpt2.pyx.
+checkpoint, default_data; the file formats in llmc_io.py; the models in train_gpt2.pyx and
+train_llama2.pyx.
 """
 import argparse
 import math
@@ -32,13 +40,15 @@ from llmc.dataloader import DataError, DataLoader
 from llmc.logger import Console, Logger, note, plot_losses
 from llmc.recompute import parse_policy
 from llmc.sampler import generate
-from llmc.schedulers import get_scheduler
-from llmc.tokenizer import TokenizerError, load_tokenizer
+from llmc.schedulers import SCHEDULERS, get_scheduler
+from llmc.tokenizer import GPT2_VOCAB_SIZE, TokenizerError, load_tokenizer
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # the defaults live in the repository, wherever train.py is run from
 DEFAULT_MODEL = os.path.relpath(os.path.join(HERE, "gpt2_124M.bin"))
 DEFAULT_DEPTH = 12  # the random model when DEFAULT_MODEL is missing: GPT-2 124M's shape
+DEFAULT_LLAMA = "stories15M"  # the model of --family llama without -e
+FAMILIES = ("gpt2", "llama")
 DEFAULT_TOKENIZER = os.path.join(HERE, "gpt2_tokenizer.bin")
 GRAD_CLIP = 1.0
 BETA1, BETA2, EPS = 0.9, 0.95, 1e-8  # llm.c's train_gpt2.cu
@@ -63,17 +73,25 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 def parse_args(argv):
-    p = Parser(prog="train.py", description="Train GPT-2 on the CPU (llm.c's train_gpt2.cu "
-               "flags).", formatter_class=HelpFormatter)
+    p = Parser(prog="train.py", description="Train GPT-2 or Llama 2 on the CPU (llm.c's "
+               "train_gpt2.cu flags).", formatter_class=HelpFormatter)
     p.add_argument("-i", dest="train_data", metavar="PATTERN", default=default_data.TRAIN,
                    help="train data shards (glob); the default is prepared if missing")
     p.add_argument("-j", dest="val_data", metavar="PATTERN", default=default_data.VAL,
                    help="val data shards (glob)")
     p.add_argument("-o", dest="output_dir", metavar="DIR", default=None,
                    help="output dir: main.log, checkpoints, loss.png (default: none)")
-    p.add_argument("-e", dest="init", metavar="MODEL", default=None,
-                   help=f"init from a model .bin, or dN for a random GPT-2 of depth N "
-                        f"(default: {DEFAULT_MODEL} if present, else d{DEFAULT_DEPTH})")
+    p.add_argument("-e", "--model", dest="init", metavar="MODEL", default=None,
+                   help=f"init from a model .bin, dN for a random model of depth N, or a "
+                        f"random Llama preset: {', '.join(llmc_io.PRESETS)} (default: "
+                        f"{DEFAULT_MODEL} if present, else d{DEFAULT_DEPTH}; with --family "
+                        f"llama: {DEFAULT_LLAMA})")
+    p.add_argument("--family", choices=FAMILIES, default=None,
+                   help="the model family of -e's file or dN (default: llama for a Llama "
+                        "preset, else gpt2)")
+    p.add_argument("--vocab-size", metavar="INT", type=int, default=None,
+                   help="vocabulary of a new random model (default: the data's tokenizer's, "
+                        f"GPT-2's {GPT2_VOCAB_SIZE})")
     p.add_argument("-b", dest="B", metavar="INT", type=int, default=4, help="micro batch size B")
     p.add_argument("-t", dest="T", metavar="INT", type=int, default=64, help="sequence length T")
     p.add_argument("-d", dest="total_batch_size", metavar="INT", type=int, default=-1,
@@ -84,6 +102,13 @@ def parse_args(argv):
                    help="learning rate warmup steps")
     p.add_argument("-q", dest="final_lr_frac", metavar="FLOAT", type=float, default=1.0,
                    help="final learning rate as a fraction of -l (cosine decay; 1.0: none)")
+    p.add_argument("--lr-schedule", metavar="NAME", default="cosine", choices=list(SCHEDULERS),
+                   help="learning rate schedule after the warmup: cosine (to -q at the last "
+                        "step) or cosine-restarts (llama.cpp's: cycles down to -q, restarting)")
+    p.add_argument("--cos-decay-steps", metavar="INT", type=int, default=1000,
+                   help="cosine-restarts: the first cycle's length in steps")
+    p.add_argument("--cos-decay-restart", metavar="FLOAT", type=float, default=1.1,
+                   help="cosine-restarts: each cycle this many times the previous one's length")
     p.add_argument("-c", dest="weight_decay", metavar="FLOAT", type=float, default=0.0,
                    help="weight decay (of the 2-D weights only)")
     p.add_argument("-x", dest="max_steps", metavar="INT", type=int, default=40,
@@ -144,6 +169,17 @@ def parse_args(argv):
         args.recompute = parse_policy(args.recompute)
     except ValueError as e:
         p.error(f"argument --recompute: {e}")
+    require(args.vocab_size is None or args.vocab_size >= 1, "--vocab-size", args.vocab_size,
+            "must be at least 1")
+    require(args.cos_decay_steps >= 1, "--cos-decay-steps", args.cos_decay_steps,
+            "must be at least 1")
+    require(math.isfinite(args.cos_decay_restart) and args.cos_decay_restart >= 1,
+            "--cos-decay-restart", args.cos_decay_restart, "must be a number >= 1")
+    is_preset = args.init in llmc_io.PRESETS
+    if args.family is None:
+        args.family = "llama" if is_preset else "gpt2"
+    elif is_preset and args.family != "llama":
+        p.error(f"argument --family: -e {args.init} is a Llama preset, not a {args.family} model")
     if args.checkpoint_every > 0 and args.output_dir is None:
         p.error("argument -n: checkpoints need an output dir: add -o DIR")
     if args.resume and args.output_dir is None:
@@ -154,64 +190,104 @@ def parse_args(argv):
 # ----------------------------------------------------------------------------
 # model, tokenizer, evaluation
 
-def import_model():
-    """The GPT2 class, or a TrainError saying to build it."""
+def vocab_size(args):
+    """The vocabulary of a new random model: --vocab-size, else the training data's
+    tokenizer's (the one place that decides it; today's data is GPT-2 BPE tokens)."""
+    return args.vocab_size if args.vocab_size is not None else GPT2_VOCAB_SIZE
+
+
+def random_config(args, init):
+    """The config of -e dN or a Llama preset name, or None when init names neither."""
+    depth = re.fullmatch(r"d(\d+)", init)
+    if depth and not 1 <= int(depth.group(1)) <= 1000:
+        raise TrainError(f"-e {init}: the depth must be in 1..1000")
+    if args.family == "llama" and (depth or init in llmc_io.PRESETS):
+        return llmc_io.LlamaConfig.from_name(init, vocab_size=vocab_size(args))
+    if depth:
+        return llmc_io.GPT2Config.from_depth(int(depth.group(1)), vocab_size=vocab_size(args))
+    return None
+
+
+def model_class(args):
+    """The model class of args.family, or a TrainError saying to build it."""
     try:
         from train_gpt2 import GPT2
+        from train_llama2 import Llama2
     except ImportError as e:
         raise TrainError(f"the model is not built ({e}): run `make train_gpt2` first") from None
-    return GPT2
+    return Llama2 if args.family == "llama" else GPT2
 
 
-def resolve_init(args):
-    """-e as (a model file, None) or (None, the depth of a random GPT-2 dN)."""
+def model_source(args):
+    """-e as (init, config): the config of a new random model, or None for a model file."""
     init = args.init
-    if init is None:
+    if init is None and args.family == "llama":
+        init = DEFAULT_LLAMA
+    elif init is None:
         if os.path.exists(DEFAULT_MODEL):
-            return DEFAULT_MODEL, None
-        note(f"{DEFAULT_MODEL} not found: starting from a random GPT-2 d{DEFAULT_DEPTH} "
-             f"(for the pretrained weights: python dev/download_gpt2.py, online)")
-        return None, DEFAULT_DEPTH
-    depth = re.fullmatch(r"d(\d+)", init)
-    if depth and not os.path.exists(init):
-        if not 1 <= int(depth.group(1)) <= 1000:
-            raise TrainError(f"-e {init}: the depth must be in 1..1000")
-        return None, int(depth.group(1))
-    if not os.path.exists(init):
-        raise TrainError(f"-e {init}: no such model file (nor dN, a random GPT-2 of depth N)")
-    return init, None
+            init = DEFAULT_MODEL
+        else:
+            note(f"{DEFAULT_MODEL} not found: starting from a random GPT-2 d{DEFAULT_DEPTH} "
+                 f"(for the pretrained weights: python dev/download_gpt2.py, online)")
+            init = f"d{DEFAULT_DEPTH}"
+    config = None if os.path.exists(init) else random_config(args, init)
+    if config is None:
+        if args.vocab_size is not None:
+            raise TrainError(f"--vocab-size: the model file {init} has its own vocabulary")
+        if not os.path.exists(init):
+            known = ("dN or a Llama preset" if args.family == "llama" else
+                     "dN, a random GPT-2 of depth N")
+            raise TrainError(f"-e {init}: no such model file (nor {known})")
+    return init, config
 
 
 def load_model(args, resume_path):
     """(model, how it was initialised)."""
     from accel.backend import BackendError
-    GPT2 = import_model()
+    Model = model_class(args)
     try:
         if resume_path is not None:
-            return (GPT2.from_checkpoint(resume_path, args.backend, args.recompute),
+            return (Model.from_checkpoint(resume_path, args.backend, args.recompute),
                     f"checkpoint {resume_path}")
-        path, depth = resolve_init(args)
-        if depth is not None:
-            config = llmc_io.GPT2Config.from_depth(depth)
-            return (GPT2.random(config, seed=args.seed, backend=args.backend,
-                                recompute=args.recompute), f"random d{depth} (seed {args.seed})")
-        return GPT2.from_checkpoint(path, args.backend, args.recompute), f"checkpoint {path}"
+        init, config = model_source(args)
+        if config is not None:
+            return (Model.random(config, seed=args.seed, backend=args.backend,
+                                 recompute=args.recompute), f"random {init} (seed {args.seed})")
+        return Model.from_checkpoint(init, args.backend, args.recompute), f"checkpoint {init}"
     except (llmc_io.FormatError, BackendError) as e:
         raise TrainError(str(e)) from None
+    except MemoryError as e:
+        raise TrainError(f"not enough memory for the model: {e}") from None
 
 
 def dry_run(args):
-    """The plan of a training step of the model (llmc/plan.py), made without allocating it."""
+    """Print the plan of a training step of the model (llmc/plan.py), without allocating it."""
     from llmc.plan import format_plan
-    GPT2 = import_model()
-    path, depth = resolve_init(args)
-    if depth is not None:
-        config, name = llmc_io.GPT2Config.from_depth(depth), f"GPT-2 d{depth}"
-    else:
-        config, name = llmc_io.read_checkpoint(path)[0], f"GPT-2 {path}"
+    Model = model_class(args)
+    init, config = model_source(args)
+    try:
+        if config is None:   # a model file: its header's config
+            read = llmc_io.read_llama_model if args.family == "llama" else llmc_io.read_checkpoint
+            config = read(init)[0]
+    except llmc_io.FormatError as e:
+        raise TrainError(str(e)) from None
     if args.T > config.max_seq_len:
         raise TrainError(f"-t {args.T} exceeds the model's max sequence length {config.max_seq_len}")
-    print(format_plan(GPT2, config, name, args.B, args.T, args.recompute))
+    print(format_plan(Model, config, f"{args.family} {init}", args.B, args.T, args.recompute))
+
+
+def config_rows(config):
+    """The console table's rows that describe the model's shape."""
+    if isinstance(config, llmc_io.LlamaConfig):
+        return [("max_sequence_length T", config.max_seq_len), ("vocab_size V", config.vocab_size),
+                ("num_layers L", config.n_layers), ("num_heads NH", config.n_heads),
+                ("num_kv_heads NKV", config.n_kv_heads), ("channels C", config.dim),
+                ("hidden_dim H", config.hidden_dim),
+                ("classifier", "shared" if config.shared_classifier else "separate")]
+    return [("max_sequence_length T", config.max_seq_len), ("vocab_size V", config.vocab_size),
+            ("padded_vocab_size Vp", config.padded_vocab_size),
+            ("num_layers L", config.num_layers), ("num_heads NH", config.num_heads),
+            ("channels C", config.channels)]
 
 
 def load_sample_tokenizer():
@@ -282,14 +358,13 @@ def main(argv=None):
         ("checkpoints keep", args.checkpoints_keep), ("resume", args.resume),
         ("micro batch size B", B), ("sequence length T", T),
         ("total batch size", total_batch_size), ("learning rate (LR)", f"{args.lr:e}"),
+        ("LR schedule", args.lr_schedule),
         ("warmup iterations", args.warmup), ("final LR fraction", f"{args.final_lr_frac:e}"),
         ("weight decay", f"{args.weight_decay:e}"), ("max_steps", num_steps),
         ("val_loss_every", args.val_every), ("val_max_steps", val_batches),
         ("sample_every", args.sample_every), ("genT", args.gen_tokens), None,
-        ("weight init method", init_desc), ("max_sequence_length T", config.max_seq_len),
-        ("vocab_size V", config.vocab_size), ("padded_vocab_size Vp", config.padded_vocab_size),
-        ("num_layers L", config.num_layers), ("num_heads NH", config.num_heads),
-        ("channels C", config.channels), ("num_parameters", model.num_parameters),
+        ("model family", args.family), ("weight init method", init_desc), *config_rows(config),
+        ("num_parameters", model.num_parameters),
         ("backend", model.backend.name), ("recompute", model.recompute), None,
         ("train tokens", train_loader.num_tokens), ("val tokens", val_loader.num_tokens),
     ])
@@ -297,7 +372,10 @@ def main(argv=None):
                   f"=> grad_accum_steps={grad_accum_steps}")
 
     logger = Logger(args.output_dir, append=resume_step is not None)
-    lr_scheduler = get_scheduler("cosine", args.lr, args.warmup, num_steps, args.final_lr_frac)
+    options = (dict(decay_steps=args.cos_decay_steps, restart_mult=args.cos_decay_restart)
+               if args.lr_schedule == "cosine-restarts" else {})
+    lr_scheduler = get_scheduler(args.lr_schedule, args.lr, args.warmup, num_steps,
+                                 args.final_lr_frac, **options)
     tokenizer, tokenizer_loaded = None, False  # loaded at the first sample
 
     step = 0
