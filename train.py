@@ -27,6 +27,7 @@ checkpoint, default_data; the file formats in llmc_io.py; the models in train_gp
 train_llama2.pyx.
 """
 import argparse
+import glob
 import math
 import os
 import re
@@ -190,10 +191,26 @@ def parse_args(argv):
 # ----------------------------------------------------------------------------
 # model, tokenizer, evaluation
 
+def data_tokenizer(args):
+    """The path of the training data's tokenizer: a tokenizer.bin beside its shards (the data
+    scripts write llama2.c's with a SentencePiece vocabulary there), else llm.c's GPT-2 one."""
+    shards = sorted(glob.glob(args.train_data))
+    beside = os.path.join(os.path.dirname(shards[0]), "tokenizer.bin") if shards else None
+    return beside if beside and os.path.exists(beside) else DEFAULT_TOKENIZER
+
+
 def vocab_size(args):
     """The vocabulary of a new random model: --vocab-size, else the training data's
-    tokenizer's (the one place that decides it; today's data is GPT-2 BPE tokens)."""
-    return args.vocab_size if args.vocab_size is not None else GPT2_VOCAB_SIZE
+    tokenizer's (the one place that decides it): a tokenizer.bin beside the shards, or GPT-2."""
+    if args.vocab_size is not None:
+        return args.vocab_size
+    path = data_tokenizer(args)
+    if path == DEFAULT_TOKENIZER:
+        return GPT2_VOCAB_SIZE
+    try:
+        return len(llmc_io.read_llama2c_tokenizer(path)[0])
+    except llmc_io.FormatError as e:
+        raise TrainError(f"the data's tokenizer: {e}") from None
 
 
 def random_config(args, init):
@@ -290,14 +307,22 @@ def config_rows(config):
             ("channels C", config.channels)]
 
 
-def load_sample_tokenizer():
-    """The tokenizer of the samples: llm.c's gpt2_tokenizer.bin if present, else tiktoken's
-    GPT-2; None (the samples print as token ids) when neither can be had."""
+def load_sample_tokenizer(args):
+    """The tokenizer of the samples: the data's (a tokenizer.bin beside its shards), llm.c's
+    gpt2_tokenizer.bin if present, else tiktoken's GPT-2; None (the samples print as token
+    ids) when none can be had."""
     try:
-        return load_tokenizer(DEFAULT_TOKENIZER)
+        return load_tokenizer(data_tokenizer(args))
     except (TokenizerError, llmc_io.FormatError) as e:
         note(f"no tokenizer, printing token ids ({e})")
         return None
+
+
+def memory_line(memory):
+    """One line of what the model allocated on its backend, by kind (Model.memory())."""
+    mib = lambda n: f"{n / 2 ** 20:,.0f} MiB"  # noqa: E731
+    return ("memory allocated: " + ", ".join(f"{kind} {mib(n)}" for kind, n in memory.items())
+            + f"; total {mib(sum(memory.values()))}")
 
 
 def evaluate(model, loader, num_batches):
@@ -400,7 +425,7 @@ def main(argv=None):
                 and not resuming):
             if not tokenizer_loaded:
                 console.write("")  # its notes go below the last step line
-                tokenizer, tokenizer_loaded = load_sample_tokenizer(), True
+                tokenizer, tokenizer_loaded = load_sample_tokenizer(args), True
             generate(model, tokenizer, args.gen_tokens, console)
 
         if (args.checkpoint_every > 0 and not resuming and
@@ -437,11 +462,13 @@ def main(argv=None):
             total_time_s += elapsed_s
             ema_tokens_per_second = 0.95 * ema_tokens_per_second + 0.05 * tokens_per_second
             shown_tokens_per_second = ema_tokens_per_second / (1 - 0.95 ** timed_steps)
-        first_step = False
         console.status(f"step {step + 1:4d}/{num_steps} | loss {loss:.6f} | norm {grad_norm:.4f} "
                        f"| lr {lr:.2e} | {elapsed_s * 1000:.2f} ms | "
                        f"{shown_tokens_per_second:.0f} tok/s")
         logger.log_train(step, loss, lr, grad_norm)
+        if first_step:  # everything is allocated by now: say how much, as llm.c does
+            console.print(memory_line(model.memory()))
+        first_step = False
 
     if timed_steps > 0:
         console.print(f"total average iteration time: {total_time_s / timed_steps * 1000:f} ms")

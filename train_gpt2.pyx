@@ -6,8 +6,11 @@ everything else (buffers, tokens in and loss out, running the layers under an ac
 checkpoint policy, zero_grad, the gradient norm, AdamW) is the model-generic core,
 llmc/model.pyx, and every kernel call goes through the backend table (accel/backend.pxd):
 GPT2(config, backend="cpu", recompute="all").  One parameter buffer cut into 16 tensors, one
-activation buffer cut into 23, as llm.c (with recompute="all", the default; other policies
-keep the layer tensors of fewer layers: llmc/recompute.py).
+activation buffer cut into 24: llm.c's 23 and the attention's log-sum-exp (with recompute="all",
+the default; other policies keep the layer tensors of fewer layers: llmc/recompute.py).
+Attention is flash attention (only a (B,NH,T) log-sum-exp per layer kept) where the backend has
+the "flash" kernels, else llm.c's with its (B,NH,T,T) pre-softmax and softmax buffers; the
+buffers of the one not used are empty.
 
 Dimension letters:
     B batch size, T sequence length, C channels, L layers, NH heads,
@@ -45,8 +48,9 @@ ctypedef struct ParameterTensors:
     float* lnfb       # (C,)
 
 # ----------------------------------------------------------------------------
-# the activations: llm.c's 23 tensors, as the checkpoint core (llmc/model.pyx) takes them: the
-# embedding's output, one layer's 16 (stacked over the layers the policy keeps) and the head's 6
+# the activations: llm.c's 23 tensors and att_lse, as the checkpoint core (llmc/model.pyx) takes
+# them: the embedding's output, one layer's 17 (stacked over the layers the policy keeps) and
+# the head's 6
 
 ctypedef struct LayerActivations:
     float* ln1        # (B, T, C)
@@ -54,8 +58,9 @@ ctypedef struct LayerActivations:
     float* ln1_rstd   # (B, T)
     float* qkv        # (B, T, 3C)
     float* atty       # (B, T, C)
-    float* preatt     # (B, NH, T, T)
-    float* att        # (B, NH, T, T)
+    float* preatt     # (B, NH, T, T)  llm.c's attention; empty with flash attention
+    float* att        # (B, NH, T, T)  llm.c's attention; empty with flash attention
+    float* att_lse    # (B, NH, T)     flash attention: each row's log-sum-exp; else empty
     float* attproj    # (B, T, C)
     float* residual2  # (B, T, C)
     float* ln2        # (B, T, C)
@@ -75,15 +80,18 @@ ctypedef struct HeadActivations:
     float* losses     # (B, T)
 
 
-def activation_shapes(config, int B, int T):
-    """The activations of a batch of B sequences of T tokens, as (name, shape): (the embedding's
-    output "encoded", one layer's 16 tensors, the head's 6).  llm.c's 23 tensors are these with
-    each layer tensor stacked over the L layers."""
+def activation_shapes(config, int B, int T, bint flash=True):
+    """The activations of a batch of B sequences of T tokens, with flash attention or llm.c's,
+    as (name, shape): (the embedding's output "encoded", one layer's 17 tensors, the head's 6).
+    The model's 24 tensors (llm.c's 23 and att_lse) are these with each layer tensor stacked
+    over the L layers."""
     cdef int C = config.channels, NH = config.num_heads
     Vp = config.padded_vocab_size
+    scores = (0,) if flash else (B, NH, T, T)
+    lse = (B, NH, T) if flash else (0,)
     layer = [
         ("ln1", (B, T, C)), ("ln1_mean", (B, T)), ("ln1_rstd", (B, T)), ("qkv", (B, T, 3 * C)),
-        ("atty", (B, T, C)), ("preatt", (B, NH, T, T)), ("att", (B, NH, T, T)),
+        ("atty", (B, T, C)), ("preatt", scores), ("att", scores), ("att_lse", lse),
         ("attproj", (B, T, C)), ("residual2", (B, T, C)), ("ln2", (B, T, C)),
         ("ln2_mean", (B, T)), ("ln2_rstd", (B, T)), ("fch", (B, T, 4 * C)),
         ("fch_gelu", (B, T, 4 * C)), ("fcproj", (B, T, C)), ("residual3", (B, T, C)),
@@ -103,9 +111,10 @@ cdef class GPT2(Model):
     # the matrices: weight decay applies to them alone with decay_2d_only (llm.c's CUDA trainer)
     MATRICES = frozenset(("wte", "wpe", "qkvw", "attprojw", "fcw", "fcprojw"))
     # the activations whose gradients no backward kernel takes: none are allocated
-    NO_GRAD = frozenset(("ln1_mean", "ln1_rstd", "ln2_mean", "ln2_rstd", "lnf_mean", "lnf_rstd",
-                         "probs"))
+    NO_GRAD = frozenset(("ln1_mean", "ln1_rstd", "att_lse", "ln2_mean", "ln2_rstd", "lnf_mean",
+                         "lnf_rstd", "probs"))
     cdef int NH, C, V, Vp
+    cdef readonly bint flash                    # flash attention (the backend has it)
     cdef ParameterTensors params_c, grads_c     # pointers into the buffers, llm.c's structs
 
     def __init__(self, config, backend="cpu", recompute="all"):
@@ -113,11 +122,12 @@ cdef class GPT2(Model):
         on a backend: "cpu", "check:cpu", ... (accel.backend.backend_names()), keeping its
         activations by a recompute policy: "all", "sqrt", ... (llmc/recompute.py)."""
         assert sizeof(ParameterTensors) == 16 * sizeof(float*)
-        assert sizeof(LayerActivations) == 16 * sizeof(float*)
+        assert sizeof(LayerActivations) == 17 * sizeof(float*)
         assert sizeof(HeadActivations) == 6 * sizeof(float*)
         self.NH, self.C = config.num_heads, config.channels
         self.V, self.Vp = config.vocab_size, config.padded_vocab_size
         super().__init__(config, backend, recompute)
+        self.flash = self.backend.supports("flash")
 
     cdef void point_parameters(self, float* params, float* grads) noexcept:
         self.param_layout.point(<float**>&self.params_c, params)
@@ -125,8 +135,12 @@ cdef class GPT2(Model):
             self.param_layout.point(<float**>&self.grads_c, grads)
 
     @classmethod
-    def activation_shapes(cls, config, int B, int T):
-        return activation_shapes(config, B, T)
+    def activation_shapes(cls, config, int B, int T, bint flash=True):
+        return activation_shapes(config, B, T, flash)
+
+    @classmethod
+    def activation_options(cls, backend):
+        return dict(flash=backend.supports("flash"))
 
     @classmethod
     def flops_per_token(cls, config, int T):
@@ -187,7 +201,8 @@ cdef class GPT2(Model):
     cdef void embedding_forward(self, float* out, const int* inputs, int B, int T) noexcept nogil:
         self.b.encoder_forward(self.b.ctx, out, inputs, self.params_c.wte, self.params_c.wpe, B, T, self.C)
 
-    cdef void layer_forward(self, int l, float** layer_acts, const float* residual, int B, int T) noexcept nogil:
+    cdef void layer_forward(self, int layer, float** layer_acts, const float* residual, int B, int T) noexcept nogil:
+        cdef Py_ssize_t l = layer   # weight offsets outgrow an int in big models
         cdef void* ctx = self.b.ctx
         cdef ParameterTensors params = self.params_c
         cdef LayerActivations* acts = <LayerActivations*>layer_acts
@@ -209,7 +224,10 @@ cdef class GPT2(Model):
 
         self.b.layernorm_forward(ctx, acts.ln1, acts.ln1_mean, acts.ln1_rstd, residual, l_ln1w, l_ln1b, B, T, C)
         self.b.matmul_forward(ctx, acts.qkv, acts.ln1, l_qkvw, l_qkvb, B, T, C, 3 * C)
-        self.b.attention_forward(ctx, acts.atty, acts.preatt, acts.att, acts.qkv, B, T, C, NH)
+        if self.flash:
+            self.b.flash_attention_forward(ctx, acts.atty, acts.att_lse, acts.qkv, B, T, C, NH)
+        else:
+            self.b.attention_forward(ctx, acts.atty, acts.preatt, acts.att, acts.qkv, B, T, C, NH)
         self.b.matmul_forward(ctx, acts.attproj, acts.atty, l_attprojw, l_attprojb, B, T, C, C)
         self.b.residual_forward(ctx, acts.residual2, residual, acts.attproj, BTC)
         self.b.layernorm_forward(ctx, acts.ln2, acts.ln2_mean, acts.ln2_rstd, acts.residual2, l_ln2w, l_ln2b, B, T, C)
@@ -244,8 +262,9 @@ cdef class GPT2(Model):
         self.b.layernorm_backward(ctx, dresidual, grads.lnfw, grads.lnfb, grads_acts.lnf, residual, params.lnfw,
                                   acts.lnf_mean, acts.lnf_rstd, B, T, C)
 
-    cdef void layer_backward(self, int l, float* dresidual, float** layer_grads, float** layer_acts,
+    cdef void layer_backward(self, int layer, float* dresidual, float** layer_grads, float** layer_acts,
                              const float* residual, int B, int T) noexcept nogil:
+        cdef Py_ssize_t l = layer   # weight offsets outgrow an int in big models
         cdef void* ctx = self.b.ctx
         cdef ParameterTensors params = self.params_c, grads = self.grads_c
         cdef LayerActivations* acts = <LayerActivations*>layer_acts
@@ -282,7 +301,10 @@ cdef class GPT2(Model):
                                   acts.ln2_mean, acts.ln2_rstd, B, T, C)
         self.b.residual_backward(ctx, dresidual, grads_acts.attproj, grads_acts.residual2, BTC)
         self.b.matmul_backward(ctx, grads_acts.atty, dl_attprojw, dl_attprojb, grads_acts.attproj, acts.atty, l_attprojw, B, T, C, C)
-        self.b.attention_backward(ctx, grads_acts.qkv, grads_acts.preatt, grads_acts.att, grads_acts.atty, acts.qkv, acts.att, B, T, C, NH)
+        if self.flash:
+            self.b.flash_attention_backward(ctx, grads_acts.qkv, grads_acts.atty, acts.qkv, acts.atty, acts.att_lse, B, T, C, NH)
+        else:
+            self.b.attention_backward(ctx, grads_acts.qkv, grads_acts.preatt, grads_acts.att, grads_acts.atty, acts.qkv, acts.att, B, T, C, NH)
         self.b.matmul_backward(ctx, grads_acts.ln1, dl_qkvw, dl_qkvb, grads_acts.qkv, acts.ln1, l_qkvw, B, T, C, 3 * C)
         self.b.layernorm_backward(ctx, dresidual, dl_ln1w, dl_ln1b, grads_acts.ln1, residual, l_ln1w,
                                   acts.ln1_mean, acts.ln1_rstd, B, T, C)

@@ -70,13 +70,15 @@ cdef list missing_entries(BackendTable* t, tuple groups):
         ("llama", "swiglu_backward", t.swiglu_backward != NULL),
         ("llama", "attention_gqa_forward", t.attention_gqa_forward != NULL),
         ("llama", "attention_gqa_backward", t.attention_gqa_backward != NULL),
+        ("flash", "flash_attention_forward", t.flash_attention_forward != NULL),
+        ("flash", "flash_attention_backward", t.flash_attention_backward != NULL),
     ]
     return [name for group, name, present in entries if group in groups and not present]
 
 
 cdef BackendTable _empty_table
 ENTRY_GROUPS = {group: missing_entries(&_empty_table, (group,))
-                for group in ("core", "gpt2", "llama")}
+                for group in ("core", "gpt2", "llama", "flash")}
 # the groups a model family runs on, where it is more than its own: Llama's projections, residual
 # connections and loss are gpt2's entries (matmul without bias, residual, softmax, crossentropy)
 FAMILY_GROUPS = {"llama": ("gpt2", "llama")}
@@ -158,6 +160,9 @@ cdef class Backend:
         returns (mean, global_norm_squared), else None."""
         cdef BackendTable* t = &self.table
         cdef void* c = t.ctx
+        for group, names in ENTRY_GROUPS.items():
+            if group != "core" and entry in names:
+                self.require(group)   # its entries may be NULL
         a = args
         try:
             if entry == "fill":
@@ -227,6 +232,11 @@ cdef class Backend:
             elif entry == "attention_gqa_backward":
                 t.attention_gqa_backward(c, f(a[0]), f(a[1]), f(a[2]), f(a[3]), f(a[4]), f(a[5]),
                                          f(a[6]), f(a[7]), a[8], a[9], a[10], a[11], a[12])
+            elif entry == "flash_attention_forward":
+                t.flash_attention_forward(c, f(a[0]), f(a[1]), f(a[2]), a[3], a[4], a[5], a[6])
+            elif entry == "flash_attention_backward":
+                t.flash_attention_backward(c, f(a[0]), f(a[1]), f(a[2]), f(a[3]), f(a[4]), a[5],
+                                           a[6], a[7], a[8])
             else:
                 raise ValueError(f"no kernel entry {entry!r} (memory goes through Buffer)")
         except IndexError:

@@ -69,6 +69,7 @@ class Kernel:
     passes = ("forward", "backward")
     tolerance = 1e-5          # max |out - ref| / max |ref|, per compared tensor
     metric = "GB/s"           # or GFLOP/s
+    baseline = None           # a module timed first, the "vs 1" row, when not variant 1
 
     def cases(self, s):
         """[(case name, parameters)] for one shape."""
@@ -233,6 +234,78 @@ class Attention(Kernel):
 
     def work(self, st, pass_):
         # the causal half of q.k^T and of att @ v: 2 * (T(T+1)/2) * hs * 2 flops per (b, h)
+        flops = 2.0 * st["B"] * st["NH"] * st["T"] * (st["T"] + 1) * (st["C"] // st["NH"])
+        return flops if pass_ == "forward" else 2 * flops
+
+
+class FlashAttention(Kernel):
+    """Causal attention keeping only each row's log-sum-exp (B,NH,T); its first row is
+    kernels.attention, the kernel with llm.c's (B,NH,T,T) buffers that it replaces ("vs 1")."""
+    name = "flash_attention"
+    baseline = "kernels.attention"
+    metric = "GFLOP/s"
+    tolerance = 1e-5
+
+    def make(self, s, case, rng):
+        B, T, C, NH = s["B"], s["T"], s["C"], s["NH"]
+        st = dict(B=B, T=T, C=C, NH=NH, inp=rand(rng, B, T, 3 * C), dout=rand(rng, B, T, C),
+                  out=np.zeros((B, T, C), np.float32), lse=np.zeros((B, NH, T), np.float32),
+                  dinp0=rand(rng, B, T, 3 * C))
+        st["dinp"] = st["dinp0"].copy()
+        return st
+
+    @staticmethod
+    def _scores(st):
+        # the baseline's (B,NH,T,T) buffers, made on first use only
+        if "att" not in st:
+            shape = (st["B"], st["NH"], st["T"], st["T"])
+            st["preatt"], st["att"] = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
+            st["dpreatt"], st["datt"] = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
+        return st
+
+    def forward(self, mod, st):
+        if mod.__name__ == self.baseline:
+            self._scores(st)
+            mod.forward(st["out"], st["preatt"], st["att"], st["inp"], st["NH"])
+        else:
+            mod.forward(st["out"], st["lse"], st["inp"], st["NH"])
+
+    def backward(self, mod, st):
+        if mod.__name__ == self.baseline:
+            self._scores(st)
+            mod.backward(st["dinp"], st["dpreatt"], st["datt"], st["dout"], st["inp"], st["att"], st["NH"])
+        else:
+            mod.backward(st["dinp"], st["dout"], st["inp"], st["out"], st["lse"], st["NH"])
+
+    def fresh_outputs(self, st, pass_):
+        if pass_ == "forward":
+            st["out"].fill(np.nan)
+            st["lse"].fill(np.nan)
+        else:
+            np.copyto(st["dinp"], st["dinp0"])
+            if "att" in st:   # the baseline's scratch gradients start at zero, as in a step
+                st["dpreatt"].fill(0.0)
+                st["datt"].fill(0.0)
+
+    def compare(self, st, pass_):
+        # one batch row at a time (the float64 reference builds (NH,T,T) scores); the baseline
+        # writes no lse, so lse is compared when the module wrote one
+        names = ("out", "lse") if pass_ == "forward" else ("dinp",)
+        pairs = {name: [] for name in names}
+        for b in range(st["B"]):
+            if pass_ == "forward":
+                refs = R.flash_attention_forward(st["inp"][b], st["NH"])
+            else:
+                refs = (R.flash_attention_backward(st["dinp0"][b], st["dout"][b], st["inp"][b],
+                                                   st["out"][b], st["lse"][b], st["NH"]),)
+            for name, ref in zip(names, refs):
+                if not (name == "lse" and np.isnan(st["lse"]).all()):
+                    pairs[name].append((st[name][b], ref))
+        return pairs
+
+    def work(self, st, pass_):
+        # as Attention's: the causal half of q.k^T and att @ v, twice that backward (the flash
+        # backward's recomputed q.k^T is not counted: the same work, done sooner)
         flops = 2.0 * st["B"] * st["NH"] * st["T"] * (st["T"] + 1) * (st["C"] // st["NH"])
         return flops if pass_ == "forward" else 2 * flops
 
@@ -504,7 +577,7 @@ class Adamw(Kernel):
         return st["n"] * 4 * (7 if pass_ == "update" else 1)
 
 
-KERNELS = {k.name: k for k in (Matmul(), Attention(), Layernorm(), Gelu(), Adamw(), Crossentropy(),
+KERNELS = {k.name: k for k in (Matmul(), Attention(), FlashAttention(), Layernorm(), Gelu(), Adamw(), Crossentropy(),
                                Encoder(), Residual())}
 
 
@@ -676,7 +749,7 @@ def variant_lines(kernel, name, mod, s, case_name, st, repeats, peak_value, chec
 def run_kernel(kernel_name, shapes, repeats, threads, peak, check_only, budget, out):
     """Check and time every variant of one kernel; returns the failures (wrong variants)."""
     kernel = KERNELS[kernel_name]
-    names = variant_names(kernel_name)
+    names = ([kernel.baseline] if kernel.baseline else []) + variant_names(kernel_name)
     mods = {name: load(name) for name in names}
     failed = []
     first_time = {}    # (variant, case, pass) -> (seconds, work) at the first shape

@@ -6,6 +6,7 @@ with gguf's own reader; SentencePiece vocabularies trained and exported; bad fil
 import json
 import math
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -297,3 +298,21 @@ def test_gguf_refuses_a_vocabulary_of_another_size(vocabulary, tmp_path):
     with pytest.raises(ValueError, match="the tokenizer has 400 tokens"):
         llmc_io.write_gguf(tmp_path / "m.gguf", tiny(), random_params(tiny()), pieces, scores)
     assert os.listdir(tmp_path) == []
+
+
+def test_train_takes_the_vocabulary_beside_the_shards(vocabulary, tmp_path):
+    """train.py sizes a new Llama's vocabulary from the tokenizer.bin beside its shards, and
+    decodes its samples with it."""
+    _, _, text = vocabulary
+    script = os.path.join(REPO, "dev", "data", "tinyshakespeare.py")
+    subprocess.run([sys.executable, script, "--input-text", str(text), "--output-dir",
+                    str(tmp_path), "--sentencepiece", "512"], check=True, capture_output=True)
+    data = tmp_path / "sp512"
+    run = subprocess.run([sys.executable, os.path.join(REPO, "train.py"), "-e", "d1",
+                          "--family", "llama", "-i", str(data / "tiny_shakespeare_train.bin"),
+                          "-j", str(data / "tiny_shakespeare_val.bin"), "-b", "2", "-t", "16",
+                          "-x", "2", "-s", "2", "-g", "8", "-v", "2"],
+                         capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert run.returncode == 0, run.stderr
+    assert re.search(r"vocab_size V\s*\|\s*512\b", run.stdout), run.stdout
+    assert "token ids" not in run.stderr
