@@ -290,7 +290,9 @@ def dry_run(args):
         raise TrainError(str(e)) from None
     if args.T > config.max_seq_len:
         raise TrainError(f"-t {args.T} exceeds the model's max sequence length {config.max_seq_len}")
-    print(format_plan(Model, config, f"{args.family} {init}", args.B, args.T, args.recompute))
+    family = {"gpt2": "GPT-2", "llama": "Llama 2"}[args.family]
+    print(format_plan(Model, config, f"{family} {init}", args.B, args.T, args.recompute,
+                      backend=args.backend))
 
 
 def config_rows(config):

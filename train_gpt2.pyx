@@ -87,8 +87,9 @@ def activation_shapes(config, int B, int T, bint flash=True):
     over the L layers."""
     cdef int C = config.channels, NH = config.num_heads
     Vp = config.padded_vocab_size
-    scores = (0,) if flash else (B, NH, T, T)
-    lse = (B, NH, T) if flash else (0,)
+    empty = (0,)
+    scores = empty if flash else (B, NH, T, T)
+    lse = (B, NH, T) if flash else empty
     layer = [
         ("ln1", (B, T, C)), ("ln1_mean", (B, T)), ("ln1_rstd", (B, T)), ("qkv", (B, T, 3 * C)),
         ("atty", (B, T, C)), ("preatt", scores), ("att", scores), ("att_lse", lse),

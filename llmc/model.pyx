@@ -11,6 +11,8 @@ A family (GPT-2 in train_gpt2.pyx) subclasses Model and gives
                                 one layer's [(name, shape)] (the last its output, the stream
                                 into the next layer), the head's (one of them "losses" (B, T))
       num_layers_of(config), flops_per_token(config, T)
+      activation_options(backend)  the keyword options of activation_shapes that the backend
+                                decides (GPT-2: flash attention or not)
     point_parameters            its struct of parameter pointers, from a Layout
     embedding_forward / layer_forward(l, ...) / head_forward, and their backwards: its parts,
                                 through the backend table, on arrays of tensor pointers in the
@@ -118,6 +120,10 @@ cdef class Model:
     @classmethod
     def num_layers_of(cls, config):
         raise NotImplementedError
+
+    @classmethod
+    def activation_options(cls, backend):
+        return {}
 
     @classmethod
     def flops_per_token(cls, config, int T):
@@ -258,7 +264,8 @@ cdef class Model:
         return tokens
 
     def _allocate_activations(self, int B, int T):
-        embedding, layer, head = self.activation_shapes(self.config, B, T)
+        embedding, layer, head = self.activation_shapes(self.config, B, T,
+                                                        **self.activation_options(self.backend))
         layout = Layout(recompute.activation_shapes(self.recompute_plan, embedding, layer, head))
         grad_layout = Layout(recompute.gradient_shapes(layer, head, self.NO_GRAD))
         if self._acts is None or layout.size * sizeof(float) > self._acts.nbytes:

@@ -34,11 +34,13 @@ def _floats(shapes):
     return sum(int(np.prod(shape, dtype=np.int64)) for _, shape in shapes)
 
 
-def memory_plan(family, config, B, T, policy="all"):
+def memory_plan(family, config, B, T, policy="all", backend="cpu"):
     """Bytes of each buffer a training step of family(config) at (B, T) allocates under the
-    policy: {params, grads, adamw, activations, activation_grads, tokens}."""
+    policy on the backend: {params, grads, adamw, activations, activation_grads, tokens}."""
+    from accel.backend import get_backend
     plan = recompute.RecomputePlan(policy, family.num_layers_of(config))
-    embedding, layer, head = family.activation_shapes(config, B, T)
+    options = family.activation_options(get_backend(backend))
+    embedding, layer, head = family.activation_shapes(config, B, T, **options)
     params = FLOAT * _floats(config.param_shapes())
     return dict(
         params=params, grads=params, adamw=2 * params,
@@ -85,14 +87,22 @@ def _bytes(n):
         n /= 1024
 
 
-def format_plan(family, config, name, B, T, policy="all", gflops=None):
-    """The dry run's text: parameters, memory by buffer, FLOPs, the step time estimate (at
-    gflops, measured when None), and every policy's activation memory and FLOPs side by side."""
+def _seconds(t):
+    if t < 10:
+        return f"{t * 1e3:,.1f} ms"
+    return f"{t:,.1f} s" if t < 600 else f"{t / 3600:,.2f} h"
+
+
+def format_plan(family, config, name, B, T, policy="all", backend="cpu", gflops=None):
+    """The dry run's text: parameters, memory by buffer (on the backend), FLOPs, the step time
+    estimate (at gflops, measured when None), and every policy's activation memory and FLOPs
+    side by side."""
     gflops = measure_gflops() if gflops is None else gflops
     plan = recompute.RecomputePlan(policy, family.num_layers_of(config))
-    memory = memory_plan(family, config, B, T, policy)
+    memory = memory_plan(family, config, B, T, policy, backend)
     flops = flops_plan(family, config, B, T, policy)
     f = family.flops_per_token(config, T)
+    seconds = flops["step"] / (gflops * 1e9)
     lines = [
         f"dry run: {name} ({config.describe()}), B={B} T={T}, recompute {plan.policy}",
         f"parameters: {config.num_parameters():,}",
@@ -113,15 +123,14 @@ def format_plan(family, config, name, B, T, policy="all", gflops=None):
         f"  per step: forward {flops['forward'] / 1e9:,.2f} G + backward (2x) "
         f"{flops['backward'] / 1e9:,.2f} G + recompute ({plan.recomputed} layer forwards) "
         f"{flops['recompute'] / 1e9:,.2f} G = {flops['step'] / 1e9:,.2f} G",
-        f"step time estimate: {flops['step'] / gflops / 1e6:,.1f} ms at {gflops:.0f} GFLOP/s "
-        f"(this machine's sgemm now), {B * T / (flops['step'] / gflops / 1e9):,.0f} tokens/s; "
-        f"a floor: the FLOPs alone",
+        f"step time estimate: {_seconds(seconds)} at {gflops:.0f} GFLOP/s (this machine's sgemm "
+        f"now), {B * T / seconds:,.3g} tokens/s; a floor: the FLOPs alone",
         "every policy:          activations + grads   step FLOPs",
     ]
     L = plan.num_layers
     policies = ["all", "every-2" if L > 2 else None, "sqrt", "boundary", "none"]
     for p in dict.fromkeys(x for x in policies if x):   # d1..d4: sqrt may equal every-2
-        m, fl = memory_plan(family, config, B, T, p), flops_plan(family, config, B, T, p)
+        m, fl = memory_plan(family, config, B, T, p, backend), flops_plan(family, config, B, T, p)
         mark = "  <-" if p == plan.policy else ""
         lines.append(f"  {p:<20} {_bytes(m['activations'] + m['activation_grads']):>12}"
                      f"   {fl['step'] / 1e9:10,.2f} G{mark}")

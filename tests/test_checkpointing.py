@@ -9,9 +9,11 @@ import sys
 import numpy as np
 import pytest
 
+from accel import cpu
 from llmc.recompute import RecomputePlan, parse_policy
-from llmc_io import GPT2Config, write_shard
+from llmc_io import GPT2Config, LlamaConfig, write_shard
 from train_gpt2 import GPT2, activation_shapes
+from train_llama2 import Llama2
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 POLICIES = ["all", "boundary", "sqrt", "every-2", "every-3", "none"]
@@ -35,13 +37,26 @@ def loss_and_grads(model, x, y):
     return loss, model.grads.copy()
 
 
-@pytest.mark.parametrize("depth, B, T", [(2, 3, 7), (3, 3, 7), (5, 1, 5)])
-def test_gradients_are_bit_identical_across_policies(depth, B, T):
+def llama(depth, policy):
+    """A Llama dN (grouped-query attention from d2 on)."""
+    config = LlamaConfig.from_name(f"d{depth}", vocab_size=V, max_seq_len=16)
+    return Llama2.random(config, seed=depth, recompute=policy)
+
+
+def llmc_attention_gpt2(depth, policy):
+    """GPT-2 on llm.c's attention, its (B,NH,T,T) buffers recomputed, not flash attention."""
+    return gpt2(depth, policy, backend=cpu.create(flash=False))
+
+
+@pytest.mark.parametrize("make, depth, B, T", [
+    (gpt2, 2, 3, 7), (gpt2, 3, 3, 7), (gpt2, 5, 1, 5), (llmc_attention_gpt2, 3, 3, 7),
+    (llama, 2, 3, 7), (llama, 3, 3, 7), (llama, 4, 1, 5)])
+def test_gradients_are_bit_identical_across_policies(make, depth, B, T):
     x, y = batch(B, T, depth)
-    ref_loss, ref_grads = loss_and_grads(gpt2(depth, "all"), x, y)
+    ref_loss, ref_grads = loss_and_grads(make(depth, "all"), x, y)
     assert np.abs(ref_grads).max() > 0
     for policy in POLICIES[1:]:
-        loss, grads = loss_and_grads(gpt2(depth, policy), x, y)
+        loss, grads = loss_and_grads(make(depth, policy), x, y)
         assert loss == ref_loss, policy
         assert np.array_equal(grads, ref_grads), (policy, np.abs(grads - ref_grads).max())
 
@@ -91,14 +106,17 @@ def test_inference_logits_are_bit_identical_across_policies():
         assert np.array_equal(model.logits, ref.logits), policy
 
 
-def test_all_keeps_llmcs_23_activation_tensors():
-    model = gpt2(3, "all")
+@pytest.mark.parametrize("flash", [True, False])
+def test_all_keeps_llmcs_activation_tensors(flash):
+    """llm.c's 23 tensors and att_lse, each layer tensor over the L layers."""
+    model = gpt2(3, "all", backend=cpu.create(flash=flash))
     model.forward(*batch(3, 7, 0))
-    embedding, layer, head = activation_shapes(model.config, 3, 7)
+    embedding, layer, head = activation_shapes(model.config, 3, 7, flash)
     expected = [embedding] + [(n, (3,) + s) for n, s in layer] + head
     assert list(zip(model.act_layout.names, model.act_layout.shapes)) == expected
-    assert len(expected) == 23 and model.act_layout.names[16] == "residual3"
+    assert len(expected) == 24 and model.act_layout.names[17] == "residual3"
     assert model.activation("residual3").shape == (3, 3, 7, model.config.channels)
+    assert model.activation("att").shape == ((3, 0) if flash else (3, 3, 3, 7, 7))
 
 
 @pytest.mark.parametrize("policy", POLICIES)

@@ -9,12 +9,24 @@ import pytest
 
 from dev import bench_step   # its FLOP count, written apart
 from llmc.plan import flops_plan, format_plan, measure_gflops, memory_plan
-from llmc_io import GPT2Config
+from accel import cpu
+from llmc_io import PRESETS, GPT2Config, LlamaConfig
 from train_gpt2 import GPT2
+from train_llama2 import Llama2
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 POLICIES = ["all", "boundary", "sqrt", "every-2", "none"]
+
+
+def training_step_memory(model, B, T):
+    rng = np.random.default_rng(0)
+    V = model.config.vocab_size
+    model.forward(rng.integers(0, V, (B, T)), rng.integers(0, V, (B, T)))
+    model.zero_grad()
+    model.backward()
+    model.update(1e-3, 0.9, 0.999, 1e-8, 0.0, 1)
+    return model.memory()
 
 
 @pytest.mark.parametrize("policy", POLICIES)
@@ -22,20 +34,36 @@ POLICIES = ["all", "boundary", "sqrt", "every-2", "none"]
 def test_planned_bytes_are_what_a_training_step_allocates(depth, B, T, policy):
     config = GPT2Config.from_depth(depth, max_seq_len=16, vocab_size=101)
     model = GPT2.random(config, recompute=policy)
-    rng = np.random.default_rng(0)
-    model.forward(rng.integers(0, 101, (B, T)), rng.integers(0, 101, (B, T)))
-    model.zero_grad()
-    model.backward()
-    model.update(1e-3, 0.9, 0.999, 1e-8, 0.0, 1)
-    assert model.memory() == memory_plan(GPT2, config, B, T, policy)
+    assert training_step_memory(model, B, T) == memory_plan(GPT2, config, B, T, policy)
 
 
-def test_flops_are_bench_steps():
-    for depth, B, T in [(12, 4, 64), (2, 3, 7)]:
-        config = GPT2Config.from_depth(depth)
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("name, B, T", [("d2", 3, 7), ("d3", 2, 5), ("d4", 1, 9)])
+def test_planned_bytes_of_llama_are_what_it_allocates(name, B, T, policy):
+    config = LlamaConfig.from_name(name, vocab_size=97, max_seq_len=16)
+    model = Llama2.random(config, recompute=policy)
+    assert training_step_memory(model, B, T) == memory_plan(Llama2, config, B, T, policy)
+
+
+def test_planned_bytes_follow_the_backends_attention():
+    """Without flash attention GPT-2 keeps (B,NH,T,T) buffers: the plan for that backend too."""
+    config = GPT2Config.from_depth(2, max_seq_len=16, vocab_size=101)
+    backend = cpu.create(flash=False)
+    model = GPT2.random(config, backend=backend, recompute="sqrt")
+    planned = memory_plan(GPT2, config, 3, 7, "sqrt", backend=backend)
+    assert training_step_memory(model, 3, 7) == planned
+    assert planned["activations"] > memory_plan(GPT2, config, 3, 7, "sqrt")["activations"]
+
+
+@pytest.mark.parametrize("family, config", [
+    (GPT2, GPT2Config.from_depth(12)), (GPT2, GPT2Config.from_depth(2)),
+    (Llama2, PRESETS["stories15M"]), (Llama2, PRESETS["llama-1b"]),
+    (Llama2, LlamaConfig.from_name("d3"))])
+def test_flops_are_bench_steps(family, config):
+    for B, T in [(4, 64), (3, 7)]:
         matmul, attention = bench_step.model_flops(config, B, T)
-        assert flops_plan(GPT2, config, B, T)["step"] == pytest.approx(matmul + attention,
-                                                                      rel=1e-12)
+        assert flops_plan(family, config, B, T)["step"] == pytest.approx(matmul + attention,
+                                                                        rel=1e-12)
 
 
 def test_recompute_adds_the_recomputed_layers_forwards():
@@ -73,6 +101,16 @@ def test_train_dry_run_prints_the_plan_and_trains_nothing(tmp_path):
     assert "dry run: GPT-2 d12" in done.stdout and "recompute every-3" in done.stdout
     assert "B=2 T=128" in done.stdout and "step time estimate" in done.stdout
     assert not os.path.exists(tmp_path / "out")
+
+
+def test_train_dry_run_of_llama_7b():
+    done = run_train("--model", "llama-7b", "--dry-run", "-b", "1", "-t", "2048",
+                     "--recompute", "sqrt", "--vocab-size", "32000")
+    assert done.returncode == 0, done.stderr
+    assert "dry run: Llama 2 llama-7b" in done.stdout
+    parameters = PRESETS["llama-7b"].num_parameters()
+    assert f"parameters: {parameters:,}" in done.stdout and parameters > 6.7e9
+    assert "(6 layers' internals, 11 layer outputs kept of 32)" in done.stdout
 
 
 @pytest.mark.parametrize("args, message", [
