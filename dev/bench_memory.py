@@ -1,7 +1,8 @@
 """
 dev/bench_memory.py: what activation checkpointing saves, and what it costs, measured.
 
-Runs training steps of GPT-2 (forward, zero_grad, backward, AdamW: dev/bench_step.py's step)
+Runs training steps of GPT-2 or of a Llama preset (forward, zero_grad, backward, AdamW:
+dev/bench_step.py's step)
 under each recompute policy (llmc/recompute.py), each policy in a fresh process so that each
 has its own peak RSS, and prints per policy: the peak RSS (ru_maxrss), the bytes the model
 allocated (Model.memory(), what llmc/plan.py plans), the activations' share of them, the step
@@ -11,6 +12,7 @@ noisy neighbour hurts all alike.
 
     python dev/bench_memory.py                        d12, B=4, T=256, 2 threads
     python dev/bench_memory.py -e 6 -t 128 --policies all,sqrt --steps 3
+    python dev/bench_memory.py --model stories110M     a Llama preset
 """
 import argparse
 import json
@@ -25,13 +27,14 @@ ROOT = os.path.dirname(HERE)
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from dev.bench_step import batch, llmpyx_steps, peak_rss_bytes  # noqa: E402
+from dev.bench_step import batch, config_for, llmpyx_steps, peak_rss_bytes  # noqa: E402
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-e", "--depth", type=int, default=12, help="model depth dN (12: GPT-2 124M)")
+    p.add_argument("--model", help="a Llama preset (llmc_io.PRESETS) instead of GPT-2 dN")
     p.add_argument("-b", "--batch", type=int, default=4, help="batch size B")
     p.add_argument("-t", "--seq", type=int, default=256, help="sequence length T")
     p.add_argument("--policies", default="all,every-2,sqrt,boundary,none",
@@ -45,10 +48,12 @@ def parse_args(argv=None):
 
 
 def worker(args):
-    from llmc_io import GPT2Config
-    from train_gpt2 import GPT2
-    config = GPT2Config.from_depth(args.depth)
-    model = GPT2.random(config, seed=0, recompute=args.worker)
+    if args.model:
+        from train_llama2 import Llama2 as Model
+    else:
+        from train_gpt2 import GPT2 as Model
+    config = config_for(args)
+    model = Model.random(config, seed=0, recompute=args.worker)
     x, y = batch(config, args.batch, args.seq)
     losses, times = llmpyx_steps(model, x, y, 1, args.warmup + args.steps)
     return dict(rss=peak_rss_bytes(), memory=model.memory(), times=times[args.warmup:],
@@ -58,7 +63,7 @@ def worker(args):
 def run_worker(policy, args):
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", policy, "-e", str(args.depth),
            "-b", str(args.batch), "-t", str(args.seq), "--steps", str(args.steps),
-           "--warmup", str(args.warmup)]
+           "--warmup", str(args.warmup)] + (["--model", args.model] if args.model else [])
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
     if proc.returncode != 0:
@@ -73,7 +78,8 @@ def main(argv=None):
         return 0
     from llmc.recompute import parse_policy
     policies = [parse_policy(p.strip()) for p in args.policies.split(",")]
-    print(f"llm.pyx training step under each recompute policy: GPT-2 d{args.depth}, "
+    name = args.model or f"GPT-2 d{args.depth}"
+    print(f"llm.pyx training step under each recompute policy: {name}, "
           f"B={args.batch} T={args.seq}, {args.threads} threads, {args.warmup} warm-up + "
           f"{args.steps} timed steps x {args.rounds} rounds, each policy in its own process",
           flush=True)
