@@ -45,6 +45,7 @@ from llmc import default_data, distributed
 from llmc.checkpoint import checkpoint_paths, find_max_step, resume, write_checkpoint
 from llmc.dataloader import DataError, DataLoader
 from llmc.logger import Console, Logger, note, plot_losses
+from llmc.recompute import parse_policy
 from llmc.sampler import generate
 from llmc.schedulers import SCHEDULERS, get_scheduler
 from llmc.tokenizer import GPT2_VOCAB_SIZE, TokenizerError, load_tokenizer
@@ -141,6 +142,13 @@ def parse_args(argv):
     p.add_argument("--backend", metavar="NAME", default="cpu",
                    help="where the model runs: cpu, check:NAME, profile:NAME, ... "
                         "(accel/README.md)")
+    p.add_argument("--recompute", metavar="POLICY", default="all",
+                   help="activation checkpointing: all (keep every layer's activations), "
+                        "every-N, sqrt, boundary, none (keep fewer, recompute them in backward: "
+                        "less memory, more time; llmc/recompute.py)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the plan of a step of the model at -b, -t, --recompute (memory, "
+                        "FLOPs, time estimate) without allocating it, and exit")
     args = p.parse_args(argv)
 
     def require(ok, flag, value, requirement):
@@ -167,6 +175,10 @@ def parse_args(argv):
     require(args.checkpoint_every >= 0, "-n", args.checkpoint_every, "must be >= 0")
     require(args.checkpoints_keep >= 0, "-nk", args.checkpoints_keep, "must be >= 0")
     require(args.seed >= 0, "-r", args.seed, "must be >= 0")
+    try:
+        args.recompute = parse_policy(args.recompute)
+    except ValueError as e:
+        p.error(f"argument --recompute: {e}")
     require(args.vocab_size is None or args.vocab_size >= 1, "--vocab-size", args.vocab_size,
             "must be at least 1")
     require(args.cos_decay_steps >= 1, "--cos-decay-steps", args.cos_decay_steps,
@@ -222,43 +234,74 @@ def random_config(args, init):
     return None
 
 
-def load_model(args, resume_path):
-    """(model, how it was initialised)."""
+def model_class(args):
+    """The model class of args.family, or a TrainError saying to build it."""
     try:
-        from accel.backend import BackendError
         from train_gpt2 import GPT2
         from train_llama2 import Llama2
     except ImportError as e:
         raise TrainError(f"the model is not built ({e}): run `make train_gpt2` first") from None
-    Model = Llama2 if args.family == "llama" else GPT2
-    try:
-        if resume_path is not None:
-            return Model.from_checkpoint(resume_path, args.backend), f"checkpoint {resume_path}"
-        init = args.init
-        if init is None and args.family == "llama":
-            init = DEFAULT_LLAMA
-        elif init is None:
-            if os.path.exists(DEFAULT_MODEL):
-                init = DEFAULT_MODEL
-            else:
-                note(f"{DEFAULT_MODEL} not found: starting from a random GPT-2 d{DEFAULT_DEPTH} "
-                     f"(for the pretrained weights: python dev/download_gpt2.py, online)")
-                init = f"d{DEFAULT_DEPTH}"
-        config = None if os.path.exists(init) else random_config(args, init)
-        if config is not None:
-            return (Model.random(config, seed=args.seed, backend=args.backend),
-                    f"random {init} (seed {args.seed})")
+    return Llama2 if args.family == "llama" else GPT2
+
+
+def model_source(args):
+    """-e as (init, config): the config of a new random model, or None for a model file."""
+    init = args.init
+    if init is None and args.family == "llama":
+        init = DEFAULT_LLAMA
+    elif init is None:
+        if os.path.exists(DEFAULT_MODEL):
+            init = DEFAULT_MODEL
+        else:
+            note(f"{DEFAULT_MODEL} not found: starting from a random GPT-2 d{DEFAULT_DEPTH} "
+                 f"(for the pretrained weights: python dev/download_gpt2.py, online)")
+            init = f"d{DEFAULT_DEPTH}"
+    config = None if os.path.exists(init) else random_config(args, init)
+    if config is None:
         if args.vocab_size is not None:
             raise TrainError(f"--vocab-size: the model file {init} has its own vocabulary")
         if not os.path.exists(init):
             known = ("dN or a Llama preset" if args.family == "llama" else
                      "dN, a random GPT-2 of depth N")
             raise TrainError(f"-e {init}: no such model file (nor {known})")
-        return Model.from_checkpoint(init, args.backend), f"checkpoint {init}"
+    return init, config
+
+
+def load_model(args, resume_path):
+    """(model, how it was initialised)."""
+    from accel.backend import BackendError
+    Model = model_class(args)
+    try:
+        if resume_path is not None:
+            return (Model.from_checkpoint(resume_path, args.backend, args.recompute),
+                    f"checkpoint {resume_path}")
+        init, config = model_source(args)
+        if config is not None:
+            return (Model.random(config, seed=args.seed, backend=args.backend,
+                                 recompute=args.recompute), f"random {init} (seed {args.seed})")
+        return Model.from_checkpoint(init, args.backend, args.recompute), f"checkpoint {init}"
     except (llmc_io.FormatError, BackendError) as e:
         raise TrainError(str(e)) from None
     except MemoryError as e:
         raise TrainError(f"not enough memory for the model: {e}") from None
+
+
+def dry_run(args):
+    """Print the plan of a training step of the model (llmc/plan.py), without allocating it."""
+    from llmc.plan import format_plan
+    Model = model_class(args)
+    init, config = model_source(args)
+    try:
+        if config is None:   # a model file: its header's config
+            read = llmc_io.read_llama_model if args.family == "llama" else llmc_io.read_checkpoint
+            config = read(init)[0]
+    except llmc_io.FormatError as e:
+        raise TrainError(str(e)) from None
+    if args.T > config.max_seq_len:
+        raise TrainError(f"-t {args.T} exceeds the model's max sequence length {config.max_seq_len}")
+    family = {"gpt2": "GPT-2", "llama": "Llama 2"}[args.family]
+    print(format_plan(Model, config, f"{family} {init}", args.B, args.T, args.recompute,
+                      backend=args.backend))
 
 
 def config_rows(config):
@@ -306,6 +349,8 @@ def evaluate(model, loader, num_batches, dist):
 def main(argv=None):
     dist = distributed.init()  # first: only rank 0 prints, argument errors included
     args = parse_args(argv)
+    if args.dry_run:
+        return dry_run(args)
     console = Console()
     B, T = args.B, args.T
     rank, num_processes = dist.process_rank, dist.num_processes
@@ -366,7 +411,7 @@ def main(argv=None):
         ("sample_every", args.sample_every), ("genT", args.gen_tokens), None,
         ("model family", args.family), ("weight init method", init_desc), *config_rows(config),
         ("num_parameters", model.num_parameters),
-        ("backend", model.backend.name), None,
+        ("backend", model.backend.name), ("recompute", model.recompute), None,
         ("train tokens", train_loader.num_tokens), ("val tokens", val_loader.num_tokens), None,
         ("num_processes", num_processes), ("zero_stage", dist.zero_stage),
     ])
