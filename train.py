@@ -291,6 +291,8 @@ def dry_run(args):
     from llmc.plan import format_plan
     Model = model_class(args)
     init, config = model_source(args)
+    if init in llmc_io.PRESETS and args.vocab_size is None:
+        config = llmc_io.PRESETS[init]   # the published sizes, not the data's vocabulary
     try:
         if config is None:   # a model file: its header's config
             read = llmc_io.read_llama_model if args.family == "llama" else llmc_io.read_checkpoint
