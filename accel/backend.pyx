@@ -14,6 +14,8 @@ validated when the Backend is made: a missing entry is refused, by name.
 import importlib
 import sys
 
+import accel.hip as _hip
+
 import numpy as np
 
 from cpython.buffer cimport PyBUF_WRITABLE
@@ -290,8 +292,11 @@ def register_backend(str name, str module, str description, unavailable=None):
 
 
 register_backend("cpu", "accel.cpu", "the Cython kernels of kernels/, OpenMP and OpenBLAS")
-register_backend("hip", "accel.hip", "HIP on AMD or NVIDIA GPUs",
-                 "not written yet (issue 9: accel/hip)")
+register_backend("hip", "accel.hip.device",
+                 "HIP on AMD or NVIDIA GPUs (hip-emu where only the emulated build exists)",
+                 _hip.unavailable("hip"))
+register_backend("hip-emu", "accel.hip.emulated", "the HIP kernels on the CPU emulator (tests)",
+                 _hip.unavailable("hip-emu"))
 register_backend("metal", "accel.metal", "Metal on Apple GPUs",
                  "Metal needs macOS" if sys.platform != "darwin" else
                  "not written yet (issue 10: accel/metal)")
