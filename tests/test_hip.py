@@ -9,6 +9,7 @@ edited) are caught: a missing barrier, a 32-lane assumption, a write past an out
 AddressSanitizer build). The nvcc and hipcc builds are compile-checked where the compilers exist.
 """
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -299,5 +300,6 @@ def test_gpu_bench_runs_its_whole_flow_on_the_emulator_and_cpu_torch(builds):
     assert done.returncode == 0, done.stderr[-3000:]
     assert "llm.pyx / PyTorch eager:" in done.stdout
     # the table's rows end "first .. last" loss: same parameters, same batch, same first loss
-    first = [float(line.split()[-3]) for line in done.stdout.splitlines() if line.split()[-2:-1] == [".."]]
+    first = [float(m.group(1)) for m in re.finditer(r"^(?:llm\.pyx|PyTorch eager) .* (\S+) \.\. \S+$", done.stdout,
+                                                    re.MULTILINE)]
     assert len(first) == 2 and abs(first[0] - first[1]) < 1e-4, done.stdout
