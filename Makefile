@@ -6,10 +6,15 @@
 #                        test_llama2.py); the variants' tests need `make dev` first, and are
 #                        skipped without it
 #   make bench           time a training step against PyTorch eager (dev/bench_step.py)
+#   make hip             the HIP backend for this machine's GPU: nvcc (NVIDIA) where found, else
+#                        hipcc (AMD); HIP_PLATFORM=amd|nvidia chooses (accel/hip/README.md)
+#   make hip-emu         the HIP backend on the CPU emulator (g++ only; what CI tests)
+#   make hip-check-nvcc  compile-check accel/hip for NVIDIA (nvcc, cuBLAS headers)
+#   make hip-check-amd   compile-check accel/hip for AMD (hipcc)
 #   make clean
 PYTHON ?= python3
 
-.PHONY: train_gpt2 dev test bench clean
+.PHONY: train_gpt2 dev test bench hip hip-emu hip-check-nvcc hip-check-amd clean
 
 train_gpt2:
 	$(PYTHON) dev/ensure_requirements.py requirements.txt
@@ -26,10 +31,17 @@ test: train_gpt2
 bench: train_gpt2
 	$(PYTHON) dev/bench_step.py
 
+hip: train_gpt2
+	$(MAKE) -C accel/hip gpu
+hip-emu: train_gpt2
+	$(MAKE) -C accel/hip emu
+hip-check-nvcc hip-check-amd:
+	$(MAKE) -C accel/hip $(@:hip-%=%)
+
 # every .pyx's generated C, and the extension modules beside it (hidden folders and virtual
 # environments kept in the tree are left alone, as setup.py leaves them)
 clean:
-	rm -rf build accel/metal/build
+	rm -rf build accel/metal/build accel/hip/build
 	find . \( -name '.?*' -o -exec test -e '{}/pyvenv.cfg' \; \) -prune -o -name '*.pyx' -print | \
 	    while read -r f; do rm -f "$${f%.pyx}.c" "$$(dirname "$$f")"/*.so "$$(dirname "$$f")"/*.pyd; done
 
