@@ -88,7 +88,9 @@ def load(str path, str name):
     cdef HipBackend backend = HipBackend(name, False, ("gpt2",), owner)
     backend.device = (<name_fn>symbol(handle, "accel_hip_device_name", path, name))(ctx).decode()
     backend.library = path
-    assert sizeof(BackendTable) == (1 + len(TABLE_ENTRIES)) * sizeof(void*)
+    # the build fills the core and gpt2 groups, the table's first entries; the rest (llama,
+    # flash) stay NULL and the families say so
+    assert (1 + len(TABLE_ENTRIES)) * sizeof(void*) <= sizeof(BackendTable)
     backend.table.ctx = ctx
     cdef void** entries = <void**>&backend.table.alloc
     for i, entry in enumerate(TABLE_ENTRIES):
