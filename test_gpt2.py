@@ -61,6 +61,55 @@ def expected_losses(config, params, state, state_path):
     return None, None
 
 
+def check_parity(model, state, expected_grads, losses_source):
+    """The parity check of any model family: STEPS steps (forward, zero_grad, backward, AdamW)
+    on the debug state's batch; at the first, logits and loss against the state's and every
+    gradient tensor against expected_grads (name -> array); then the step losses against
+    losses_source() -> (losses or None, where they came from).  Prints a line per comparison
+    and "overall okay: 0/1"; returns whether all passed."""
+    V = state.logits.shape[2]
+    okay = True
+
+    def report(what, ok, detail):
+        nonlocal okay
+        okay &= bool(ok)
+        print(f"{what:<10} {'OK' if ok else 'NOT OK':<7} {detail}")
+
+    losses = []
+    for step in range(STEPS):
+        start = time.perf_counter()
+        loss = model.forward(state.x, state.y)
+        model.zero_grad()
+        model.backward()
+        elapsed_ms = (time.perf_counter() - start) * 1e3
+        if step == 0:
+            logits = model.logits[:, :, :V]
+            err = np.abs(logits.astype(np.float64) - state.logits)
+            bad = ~within(logits, state.logits, LOGITS_TOL)
+            report("logits", not bad.any(), f"max abs err {err.max():.2e}, {bad.sum()} of {err.size} "
+                   f"outside {LOGITS_TOL:g} rel-or-abs")
+            report("loss", within(loss, state.loss, LOGITS_TOL), f"{loss:.6f} vs {state.loss:.6f}")
+            for name, grad in model.grad_tensors().items():
+                expected = expected_grads[name]
+                scale = np.abs(expected).max()
+                rel = np.abs(grad - expected).max() / scale if scale > 0 else np.abs(grad).max()
+                report(name, rel <= GRAD_TOL, f"max abs err / max |grad| = {rel:.2e}")
+        losses.append(loss)
+        print(f"step {step}: loss {loss:.6f} (took {elapsed_ms:.1f} ms)")
+        model.update(LR, BETA1, BETA2, EPS, WEIGHT_DECAY, step + 1)
+
+    expected, source = losses_source()
+    if expected is None:
+        print("losses     no expected step losses (no PyTorch, no .losses.json beside the state): not compared")
+    else:
+        diff = np.abs(np.array(losses) - np.array(expected[:STEPS]))
+        report("losses", diff.max() <= LOSS_STEP_TOL, f"max |diff| {diff.max():.2e} vs {source}")
+    if model.backend.name.startswith("check:"):
+        report("check", model.backend.report()["mismatches"] == 0, model.backend.summary())
+    print(f"overall okay: {int(okay)}")
+    return okay
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -87,46 +136,8 @@ def main():
           f"{config.num_parameters():,} parameters")
     print(f"[State] {args.state}: B={B} T={T}")
     print(f"[Backend] {model.backend.name}")
-    okay = True
-
-    def report(what, ok, detail):
-        nonlocal okay
-        okay &= bool(ok)
-        print(f"{what:<10} {'OK' if ok else 'NOT OK':<7} {detail}")
-
-    losses = []
-    for step in range(STEPS):
-        start = time.perf_counter()
-        loss = model.forward(state.x, state.y)
-        model.zero_grad()
-        model.backward()
-        elapsed_ms = (time.perf_counter() - start) * 1e3
-        if step == 0:
-            logits = model.logits[:, :, :V]
-            err = np.abs(logits.astype(np.float64) - state.logits)
-            bad = ~within(logits, state.logits, LOGITS_TOL)
-            report("logits", not bad.any(), f"max abs err {err.max():.2e}, {bad.sum()} of {err.size} "
-                   f"outside {LOGITS_TOL:g} rel-or-abs")
-            report("loss", within(loss, state.loss, LOGITS_TOL), f"{loss:.6f} vs {state.loss:.6f}")
-            expected_grads = param_views(config, state.grads)
-            for name, grad in model.grad_tensors().items():
-                expected = expected_grads[name]
-                scale = np.abs(expected).max()
-                rel = np.abs(grad - expected).max() / scale if scale > 0 else np.abs(grad).max()
-                report(name, rel <= GRAD_TOL, f"max abs err / max |grad| = {rel:.2e}")
-        losses.append(loss)
-        print(f"step {step}: loss {loss:.6f} (took {elapsed_ms:.1f} ms)")
-        model.update(LR, BETA1, BETA2, EPS, WEIGHT_DECAY, step + 1)
-
-    expected, source = expected_losses(config, params, state, args.state)
-    if expected is None:
-        print("losses     no expected step losses (no PyTorch, no .losses.json beside the state): not compared")
-    else:
-        diff = np.abs(np.array(losses) - np.array(expected[:STEPS]))
-        report("losses", diff.max() <= LOSS_STEP_TOL, f"max |diff| {diff.max():.2e} vs {source}")
-    if model.backend.name.startswith("check:"):
-        report("check", model.backend.report()["mismatches"] == 0, model.backend.summary())
-    print(f"overall okay: {int(okay)}")
+    okay = check_parity(model, state, param_views(config, state.grads),
+                        lambda: expected_losses(config, params, state, args.state))
     return 0 if okay else 1
 
 

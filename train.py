@@ -1,5 +1,6 @@
 """
-Trains GPT-2 on the CPU: the training run of llm.pyx, as llm.c's train_gpt2.cu main() does it.
+Trains GPT-2 (or Llama 2) on the CPU: the training run of llm.pyx, as llm.c's train_gpt2.cu
+main() does it.
 
     make train_gpt2 && python train.py
 
@@ -15,10 +16,24 @@ With -o DIR: DIR/main.log in llm.c's format, checkpoints every -n steps (llmc/ch
 -nk N keeps the newest N), and the loss curve DIR/loss.png at the end. -y 1 resumes from the
 newest checkpoint there, continuing bit for bit as if never stopped.
 
+On many processes (llmc/distributed.py, MPI): `OMP_NUM_THREADS=1 mpirun -np N python train.py`.
+Each process reads its own part of every batch, the gradients are summed across processes
+before the norm and the update, -d counts the tokens of all of them (grad_accum = d / (B*T*N))
+and -z 1 shards AdamW's state (ZeRO-1). Only rank 0 prints, logs and samples; the val loss is
+split across the processes and averaged, as llm.c's.
+
+Llama 2 (train_llama2.pyx) trains the same way, with the same flags: --model stories15M (any
+Llama preset: stories15M, stories42M, stories110M, llama-1b, llama-7b), or --family llama with
+-e dN (a tiny Llama of depth N) or a Llama model file. A new random model's vocabulary is the
+data's tokenizer's (--vocab-size overrides it). --lr-schedule cosine-restarts is llama.cpp's
+cosine decay with warm restarts.
+
 The pieces live in llmc/, as llm.c's: dataloader, tokenizer, sampler, schedulers, logger,
-checkpoint, default_data; the file formats in llmc_io.py; the model in train_gpt2.pyx.
+checkpoint, default_data; the file formats in llmc_io.py; the models in train_gpt2.pyx and
+train_llama2.pyx.
 """
 import argparse
+import glob
 import math
 import os
 import re
@@ -26,18 +41,21 @@ import sys
 import time
 
 import llmc_io
-from llmc import default_data
+from llmc import default_data, distributed
 from llmc.checkpoint import checkpoint_paths, find_max_step, resume, write_checkpoint
 from llmc.dataloader import DataError, DataLoader
 from llmc.logger import Console, Logger, note, plot_losses
+from llmc.recompute import parse_policy
 from llmc.sampler import generate
-from llmc.schedulers import get_scheduler
-from llmc.tokenizer import TokenizerError, load_tokenizer
+from llmc.schedulers import SCHEDULERS, get_scheduler
+from llmc.tokenizer import GPT2_VOCAB_SIZE, TokenizerError, load_tokenizer
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # the defaults live in the repository, wherever train.py is run from
 DEFAULT_MODEL = os.path.relpath(os.path.join(HERE, "gpt2_124M.bin"))
 DEFAULT_DEPTH = 12  # the random model when DEFAULT_MODEL is missing: GPT-2 124M's shape
+DEFAULT_LLAMA = "stories15M"  # the model of --family llama without -e
+FAMILIES = ("gpt2", "llama")
 DEFAULT_TOKENIZER = os.path.join(HERE, "gpt2_tokenizer.bin")
 GRAD_CLIP = 1.0
 BETA1, BETA2, EPS = 0.9, 0.95, 1e-8  # llm.c's train_gpt2.cu
@@ -62,17 +80,25 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 def parse_args(argv):
-    p = Parser(prog="train.py", description="Train GPT-2 on the CPU (llm.c's train_gpt2.cu "
-               "flags).", formatter_class=HelpFormatter)
+    p = Parser(prog="train.py", description="Train GPT-2 or Llama 2 on the CPU (llm.c's "
+               "train_gpt2.cu flags).", formatter_class=HelpFormatter)
     p.add_argument("-i", dest="train_data", metavar="PATTERN", default=default_data.TRAIN,
                    help="train data shards (glob); the default is prepared if missing")
     p.add_argument("-j", dest="val_data", metavar="PATTERN", default=default_data.VAL,
                    help="val data shards (glob)")
     p.add_argument("-o", dest="output_dir", metavar="DIR", default=None,
                    help="output dir: main.log, checkpoints, loss.png (default: none)")
-    p.add_argument("-e", dest="init", metavar="MODEL", default=None,
-                   help=f"init from a model .bin, or dN for a random GPT-2 of depth N "
-                        f"(default: {DEFAULT_MODEL} if present, else d{DEFAULT_DEPTH})")
+    p.add_argument("-e", "--model", dest="init", metavar="MODEL", default=None,
+                   help=f"init from a model .bin, dN for a random model of depth N, or a "
+                        f"random Llama preset: {', '.join(llmc_io.PRESETS)} (default: "
+                        f"{DEFAULT_MODEL} if present, else d{DEFAULT_DEPTH}; with --family "
+                        f"llama: {DEFAULT_LLAMA})")
+    p.add_argument("--family", choices=FAMILIES, default=None,
+                   help="the model family of -e's file or dN (default: llama for a Llama "
+                        "preset, else gpt2)")
+    p.add_argument("--vocab-size", metavar="INT", type=int, default=None,
+                   help="vocabulary of a new random model (default: the data's tokenizer's, "
+                        f"GPT-2's {GPT2_VOCAB_SIZE})")
     p.add_argument("-b", dest="B", metavar="INT", type=int, default=4, help="micro batch size B")
     p.add_argument("-t", dest="T", metavar="INT", type=int, default=64, help="sequence length T")
     p.add_argument("-d", dest="total_batch_size", metavar="INT", type=int, default=-1,
@@ -83,6 +109,13 @@ def parse_args(argv):
                    help="learning rate warmup steps")
     p.add_argument("-q", dest="final_lr_frac", metavar="FLOAT", type=float, default=1.0,
                    help="final learning rate as a fraction of -l (cosine decay; 1.0: none)")
+    p.add_argument("--lr-schedule", metavar="NAME", default="cosine", choices=list(SCHEDULERS),
+                   help="learning rate schedule after the warmup: cosine (to -q at the last "
+                        "step) or cosine-restarts (llama.cpp's: cycles down to -q, restarting)")
+    p.add_argument("--cos-decay-steps", metavar="INT", type=int, default=1000,
+                   help="cosine-restarts: the first cycle's length in steps")
+    p.add_argument("--cos-decay-restart", metavar="FLOAT", type=float, default=1.1,
+                   help="cosine-restarts: each cycle this many times the previous one's length")
     p.add_argument("-c", dest="weight_decay", metavar="FLOAT", type=float, default=0.0,
                    help="weight decay (of the 2-D weights only)")
     p.add_argument("-x", dest="max_steps", metavar="INT", type=int, default=40,
@@ -103,9 +136,19 @@ def parse_args(argv):
                    help="1: resume from the newest checkpoint in -o")
     p.add_argument("-r", dest="seed", metavar="INT", type=int, default=42,
                    help="seed of the random init (-e dN)")
+    p.add_argument("-z", dest="zero_stage", metavar="INT", type=int, default=0, choices=(0, 1),
+                   help="with many processes (mpirun): 1 shards AdamW's m and v across them "
+                        "(ZeRO-1)")
     p.add_argument("--backend", metavar="NAME", default="cpu",
                    help="where the model runs: cpu, check:NAME, profile:NAME, ... "
                         "(accel/README.md)")
+    p.add_argument("--recompute", metavar="POLICY", default="all",
+                   help="activation checkpointing: all (keep every layer's activations), "
+                        "every-N, sqrt, boundary, none (keep fewer, recompute them in backward: "
+                        "less memory, more time; llmc/recompute.py)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the plan of a step of the model at -b, -t, --recompute (memory, "
+                        "FLOPs, time estimate) without allocating it, and exit")
     args = p.parse_args(argv)
 
     def require(ok, flag, value, requirement):
@@ -132,6 +175,21 @@ def parse_args(argv):
     require(args.checkpoint_every >= 0, "-n", args.checkpoint_every, "must be >= 0")
     require(args.checkpoints_keep >= 0, "-nk", args.checkpoints_keep, "must be >= 0")
     require(args.seed >= 0, "-r", args.seed, "must be >= 0")
+    try:
+        args.recompute = parse_policy(args.recompute)
+    except ValueError as e:
+        p.error(f"argument --recompute: {e}")
+    require(args.vocab_size is None or args.vocab_size >= 1, "--vocab-size", args.vocab_size,
+            "must be at least 1")
+    require(args.cos_decay_steps >= 1, "--cos-decay-steps", args.cos_decay_steps,
+            "must be at least 1")
+    require(math.isfinite(args.cos_decay_restart) and args.cos_decay_restart >= 1,
+            "--cos-decay-restart", args.cos_decay_restart, "must be a number >= 1")
+    is_preset = args.init in llmc_io.PRESETS
+    if args.family is None:
+        args.family = "llama" if is_preset else "gpt2"
+    elif is_preset and args.family != "llama":
+        p.error(f"argument --family: -e {args.init} is a Llama preset, not a {args.family} model")
     if args.checkpoint_every > 0 and args.output_dir is None:
         p.error("argument -n: checkpoints need an output dir: add -o DIR")
     if args.resume and args.output_dir is None:
@@ -142,63 +200,167 @@ def parse_args(argv):
 # ----------------------------------------------------------------------------
 # model, tokenizer, evaluation
 
-def load_model(args, resume_path):
-    """(model, how it was initialised)."""
+def data_tokenizer(args):
+    """The path of the training data's tokenizer: a tokenizer.bin beside its shards (the data
+    scripts write llama2.c's with a SentencePiece vocabulary there), else llm.c's GPT-2 one."""
+    shards = sorted(glob.glob(args.train_data))
+    beside = os.path.join(os.path.dirname(shards[0]), "tokenizer.bin") if shards else None
+    return beside if beside and os.path.exists(beside) else DEFAULT_TOKENIZER
+
+
+def vocab_size(args):
+    """The vocabulary of a new random model: --vocab-size, else the training data's
+    tokenizer's (the one place that decides it): a tokenizer.bin beside the shards, or GPT-2."""
+    if args.vocab_size is not None:
+        return args.vocab_size
+    path = data_tokenizer(args)
+    if path == DEFAULT_TOKENIZER:
+        return GPT2_VOCAB_SIZE
     try:
-        from accel.backend import BackendError
+        return len(llmc_io.read_llama2c_tokenizer(path)[0])
+    except llmc_io.FormatError as e:
+        raise TrainError(f"the data's tokenizer: {e}") from None
+
+
+def random_config(args, init):
+    """The config of -e dN or a Llama preset name, or None when init names neither."""
+    depth = re.fullmatch(r"d(\d+)", init)
+    if depth and not 1 <= int(depth.group(1)) <= 1000:
+        raise TrainError(f"-e {init}: the depth must be in 1..1000")
+    if args.family == "llama" and (depth or init in llmc_io.PRESETS):
+        return llmc_io.LlamaConfig.from_name(init, vocab_size=vocab_size(args))
+    if depth:
+        return llmc_io.GPT2Config.from_depth(int(depth.group(1)), vocab_size=vocab_size(args))
+    return None
+
+
+def model_class(args):
+    """The model class of args.family, or a TrainError saying to build it."""
+    try:
         from train_gpt2 import GPT2
+        from train_llama2 import Llama2
     except ImportError as e:
         raise TrainError(f"the model is not built ({e}): run `make train_gpt2` first") from None
+    return Llama2 if args.family == "llama" else GPT2
+
+
+def model_source(args):
+    """-e as (init, config): the config of a new random model, or None for a model file."""
+    init = args.init
+    if init is None and args.family == "llama":
+        init = DEFAULT_LLAMA
+    elif init is None:
+        if os.path.exists(DEFAULT_MODEL):
+            init = DEFAULT_MODEL
+        else:
+            note(f"{DEFAULT_MODEL} not found: starting from a random GPT-2 d{DEFAULT_DEPTH} "
+                 f"(for the pretrained weights: python dev/download_gpt2.py, online)")
+            init = f"d{DEFAULT_DEPTH}"
+    config = None if os.path.exists(init) else random_config(args, init)
+    if config is None:
+        if args.vocab_size is not None:
+            raise TrainError(f"--vocab-size: the model file {init} has its own vocabulary")
+        if not os.path.exists(init):
+            known = ("dN or a Llama preset" if args.family == "llama" else
+                     "dN, a random GPT-2 of depth N")
+            raise TrainError(f"-e {init}: no such model file (nor {known})")
+    return init, config
+
+
+def load_model(args, resume_path):
+    """(model, how it was initialised)."""
+    from accel.backend import BackendError
+    Model = model_class(args)
     try:
         if resume_path is not None:
-            return GPT2.from_checkpoint(resume_path, args.backend), f"checkpoint {resume_path}"
-        init = args.init
-        if init is None:
-            if os.path.exists(DEFAULT_MODEL):
-                init = DEFAULT_MODEL
-            else:
-                note(f"{DEFAULT_MODEL} not found: starting from a random GPT-2 d{DEFAULT_DEPTH} "
-                     f"(for the pretrained weights: python dev/download_gpt2.py, online)")
-                init = f"d{DEFAULT_DEPTH}"
-        depth = re.fullmatch(r"d(\d+)", init)
-        if depth and not os.path.exists(init):
-            depth = int(depth.group(1))
-            if not 1 <= depth <= 1000:
-                raise TrainError(f"-e {init}: the depth must be in 1..1000")
-            config = llmc_io.GPT2Config.from_depth(depth)
-            return (GPT2.random(config, seed=args.seed, backend=args.backend),
-                    f"random d{depth} (seed {args.seed})")
-        if not os.path.exists(init):
-            raise TrainError(f"-e {init}: no such model file (nor dN, a random GPT-2 of depth N)")
-        return GPT2.from_checkpoint(init, args.backend), f"checkpoint {init}"
+            return (Model.from_checkpoint(resume_path, args.backend, args.recompute),
+                    f"checkpoint {resume_path}")
+        init, config = model_source(args)
+        if config is not None:
+            return (Model.random(config, seed=args.seed, backend=args.backend,
+                                 recompute=args.recompute), f"random {init} (seed {args.seed})")
+        return Model.from_checkpoint(init, args.backend, args.recompute), f"checkpoint {init}"
     except (llmc_io.FormatError, BackendError) as e:
         raise TrainError(str(e)) from None
+    except MemoryError as e:
+        raise TrainError(f"not enough memory for the model: {e}") from None
 
 
-def load_sample_tokenizer():
-    """The tokenizer of the samples: llm.c's gpt2_tokenizer.bin if present, else tiktoken's
-    GPT-2; None (the samples print as token ids) when neither can be had."""
+def dry_run(args):
+    """Print the plan of a training step of the model (llmc/plan.py), without allocating it."""
+    from llmc.plan import format_plan
+    Model = model_class(args)
+    init, config = model_source(args)
+    if init in llmc_io.PRESETS and args.vocab_size is None:
+        config = llmc_io.PRESETS[init]   # the published sizes, not the data's vocabulary
     try:
-        return load_tokenizer(DEFAULT_TOKENIZER)
+        if config is None:   # a model file: its header's config
+            read = llmc_io.read_llama_model if args.family == "llama" else llmc_io.read_checkpoint
+            config = read(init)[0]
+    except llmc_io.FormatError as e:
+        raise TrainError(str(e)) from None
+    if args.T > config.max_seq_len:
+        raise TrainError(f"-t {args.T} exceeds the model's max sequence length {config.max_seq_len}")
+    family = {"gpt2": "GPT-2", "llama": "Llama 2"}[args.family]
+    print(format_plan(Model, config, f"{family} {init}", args.B, args.T, args.recompute,
+                      backend=args.backend))
+
+
+def config_rows(config):
+    """The console table's rows that describe the model's shape."""
+    if isinstance(config, llmc_io.LlamaConfig):
+        return [("max_sequence_length T", config.max_seq_len), ("vocab_size V", config.vocab_size),
+                ("num_layers L", config.n_layers), ("num_heads NH", config.n_heads),
+                ("num_kv_heads NKV", config.n_kv_heads), ("channels C", config.dim),
+                ("hidden_dim H", config.hidden_dim),
+                ("classifier", "shared" if config.shared_classifier else "separate")]
+    return [("max_sequence_length T", config.max_seq_len), ("vocab_size V", config.vocab_size),
+            ("padded_vocab_size Vp", config.padded_vocab_size),
+            ("num_layers L", config.num_layers), ("num_heads NH", config.num_heads),
+            ("channels C", config.channels)]
+
+
+def load_sample_tokenizer(args):
+    """The tokenizer of the samples: the data's (a tokenizer.bin beside its shards), llm.c's
+    gpt2_tokenizer.bin if present, else tiktoken's GPT-2; None (the samples print as token
+    ids) when none can be had."""
+    try:
+        return load_tokenizer(data_tokenizer(args))
     except (TokenizerError, llmc_io.FormatError) as e:
         note(f"no tokenizer, printing token ids ({e})")
         return None
 
 
-def evaluate(model, loader, num_batches):
+def memory_line(memory):
+    """One line of what the model allocated on its backend, by kind (Model.memory())."""
+    mib = lambda n: f"{n / 2 ** 20:,.0f} MiB"  # noqa: E731
+    return ("memory allocated: " + ", ".join(f"{kind} {mib(n)}" for kind, n in memory.items())
+            + f"; total {mib(sum(memory.values()))}")
+
+
+def evaluate(model, loader, num_batches, dist):
+    """The mean loss of num_batches batches on every process, averaged over the processes."""
     loader.reset()
-    return sum(model.forward(*loader.next_batch()) for _ in range(num_batches)) / num_batches
+    loss = sum(model.forward(*loader.next_batch()) for _ in range(num_batches)) / num_batches
+    return dist.mean(loss)
 
 
 # ----------------------------------------------------------------------------
 # main training loop
 
 def main(argv=None):
+    dist = distributed.init()  # first: only rank 0 prints, argument errors included
     args = parse_args(argv)
+    if args.dry_run:
+        return dry_run(args)
     console = Console()
     B, T = args.B, args.T
-    tokens_per_fwdbwd = B * T
+    rank, num_processes = dist.process_rank, dist.num_processes
+    tokens_per_fwdbwd = B * T * num_processes  # one micro-batch of every process
     total_batch_size = tokens_per_fwdbwd if args.total_batch_size == -1 else args.total_batch_size
+    if total_batch_size % tokens_per_fwdbwd != 0:
+        raise TrainError(f"-d {total_batch_size}: must be a multiple of B*T*processes = "
+                         f"{B}*{T}*{num_processes} = {tokens_per_fwdbwd}")
     grad_accum_steps = total_batch_size // tokens_per_fwdbwd
 
     # resume from the newest complete checkpoint in the output dir, if asked and there is one
@@ -214,17 +376,24 @@ def main(argv=None):
     resume_model_path = (None if resume_step is None else
                          checkpoint_paths(args.output_dir, resume_step)[0])
     model, init_desc = load_model(args, resume_model_path)
+    dist.set_zero_stage(args.zero_stage, model)
     config = model.config
     if T > config.max_seq_len:
         raise TrainError(f"-t {T} exceeds the model's max sequence length {config.max_seq_len}")
     if args.gen_tokens > config.max_seq_len:
         raise TrainError(f"-g {args.gen_tokens} exceeds the model's max sequence length "
                          f"{config.max_seq_len}")
+    if args.sample_every > 0 and config.vocab_size <= llmc_io.GPT2_EOT_TOKEN:
+        raise TrainError(f"-s {args.sample_every}: samples start from GPT-2's <|endoftext|> "
+                         f"({llmc_io.GPT2_EOT_TOKEN}), outside the model's vocabulary of "
+                         f"{config.vocab_size}: add -s 0")
 
     # the data
     default_data.prepare(args.train_data, args.val_data)
-    train_loader = DataLoader(args.train_data, B, T, shuffle=True, vocab_size=config.vocab_size)
-    val_loader = DataLoader(args.val_data, B, T, shuffle=False, vocab_size=config.vocab_size)
+    train_loader = DataLoader(args.train_data, B, T, shuffle=True, vocab_size=config.vocab_size,
+                              process_rank=rank, num_processes=num_processes)
+    val_loader = DataLoader(args.val_data, B, T, shuffle=False, vocab_size=config.vocab_size,
+                            process_rank=rank, num_processes=num_processes)
     num_steps = args.max_steps
     if num_steps == -1:  # one epoch
         num_steps = train_loader.num_tokens // total_batch_size
@@ -241,31 +410,35 @@ def main(argv=None):
         ("checkpoints keep", args.checkpoints_keep), ("resume", args.resume),
         ("micro batch size B", B), ("sequence length T", T),
         ("total batch size", total_batch_size), ("learning rate (LR)", f"{args.lr:e}"),
+        ("LR schedule", args.lr_schedule),
         ("warmup iterations", args.warmup), ("final LR fraction", f"{args.final_lr_frac:e}"),
         ("weight decay", f"{args.weight_decay:e}"), ("max_steps", num_steps),
         ("val_loss_every", args.val_every), ("val_max_steps", val_batches),
         ("sample_every", args.sample_every), ("genT", args.gen_tokens), None,
-        ("weight init method", init_desc), ("max_sequence_length T", config.max_seq_len),
-        ("vocab_size V", config.vocab_size), ("padded_vocab_size Vp", config.padded_vocab_size),
-        ("num_layers L", config.num_layers), ("num_heads NH", config.num_heads),
-        ("channels C", config.channels), ("num_parameters", model.num_parameters),
-        ("backend", model.backend.name), None,
-        ("train tokens", train_loader.num_tokens), ("val tokens", val_loader.num_tokens),
+        ("model family", args.family), ("weight init method", init_desc), *config_rows(config),
+        ("num_parameters", model.num_parameters),
+        ("backend", model.backend.name), ("recompute", model.recompute), None,
+        ("train tokens", train_loader.num_tokens), ("val tokens", val_loader.num_tokens), None,
+        ("num_processes", num_processes), ("zero_stage", dist.zero_stage),
     ])
-    console.print(f"batch_size B={B} * seq_len T={T} and total_batch_size={total_batch_size} "
-                  f"=> grad_accum_steps={grad_accum_steps}")
+    processes = f" * num_processes={num_processes}" if num_processes > 1 else ""
+    console.print(f"batch_size B={B} * seq_len T={T}{processes} and total_batch_size="
+                  f"{total_batch_size} => grad_accum_steps={grad_accum_steps}")
 
-    logger = Logger(args.output_dir, append=resume_step is not None)
-    lr_scheduler = get_scheduler("cosine", args.lr, args.warmup, num_steps, args.final_lr_frac)
+    logger = Logger(args.output_dir if rank == 0 else None, append=resume_step is not None)
+    options = (dict(decay_steps=args.cos_decay_steps, restart_mult=args.cos_decay_restart)
+               if args.lr_schedule == "cosine-restarts" else {})
+    lr_scheduler = get_scheduler(args.lr_schedule, args.lr, args.warmup, num_steps,
+                                 args.final_lr_frac, **options)
     tokenizer, tokenizer_loaded = None, False  # loaded at the first sample
 
     step = 0
     if resume_step is not None:
-        step = resume(args.output_dir, resume_step, model, train_loader)
+        step = resume(args.output_dir, resume_step, model, train_loader, dist)
         console.print(f"resuming from the checkpoint at step {step} in {args.output_dir}")
     resuming = resume_step is not None
 
-    total_time_s, timed_steps = 0.0, 0
+    total_time_s, total_collective_s, timed_steps = 0.0, 0.0, 0
     ema_tokens_per_second = 0.0
     first_step = True  # warms up caches and threads: left out of the averages
     for step in range(step, num_steps + 1):
@@ -273,20 +446,21 @@ def main(argv=None):
 
         # a resumed run has already done the val loss and sample of its first step
         if val_batches > 0 and (step % args.val_every == 0 or last_step) and not resuming:
-            val_loss = evaluate(model, val_loader, val_batches)
+            val_loss = evaluate(model, val_loader, val_batches, dist)
             console.print(f"val loss {val_loss:f}")
             logger.log_val(step, val_loss)
 
         if (args.sample_every > 0 and (step > 0 and step % args.sample_every == 0 or last_step)
-                and not resuming):
+                and not resuming and rank == 0):
             if not tokenizer_loaded:
                 console.write("")  # its notes go below the last step line
-                tokenizer, tokenizer_loaded = load_sample_tokenizer(), True
+                tokenizer, tokenizer_loaded = load_sample_tokenizer(args), True
             generate(model, tokenizer, args.gen_tokens, console)
 
         if (args.checkpoint_every > 0 and not resuming and
                 (step > 0 and step % args.checkpoint_every == 0 or last_step)):
-            write_checkpoint(args.output_dir, step, model, train_loader, args.checkpoints_keep)
+            write_checkpoint(args.output_dir, step, model, train_loader, args.checkpoints_keep,
+                             dist)
             console.print(f"checkpoint at step {step} written to {args.output_dir}")
         resuming = False
 
@@ -295,20 +469,26 @@ def main(argv=None):
 
         # --------------- one step of training -----------------
         start = time.perf_counter()
+        collective_s = dist.collective_time_s
         model.zero_grad()
         loss = 0.0
         for _ in range(grad_accum_steps):
             inputs, targets = train_loader.next_batch()
             loss += model.forward(inputs, targets)
             model.backward()  # adds this micro-batch's gradient
-        loss /= grad_accum_steps
+        loss = dist.mean(loss / grad_accum_steps)
+        dist.reduce_gradients(model)  # summed over the processes (ZeRO-1: this rank's shard)
         lr = lr_scheduler.get_learning_rate(step)
-        # the gradient is the sum over micro-batches: its mean is 1/grad_accum_steps of it
-        grad_norm = model.grad_norm() / grad_accum_steps
+        # the gradient is the sum over the micro-batches of every process: its mean is
+        # 1/micro_batches of it
+        micro_batches = grad_accum_steps * num_processes
+        grad_norm = dist.grad_norm(model) / micro_batches
         clip = GRAD_CLIP / grad_norm if grad_norm > GRAD_CLIP else 1.0
         model.update(lr, BETA1, BETA2, EPS, args.weight_decay, step + 1,
-                     grad_scale=clip / grad_accum_steps, decay_2d_only=True)
+                     grad_scale=clip / micro_batches, decay_2d_only=True)
+        dist.gather_parameters(model)  # ZeRO-1: every rank's updated shard to all
         elapsed_s = time.perf_counter() - start
+        collective_s = dist.collective_time_s - collective_s
         # ------------------------------------------------------
 
         tokens_per_second = total_batch_size / elapsed_s
@@ -316,40 +496,46 @@ def main(argv=None):
         if not first_step:  # a bias-corrected moving average, as llm.c
             timed_steps += 1
             total_time_s += elapsed_s
+            total_collective_s += collective_s
             ema_tokens_per_second = 0.95 * ema_tokens_per_second + 0.05 * tokens_per_second
             shown_tokens_per_second = ema_tokens_per_second / (1 - 0.95 ** timed_steps)
-        first_step = False
         console.status(f"step {step + 1:4d}/{num_steps} | loss {loss:.6f} | norm {grad_norm:.4f} "
                        f"| lr {lr:.2e} | {elapsed_s * 1000:.2f} ms | "
                        f"{shown_tokens_per_second:.0f} tok/s")
         logger.log_train(step, loss, lr, grad_norm)
+        if first_step:  # everything is allocated by now: say how much, as llm.c does
+            console.print(memory_line(model.memory()))
+        first_step = False
 
     if timed_steps > 0:
         console.print(f"total average iteration time: {total_time_s / timed_steps * 1000:f} ms")
+        if num_processes > 1:  # MPI's part of it, waiting for the slowest rank included
+            console.print(f"of it in MPI collectives: {total_collective_s / timed_steps * 1000:f} "
+                          f"ms ({100 * total_collective_s / total_time_s:.1f}%)")
     if hasattr(model.backend, "summary"):  # check: and profile: say what they saw
         console.print(model.backend.summary())
-    if args.output_dir is not None:
+    if args.output_dir is not None and rank == 0:
         path = plot_losses(args.output_dir)
         if path:
             console.print(f"loss curve written to {path}")
 
 
 def run(argv=None):
-    """main() with bad input reported in one line (exit status 1), never a traceback."""
+    """main() with bad input reported in one line (exit status 1), never a traceback. With many
+    processes an error on any of them ends them all (llmc/distributed.py's fail)."""
     try:
         main(argv)
-    except (TrainError, DataError, TokenizerError, llmc_io.FormatError) as e:
-        sys.stdout.flush()
-        print(f"train.py: error: {e}", file=sys.stderr)
-        sys.exit(1)
+    except (TrainError, DataError, TokenizerError, llmc_io.FormatError,
+            distributed.DistributedError) as e:
+        distributed.fail(f"train.py: error: {e}", 1)
     except OSError as e:
-        sys.stdout.flush()
         where = f"{e.filename}: " if e.filename else ""
-        print(f"train.py: error: {where}{e.strerror or e}", file=sys.stderr)
-        sys.exit(1)
+        distributed.fail(f"train.py: error: {where}{e.strerror or e}", 1)
     except KeyboardInterrupt:
-        print("\ntrain.py: interrupted", file=sys.stderr)
-        sys.exit(130)
+        distributed.fail("\ntrain.py: interrupted", 130)
+    except BaseException as e:  # a bug on one rank must not leave the others waiting
+        distributed.abort_on_exception(e)
+        raise
 
 
 if __name__ == "__main__":

@@ -9,8 +9,9 @@
 #
 # Pointers returned by alloc are the backend's; a model may offset them (a tensor inside a
 # buffer) and pass them back, nothing else.  Entries are grouped: "core" every backend has,
-# then one group per model family (gpt2 here); Backend.__init__ refuses a table with an entry
-# of its groups missing.  Kernel semantics and shapes are those of the CPU kernels, declared
+# then one group per model family (gpt2, llama) or optional kernel set (flash); Backend.validate
+# refuses a table with an entry of its families' groups missing (a llama backend needs the gpt2
+# group too).  Kernel semantics and shapes are those of the CPU kernels, declared
 # in kernels/*.pxd (backward entries add into their gradients).
 #
 # Dimension letters: B batch, T time, C channels, OC output channels, NH heads, V vocabulary,
@@ -68,6 +69,39 @@ ctypedef struct BackendTable:
     void (*crossentropy_softmax_backward)(void* ctx, float* dlogits, const float* dlosses,
                                           const float* probs, const int* targets,
                                           int B, int T, int V, int Vp) noexcept nogil
+    # --- llama: its layers (it also runs on gpt2's matmul without bias, residual, softmax and
+    # crossentropy entries); letters as above plus NKV key/value heads, hs head size --------
+    void (*embedding_forward)(void* ctx, float* out, const int* inp, const float* wte,
+                              int B, int T, int C) noexcept nogil
+    void (*embedding_backward)(void* ctx, float* dwte, const float* dout, const int* inp,
+                               int B, int T, int C, int V) noexcept nogil     # dwte (V, C)
+    void (*rmsnorm_forward)(void* ctx, float* out, float* rstd, const float* inp,
+                            const float* weight, float eps, int B, int T, int C) noexcept nogil
+    void (*rmsnorm_backward)(void* ctx, float* dinp, float* dweight, const float* dout,
+                             const float* inp, const float* weight, const float* rstd,
+                             int B, int T, int C) noexcept nogil
+    void (*rope_forward)(void* ctx, float* out, const float* inp, const float* freqs_cos,
+                         const float* freqs_sin, int B, int T, int NH, int hs) noexcept nogil
+    void (*rope_backward)(void* ctx, float* dinp, const float* dout, const float* freqs_cos,
+                          const float* freqs_sin, int B, int T, int NH, int hs) noexcept nogil
+    void (*swiglu_forward)(void* ctx, float* out, const float* a, const float* b,
+                           Py_ssize_t N) noexcept nogil
+    void (*swiglu_backward)(void* ctx, float* da, float* db, const float* dout, const float* a,
+                            const float* b, Py_ssize_t N) noexcept nogil
+    void (*attention_gqa_forward)(void* ctx, float* out, float* att, const float* q,
+                                  const float* k, const float* v,
+                                  int B, int T, int NH, int NKV, int hs) noexcept nogil
+    void (*attention_gqa_backward)(void* ctx, float* dq, float* dk, float* dv, const float* dout,
+                                   const float* q, const float* k, const float* v,
+                                   const float* att, int B, int T, int NH, int NKV,
+                                   int hs) noexcept nogil   # last_error says if it ran out of memory
+    # --- flash: attention that keeps only each row's log-sum-exp (kernels/flash_attention.pxd);
+    # a model uses it when the backend has it, else gpt2's attention with its (B,NH,T,T) buffers
+    void (*flash_attention_forward)(void* ctx, float* out, float* lse, const float* inp,
+                                    int B, int T, int C, int NH) noexcept nogil
+    void (*flash_attention_backward)(void* ctx, float* dinp, const float* dout, const float* inp,
+                                     const float* out, const float* lse,
+                                     int B, int T, int C, int NH) noexcept nogil
 
 
 cdef class Backend:

@@ -12,6 +12,7 @@ that returns a Backend over its table; `register_backend` adds it under a name. 
 validated when the Backend is made: a missing entry is refused, by name.
 """
 import importlib
+import os
 import sys
 
 import accel.hip as _hip
@@ -62,12 +63,36 @@ cdef list missing_entries(BackendTable* t, tuple groups):
         ("gpt2", "softmax_forward", t.softmax_forward != NULL),
         ("gpt2", "crossentropy_forward", t.crossentropy_forward != NULL),
         ("gpt2", "crossentropy_softmax_backward", t.crossentropy_softmax_backward != NULL),
+        ("llama", "embedding_forward", t.embedding_forward != NULL),
+        ("llama", "embedding_backward", t.embedding_backward != NULL),
+        ("llama", "rmsnorm_forward", t.rmsnorm_forward != NULL),
+        ("llama", "rmsnorm_backward", t.rmsnorm_backward != NULL),
+        ("llama", "rope_forward", t.rope_forward != NULL),
+        ("llama", "rope_backward", t.rope_backward != NULL),
+        ("llama", "swiglu_forward", t.swiglu_forward != NULL),
+        ("llama", "swiglu_backward", t.swiglu_backward != NULL),
+        ("llama", "attention_gqa_forward", t.attention_gqa_forward != NULL),
+        ("llama", "attention_gqa_backward", t.attention_gqa_backward != NULL),
+        ("flash", "flash_attention_forward", t.flash_attention_forward != NULL),
+        ("flash", "flash_attention_backward", t.flash_attention_backward != NULL),
     ]
     return [name for group, name, present in entries if group in groups and not present]
 
 
 cdef BackendTable _empty_table
-ENTRY_GROUPS = {group: missing_entries(&_empty_table, (group,)) for group in ("core", "gpt2")}
+ENTRY_GROUPS = {group: missing_entries(&_empty_table, (group,))
+                for group in ("core", "gpt2", "llama", "flash")}
+# the groups a model family runs on, where it is more than its own: Llama's projections, residual
+# connections and loss are gpt2's entries (matmul without bias, residual, softmax, crossentropy)
+FAMILY_GROUPS = {"llama": ("gpt2", "llama")}
+
+
+def family_groups(tuple families):
+    """The entry groups a backend running these model families must fill, core first."""
+    groups = ["core"]
+    for family in families:
+        groups += [g for g in FAMILY_GROUPS.get(family, (family,)) if g not in groups]
+    return tuple(groups)
 
 
 cdef class Backend:
@@ -85,7 +110,7 @@ cdef class Backend:
         if unknown:
             raise BackendError(f"backend '{self.name}': unknown model family {unknown[0]!r} "
                                f"(known: {', '.join(g for g in ENTRY_GROUPS if g != 'core')})")
-        missing = missing_entries(&self.table, ("core",) + self.families)
+        missing = missing_entries(&self.table, family_groups(self.families))
         if missing:
             raise BackendError(f"backend '{self.name}': its table has no entry '{missing[0]}'"
                                + (f" (nor {len(missing) - 1} more)" if len(missing) > 1 else ""))
@@ -93,11 +118,19 @@ cdef class Backend:
     def _without_entry(self, str entry):
         """A copy of this backend with one entry left out (tests of the validation); raises
         BackendError as a backend module's create() would."""
-        names = ENTRY_GROUPS["core"] + ENTRY_GROUPS["gpt2"]   # the table's order
+        names = [name for group in ENTRY_GROUPS.values() for name in group]   # the table's order
         assert sizeof(BackendTable) == (1 + len(names)) * sizeof(void*)
         cdef Backend copy = Backend(self.name, self.host_visible, self.families, self)
         copy.table = self.table
         (<void**>&copy.table.alloc)[names.index(entry)] = NULL
+        copy.validate()
+        return copy
+
+    def _with_families(self, tuple families):
+        """A copy of this backend claiming only these model families (tests of
+        Model's refusal of a backend without its family)."""
+        cdef Backend copy = Backend(self.name, self.host_visible, families, self)
+        copy.table = self.table
         copy.validate()
         return copy
 
@@ -130,6 +163,9 @@ cdef class Backend:
         returns (mean, global_norm_squared), else None."""
         cdef BackendTable* t = &self.table
         cdef void* c = t.ctx
+        for group, names in ENTRY_GROUPS.items():
+            if group != "core" and entry in names:
+                self.require(group)   # its entries may be NULL
         a = args
         try:
             if entry == "fill":
@@ -176,6 +212,34 @@ cdef class Backend:
             elif entry == "crossentropy_softmax_backward":
                 t.crossentropy_softmax_backward(c, f(a[0]), f(a[1]), f(a[2]), i(a[3]), a[4], a[5],
                                                 a[6], a[7])
+            elif entry == "embedding_forward":
+                t.embedding_forward(c, f(a[0]), i(a[1]), f(a[2]), a[3], a[4], a[5])
+            elif entry == "embedding_backward":
+                t.embedding_backward(c, f(a[0]), f(a[1]), i(a[2]), a[3], a[4], a[5], a[6])
+            elif entry == "rmsnorm_forward":
+                t.rmsnorm_forward(c, f(a[0]), f(a[1]), f(a[2]), f(a[3]), a[4], a[5], a[6], a[7])
+            elif entry == "rmsnorm_backward":
+                t.rmsnorm_backward(c, f(a[0]), f(a[1]), f(a[2]), f(a[3]), f(a[4]), f(a[5]),
+                                   a[6], a[7], a[8])
+            elif entry == "rope_forward":
+                t.rope_forward(c, f(a[0]), f(a[1]), f(a[2]), f(a[3]), a[4], a[5], a[6], a[7])
+            elif entry == "rope_backward":
+                t.rope_backward(c, f(a[0]), f(a[1]), f(a[2]), f(a[3]), a[4], a[5], a[6], a[7])
+            elif entry == "swiglu_forward":
+                t.swiglu_forward(c, f(a[0]), f(a[1]), f(a[2]), a[3])
+            elif entry == "swiglu_backward":
+                t.swiglu_backward(c, f(a[0]), f(a[1]), f(a[2]), f(a[3]), f(a[4]), a[5])
+            elif entry == "attention_gqa_forward":
+                t.attention_gqa_forward(c, f(a[0]), f(a[1]), f(a[2]), f(a[3]), f(a[4]),
+                                        a[5], a[6], a[7], a[8], a[9])
+            elif entry == "attention_gqa_backward":
+                t.attention_gqa_backward(c, f(a[0]), f(a[1]), f(a[2]), f(a[3]), f(a[4]), f(a[5]),
+                                         f(a[6]), f(a[7]), a[8], a[9], a[10], a[11], a[12])
+            elif entry == "flash_attention_forward":
+                t.flash_attention_forward(c, f(a[0]), f(a[1]), f(a[2]), a[3], a[4], a[5], a[6])
+            elif entry == "flash_attention_backward":
+                t.flash_attention_backward(c, f(a[0]), f(a[1]), f(a[2]), f(a[3]), f(a[4]), a[5],
+                                           a[6], a[7], a[8])
             else:
                 raise ValueError(f"no kernel entry {entry!r} (memory goes through Buffer)")
         except IndexError:
@@ -292,15 +356,21 @@ def register_backend(str name, str module, str description, unavailable=None):
     _REGISTRY[name] = (module, description, unavailable)
 
 
+_ACCEL = os.path.dirname(os.path.abspath(__file__))
 register_backend("cpu", "accel.cpu", "the Cython kernels of kernels/, OpenMP and OpenBLAS")
 register_backend("hip", "accel.hip.device",
                  "HIP on AMD or NVIDIA GPUs (hip-emu where only the emulated build exists)",
                  lambda: _hip.unavailable("hip"))
 register_backend("hip-emu", "accel.hip.emulated", "the HIP kernels on the CPU emulator (tests)",
                  lambda: _hip.unavailable("hip-emu"))
-register_backend("metal", "accel.metal", "Metal on Apple GPUs",
+register_backend("metal", "accel.metal.metal", "Metal on Apple GPUs",
                  "Metal needs macOS" if sys.platform != "darwin" else
-                 "not written yet (issue 10: accel/metal)")
+                 None if os.path.exists(os.path.join(_ACCEL, "metal", "build", "libmetal_runtime.dylib")) else
+                 "not built: run `make metal`")
+register_backend("metal-emu", "accel.metal.emulated", "accel/metal's kernels on the CPU emulator of MSL",
+                 "the Metal emulator runs on Linux" if not sys.platform.startswith("linux") else
+                 None if os.path.exists(os.path.join(_ACCEL, "metal", "build", "libmetal_emu.so")) else
+                 "not built: run `make metal-emu`")
 register_backend("ane", "accel.ane", "the Apple Neural Engine",
                  "the Neural Engine needs macOS" if sys.platform != "darwin" else
                  "not written yet (issue 11: accel/ane)")

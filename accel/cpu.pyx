@@ -11,10 +11,16 @@ from kernels.encoder cimport encoder_forward, encoder_backward
 from kernels.layernorm cimport layernorm_forward, layernorm_backward
 from kernels.matmul cimport matmul_forward, matmul_backward
 from kernels.attention cimport attention_forward, attention_backward
+from kernels.flash_attention cimport flash_attention_forward, flash_attention_backward
 from kernels.gelu cimport gelu_forward, gelu_backward
 from kernels.residual cimport residual_forward, residual_backward
 from kernels.crossentropy cimport softmax_forward, crossentropy_forward, crossentropy_softmax_backward
 from kernels.adamw cimport adamw_update, global_norm_squared
+from kernels.embedding cimport embedding_forward, embedding_backward
+from kernels.rmsnorm cimport rmsnorm_forward, rmsnorm_backward
+from kernels.rope cimport rope_forward, rope_backward
+from kernels.swiglu cimport swiglu_forward, swiglu_backward
+from kernels.attention_gqa cimport attention_gqa_forward, attention_gqa_backward
 from libc.string cimport memcpy, memset
 from posix.mman cimport mmap, munmap, madvise, MAP_FAILED, MAP_PRIVATE, MAP_ANONYMOUS, PROT_READ, PROT_WRITE
 
@@ -47,8 +53,14 @@ cdef void cpu_copy(void* ctx, void* dst, const void* src, size_t nbytes) noexcep
 cdef void cpu_synchronize(void* ctx) noexcept nogil:
     pass
 
+# the message of a kernel that failed (out of scratch memory), until last_error hands it out
+cdef const char* pending_error = NULL
+
 cdef const char* cpu_last_error(void* ctx) noexcept nogil:
-    return NULL
+    global pending_error
+    cdef const char* message = pending_error
+    pending_error = NULL
+    return message
 
 cdef void cpu_mark(void* ctx, int step, int layer) noexcept nogil:
     pass
@@ -140,6 +152,66 @@ cdef void cpu_crossentropy_softmax_backward(void* ctx, float* dlogits, const flo
                                             int B, int T, int V, int Vp) noexcept nogil:
     crossentropy_softmax_backward(dlogits, dlosses, probs, targets, B, T, V, Vp)
 
+# --- flash attention --------------------------------------------------------------------
+
+cdef void cpu_flash_attention_forward(void* ctx, float* out, float* lse, const float* inp,
+                                      int B, int T, int C, int NH) noexcept nogil:
+    flash_attention_forward(out, lse, inp, B, T, C, NH)
+
+cdef void cpu_flash_attention_backward(void* ctx, float* dinp, const float* dout, const float* inp,
+                                       const float* out, const float* lse,
+                                       int B, int T, int C, int NH) noexcept nogil:
+    flash_attention_backward(dinp, dout, inp, out, lse, B, T, C, NH)
+
+
+# --- Llama's layers ----------------------------------------------------------------------
+
+cdef void cpu_embedding_forward(void* ctx, float* out, const int* inp, const float* wte,
+                                int B, int T, int C) noexcept nogil:
+    embedding_forward(out, inp, wte, B, T, C)
+
+cdef void cpu_embedding_backward(void* ctx, float* dwte, const float* dout, const int* inp,
+                                 int B, int T, int C, int V) noexcept nogil:
+    embedding_backward(dwte, dout, inp, B, T, C)
+
+cdef void cpu_rmsnorm_forward(void* ctx, float* out, float* rstd, const float* inp,
+                              const float* weight, float eps, int B, int T, int C) noexcept nogil:
+    rmsnorm_forward(out, rstd, inp, weight, eps, B, T, C)
+
+cdef void cpu_rmsnorm_backward(void* ctx, float* dinp, float* dweight, const float* dout,
+                               const float* inp, const float* weight, const float* rstd,
+                               int B, int T, int C) noexcept nogil:
+    rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, B, T, C)
+
+cdef void cpu_rope_forward(void* ctx, float* out, const float* inp, const float* freqs_cos,
+                           const float* freqs_sin, int B, int T, int NH, int hs) noexcept nogil:
+    rope_forward(out, inp, freqs_cos, freqs_sin, B, T, NH, hs)
+
+cdef void cpu_rope_backward(void* ctx, float* dinp, const float* dout, const float* freqs_cos,
+                            const float* freqs_sin, int B, int T, int NH, int hs) noexcept nogil:
+    rope_backward(dinp, dout, freqs_cos, freqs_sin, B, T, NH, hs)
+
+cdef void cpu_swiglu_forward(void* ctx, float* out, const float* a, const float* b,
+                             Py_ssize_t N) noexcept nogil:
+    swiglu_forward(out, a, b, N)
+
+cdef void cpu_swiglu_backward(void* ctx, float* da, float* db, const float* dout, const float* a,
+                              const float* b, Py_ssize_t N) noexcept nogil:
+    swiglu_backward(da, db, dout, a, b, N)
+
+cdef void cpu_attention_gqa_forward(void* ctx, float* out, float* att, const float* q,
+                                    const float* k, const float* v,
+                                    int B, int T, int NH, int NKV, int hs) noexcept nogil:
+    attention_gqa_forward(out, att, q, k, v, B, T, NH, NKV, hs)
+
+cdef void cpu_attention_gqa_backward(void* ctx, float* dq, float* dk, float* dv, const float* dout,
+                                     const float* q, const float* k, const float* v,
+                                     const float* att, int B, int T, int NH, int NKV,
+                                     int hs) noexcept nogil:
+    global pending_error
+    if attention_gqa_backward(dq, dk, dv, dout, q, k, v, att, B, T, NH, NKV, hs) != 0:
+        pending_error = "attention_gqa_backward: out of memory for its scratch buffers"
+
 
 # --- planted faults: deliberately wrong entries, for the tests that prove check: finds them --
 
@@ -152,13 +224,26 @@ cdef void faulty_layernorm_backward(void* ctx, float* dinp, float* dweight, floa
     cdef float* scratch_dbias = dweight   # dbias lands in dweight: both wrong, dinp right
     layernorm_backward(dinp, dweight, scratch_dbias, dout, inp, weight, mean, rstd, B, T, C)
 
-FAULTS = ("gelu_forward", "layernorm_backward")
+cdef void faulty_rope_backward(void* ctx, float* dinp, const float* dout, const float* freqs_cos,
+                               const float* freqs_sin, int B, int T, int NH, int hs) noexcept nogil:
+    rope_forward(dinp, dout, freqs_cos, freqs_sin, B, T, NH, hs)   # rotates forward, and overwrites
+
+cdef void faulty_flash_attention_backward(void* ctx, float* dinp, const float* dout,
+                                          const float* inp, const float* out, const float* lse,
+                                          int B, int T, int C, int NH) noexcept nogil:
+    pass   # adds nothing into dinp
+
+FAULTS = ("gelu_forward", "layernorm_backward",      # found by tests/test_backend.py
+          "flash_attention_backward")                # and tests/test_flash_attention.py
+LLAMA_FAULTS = ("rope_backward",)                    # found by tests/test_llama_model.py
 
 
-def create(fault=None):
-    """The CPU backend; with fault (one of FAULTS) that entry deliberately wrong, for tests."""
-    cdef Backend backend = Backend("cpu" if fault is None else f"cpu-with-faulty-{fault}",
-                                   True, ("gpt2",))
+def create(fault=None, bint flash=True):
+    """The CPU backend; with fault (one of FAULTS) that entry deliberately wrong, and with
+    flash=False without the flash group (as a backend with gpt2's kernels only), for tests."""
+    name = "cpu" if fault is None else f"cpu-with-faulty-{fault}"
+    cdef Backend backend = Backend(name if flash else name + "-without-flash", True,
+                                   ("gpt2", "llama", "flash") if flash else ("gpt2", "llama"))
     cdef BackendTable* t = &backend.table
     t.ctx = NULL
     t.alloc = cpu_alloc
@@ -188,11 +273,29 @@ def create(fault=None):
     t.softmax_forward = cpu_softmax_forward
     t.crossentropy_forward = cpu_crossentropy_forward
     t.crossentropy_softmax_backward = cpu_crossentropy_softmax_backward
+    t.embedding_forward = cpu_embedding_forward
+    t.embedding_backward = cpu_embedding_backward
+    t.rmsnorm_forward = cpu_rmsnorm_forward
+    t.rmsnorm_backward = cpu_rmsnorm_backward
+    t.rope_forward = cpu_rope_forward
+    t.rope_backward = cpu_rope_backward
+    t.swiglu_forward = cpu_swiglu_forward
+    t.swiglu_backward = cpu_swiglu_backward
+    t.attention_gqa_forward = cpu_attention_gqa_forward
+    t.attention_gqa_backward = cpu_attention_gqa_backward
+    if flash:
+        t.flash_attention_forward = cpu_flash_attention_forward
+        t.flash_attention_backward = cpu_flash_attention_backward
     if fault == "gelu_forward":
         t.gelu_forward = faulty_gelu_forward
     elif fault == "layernorm_backward":
         t.layernorm_backward = faulty_layernorm_backward
+    elif fault == "rope_backward":
+        t.rope_backward = faulty_rope_backward
+    elif fault == "flash_attention_backward":
+        t.flash_attention_backward = faulty_flash_attention_backward
     elif fault is not None:
-        raise ValueError(f"no planted fault for {fault!r} (there are: {', '.join(FAULTS)})")
+        raise ValueError(f"no planted fault for {fault!r} (there are: "
+                         f"{', '.join(FAULTS + LLAMA_FAULTS)})")
     backend.validate()
     return backend

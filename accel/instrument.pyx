@@ -35,14 +35,22 @@ cdef enum Entry:
     E_LAYERNORM_BACKWARD, E_MATMUL_FORWARD, E_MATMUL_BACKWARD, E_ATTENTION_FORWARD,
     E_ATTENTION_BACKWARD, E_GELU_FORWARD, E_GELU_BACKWARD, E_RESIDUAL_FORWARD,
     E_RESIDUAL_BACKWARD, E_SOFTMAX_FORWARD, E_CROSSENTROPY_FORWARD,
-    E_CROSSENTROPY_SOFTMAX_BACKWARD, NUM_ENTRIES
+    E_CROSSENTROPY_SOFTMAX_BACKWARD,
+    E_EMBEDDING_FORWARD, E_EMBEDDING_BACKWARD, E_RMSNORM_FORWARD, E_RMSNORM_BACKWARD,
+    E_ROPE_FORWARD, E_ROPE_BACKWARD, E_SWIGLU_FORWARD, E_SWIGLU_BACKWARD,
+    E_ATTENTION_GQA_FORWARD, E_ATTENTION_GQA_BACKWARD,
+    E_FLASH_ATTENTION_FORWARD, E_FLASH_ATTENTION_BACKWARD, NUM_ENTRIES
 
 ENTRIES = ("zero", "copy_to_backend", "copy_to_host", "fill", "mean", "adamw_update",
            "global_norm_squared", "encoder_forward", "encoder_backward", "layernorm_forward",
            "layernorm_backward", "matmul_forward", "matmul_backward", "attention_forward",
            "attention_backward", "gelu_forward", "gelu_backward", "residual_forward",
            "residual_backward", "softmax_forward", "crossentropy_forward",
-           "crossentropy_softmax_backward")
+           "crossentropy_softmax_backward",
+           "embedding_forward", "embedding_backward", "rmsnorm_forward", "rmsnorm_backward",
+           "rope_forward", "rope_backward", "swiglu_forward", "swiglu_backward",
+           "attention_gqa_forward", "attention_gqa_backward",
+           "flash_attention_forward", "flash_attention_backward")
 assert len(ENTRIES) == NUM_ENTRIES
 cdef list _entry_bytes = [name.encode() for name in ENTRIES]   # entry_names points into these
 cdef const char* entry_names[<int>NUM_ENTRIES]
@@ -506,6 +514,153 @@ cdef void w_crossentropy_softmax_backward(void* ctx, float* dlogits, const float
                                                of(s, probs), of_int(s, targets), B, T, V, Vp)
         compare(s, E_CROSSENTROPY_SOFTMAX_BACKWARD, dlogits, <Py_ssize_t>B * T * Vp)
 
+# --- flash attention --------------------------------------------------------------------------
+
+cdef void w_flash_attention_forward(void* ctx, float* out, float* lse, const float* inp,
+                                    int B, int T, int C, int NH) noexcept nogil:
+    cdef Instrument* s = <Instrument*>ctx
+    cdef double start = enter(s)
+    s.target.flash_attention_forward(s.target.ctx, out, lse, inp, B, T, C, NH)
+    leave(s, E_FLASH_ATTENTION_FORWARD, start)
+    if s.mode & CHECK:
+        s.oracle.flash_attention_forward(s.oracle.ctx, of(s, out), of(s, lse), of(s, inp), B, T, C, NH)
+        compare(s, E_FLASH_ATTENTION_FORWARD, out, <Py_ssize_t>B * T * C)
+        compare(s, E_FLASH_ATTENTION_FORWARD, lse, <Py_ssize_t>B * NH * T)
+
+cdef void w_flash_attention_backward(void* ctx, float* dinp, const float* dout, const float* inp,
+                                     const float* out, const float* lse,
+                                     int B, int T, int C, int NH) noexcept nogil:
+    cdef Instrument* s = <Instrument*>ctx
+    cdef double start = enter(s)
+    s.target.flash_attention_backward(s.target.ctx, dinp, dout, inp, out, lse, B, T, C, NH)
+    leave(s, E_FLASH_ATTENTION_BACKWARD, start)
+    if s.mode & CHECK:
+        s.oracle.flash_attention_backward(s.oracle.ctx, of(s, dinp), of(s, dout), of(s, inp),
+                                          of(s, out), of(s, lse), B, T, C, NH)
+        compare(s, E_FLASH_ATTENTION_BACKWARD, dinp, <Py_ssize_t>B * T * 3 * C)
+
+
+# --- Llama's layers ----------------------------------------------------------------------------
+
+cdef void w_embedding_forward(void* ctx, float* out, const int* inp, const float* wte,
+                              int B, int T, int C) noexcept nogil:
+    cdef Instrument* s = <Instrument*>ctx
+    cdef double start = enter(s)
+    s.target.embedding_forward(s.target.ctx, out, inp, wte, B, T, C)
+    leave(s, E_EMBEDDING_FORWARD, start)
+    if s.mode & CHECK:
+        s.oracle.embedding_forward(s.oracle.ctx, of(s, out), of_int(s, inp), of(s, wte), B, T, C)
+        compare(s, E_EMBEDDING_FORWARD, out, <Py_ssize_t>B * T * C)
+
+cdef void w_embedding_backward(void* ctx, float* dwte, const float* dout, const int* inp,
+                               int B, int T, int C, int V) noexcept nogil:
+    cdef Instrument* s = <Instrument*>ctx
+    cdef double start = enter(s)
+    s.target.embedding_backward(s.target.ctx, dwte, dout, inp, B, T, C, V)
+    leave(s, E_EMBEDDING_BACKWARD, start)
+    if s.mode & CHECK:
+        s.oracle.embedding_backward(s.oracle.ctx, of(s, dwte), of(s, dout), of_int(s, inp),
+                                    B, T, C, V)
+        compare(s, E_EMBEDDING_BACKWARD, dwte, <Py_ssize_t>V * C)
+
+cdef void w_rmsnorm_forward(void* ctx, float* out, float* rstd, const float* inp,
+                            const float* weight, float eps, int B, int T, int C) noexcept nogil:
+    cdef Instrument* s = <Instrument*>ctx
+    cdef double start = enter(s)
+    s.target.rmsnorm_forward(s.target.ctx, out, rstd, inp, weight, eps, B, T, C)
+    leave(s, E_RMSNORM_FORWARD, start)
+    if s.mode & CHECK:
+        s.oracle.rmsnorm_forward(s.oracle.ctx, of(s, out), of(s, rstd), of(s, inp), of(s, weight),
+                                 eps, B, T, C)
+        compare(s, E_RMSNORM_FORWARD, out, <Py_ssize_t>B * T * C)
+        compare(s, E_RMSNORM_FORWARD, rstd, <Py_ssize_t>B * T)
+
+cdef void w_rmsnorm_backward(void* ctx, float* dinp, float* dweight, const float* dout,
+                             const float* inp, const float* weight, const float* rstd,
+                             int B, int T, int C) noexcept nogil:
+    cdef Instrument* s = <Instrument*>ctx
+    cdef double start = enter(s)
+    s.target.rmsnorm_backward(s.target.ctx, dinp, dweight, dout, inp, weight, rstd, B, T, C)
+    leave(s, E_RMSNORM_BACKWARD, start)
+    if s.mode & CHECK:
+        s.oracle.rmsnorm_backward(s.oracle.ctx, of(s, dinp), of(s, dweight), of(s, dout),
+                                  of(s, inp), of(s, weight), of(s, rstd), B, T, C)
+        compare(s, E_RMSNORM_BACKWARD, dinp, <Py_ssize_t>B * T * C)
+        compare(s, E_RMSNORM_BACKWARD, dweight, C)
+
+cdef void w_rope_forward(void* ctx, float* out, const float* inp, const float* freqs_cos,
+                         const float* freqs_sin, int B, int T, int NH, int hs) noexcept nogil:
+    cdef Instrument* s = <Instrument*>ctx
+    cdef double start = enter(s)
+    s.target.rope_forward(s.target.ctx, out, inp, freqs_cos, freqs_sin, B, T, NH, hs)
+    leave(s, E_ROPE_FORWARD, start)
+    if s.mode & CHECK:
+        s.oracle.rope_forward(s.oracle.ctx, of(s, out), of(s, inp), of(s, freqs_cos),
+                              of(s, freqs_sin), B, T, NH, hs)
+        compare(s, E_ROPE_FORWARD, out, <Py_ssize_t>B * T * NH * hs)
+
+cdef void w_rope_backward(void* ctx, float* dinp, const float* dout, const float* freqs_cos,
+                          const float* freqs_sin, int B, int T, int NH, int hs) noexcept nogil:
+    cdef Instrument* s = <Instrument*>ctx
+    cdef double start = enter(s)
+    s.target.rope_backward(s.target.ctx, dinp, dout, freqs_cos, freqs_sin, B, T, NH, hs)
+    leave(s, E_ROPE_BACKWARD, start)
+    if s.mode & CHECK:
+        s.oracle.rope_backward(s.oracle.ctx, of(s, dinp), of(s, dout), of(s, freqs_cos),
+                               of(s, freqs_sin), B, T, NH, hs)
+        compare(s, E_ROPE_BACKWARD, dinp, <Py_ssize_t>B * T * NH * hs)
+
+cdef void w_swiglu_forward(void* ctx, float* out, const float* a, const float* b,
+                           Py_ssize_t N) noexcept nogil:
+    cdef Instrument* s = <Instrument*>ctx
+    cdef double start = enter(s)
+    s.target.swiglu_forward(s.target.ctx, out, a, b, N)
+    leave(s, E_SWIGLU_FORWARD, start)
+    if s.mode & CHECK:
+        s.oracle.swiglu_forward(s.oracle.ctx, of(s, out), of(s, a), of(s, b), N)
+        compare(s, E_SWIGLU_FORWARD, out, N)
+
+cdef void w_swiglu_backward(void* ctx, float* da, float* db, const float* dout, const float* a,
+                            const float* b, Py_ssize_t N) noexcept nogil:
+    cdef Instrument* s = <Instrument*>ctx
+    cdef double start = enter(s)
+    s.target.swiglu_backward(s.target.ctx, da, db, dout, a, b, N)
+    leave(s, E_SWIGLU_BACKWARD, start)
+    if s.mode & CHECK:
+        s.oracle.swiglu_backward(s.oracle.ctx, of(s, da), of(s, db), of(s, dout), of(s, a),
+                                 of(s, b), N)
+        compare(s, E_SWIGLU_BACKWARD, da, N)
+        compare(s, E_SWIGLU_BACKWARD, db, N)
+
+cdef void w_attention_gqa_forward(void* ctx, float* out, float* att, const float* q,
+                                  const float* k, const float* v,
+                                  int B, int T, int NH, int NKV, int hs) noexcept nogil:
+    cdef Instrument* s = <Instrument*>ctx
+    cdef double start = enter(s)
+    s.target.attention_gqa_forward(s.target.ctx, out, att, q, k, v, B, T, NH, NKV, hs)
+    leave(s, E_ATTENTION_GQA_FORWARD, start)
+    if s.mode & CHECK:
+        s.oracle.attention_gqa_forward(s.oracle.ctx, of(s, out), of(s, att), of(s, q), of(s, k),
+                                       of(s, v), B, T, NH, NKV, hs)
+        compare(s, E_ATTENTION_GQA_FORWARD, out, <Py_ssize_t>B * T * NH * hs)
+        compare(s, E_ATTENTION_GQA_FORWARD, att, <Py_ssize_t>B * NH * T * T, T)
+
+cdef void w_attention_gqa_backward(void* ctx, float* dq, float* dk, float* dv, const float* dout,
+                                   const float* q, const float* k, const float* v,
+                                   const float* att, int B, int T, int NH, int NKV,
+                                   int hs) noexcept nogil:
+    cdef Instrument* s = <Instrument*>ctx
+    cdef double start = enter(s)
+    s.target.attention_gqa_backward(s.target.ctx, dq, dk, dv, dout, q, k, v, att, B, T, NH, NKV, hs)
+    leave(s, E_ATTENTION_GQA_BACKWARD, start)
+    if s.mode & CHECK:
+        s.oracle.attention_gqa_backward(s.oracle.ctx, of(s, dq), of(s, dk), of(s, dv), of(s, dout),
+                                        of(s, q), of(s, k), of(s, v), of(s, att),
+                                        B, T, NH, NKV, hs)
+        compare(s, E_ATTENTION_GQA_BACKWARD, dq, <Py_ssize_t>B * T * NH * hs)
+        compare(s, E_ATTENTION_GQA_BACKWARD, dk, <Py_ssize_t>B * T * NKV * hs)
+        compare(s, E_ATTENTION_GQA_BACKWARD, dv, <Py_ssize_t>B * T * NKV * hs)
+
 
 # --- the Python side ----------------------------------------------------------------------------
 
@@ -574,10 +729,13 @@ def create(str wrapper, Backend target):
     cdef int mode = {"check": CHECK, "profile": PROFILE, "guard": GUARD}[wrapper]
     if mode == GUARD and not target.host_visible:
         raise BackendError(f"guard:{target.name}: guarding needs host memory (guard:cpu)")
+    oracle = get_backend("cpu") if mode == CHECK else None
+    # check: claims only the families the oracle can check too
+    families = tuple(f for f in target.families if oracle is None or oracle.supports(f))
     cdef InstrumentedBackend b = InstrumentedBackend(
-        f"{wrapper}:{target.name}", target.host_visible and mode == PROFILE, target.families)
+        f"{wrapper}:{target.name}", target.host_visible and mode == PROFILE, families)
     b.target = target
-    b.oracle = get_backend("cpu") if mode == CHECK else None
+    b.oracle = oracle
     b.s = <Instrument*>malloc(sizeof(Instrument))
     if b.s == NULL:
         raise MemoryError()
@@ -621,5 +779,18 @@ def create(str wrapper, Backend target):
     t.softmax_forward = w_softmax_forward
     t.crossentropy_forward = w_crossentropy_forward
     t.crossentropy_softmax_backward = w_crossentropy_softmax_backward
+    t.embedding_forward = w_embedding_forward
+    t.embedding_backward = w_embedding_backward
+    t.rmsnorm_forward = w_rmsnorm_forward
+    t.rmsnorm_backward = w_rmsnorm_backward
+    t.rope_forward = w_rope_forward
+    t.rope_backward = w_rope_backward
+    t.swiglu_forward = w_swiglu_forward
+    t.swiglu_backward = w_swiglu_backward
+    t.attention_gqa_forward = w_attention_gqa_forward
+    t.attention_gqa_backward = w_attention_gqa_backward
+    if "flash" in families:
+        t.flash_attention_forward = w_flash_attention_forward
+        t.flash_attention_backward = w_flash_attention_backward
     b.validate()
     return b

@@ -13,10 +13,15 @@ interleaved A B A B so that a noisy neighbour hurts both alike.
     python dev/bench_step.py --threads 1
     python dev/bench_step.py --profile                also: where llm.pyx's step time goes
     python dev/bench_step.py --backend NAME           llm.pyx on another backend
+    python dev/bench_step.py --model stories15M -t 256  Llama 2 (train_llama2.Llama2 against
+                                                      train_llama2_torch.Transformer): a preset
+                                                      or a Llama dN
 
 Prints ms/step (median, min-max), tokens/s, the ratio llm.pyx / PyTorch, the model FLOPs
 achieved against this machine's measured sgemm peak (scipy-openblas32, 2048^3, same threads),
-peak RSS, and the losses of both sides (same parameters, same batch: they must agree).
+the step against GEMM-only (its matmul FLOPs at that sgemm rate: the time of a step that did
+nothing else), peak RSS of each side's process and their ratio, and the losses of both sides
+(same parameters, same batch: they must agree).
 The training path runs as it would from the shell with OMP_NUM_THREADS=--threads: nothing
 here changes its BLAS thread settings (the peak sgemm runs OpenBLAS on --threads threads).
 Other environment variables (OMP_WAIT_POLICY, OPENBLAS_NUM_THREADS, ...) pass through.
@@ -46,6 +51,7 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-e", "--depth", type=int, default=12, help="model depth dN (12: GPT-2 124M)")
+    p.add_argument("--model", help="a Llama model instead: a preset (stories15M, ...) or dN")
     p.add_argument("-b", "--batch", type=int, default=4, help="batch size B")
     p.add_argument("-t", "--seq", type=int, default=64, help="sequence length T")
     p.add_argument("--threads", type=int, default=2, help="threads for both sides (OMP_NUM_THREADS, torch.set_num_threads)")
@@ -54,6 +60,8 @@ def parse_args(argv=None):
     p.add_argument("--rounds", type=int, default=2, help="llm.pyx/PyTorch rounds, interleaved")
     p.add_argument("--no-torch", action="store_true", help="time llm.pyx only")
     p.add_argument("--backend", default="cpu", help="llm.pyx's backend (accel/README.md)")
+    p.add_argument("--recompute", default="all",
+                   help="llm.pyx's activation checkpoint policy (llmc/recompute.py)")
     p.add_argument("--profile", action="store_true",
                    help="also time each entry of the backend table over llm.pyx's step "
                         "(the step on profile:BACKEND)")
@@ -64,13 +72,31 @@ def parse_args(argv=None):
 
 
 def config_for(args):
-    from llmc_io import GPT2Config
-    return GPT2Config.from_depth(args.depth)
+    from llmc_io import GPT2Config, LlamaConfig
+    model = getattr(args, "model", None)   # dev/gpu/bench_gpu.py times GPT-2 only
+    return LlamaConfig.from_name(model) if model else GPT2Config.from_depth(args.depth)
+
+
+def model_class(args):
+    """(llm.pyx's model class, the PyTorch reference module) of the benchmarked family."""
+    if args.model:
+        import train_llama2_torch
+        from train_llama2 import Llama2
+        return Llama2, train_llama2_torch
+    import train_gpt2_torch
+    from train_gpt2 import GPT2
+    return GPT2, train_gpt2_torch
 
 
 def model_flops(config, B, T):
     """(matmul, attention) FLOPs of one training step: every matmul's 2*B*T*C*OC forward, and
     twice that backward; attention's causal half of q.k and att.v, likewise."""
+    if hasattr(config, "n_layers"):   # Llama: q, k, v, o, then w1, w3, w2, then the head
+        C, L, H, V = config.dim, config.n_layers, config.hidden_dim, config.vocab_size
+        kv_dim = config.n_kv_heads * config.head_size
+        matmul = 3 * 2.0 * B * T * (L * (2 * C * C + 2 * C * kv_dim + 3 * C * H) + C * V)
+        attention = 3 * 2.0 * B * T * (T + 1) * C * L
+        return matmul, attention
     C, L, Vp = config.channels, config.num_layers, config.padded_vocab_size
     matmul = 3 * 2.0 * B * T * (L * 12 * C * C + C * Vp)
     attention = 3 * 2.0 * B * T * (T + 1) * C * L
@@ -133,9 +159,9 @@ def llmpyx_steps(model, x, y, first_t, steps):
 
 def worker_llmpyx(args):
     # the training path as it runs: OMP_NUM_THREADS from --threads, BLAS threads left to it
-    from train_gpt2 import GPT2
+    Model, _ = model_class(args)
     config = config_for(args)
-    model = GPT2.random(config, seed=0, backend=args.backend)
+    model = Model.random(config, seed=0, backend=args.backend, recompute=args.recompute)
     if args.params:
         np.save(args.params, model.params)
     x, y = batch(config, args.batch, args.seq)
@@ -145,13 +171,13 @@ def worker_llmpyx(args):
 
 def worker_torch(args):
     import torch
-    import train_gpt2_torch
+    _, reference = model_class(args)
     torch.set_num_threads(args.threads)
     config = config_for(args)
     if args.params:
-        model = train_gpt2_torch.build_model(config, np.load(args.params))
+        model = reference.build_model(config, np.load(args.params))
     else:
-        model = train_gpt2_torch.GPT(config)
+        model = reference.Transformer(config) if args.model else reference.GPT(config)
     optimizer = torch.optim.AdamW(model.parameters(), lr=ADAMW["lr"],
                                   betas=(ADAMW["beta1"], ADAMW["beta2"]), eps=ADAMW["eps"],
                                   weight_decay=ADAMW["weight_decay"], fused=True)
@@ -174,9 +200,10 @@ def worker_torch(args):
 def worker_profile(args):
     """The step on profile:BACKEND: {entry: seconds per step} of the table's entries, and the
     wall time per step (the rest is Python and the model's bookkeeping)."""
-    from train_gpt2 import GPT2
+    Model, _ = model_class(args)
     config = config_for(args)
-    model = GPT2.random(config, seed=0, backend="profile:" + args.backend)
+    model = Model.random(config, seed=0, backend="profile:" + args.backend,
+                         recompute=args.recompute)
     x, y = batch(config, args.batch, args.seq)
     llmpyx_steps(model, x, y, 1, args.warmup)
     model.backend.reset()
@@ -193,9 +220,12 @@ def worker_profile(args):
 def run_worker(kind, args, params_path=None):
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", kind, "-e", str(args.depth),
            "-b", str(args.batch), "-t", str(args.seq), "--threads", str(args.threads),
-           "--steps", str(args.steps), "--warmup", str(args.warmup), "--backend", args.backend]
+           "--steps", str(args.steps), "--warmup", str(args.warmup), "--backend", args.backend,
+           "--recompute", args.recompute]
     if params_path:
         cmd += ["--params", params_path]
+    if args.model:
+        cmd += ["--model", args.model]
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
@@ -233,7 +263,8 @@ def main(argv=None):
     use_torch = not args.no_torch and have_torch()
     tmp = tempfile.mkdtemp(prefix="bench_step_")
     params_path = os.path.join(tmp, "params.npy") if use_torch else None
-    print(f"llm.pyx training step: d{args.depth} ({config.num_parameters() / 1e6:.1f}M parameters), "
+    print(f"llm.pyx training step: {args.model or f'd{args.depth}'} "
+          f"({config.num_parameters() / 1e6:.1f}M parameters), "
           f"B={B} T={T}, {args.threads} threads, {args.warmup} warm-up + {args.steps} timed steps "
           f"x {args.rounds} rounds", flush=True)
     try:
@@ -249,10 +280,11 @@ def main(argv=None):
 
     matmul_flops, attention_flops = model_flops(config, B, T)
     flops = matmul_flops + attention_flops
+    gemm_only = matmul_flops / (peak["gflops"] * 1e9)
     print(f"model FLOPs per step: {flops / 1e9:.1f} G (matmuls {matmul_flops / 1e9:.1f} G, "
           f"attention {attention_flops / 1e9:.1f} G); measured peak: {peak['gflops']:.0f} GFLOP/s "
           f"({peak['source']}, {args.threads} threads) -> floor {flops / peak['gflops'] / 1e6:.0f} ms "
-          f"for the FLOPs alone")
+          f"for the FLOPs alone; GEMM-only (the matmul FLOPs at that rate) {gemm_only * 1e3:.0f} ms")
     rows = {}
     print(f"\n{'':<9} {'ms/step':>9} {'min-max ms':>17} {'tokens/s':>9} {'GFLOP/s':>8} {'% peak':>7} {'peak RSS':>9}")
     for name, runs in results.items():
@@ -265,10 +297,13 @@ def main(argv=None):
         print(f"{name:<9} {s['median'] * 1e3:9.1f} {s['min'] * 1e3:8.1f}-{s['max'] * 1e3:<8.1f} "
               f"{B * T / s['median']:9.0f} {gflops:8.1f} {100 * gflops / peak['gflops']:6.0f}% "
               f"{rss / 2 ** 30:7.2f} GB")
+    print(f"\nllm.pyx / GEMM-only: {rows['llm.pyx']['median'] / gemm_only:.3f} "
+          f"(a step of nothing but its matmuls at the sgemm rate would be 1)")
     if "PyTorch" in rows:
         ratio = rows["llm.pyx"]["median"] / rows["PyTorch"]["median"]
-        print(f"\nllm.pyx / PyTorch eager (torch {results['PyTorch'][0]['torch']}, fused AdamW): "
-              f"{ratio:.3f} of the time per step ({1 / ratio:.2f}x the speed)")
+        print(f"llm.pyx / PyTorch eager (torch {results['PyTorch'][0]['torch']}, fused AdamW): "
+              f"{ratio:.3f} of the time per step ({1 / ratio:.2f}x the speed), "
+              f"{rows['llm.pyx']['rss'] / rows['PyTorch']['rss']:.3f} of the peak RSS")
         a, b = np.array(rows["llm.pyx"]["losses"]), np.array(rows["PyTorch"]["losses"])
         print(f"losses, same parameters and batch: llm.pyx {a[0]:.6f} .. {a[-1]:.6f}, "
               f"PyTorch {b[0]:.6f} .. {b[-1]:.6f}, max |difference| {np.max(np.abs(a - b)):.2e}")
@@ -285,7 +320,7 @@ def main(argv=None):
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(args=vars(args), peak=peak, results=rows, profile=profile,
-                           flops=flops), f, indent=1)
+                           flops=flops, gemm_only=gemm_only), f, indent=1)
     return 0
 
 

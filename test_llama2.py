@@ -1,0 +1,67 @@
+"""
+Parity check of the Cython Llama 2 against its PyTorch reference (train_llama2_torch.py), as
+test_gpt2.py is for GPT-2 and with its comparisons and tolerances: load a model and a debug
+state, compare logits and loss, every gradient tensor, then the losses of 10 AdamW steps.
+
+    python test_llama2.py                                 # the committed tiny fixture (GQA)
+    python test_llama2.py --model M.bin --state S.bin     # what train_llama2_torch.py wrote
+    python test_llama2.py --backend check:cpu             # on a backend (accel/README.md)
+
+Exits 0 only when every comparison passes ("overall okay: 1").
+"""
+import argparse
+import importlib.util
+import json
+import os
+import sys
+
+from llmc_io import FormatError, param_views, read_debug_state, read_llama_model
+from test_gpt2 import STEPS, check_parity
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FIXTURE_MODEL = os.path.join(HERE, "tests", "fixtures", "llama2_tiny.bin")
+FIXTURE_STATE = os.path.join(HERE, "tests", "fixtures", "llama2_tiny_debug_state.bin")
+
+
+def expected_losses(config, params, state, state_path):
+    """The 10 step losses to compare with, and where they came from (None if nowhere)."""
+    if importlib.util.find_spec("torch") is not None:
+        from train_llama2_torch import reference_losses
+        return reference_losses(config, params, state.x, state.y, steps=STEPS), "the PyTorch reference"
+    losses_path = os.path.splitext(state_path)[0] + ".losses.json"
+    if os.path.exists(losses_path):
+        with open(losses_path) as f:
+            return json.load(f)["losses"], losses_path
+    return None, None
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=FIXTURE_MODEL, help="Llama model file")
+    parser.add_argument("--state", default=FIXTURE_STATE, help="llm.c-format debug state file")
+    parser.add_argument("--backend", default="cpu",
+                        help="the backend to run on: cpu, check:NAME, profile:NAME, ...")
+    args = parser.parse_args()
+
+    # after argument parsing, so --help works before a build
+    from accel.backend import BackendError
+    from train_llama2 import Llama2
+    try:
+        config, params = read_llama_model(args.model)
+        state = read_debug_state(args.state, config)
+        model = Llama2(config, backend=args.backend)
+    except (FormatError, BackendError) as e:
+        parser.exit(2, f"test_llama2.py: error: {e}\n")
+    model.params = params
+    B, T = state.x.shape
+    print(f"[Llama 2] {args.model}: {config.describe()}, {config.num_parameters():,} parameters")
+    print(f"[State] {args.state}: B={B} T={T}")
+    print(f"[Backend] {model.backend.name}")
+    okay = check_parity(model, state, param_views(config, state.grads),
+                        lambda: expected_losses(config, params, state, args.state))
+    return 0 if okay else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

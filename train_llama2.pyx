@@ -1,0 +1,333 @@
+"""
+Llama 2 training in Cython: the model of llama2.c and Meta's reference, on any backend.
+
+Llama 2's shapes and the forward and backward of its embedding, of one layer and of its head,
+as train_llama2_torch.py defines them; all else (buffers, tokens in and loss out, running the
+layers under an activation checkpoint policy, zero_grad, the gradient norm, AdamW) is the
+model-generic core, llmc/model.pyx, and every kernel call goes through the backend table
+(accel/backend.pxd): Llama2(config, backend="cpu", recompute="all").  Per layer, with no
+biases anywhere:
+
+    x += wo(attention(rope(wq(rmsnorm(x))), rope(wk(rmsnorm(x))), wv(rmsnorm(x))))
+    x += w2(silu(w1(rmsnorm(x))) * w3(rmsnorm(x)))
+
+after the token embedding (positions enter through RoPE), then a final RMSNorm and the output
+head (the embedding itself with a shared classifier).  One parameter buffer cut into 11 tensors
+(12 with a separate classifier), one activation buffer cut into 24 (with recompute="all", the
+default; other policies keep the layer tensors of fewer layers: llmc/recompute.py).
+
+Dimension letters:
+    B batch size, T sequence length, C channels (dim), L layers, NH query heads,
+    NKV key/value heads (dividing NH), hs head size (C / NH), QD = NH*hs, KVD = NKV*hs,
+    H the FFN's hidden size, V vocabulary size, maxT the longest sequence (RoPE's tables).
+"""
+import numpy as np
+
+from kernels import rope
+from llmc_io import LlamaConfig, read_llama_model, write_llama_model
+
+from accel.backend cimport Buffer
+from llmc.model cimport Model
+
+__all__ = ["Llama2", "LlamaConfig", "activation_shapes"]
+
+# ----------------------------------------------------------------------------
+# the parameters: llama2.c's checkpoint order (LlamaConfig.param_shapes has their shapes, in
+# the order of these fields: Layout.point fills the struct from it)
+
+ctypedef struct ParameterTensors:
+    float* tok_embeddings   # (V, C)
+    float* attention_norm   # (L, C)
+    float* wq               # (L, QD, C)
+    float* wk               # (L, KVD, C)
+    float* wv               # (L, KVD, C)
+    float* wo               # (L, C, QD)
+    float* ffn_norm         # (L, C)
+    float* w1               # (L, H, C)
+    float* w2               # (L, C, H)
+    float* w3               # (L, H, C)
+    float* norm             # (C,)
+    float* output           # (V, C); tok_embeddings itself with a shared classifier
+
+# ----------------------------------------------------------------------------
+# the activations, as the checkpoint core (llmc/model.pyx) takes them: the embedding's output
+# "encoded" (B, T, C), one layer's 18 (stacked over the layers the policy keeps), the head's 5
+
+ctypedef struct LayerActivations:
+    float* ln1          # (B, T, C)  attention_norm's output
+    float* ln1_rstd     # (B, T)
+    float* q            # (B, T, QD)
+    float* k            # (B, T, KVD)
+    float* v            # (B, T, KVD)
+    float* qr           # (B, T, QD)  q rotated by RoPE
+    float* kr           # (B, T, KVD) k rotated by RoPE
+    float* att          # (B, NH, T, T) attention probabilities
+    float* atty         # (B, T, QD)  the heads' outputs side by side
+    float* attproj      # (B, T, C)
+    float* residual2    # (B, T, C)
+    float* ln2          # (B, T, C)  ffn_norm's output
+    float* ln2_rstd     # (B, T)
+    float* h1           # (B, T, H)  w1's output, the gate
+    float* h3           # (B, T, H)  w3's output
+    float* hgated       # (B, T, H)  silu(h1) * h3
+    float* ffnproj      # (B, T, C)
+    float* residual3    # (B, T, C)  the layer's output, the residual stream into the next
+
+ctypedef struct HeadActivations:
+    float* lnf          # (B, T, C)
+    float* lnf_rstd     # (B, T)
+    float* logits       # (B, T, V)
+    float* probs        # (B, T, V)
+    float* losses       # (B, T)
+
+
+def activation_shapes(config, int B, int T):
+    """The activations of a batch of B sequences of T tokens, as (name, shape): (the embedding's
+    output "encoded", one layer's 18 tensors, the head's 5).  The model's 24 tensors are these
+    with each layer tensor stacked over the L layers."""
+    cdef int C = config.dim, NH = config.n_heads, H = config.hidden_dim
+    cdef int QD = NH * config.head_size, KVD = config.n_kv_heads * config.head_size
+    V = config.vocab_size
+    layer = [
+        ("ln1", (B, T, C)), ("ln1_rstd", (B, T)), ("q", (B, T, QD)), ("k", (B, T, KVD)),
+        ("v", (B, T, KVD)), ("qr", (B, T, QD)), ("kr", (B, T, KVD)), ("att", (B, NH, T, T)),
+        ("atty", (B, T, QD)), ("attproj", (B, T, C)), ("residual2", (B, T, C)),
+        ("ln2", (B, T, C)), ("ln2_rstd", (B, T)), ("h1", (B, T, H)), ("h3", (B, T, H)),
+        ("hgated", (B, T, H)), ("ffnproj", (B, T, C)), ("residual3", (B, T, C)),
+    ]
+    head = [("lnf", (B, T, C)), ("lnf_rstd", (B, T)), ("logits", (B, T, V)),
+            ("probs", (B, T, V)), ("losses", (B, T))]
+    return ("encoded", (B, T, C)), layer, head
+
+
+# ----------------------------------------------------------------------------
+# the model
+
+
+cdef class Llama2(Model):
+    """Llama 2 with one buffer per kind, as llm.c.  See the module docstring for the letters."""
+    FAMILY = "llama"
+    # the matrices: weight decay applies to them alone with decay_2d_only (not the norms)
+    MATRICES = frozenset(("tok_embeddings", "wq", "wk", "wv", "wo", "w1", "w2", "w3", "output"))
+    # the activations whose gradients no backward kernel takes: none are allocated
+    NO_GRAD = frozenset(("ln1_rstd", "att", "ln2_rstd", "lnf_rstd", "probs"))
+    cdef int NH, NKV, hs, C, H, V
+    cdef float eps
+    cdef ParameterTensors params_c, grads_c     # pointers into the buffers, llm.c's structs
+    cdef Buffer _rope                           # RoPE's cos and sin tables, (maxT, hs/2) each
+    cdef const float* freqs_cos
+    cdef const float* freqs_sin
+
+    def __init__(self, config, backend="cpu", recompute="all"):
+        """A model of this LlamaConfig with all parameters zero (see random / from_checkpoint),
+        on a backend: "cpu", "check:cpu", ... (accel.backend.backend_names()), keeping its
+        activations by a recompute policy: "all", "sqrt", ... (llmc/recompute.py)."""
+        assert sizeof(ParameterTensors) == 12 * sizeof(float*)
+        assert sizeof(LayerActivations) == 18 * sizeof(float*)
+        assert sizeof(HeadActivations) == 5 * sizeof(float*)
+        self.NH, self.NKV = config.n_heads, config.n_kv_heads
+        self.hs, self.C, self.H = config.head_size, config.dim, config.hidden_dim
+        self.V, self.eps = config.vocab_size, config.norm_eps
+        super().__init__(config, backend, recompute)
+        # the rotation tables, computed once on the host and uploaded (read-only from here on)
+        freqs_cos, freqs_sin = rope.freqs(config.max_seq_len, self.hs, config.rope_theta)
+        cdef Py_ssize_t table_size = freqs_cos.size
+        self._rope = self.backend.alloc(2 * table_size * sizeof(float))
+        self._rope.load(np.concatenate([freqs_cos.ravel(), freqs_sin.ravel()]))
+        self.freqs_cos = <float*>self._rope.ptr
+        self.freqs_sin = self.freqs_cos + table_size
+
+    cdef void point_parameters(self, float* params, float* grads) noexcept:
+        self.param_layout.point(<float**>&self.params_c, params)
+        if self.config.shared_classifier:
+            self.params_c.output = self.params_c.tok_embeddings
+        if grads != NULL:
+            self.param_layout.point(<float**>&self.grads_c, grads)
+            if self.config.shared_classifier:   # both uses add into the one gradient
+                self.grads_c.output = self.grads_c.tok_embeddings
+
+    @classmethod
+    def activation_shapes(cls, config, int B, int T):
+        return activation_shapes(config, B, T)
+
+    @classmethod
+    def num_layers_of(cls, config):
+        return config.n_layers
+
+    @classmethod
+    def flops_per_token(cls, config, int T):
+        """Forward FLOPs per token of a sequence of T: {layer_matmul, layer_attention,
+        head_matmul}, each layer's and the head's (backward is twice the forward).  A matmul
+        is 2*C*OC per token: per layer 2*(C*QD + 2*C*KVD + QD*C + 3*C*H); causal attention
+        averages (T+1)/2 keys per query for q.k and for att.v in each of the NH heads:
+        2*QD*(T+1) per layer (GQA shares k and v, not the FLOPs)."""
+        C, H = config.dim, config.hidden_dim
+        QD, KVD = config.n_heads * config.head_size, config.n_kv_heads * config.head_size
+        return dict(layer_matmul=2.0 * (2 * C * QD + 2 * C * KVD + 3 * C * H),
+                    layer_attention=2.0 * QD * (T + 1), head_matmul=2.0 * C * config.vocab_size)
+
+    @classmethod
+    def from_checkpoint(cls, path, backend="cpu", recompute="all"):
+        """Load a Llama model file (llmc_io.read_llama_model)."""
+        config, params = read_llama_model(path)
+        model = cls(config, backend, recompute)
+        model.params = params
+        return model
+
+    @classmethod
+    def random(cls, config, seed=0, backend="cpu", recompute="all"):
+        """llama2.c's initialisation (as train_llama2_torch.init_params, from NumPy's generator):
+        every matrix and the embedding N(0, 0.02), wo and w3 N(0, 0.02/sqrt(2L)), norms 1."""
+        model = cls(config, backend, recompute)
+        rng = np.random.default_rng(seed)
+        params = np.zeros(model.num_parameters, dtype=np.float32)
+        residual_std = 0.02 / np.sqrt(2 * config.n_layers)
+        for name, tensor in model.param_layout.views(params).items():
+            if name in ("attention_norm", "ffn_norm", "norm"):
+                tensor[...] = 1.0
+            else:
+                std = residual_std if name in ("wo", "w3") else 0.02
+                tensor[...] = rng.standard_normal(tensor.shape, dtype=np.float32) * np.float32(std)
+        model.params = params
+        return model
+
+    def save(self, path):
+        """Write the model file (llmc_io.write_llama_model)."""
+        write_llama_model(path, self.config, self.params)
+
+    @property
+    def logits(self):
+        """(B, T, V) logits of the last forward."""
+        return self.activation("logits")
+
+    @property
+    def probs(self):
+        """(B, T, V) softmax of the logits."""
+        return self.activation("probs")
+
+    # --- forward ---------------------------------------------------------------
+
+    cdef void embedding_forward(self, float* out, const int* inputs, int B, int T) noexcept nogil:
+        self.b.embedding_forward(self.b.ctx, out, inputs, self.params_c.tok_embeddings, B, T, self.C)
+
+    cdef void layer_forward(self, int layer, float** layer_acts, const float* residual, int B, int T) noexcept nogil:
+        """Layer l on its input residual (B, T, C), into its activations."""
+        cdef Py_ssize_t l = layer   # weight offsets outgrow an int in big models
+        cdef void* ctx = self.b.ctx
+        cdef ParameterTensors p = self.params_c
+        cdef LayerActivations* a = <LayerActivations*>layer_acts
+        cdef int C = self.C, H = self.H, NH = self.NH, NKV = self.NKV, hs = self.hs
+        cdef int QD = NH * hs, KVD = NKV * hs
+        cdef Py_ssize_t BTC = <Py_ssize_t>B * T * C
+        # this layer's weights
+        cdef const float* l_attention_norm = p.attention_norm + l * C
+        cdef const float* l_wq = p.wq + l * QD * C
+        cdef const float* l_wk = p.wk + l * KVD * C
+        cdef const float* l_wv = p.wv + l * KVD * C
+        cdef const float* l_wo = p.wo + l * C * QD
+        cdef const float* l_ffn_norm = p.ffn_norm + l * C
+        cdef const float* l_w1 = p.w1 + l * H * C
+        cdef const float* l_w2 = p.w2 + l * C * H
+        cdef const float* l_w3 = p.w3 + l * H * C
+
+        self.b.rmsnorm_forward(ctx, a.ln1, a.ln1_rstd, residual, l_attention_norm, self.eps, B, T, C)
+        self.b.matmul_forward(ctx, a.q, a.ln1, l_wq, NULL, B, T, C, QD)
+        self.b.matmul_forward(ctx, a.k, a.ln1, l_wk, NULL, B, T, C, KVD)
+        self.b.matmul_forward(ctx, a.v, a.ln1, l_wv, NULL, B, T, C, KVD)
+        self.b.rope_forward(ctx, a.qr, a.q, self.freqs_cos, self.freqs_sin, B, T, NH, hs)
+        self.b.rope_forward(ctx, a.kr, a.k, self.freqs_cos, self.freqs_sin, B, T, NKV, hs)
+        self.b.attention_gqa_forward(ctx, a.atty, a.att, a.qr, a.kr, a.v, B, T, NH, NKV, hs)
+        self.b.matmul_forward(ctx, a.attproj, a.atty, l_wo, NULL, B, T, QD, C)
+        self.b.residual_forward(ctx, a.residual2, residual, a.attproj, BTC)
+        self.b.rmsnorm_forward(ctx, a.ln2, a.ln2_rstd, a.residual2, l_ffn_norm, self.eps, B, T, C)
+        self.b.matmul_forward(ctx, a.h1, a.ln2, l_w1, NULL, B, T, C, H)
+        self.b.matmul_forward(ctx, a.h3, a.ln2, l_w3, NULL, B, T, C, H)
+        self.b.swiglu_forward(ctx, a.hgated, a.h1, a.h3, <Py_ssize_t>B * T * H)
+        self.b.matmul_forward(ctx, a.ffnproj, a.hgated, l_w2, NULL, B, T, H, C)
+        self.b.residual_forward(ctx, a.residual3, a.residual2, a.ffnproj, BTC)
+
+    cdef void head_forward(self, float** head_acts, const float* residual, const int* targets,
+                           int B, int T) noexcept nogil:
+        cdef void* ctx = self.b.ctx
+        cdef ParameterTensors p = self.params_c
+        cdef HeadActivations* acts = <HeadActivations*>head_acts
+        cdef int C = self.C, V = self.V
+        self.b.rmsnorm_forward(ctx, acts.lnf, acts.lnf_rstd, residual, p.norm, self.eps, B, T, C)
+        self.b.matmul_forward(ctx, acts.logits, acts.lnf, p.output, NULL, B, T, C, V)
+        self.b.softmax_forward(ctx, acts.probs, acts.logits, B, T, V, V)
+        if targets != NULL:
+            self.b.crossentropy_forward(ctx, acts.losses, acts.probs, targets, B, T, V)
+
+    # --- backward --------------------------------------------------------------
+
+    cdef void head_backward(self, float* dresidual, float** head_grads, float** head_acts,
+                            const float* residual, const int* targets, int B, int T) noexcept nogil:
+        cdef void* ctx = self.b.ctx
+        cdef ParameterTensors p = self.params_c, g = self.grads_c
+        cdef HeadActivations* acts = <HeadActivations*>head_acts
+        cdef HeadActivations* grads_acts = <HeadActivations*>head_grads
+        cdef int C = self.C, V = self.V
+        self.b.crossentropy_softmax_backward(ctx, grads_acts.logits, grads_acts.losses, acts.probs,
+                                             targets, B, T, V, V)
+        self.b.matmul_backward(ctx, grads_acts.lnf, g.output, NULL, grads_acts.logits, acts.lnf,
+                               p.output, B, T, C, V)
+        self.b.rmsnorm_backward(ctx, dresidual, g.norm, grads_acts.lnf, residual, p.norm,
+                                acts.lnf_rstd, B, T, C)
+
+    cdef void layer_backward(self, int layer, float* dresidual, float** layer_grads, float** layer_acts,
+                             const float* residual, int B, int T) noexcept nogil:
+        """Layer l's gradients: from da.residual3 (the gradient of its output) into its
+        weights' gradients, its activation gradients da, and dresidual (B, T, C), the gradient
+        of its input residual (all +=)."""
+        cdef Py_ssize_t l = layer   # weight offsets outgrow an int in big models
+        cdef void* ctx = self.b.ctx
+        cdef ParameterTensors p = self.params_c, g = self.grads_c
+        cdef LayerActivations* a = <LayerActivations*>layer_acts
+        cdef LayerActivations* da = <LayerActivations*>layer_grads
+        cdef int C = self.C, H = self.H, NH = self.NH, NKV = self.NKV, hs = self.hs
+        cdef int QD = NH * hs, KVD = NKV * hs
+        cdef Py_ssize_t BTC = <Py_ssize_t>B * T * C
+        # this layer's weights
+        cdef const float* l_attention_norm = p.attention_norm + l * C
+        cdef const float* l_wq = p.wq + l * QD * C
+        cdef const float* l_wk = p.wk + l * KVD * C
+        cdef const float* l_wv = p.wv + l * KVD * C
+        cdef const float* l_wo = p.wo + l * C * QD
+        cdef const float* l_ffn_norm = p.ffn_norm + l * C
+        cdef const float* l_w1 = p.w1 + l * H * C
+        cdef const float* l_w2 = p.w2 + l * C * H
+        cdef const float* l_w3 = p.w3 + l * H * C
+        # this layer's weight gradients
+        cdef float* dl_attention_norm = g.attention_norm + l * C
+        cdef float* dl_wq = g.wq + l * QD * C
+        cdef float* dl_wk = g.wk + l * KVD * C
+        cdef float* dl_wv = g.wv + l * KVD * C
+        cdef float* dl_wo = g.wo + l * C * QD
+        cdef float* dl_ffn_norm = g.ffn_norm + l * C
+        cdef float* dl_w1 = g.w1 + l * H * C
+        cdef float* dl_w2 = g.w2 + l * C * H
+        cdef float* dl_w3 = g.w3 + l * H * C
+
+        # the forward's steps, in reverse
+        self.b.residual_backward(ctx, da.residual2, da.ffnproj, da.residual3, BTC)
+        self.b.matmul_backward(ctx, da.hgated, dl_w2, NULL, da.ffnproj, a.hgated, l_w2, B, T, H, C)
+        self.b.swiglu_backward(ctx, da.h1, da.h3, da.hgated, a.h1, a.h3, <Py_ssize_t>B * T * H)
+        self.b.matmul_backward(ctx, da.ln2, dl_w3, NULL, da.h3, a.ln2, l_w3, B, T, C, H)
+        self.b.matmul_backward(ctx, da.ln2, dl_w1, NULL, da.h1, a.ln2, l_w1, B, T, C, H)
+        self.b.rmsnorm_backward(ctx, da.residual2, dl_ffn_norm, da.ln2, a.residual2, l_ffn_norm,
+                                a.ln2_rstd, B, T, C)
+        self.b.residual_backward(ctx, dresidual, da.attproj, da.residual2, BTC)
+        self.b.matmul_backward(ctx, da.atty, dl_wo, NULL, da.attproj, a.atty, l_wo, B, T, QD, C)
+        self.b.attention_gqa_backward(ctx, da.qr, da.kr, da.v, da.atty, a.qr, a.kr, a.v, a.att,
+                                      B, T, NH, NKV, hs)
+        self.b.rope_backward(ctx, da.q, da.qr, self.freqs_cos, self.freqs_sin, B, T, NH, hs)
+        self.b.rope_backward(ctx, da.k, da.kr, self.freqs_cos, self.freqs_sin, B, T, NKV, hs)
+        self.b.matmul_backward(ctx, da.ln1, dl_wv, NULL, da.v, a.ln1, l_wv, B, T, C, KVD)
+        self.b.matmul_backward(ctx, da.ln1, dl_wk, NULL, da.k, a.ln1, l_wk, B, T, C, KVD)
+        self.b.matmul_backward(ctx, da.ln1, dl_wq, NULL, da.q, a.ln1, l_wq, B, T, C, QD)
+        self.b.rmsnorm_backward(ctx, dresidual, dl_attention_norm, da.ln1, residual,
+                                l_attention_norm, a.ln1_rstd, B, T, C)
+
+    cdef void embedding_backward(self, const float* dencoded, const int* inputs, int B, int T) noexcept nogil:
+        self.b.embedding_backward(self.b.ctx, self.grads_c.tok_embeddings, dencoded, inputs, B, T,
+                                  self.C, self.V)
