@@ -577,8 +577,60 @@ class Adamw(Kernel):
         return st["n"] * 4 * (7 if pass_ == "update" else 1)
 
 
+class MatmulGelu(Kernel):
+    """GPT-2's fc matmul and its GELU (the lab's fusion test; the model runs them apart)."""
+    name = "matmul_gelu"
+    passes = ("forward",)
+    metric = "GFLOP/s"
+    tolerance = 1e-5
+
+    def make(self, s, case, rng):
+        B, T, C = s["B"], s["T"], s["C"]
+        return dict(B=B, T=T, C=C, OC=4 * C, inp=rand(rng, B, T, C),
+                    weight=rand(rng, 4 * C, C, scale=0.02), bias=rand(rng, 4 * C, scale=0.1),
+                    out=np.zeros((B, T, 4 * C), np.float32), out_gelu=np.zeros((B, T, 4 * C), np.float32))
+
+    def forward(self, mod, st):
+        mod.forward(st["out"], st["out_gelu"], st["inp"], st["weight"], st["bias"])
+
+    def fresh_outputs(self, st, pass_):
+        st["out"].fill(np.nan)
+        st["out_gelu"].fill(np.nan)
+
+    def compare(self, st, pass_):
+        rows = st["inp"].reshape(-1, st["C"])[:256]   # the first 256 positions
+        out = R.matmul_forward(rows, st["weight"], st["bias"])
+        return {"out": (st["out"].reshape(-1, st["OC"])[:256], out),
+                "out_gelu": (st["out_gelu"].reshape(-1, st["OC"])[:256], R.gelu_forward(out))}
+
+    def work(self, st, pass_):
+        return 2.0 * st["B"] * st["T"] * st["C"] * st["OC"]
+
+
+class Zero(Kernel):
+    name = "zero"
+    passes = ("zero",)
+    tolerance = 0.0
+
+    def make(self, s, case, rng):
+        # zero_grad's buffer: the parameter gradients
+        return dict(x=np.ones(num_parameters(s), np.float32))
+
+    def zero(self, mod, st):
+        mod.zero(st["x"])
+
+    def fresh_outputs(self, st, pass_):
+        st["x"].fill(1.0)
+
+    def compare(self, st, pass_):
+        return {"x": (st["x"], R.zero(st["x"]))}
+
+    def work(self, st, pass_):
+        return st["x"].nbytes
+
+
 KERNELS = {k.name: k for k in (Matmul(), Attention(), FlashAttention(), Layernorm(), Gelu(), Adamw(), Crossentropy(),
-                               Encoder(), Residual())}
+                               Encoder(), Residual(), Zero(), MatmulGelu())}
 
 
 # ----------------------------------------------------------------------------
@@ -655,20 +707,23 @@ def check(kernel_name, module_name, shape, seed=0):
     return worst, rows
 
 
+CLOCK = time.perf_counter   # --cpu-time: time.process_time
+
+
 def time_call(fn, repeats, warmup=1, budget=None):
     """Median, min, max seconds of fn() over repeats after warm-up; fewer repeats when one call
     is slow (budget: seconds to spend on the repeats)."""
     for _ in range(warmup):
-        t0 = time.perf_counter()
+        t0 = CLOCK()
         fn()
-        first = time.perf_counter() - t0
+        first = CLOCK() - t0
     if budget is not None and warmup and first * repeats > budget:
         repeats = max(1, int(budget / max(first, 1e-9)))
     times = []
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0 = CLOCK()
         fn()
-        times.append(time.perf_counter() - t0)
+        times.append(CLOCK() - t0)
     return float(np.median(times)), min(times), max(times), len(times)
 
 
@@ -791,11 +846,19 @@ def main(argv=None):
     p.add_argument("--repeats", type=int, default=7, help="timed calls per row (after a warm-up)")
     p.add_argument("--shapes", choices=sorted(SHAPES), default="gpt2")
     p.add_argument("--check-only", action="store_true", help="check, do not time")
+    p.add_argument("--cpu-time", action="store_true",
+                   help="time with this process's CPU clock (needs --threads 1): on a shared "
+                        "machine it leaves out the time other processes held the core")
     p.add_argument("--budget", type=float, default=5.0,
                    help="seconds to spend on one row's repeats (slow rows get fewer)")
     args = p.parse_args(argv)
 
     set_threads(args.threads)
+    if args.cpu_time:
+        if args.threads != 1:
+            p.error("--cpu-time needs --threads 1 (the CPU clock adds up every thread's time)")
+        global CLOCK
+        CLOCK = time.process_time
     if args.list:
         for name in KERNELS:
             print(f"{name:<13} " + "  ".join(short(v) for v in variant_names(name)))

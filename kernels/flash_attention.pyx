@@ -1,8 +1,9 @@
-# flash_attention (promoted from dev/cpu/flash_attention_2.pyx): tiles of queries x keys, their products through OpenBLAS.
+# flash_attention (promoted from dev/cpu/flash_attention_3.pyx): tiles of queries x keys, their
+# products through OpenBLAS, the softmax never stored.
 #   inp (B,T,3C) = q, k, v;  out (B,T,C);  lse (B,NH,T);  NH heads of hs = C/NH
-# Variant 1's algorithm on tiles of BQ query rows x BK keys, so that each product is one
-# single-threaded sgemm on strided views of inp, out and dinp (row stride 3C or C, no copies),
-# and the scores of a tile (BQ x BK floats) stay in the thread's L1/L2:
+# dev/cpu/flash_attention_1's algorithm on tiles of BQ query rows x BK keys, so that each
+# product is one single-threaded sgemm on strided views of inp, out and dinp (row stride 3C or
+# C, no copies), and the scores of a tile stay in the thread's L2:
 #   forward   S = scale Q K^T;  online softmax over the tile's rows (running max m and sum l,
 #             the rows of out rescaled by exp(m_old - m_new) when the max grows);  out += P V;
 #             at the end out /= l, lse = m + log l
@@ -12,8 +13,13 @@
 # crosses the diagonal the scores above it are set to probability 0 before any product.
 # Threads: forward over (b, h, query tile), longest tiles first; backward over (b, h), since a
 # query tile adds into the k and v gradients of every key block before it.
-# The exponentials use kernels.vexp's vectorisable exp; OpenBLAS is held to one thread
-# (kernels.parallel's blas_single_threaded), as every kernel that calls it from OpenMP's threads.
+# Variant 3 over variant 2 (64 x 64 tiles; dev/BENCHMARKS.md section 6): GCC does not vectorise
+# a max reduction without -ffinite-math-only (never used here), so variant 2's row maximum was
+# one serial chain of compares; here it runs in 16 independent lanes, which GCC keeps in
+# registers, 16 compares in flight; and tiles of 128 x 256, a quarter of the sgemm calls.
+# The scratch tiles (128 KB each, two in backward) live on the thread's stack.  The exponentials
+# use kernels.vexp's vectorisable exp; OpenBLAS is held to one thread (kernels.parallel's
+# blas_single_threaded), as every kernel that calls it from OpenMP's threads.
 from cython.parallel cimport prange
 from libc.math cimport logf, sqrtf, INFINITY
 
@@ -24,8 +30,28 @@ from kernels.vexp cimport vexpf
 include "kernels/_flash_attention_wrappers.pxi"
 
 cdef enum:
-    BQ = 64    # query rows per tile
-    BK = 64    # keys per block
+    BQ = 128   # query rows per tile
+    BK = 256   # keys per block
+    LANES = 16 # the row maximum's independent compare chains
+
+
+cdef inline float row_max(const float* x, int n, float start) noexcept nogil:
+    # max(start, x[0..n)) in LANES independent lanes
+    cdef float lanes[LANES]
+    cdef float best
+    cdef int c, i, chunk, full = n - n % LANES
+    for i in range(LANES):
+        lanes[i] = start
+    for chunk in range(n // LANES):
+        c = chunk * LANES
+        for i in range(LANES):
+            lanes[i] = x[c + i] if x[c + i] > lanes[i] else lanes[i]
+    best = start
+    for i in range(LANES):
+        best = lanes[i] if lanes[i] > best else best
+    for c in range(full, n):
+        best = x[c] if x[c] > best else best
+    return best
 
 
 cdef inline int visible(int t, int j0, int cols) noexcept nogil:
@@ -66,9 +92,7 @@ cdef void forward_tile(float* out, float* lse, const float* inp, int b, int h, i
         for r in range(rows):
             row = S + r * BK
             n = visible(i0 + r, j0, cols)
-            new_max = m[r]
-            for c in range(n):
-                new_max = max(new_max, row[c])
+            new_max = row_max(row, n, m[r])
             total = 0.0
             for c in range(n):
                 e = vexpf(row[c] - new_max)

@@ -227,3 +227,11 @@ def global_norm_squared(x):
     """The sum of x^2: the square of the gradient norm that clipping uses."""
     x = f64(x).reshape(-1)
     return float(x @ x)
+
+
+# ----------------------------------------------------------------------------
+# zero: the backend's memory clear (zero_grad)
+
+def zero(x):
+    """What zero leaves in x: zeros."""
+    return np.zeros_like(f64(x))

@@ -27,6 +27,7 @@ cdef class Model:
     cdef bint has_targets                # the last forward had targets
     cdef float mean_loss
     cdef readonly int step               # AdamW updates done (the check backend reports it)
+    cdef readonly Py_ssize_t shard_start, shard_end  # the parameters AdamW updates (ZeRO-1: a span)
 
     # where the layers' activations are, set by _point_activations (pointer tables in numpy
     # arrays that _tables keeps alive)
@@ -65,6 +66,7 @@ cdef class Model:
 
     # the core's forward and backward through the layers
     cdef Buffer _lazy(self, Buffer buffer, Layout layout)
+    cdef Buffer _moments(self, Buffer buffer)
     cdef void* _table(self, str name, values, dtype=*)
     cdef void _point_layer(self, int l) noexcept nogil
     cdef const float* _layer_input(self, int l) noexcept nogil

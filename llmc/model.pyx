@@ -86,6 +86,7 @@ cdef class Model:
         self.recompute = recompute
         self.mean_loss = -1.0
         self.step = 0
+        self.shard_start, self.shard_end = 0, self.param_layout.size
 
     # --- what a family fills in ----------------------------------------------------------
 
@@ -149,11 +150,18 @@ cdef class Model:
         array.flags.writeable = False
         return array
 
-    def _load(self, Buffer buffer, array, what):
+    def _load(self, Buffer buffer, array, what, Py_ssize_t size=-1):
+        size = self.param_layout.size if size < 0 else size
         array = np.asarray(array, dtype=np.float32)
-        if array.shape != (self.param_layout.size,):
-            raise ValueError(f"{what} must have shape ({self.param_layout.size},), got {array.shape}")
+        if array.shape != (size,):
+            raise ValueError(f"{what} must have shape ({size},), got {array.shape}")
         buffer.load(array)
+
+    cdef Buffer _moments(self, Buffer buffer):
+        """buffer, or zeroed AdamW moments for the optimizer shard when it is not there yet."""
+        if buffer is not None:
+            return buffer
+        return self.backend.alloc((self.shard_end - self.shard_start) * sizeof(float))
 
     @property
     def num_parameters(self):
@@ -170,31 +178,55 @@ cdef class Model:
 
     @property
     def grads(self):
-        """All parameter gradients, laid out as params."""
+        """All parameter gradients, laid out as params; assign to load new ones (the
+        all-reduce of a backend whose memory is not the host's, llmc/distributed.py)."""
         self._ensure_grads()
         return self._host(self._grads, 0, self.param_layout.size)
 
+    @grads.setter
+    def grads(self, values):
+        self._ensure_grads()
+        self._load(self._grads, values, "grads")
+
+    @property
+    def optimizer_shard(self):
+        """(start, end): the span of params that update() changes and whose AdamW m and v this
+        model keeps; all of them unless set.  ZeRO-1 sets each process's own span
+        (llmc/distributed.py), so m and v take (end - start) floats instead of two per parameter."""
+        return self.shard_start, self.shard_end
+
+    @optimizer_shard.setter
+    def optimizer_shard(self, span):
+        start, end = (int(x) for x in span)
+        if not 0 <= start < end <= self.param_layout.size:
+            raise ValueError(f"optimizer shard [{start}, {end}) is not a non-empty span of the "
+                             f"{self.param_layout.size} parameters")
+        if (start, end) != (self.shard_start, self.shard_end):
+            self._m = self._v = None  # moments of another span mean nothing here
+        self.shard_start, self.shard_end = start, end
+
     @property
     def m(self):
-        """AdamW's first moments, laid out as params (zeros until the first update)."""
-        self._m = self._lazy(self._m, self.param_layout)
-        return self._host(self._m, 0, self.param_layout.size)
+        """AdamW's first moments of the optimizer shard (all parameters unless sharded), laid
+        out as params[start:end] (zeros until the first update)."""
+        self._m = self._moments(self._m)
+        return self._host(self._m, 0, self.shard_end - self.shard_start)
 
     @m.setter
     def m(self, values):
-        self._m = self._lazy(self._m, self.param_layout)
-        self._load(self._m, values, "m")
+        self._m = self._moments(self._m)
+        self._load(self._m, values, "m", self.shard_end - self.shard_start)
 
     @property
     def v(self):
-        """AdamW's second moments, laid out as params (zeros until the first update)."""
-        self._v = self._lazy(self._v, self.param_layout)
-        return self._host(self._v, 0, self.param_layout.size)
+        """AdamW's second moments, laid out as m."""
+        self._v = self._moments(self._v)
+        return self._host(self._v, 0, self.shard_end - self.shard_start)
 
     @v.setter
     def v(self, values):
-        self._v = self._lazy(self._v, self.param_layout)
-        self._load(self._v, values, "v")
+        self._v = self._moments(self._v)
+        self._load(self._v, values, "v", self.shard_end - self.shard_start)
 
     def param_tensors(self):
         """name -> shaped view (or copy, see params) of each parameter tensor, in file order."""
@@ -446,11 +478,15 @@ cdef class Model:
 
     # --- optimizer -------------------------------------------------------------------------
 
-    def grad_norm(self):
-        """Global L2 norm of all parameter gradients."""
+    def grad_norm(self, bint shard_only=False):
+        """Global L2 norm of all parameter gradients; with shard_only, of the optimizer
+        shard's alone (ZeRO-1: the other processes hold the rest, reduced)."""
         self._ensure_grads()
         cdef const float* grads = floats(self._grads)
         cdef Py_ssize_t n = self.param_layout.size
+        if shard_only:
+            grads += self.shard_start
+            n = self.shard_end - self.shard_start
         cdef double norm_squared
         with nogil:
             norm_squared = self.b.global_norm_squared(self.b.ctx, grads, n)
@@ -471,25 +507,30 @@ cdef class Model:
 
     def update(self, float lr, float beta1, float beta2, float eps, float weight_decay, int t,
                float grad_scale=1.0, bint decay_2d_only=False):
-        """One AdamW step (t counts from 1) on grads * grad_scale.  Weight decay applies to
-        every tensor, as llm.c's train_gpt2.c, or with decay_2d_only to MATRICES alone, as
-        llm.c's CUDA trainer."""
+        """One AdamW step (t counts from 1) on grads * grad_scale, of the parameters in the
+        optimizer shard (all unless sharded).  Weight decay applies to every tensor, as llm.c's
+        train_gpt2.c, or with decay_2d_only to MATRICES alone, as llm.c's CUDA trainer."""
         if t < 1:
             raise ValueError(f"the AdamW step t counts from 1, got {t}")
         self._ensure_grads()
-        self._m = self._lazy(self._m, self.param_layout)
-        self._v = self._lazy(self._v, self.param_layout)
+        self._m = self._moments(self._m)
+        self._v = self._moments(self._v)
         cdef float* params = floats(self._params)
         cdef float* grads = floats(self._grads)
-        cdef float* m = floats(self._m)
+        cdef float* m = floats(self._m)  # m[i - shard_start] is parameter i's moment
         cdef float* v = floats(self._v)
-        cdef Py_ssize_t start, size
+        cdef Py_ssize_t start, end
         cdef float decay
-        for start, size, decayed in self._decay_spans(decay_2d_only):
+        for span_start, span_size, decayed in self._decay_spans(decay_2d_only):
+            # the part of this run of tensors that lies in the shard
+            start = max(<Py_ssize_t>span_start, self.shard_start)
+            end = min(<Py_ssize_t>(span_start + span_size), self.shard_end)
+            if start >= end:
+                continue
             decay = weight_decay if decayed else 0.0
             with nogil:
-                self.b.adamw_update(self.b.ctx, params + start, m + start, v + start,
-                                    grads + start, size, lr, beta1, beta2, eps, decay,
-                                    grad_scale, t)
+                self.b.adamw_update(self.b.ctx, params + start, m + (start - self.shard_start),
+                                    v + (start - self.shard_start), grads + start, end - start,
+                                    lr, beta1, beta2, eps, decay, grad_scale, t)
         self.step = t
         self.backend.check_error()

@@ -73,5 +73,7 @@ def test_llama_bad_combinations(capsys, data, tmp_path):
     assert "not a model checkpoint" in error_of(capsys, "-e", tmp_path / "l.bin", *files)
     line = error_of(capsys, "--family", "llama", "-e", tmp_path / "l.bin", "--vocab-size", 9, *files)
     assert "has its own vocabulary" in line
+    line = error_of(capsys, *TINY, "--vocab-size", 50000, "-i", data.train, "-j", data.val)
+    assert "-s 20: samples start from GPT-2's <|endoftext|> (50256), outside" in line
     line = error_of(capsys, "--model", "stories15M", "-t", 257, *files)
     assert "-t 257 exceeds the model's max sequence length 256" in line

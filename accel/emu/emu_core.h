@@ -40,6 +40,10 @@ struct Config {
     uint64_t seed = 1;      // for Schedule::shuffled
     int warp_size = 32;     // any power of two up to 64; the same build runs 32 and 64
     size_t stack_bytes = 64 * 1024;  // per GPU thread
+    // What the front-ends report as the device's multiprocessors (compute units): kernels that
+    // size their grids by it get fewer blocks on a smaller device, so that a test can make
+    // grid-stride loops wrap at small shapes. Launches do not depend on it.
+    int compute_units = 64;
 };
 
 // The process-wide configuration, read at first use from the environment:
@@ -47,6 +51,7 @@ struct Config {
 //   EMU_SEED      seed of the shuffled schedule (default 1)
 //   EMU_WARP_SIZE 32 or 64 (default 32)
 //   EMU_STACK_KB  fiber stack size (default 64)
+//   EMU_COMPUTE_UNITS  the device's reported multiprocessors (default 64)
 // Change it through this reference between launches.
 Config& config();
 
