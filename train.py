@@ -383,7 +383,8 @@ def main(argv=None):
     if args.gen_tokens > config.max_seq_len:
         raise TrainError(f"-g {args.gen_tokens} exceeds the model's max sequence length "
                          f"{config.max_seq_len}")
-    if args.sample_every > 0 and config.vocab_size <= llmc_io.GPT2_EOT_TOKEN:
+    if (args.sample_every > 0 and data_tokenizer(args) == DEFAULT_TOKENIZER
+            and config.vocab_size <= llmc_io.GPT2_EOT_TOKEN):
         raise TrainError(f"-s {args.sample_every}: samples start from GPT-2's <|endoftext|> "
                          f"({llmc_io.GPT2_EOT_TOKEN}), outside the model's vocabulary of "
                          f"{config.vocab_size}: add -s 0")

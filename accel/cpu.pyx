@@ -240,7 +240,7 @@ LLAMA_FAULTS = ("rope_backward",)                    # found by tests/test_llama
 
 def create(fault=None, bint flash=True):
     """The CPU backend; with fault (one of FAULTS) that entry deliberately wrong, and with
-    flash=False without the flash group (as a backend with gpt2's kernels only), for tests."""
+    flash=False without the flash group (as a backend that has no flash attention), for tests."""
     name = "cpu" if fault is None else f"cpu-with-faulty-{fault}"
     cdef Backend backend = Backend(name if flash else name + "-without-flash", True,
                                    ("gpt2", "llama", "flash") if flash else ("gpt2", "llama"))

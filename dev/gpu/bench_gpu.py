@@ -31,7 +31,12 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from dev.bench_step import ADAMW, batch, config_for, summarize  # noqa: E402
+from dev.bench_step import ADAMW, batch, summarize  # noqa: E402
+from llmc_io import GPT2Config  # noqa: E402
+
+
+def config_for(args):
+    return GPT2Config.from_depth(args.depth)
 
 
 def parse_args(argv=None):
