@@ -63,21 +63,6 @@ inline void __threadfence_block() {}
 
 namespace emu_hip {
 
-template <class T>
-uint64_t to_bits(T value) {
-    static_assert(sizeof(T) <= 8 && std::is_trivially_copyable_v<T>, "warp collectives move up to 8 bytes");
-    uint64_t bits = 0;
-    std::memcpy(&bits, &value, sizeof value);
-    return bits;
-}
-
-template <class T>
-T from_bits(uint64_t bits) {
-    T value;
-    std::memcpy(&value, &bits, sizeof value);
-    return value;
-}
-
 inline int checked_width(int width, const char* name, emu::SourceLocation where) {
     if (width < 1 || width > warpSize || (width & (width - 1)))
         emu::fail(std::string(name) + " with width " + std::to_string(width) + " (a power of two up to warpSize " +
@@ -99,7 +84,7 @@ inline void check_full_mask(uint64_t mask, const char* name, emu::SourceLocation
 
 template <class T>
 T shuffle_from(T var, int source_lane, const char* name, emu::SourceLocation where) {
-    return from_bits<T>(emu::warp_shuffle(to_bits(var), source_lane, name, where));
+    return emu::from_bits<T>(emu::warp_shuffle(emu::to_bits(var), source_lane, name, where));
 }
 
 template <class T>

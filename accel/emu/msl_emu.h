@@ -200,21 +200,6 @@ struct Registration {
     }
 };
 
-template <class T>
-uint64_t to_bits(T value) {
-    static_assert(sizeof(T) <= 8 && std::is_trivially_copyable_v<T>, "simd collectives move up to 8 bytes");
-    uint64_t bits = 0;
-    std::memcpy(&bits, &value, sizeof value);
-    return bits;
-}
-
-template <class T>
-T from_bits(uint64_t bits) {
-    T value;
-    std::memcpy(&value, &bits, sizeof value);
-    return value;
-}
-
 }  // namespace emu_msl
 
 using float2 = emu_msl::vec<float, 2>;
@@ -343,7 +328,7 @@ inline To as_type(From x) {
 namespace detail {
 template <class T>
 T shuffle(T value, int source_lane, const char* name, emu::SourceLocation where) {
-    return emu_msl::from_bits<T>(emu::warp_shuffle(emu_msl::to_bits(value), source_lane, name, where));
+    return emu::from_bits<T>(emu::warp_shuffle(emu::to_bits(value), source_lane, name, where));
 }
 inline int lanes() { return __builtin_popcountll(emu::warp_lanes_mask()); }
 inline int lane() { return emu::current_thread->lane; }
