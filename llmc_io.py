@@ -30,6 +30,7 @@ Readers check what they read and raise FormatError("<path>: <problem>") for a fi
 not what it should be. Writers go through atomic_write, so a failed write never leaves a
 half-written file behind.
 """
+import json
 import os
 import secrets
 from dataclasses import dataclass, fields, replace
@@ -539,16 +540,17 @@ MT_STATE_DTYPE = np.dtype([("seed", "<u8"), ("left", "<i4"), ("next", "<u4"),
 MT_STATE_WORDS = 624
 
 
-def write_state(path, step, m, v, loader_state):
-    """Write llm.c's training state (train_gpt2.cu save_state) of a run of one process, no
-    master weights, on shuffled data: the step, AdamW's m and v (1-D, one value per
-    parameter) and loader_state, the state() of a shuffling DataLoader."""
+def write_state(path, step, m, v, loader_state, num_processes=1, process_rank=0):
+    """Write llm.c's training state (train_gpt2.cu save_state) of process process_rank of a
+    run of num_processes, no master weights, on shuffled data: the step, AdamW's m and v (1-D,
+    one value per parameter of this process's optimizer shard: all of them but under ZeRO-1)
+    and loader_state, the state() of a shuffling DataLoader."""
     m, v = np.asarray(m), np.asarray(v)
     if m.ndim != 1 or v.shape != m.shape:
         raise ValueError(f"write_state: m and v must be 1-D and of one size, got {m.shape} "
                          f"and {v.shape}")
     header = np.zeros(HEADER_INTS, dtype="<i4")
-    header[0:6] = [STATE_MAGIC, STATE_VERSION, 1, 0, 0, 1]  # 1 process, rank 0, shuffled
+    header[0:6] = [STATE_MAGIC, STATE_VERSION, num_processes, process_rank, 0, 1]  # shuffled
     header[10] = step
     header[30:34].view("<u8")[:] = [loader_state["shard_idx"], loader_state["sample_idx"]]
     pos = int(loader_state["rng_pos"])
@@ -566,12 +568,24 @@ def write_state(path, step, m, v, loader_state):
     ])
 
 
-def read_state(path, num_parameters):
-    """(step, m, v, loader_state) from the training state at path, for a model of
-    num_parameters; loader_state is what DataLoader.load_state takes."""
+def read_state_processes(path):
+    """(num_processes, process_rank) of the run that wrote the training state at path."""
+    with _open(path) as f:
+        header = _read_array(f, path, "<i4", HEADER_INTS)
+    if header[0] != STATE_MAGIC:
+        raise FormatError(path, f"not a training state (magic {header[0]})")
+    return int(header[2]), int(header[3])
+
+
+def read_state(path, num_parameters, num_processes=1, process_rank=0):
+    """(step, m, v, loader_state) from the training state at path, for process process_rank of
+    a run of num_processes with num_parameters in its optimizer shard (all the model's unless
+    ZeRO-1); loader_state is what DataLoader.load_state takes."""
     n = num_parameters
-    mismatch = FormatError(path, f"does not fit a model of {n} parameters (written for a model "
-                                 f"of another size, or cut short)")
+    what = "a model" if num_processes == 1 else "an optimizer shard"
+    mismatch = FormatError(path, f"does not fit {what} of {n} parameters (written for a model "
+                                 f"of another size{', or -z' if num_processes > 1 else ''}, "
+                                 f"or cut short)")
     with _open(path) as f:
         if os.fstat(f.fileno()).st_size < HEADER_BYTES + 8 * n:
             raise mismatch
@@ -579,10 +593,13 @@ def read_state(path, num_parameters):
         if header[0] != STATE_MAGIC or header[1] != STATE_VERSION:
             raise FormatError(path, f"not a training state (magic {header[0]}, "
                                     f"version {header[1]})")
-        if tuple(header[2:6]) != (1, 0, 0, 1):
-            raise FormatError(path, f"written by a run this trainer cannot continue (processes "
-                                    f"{header[2]}, master weights {header[4]}, shuffled data "
-                                    f"{header[5]})")
+        if tuple(header[2:4]) != (num_processes, process_rank):
+            raise FormatError(path, f"written by process {header[3]} of a run of {header[2]}, "
+                                    f"read by process {process_rank} of {num_processes}: resume "
+                                    f"with as many processes as the run had")
+        if tuple(header[4:6]) != (0, 1):
+            raise FormatError(path, f"written by a run this trainer cannot continue (master "
+                                    f"weights {header[4]}, shuffled data {header[5]})")
         m = _read_array(f, path, "<f4", n).astype(np.float32, copy=False)
         v = _read_array(f, path, "<f4", n).astype(np.float32, copy=False)
         tail = f.read()
@@ -610,14 +627,8 @@ def read_state(path, num_parameters):
 
 
 # ----------------------------------------------------------------------------
-# The Llama family (issue 8, in progress): its config and presets, and a TEMPORARY model file
-# (float32 parameters in param_shapes() order behind a 256-int header of our own: [0] magic
-# 20251008, [1] version 1, [2:9] dim, n_layers, n_heads, n_kv_heads, vocab_size, hidden_dim,
-# max_seq_len, [9] shared_classifier, [10:12] norm_eps and [12:14] rope_theta as float64) until
-# llama2.c's own checkpoint formats replace it.  Debug states use llm.c's format above.
+# The Llama family: its config and presets (Llama-2's block as llama2.c and Meta define it)
 
-TEMP_MODEL_MAGIC = 20251008  # not one of llm.c's or llama2.c's magic numbers
-TEMP_MODEL_VERSION = 1
 MULTIPLE_OF = 32             # llama2.c's rounding of the FFN's hidden size
 
 
@@ -737,56 +748,428 @@ PRESETS = {
 
 
 # ----------------------------------------------------------------------------
-# TEMPORARY model file: to be replaced by llama2.c's formats in py
+# llama2.c's model files (fp32), as its export.py writes them and run.c reads them
+#
+#   version 0, "legacy" (run.c's): 7 int32 dim, hidden_dim, n_layers, n_heads, n_kv_heads,
+#       vocab_size (negated when the classifier is not the embedding), max_seq_len; then fp32
+#       tok_embeddings, attention_norm, wq, wk, wv, wo, ffn_norm, w1, w2, w3, norm (our flat
+#       order), RoPE's cos then sin table (max_seq_len, head_size/2) each, and output when the
+#       classifier is separate.
+#   version 1: 256 bytes of header: uint32 magic 0x616b3432 ("ak42"), int32 version 1, the 7
+#       int32 above (vocab_size positive), uint8 shared_classifier, zeros; then fp32
+#       attention_norm, ffn_norm, norm, tok_embeddings, wq, wk, wv, wo, w1, w2, w3, [output].
+# Neither stores norm_eps nor rope_theta: llama2.c's are 1e-5 and 10000, and only models with
+# those are written (GGUF, below, stores both).
 
-def _float64_ints(value):
-    return list(np.array([value], dtype="<f8").view("<i4"))
+LLAMA2C_MAGIC = 0x616B3432
+LLAMA2C_V1_HEADER_BYTES = 256
+LLAMA2C_LEGACY_HEADER_BYTES = 7 * 4
+LLAMA2C_VERSIONS = (0, 1)
+LLAMA2C_NORM_EPS, LLAMA2C_ROPE_THETA = 1e-5, 10000.0
+# version 1's tensor order, by our names
+LLAMA2C_V1_ORDER = ("attention_norm", "ffn_norm", "norm", "tok_embeddings", "wq", "wk", "wv",
+                    "wo", "w1", "w2", "w3", "output")
 
 
-def _ints_float64(ints):
-    return float(np.asarray(ints, dtype="<i4").view("<f8")[0])
+def llama_param_views(config, flat):
+    """dict name -> shaped view into a 1-D Llama parameter vector `flat`."""
+    views, offset = {}, 0
+    for name, shape in config.param_shapes():
+        size = int(np.prod(shape))
+        views[name] = flat[offset:offset + size].reshape(shape)
+        offset += size
+    if flat.ndim != 1 or offset != flat.size:
+        raise ValueError(f"expected a 1-D vector of {offset} parameters for "
+                         f"{config.describe()}, got shape {flat.shape}")
+    return views
 
 
-def write_llama_model(path, config, params):
-    """TEMPORARY: params (1-D float32, config's layout) with this module's header."""
+def rope_tables(max_seq_len, head_size, theta=LLAMA2C_ROPE_THETA):
+    """RoPE's (cos, sin), each (max_seq_len, head_size/2) float32, as llama2.c's model.py
+    computes them: frequencies theta^(-2i/hs) and angles t*freq in float32 (bit for bit as
+    PyTorch's), cos and sin correctly rounded (PyTorch's float32 cos and sin may differ in the
+    last bit; run.c never reads these tables)."""
+    exponents = np.arange(0, head_size, 2, dtype=np.float32)[:head_size // 2] / np.float32(head_size)
+    freqs = np.float32(1.0) / (np.float64(theta) ** exponents.astype(np.float64)).astype(np.float32)
+    angles = np.outer(np.arange(max_seq_len, dtype=np.float32), freqs).astype(np.float64)
+    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+
+
+def _llama2c_sizes(config):
+    return [config.dim, config.hidden_dim, config.n_layers, config.n_heads, config.n_kv_heads,
+            config.vocab_size, config.max_seq_len]
+
+
+def write_llama_model(path, config, params, version=1):
+    """Write a llama2.c model file: version 1 (default; header + fp32) or 0 (run.c's legacy)."""
+    if version not in LLAMA2C_VERSIONS:
+        raise ValueError(f"write_llama_model: version {version} is not one of {LLAMA2C_VERSIONS} "
+                         f"(llama2.c's fp32 formats)")
+    if (config.norm_eps, config.rope_theta) != (LLAMA2C_NORM_EPS, LLAMA2C_ROPE_THETA):
+        raise ValueError(f"write_llama_model: llama2.c's files cannot hold norm_eps="
+                         f"{config.norm_eps} rope_theta={config.rope_theta} (only "
+                         f"{LLAMA2C_NORM_EPS} and {LLAMA2C_ROPE_THETA}); export to GGUF instead")
     params = np.asarray(params)
     if params.shape != (config.num_parameters(),):
         raise ValueError(f"write_llama_model: expected {config.num_parameters()} parameters for "
                          f"{config.describe()}, got an array of shape {params.shape}")
-    header = np.zeros(HEADER_INTS, dtype="<i4")
-    header[:14] = [TEMP_MODEL_MAGIC, TEMP_MODEL_VERSION, config.dim, config.n_layers,
-                   config.n_heads, config.n_kv_heads, config.vocab_size, config.hidden_dim,
-                   config.max_seq_len, int(config.shared_classifier),
-                   *_float64_ints(config.norm_eps), *_float64_ints(config.rope_theta)]
-    atomic_write(path, [header.tobytes(), np.ascontiguousarray(params, dtype="<f4")])
+    views = llama_param_views(config, np.ascontiguousarray(params, dtype="<f4"))
+    sizes = _llama2c_sizes(config)
+    if version == 0:
+        if not config.shared_classifier:
+            sizes[5] = -sizes[5]
+        cos, sin = rope_tables(config.max_seq_len, config.head_size)
+        chunks = [np.array(sizes, dtype="<i4").tobytes()]
+        chunks += [views[name] for name in views if name != "output"]
+        chunks += [cos.astype("<f4"), sin.astype("<f4")]
+        chunks += [views["output"]] if "output" in views else []
+    else:
+        header = bytearray(LLAMA2C_V1_HEADER_BYTES)
+        header[0:4] = np.array([LLAMA2C_MAGIC], dtype="<u4").tobytes()
+        header[4:36] = np.array([1, *sizes], dtype="<i4").tobytes()
+        header[36] = int(config.shared_classifier)
+        chunks = [bytes(header)] + [views[name] for name in LLAMA2C_V1_ORDER if name in views]
+    atomic_write(path, chunks)
 
 
 def read_llama_model(path):
-    """TEMPORARY: (LlamaConfig, params float32 1-D) from a file write_llama_model wrote."""
-    fail = lambda problem: FormatError(path, problem)
+    """(LlamaConfig, params float32 1-D in LlamaConfig.param_shapes() order) from a llama2.c
+    model file of either version; raises FormatError naming what is wrong."""
+    with _open(path) as f:
+        size = os.fstat(f.fileno()).st_size
+        raw = f.read(LLAMA2C_V1_HEADER_BYTES)
+        if len(raw) < LLAMA2C_LEGACY_HEADER_BYTES:
+            raise FormatError(path, f"truncated: {size} bytes, shorter than any llama2.c model "
+                                    f"header")
+        first = int.from_bytes(raw[:4], "little")
+        if first == LLAMA2C_MAGIC:
+            if len(raw) < LLAMA2C_V1_HEADER_BYTES:
+                raise FormatError(path, f"truncated: {size} bytes, shorter than the "
+                                        f"{LLAMA2C_V1_HEADER_BYTES}-byte header of version 1")
+            version = int.from_bytes(raw[4:8], "little", signed=True)
+            if version != 1:
+                what = " (int8 Q8_0, not fp32)" if version == 2 else ""
+                raise FormatError(path, f"llama2.c model version {version}{what} is not "
+                                        f"supported; supported: 0, 1")
+            sizes = [int(v) for v in np.frombuffer(raw[8:36], dtype="<i4")]
+            shared, header_bytes = bool(raw[36]), LLAMA2C_V1_HEADER_BYTES
+        else:
+            if int.from_bytes(raw[:4], "little", signed=True) in FILE_KINDS:
+                kind = FILE_KINDS[int.from_bytes(raw[:4], "little", signed=True)]
+                raise FormatError(path, f"this is {kind} of llm.c, not a llama2.c model")
+            version, header_bytes = 0, LLAMA2C_LEGACY_HEADER_BYTES
+            sizes = [int(v) for v in np.frombuffer(raw[:28], dtype="<i4")]
+            shared = sizes[5] > 0
+            sizes[5] = abs(sizes[5])
+        try:
+            dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, max_seq_len = sizes
+            config = LlamaConfig(dim=dim, n_layers=n_layers, n_heads=n_heads,
+                                 n_kv_heads=n_kv_heads, vocab_size=vocab_size,
+                                 hidden_dim=hidden_dim, max_seq_len=max_seq_len,
+                                 shared_classifier=shared)
+        except ValueError as e:
+            kind = "version 1" if version == 1 else "legacy (version 0)"
+            raise FormatError(path, f"not a llama2.c model: its {kind} header {sizes} is bad "
+                                    f"({e})") from None
+        count = config.num_parameters()
+        rope_floats = 2 * config.max_seq_len * (config.head_size // 2) if version == 0 else 0
+        _check_size(path, size, header_bytes + 4 * (count + rope_floats),
+                    f"a version {version} header, {count} float32 parameters"
+                    + (" and RoPE's tables" if rope_floats else "") + f" for {config.describe()}")
+        f.seek(header_bytes)
+        data = _read_array(f, path, "<f4", count + rope_floats)
+    params = np.empty(count, dtype=np.float32)
+    views = llama_param_views(config, params)
+    if version == 0:
+        layer_floats = count - (0 if shared else views["output"].size)
+        params[:layer_floats] = data[:layer_floats]
+        if not shared:
+            params[layer_floats:] = data[layer_floats + rope_floats:]
+    else:
+        offset = 0
+        for name in LLAMA2C_V1_ORDER:
+            if name in views:
+                views[name].reshape(-1)[...] = data[offset:offset + views[name].size]
+                offset += views[name].size
+    return config, params
+
+
+# ----------------------------------------------------------------------------
+# llama2.c's tokenizer.bin: uint32 max_token_length, then per token float32 score, uint32
+# length, that many bytes (SentencePiece's pieces with U+2581 turned into a space, BOS as
+# "\n<s>\n" and EOS as "\n</s>\n", byte-fallback tokens spelled "<0x0A>").  The file does not
+# store the number of tokens: it ends after the last.
+
+def write_llama2c_tokenizer(path, pieces, scores):
+    """pieces: the bytes of each token; scores: one float per token."""
+    if len(pieces) == 0 or len(pieces) != len(scores):
+        raise ValueError(f"write_llama2c_tokenizer: {len(pieces)} pieces and {len(scores)} scores")
+    body = bytearray(np.array([max(len(p) for p in pieces)], dtype="<u4").tobytes())
+    for piece, score in zip(pieces, scores):
+        body += np.array([score], dtype="<f4").tobytes() + np.array([len(piece)], "<u4").tobytes()
+        body += piece
+    atomic_write(path, bytes(body))
+
+
+def read_llama2c_tokenizer(path):
+    """(pieces: list of bytes, scores: float32 array) of a llama2.c tokenizer.bin."""
+    with _open(path) as f:
+        data = f.read()
+    if len(data) < 4:
+        raise FormatError(path, f"truncated: {len(data)} bytes, not a llama2.c tokenizer")
+    max_len = int.from_bytes(data[:4], "little")
+    if int.from_bytes(data[:4], "little", signed=True) in FILE_KINDS:
+        raise FormatError(path, "this is an llm.c file, not a llama2.c tokenizer.bin")
+    pieces, scores, pos = [], [], 4
+    while pos < len(data):
+        if pos + 8 > len(data):
+            raise FormatError(path, f"truncated: token {len(pieces)} has no room for its score "
+                                    f"and length at byte {pos}")
+        score = float(np.frombuffer(data, "<f4", 1, pos)[0])
+        length = int.from_bytes(data[pos + 4:pos + 8], "little")
+        if length > max_len or pos + 8 + length > len(data):
+            raise FormatError(path, f"not a llama2.c tokenizer: token {len(pieces)} claims "
+                                    f"{length} bytes (max_token_length {max_len}, "
+                                    f"{len(data) - pos - 8} left)")
+        pieces.append(data[pos + 8:pos + 8 + length])
+        scores.append(score)
+        pos += 8 + length
+    if not pieces:
+        raise FormatError(path, "no tokens")
+    return pieces, np.array(scores, dtype=np.float32)
+
+
+# ----------------------------------------------------------------------------
+# Hugging Face safetensors (read with NumPy alone): an 8-byte little-endian header length N,
+# N bytes of JSON (per tensor its dtype, shape and [begin, end) byte offsets into the data
+# that follows; "__metadata__" is not a tensor), then the raw little-endian tensor data.
+
+SAFETENSORS_DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2"),
+                      "F64": np.dtype("<f8")}
+
+
+def read_safetensors(path):
+    """dict name -> float32 array (read-only views where the file already is float32)."""
+    with _open(path) as f:
+        size = os.fstat(f.fileno()).st_size
+        prefix = f.read(8)
+        if len(prefix) < 8:
+            raise FormatError(path, "too short for a safetensors file")
+        header_len = int.from_bytes(prefix, "little")
+        if header_len > size - 8:
+            raise FormatError(path, f"header length {header_len} runs past the end of the file "
+                                    f"({size} bytes): not a safetensors file?")
+        try:
+            header = json.loads(f.read(header_len))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            raise FormatError(path, "the header is not JSON: not a safetensors file?") from None
+    data = np.memmap(path, dtype=np.uint8, mode="r", offset=8 + header_len) \
+        if size > 8 + header_len else np.zeros(0, np.uint8)
+    tensors = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        dtype = SAFETENSORS_DTYPES.get(info.get("dtype"))
+        if dtype is None:
+            raise FormatError(path, f"tensor {name} has dtype {info.get('dtype')}, not a float")
+        begin, end = info["data_offsets"]
+        shape = tuple(info["shape"])
+        if end - begin != int(np.prod(shape)) * dtype.itemsize or end > data.size:
+            raise FormatError(path, f"tensor {name} of shape {shape} does not fit its bytes "
+                                    f"[{begin}, {end})")
+        raw = data[begin:end].view(dtype).reshape(shape)
+        if info["dtype"] == "BF16":
+            tensors[name] = bfloat16_bits_to_float32(raw)
+        else:
+            tensors[name] = raw.astype(np.float32, copy=False)
+    return tensors
+
+
+# ----------------------------------------------------------------------------
+# Hugging Face's Llama checkpoints: the names of its tensors, and its q/k rows.  Hugging Face
+# stores each head's q and k rows permuted for its rotate-half RoPE (the first half of a head's
+# channels paired with the second); llama2.c, Meta and llama.cpp pair adjacent channels.
+
+HF_LLAMA_NAMES = {  # ours -> Hugging Face's, {l} the layer
+    "tok_embeddings": "model.embed_tokens.weight", "norm": "model.norm.weight",
+    "output": "lm_head.weight", "attention_norm": "model.layers.{l}.input_layernorm.weight",
+    "wq": "model.layers.{l}.self_attn.q_proj.weight", "wk": "model.layers.{l}.self_attn.k_proj.weight",
+    "wv": "model.layers.{l}.self_attn.v_proj.weight", "wo": "model.layers.{l}.self_attn.o_proj.weight",
+    "ffn_norm": "model.layers.{l}.post_attention_layernorm.weight",
+    "w1": "model.layers.{l}.mlp.gate_proj.weight", "w2": "model.layers.{l}.mlp.down_proj.weight",
+    "w3": "model.layers.{l}.mlp.up_proj.weight",
+}
+
+
+def hf_rotate_half_rows(w, n_heads):
+    """Adjacent-pair q/k rows (ours) -> Hugging Face's rotate-half order."""
+    rows, cols = w.shape
+    return w.reshape(n_heads, rows // n_heads // 2, 2, cols).transpose(0, 2, 1, 3).reshape(rows, cols)
+
+
+def hf_adjacent_pair_rows(w, n_heads):
+    """Hugging Face's rotate-half q/k rows -> adjacent pairs (ours); undoes hf_rotate_half_rows."""
+    rows, cols = w.shape
+    return w.reshape(n_heads, 2, rows // n_heads // 2, cols).transpose(0, 2, 1, 3).reshape(rows, cols)
+
+
+def llama_from_hf(tensors, hf_config, source="safetensors"):
+    """(LlamaConfig, params) from Hugging Face LlamaForCausalLM tensors (name -> array) and its
+    config.json (a dict)."""
+    def get(name):
+        if name not in tensors:
+            raise FormatError(source, f"no tensor {name}: not a Hugging Face Llama checkpoint?")
+        return tensors[name]
     try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            header = np.fromfile(f, dtype="<i4", count=HEADER_INTS)
-            if header.size < HEADER_INTS or header[0] != TEMP_MODEL_MAGIC:
-                raise fail(f"not a temporary llm.pyx Llama model (magic {TEMP_MODEL_MAGIC})")
-            if header[1] != TEMP_MODEL_VERSION:
-                raise fail(f"unsupported version {header[1]}; supported: {TEMP_MODEL_VERSION}")
-            try:
-                config = LlamaConfig(*(int(v) for v in header[2:9]),
-                                     norm_eps=_ints_float64(header[10:12]),
-                                     rope_theta=_ints_float64(header[12:14]),
-                                     shared_classifier=bool(header[9]))
-            except ValueError as e:
-                raise fail(f"bad header: {e}") from None
-            count = config.num_parameters()
-            expected = HEADER_BYTES + 4 * count
-            if size != expected:
-                raise fail(f"expected {expected} bytes (header + {count} float32 parameters "
-                           f"for {config.describe()}), found {size}")
-            params = np.fromfile(f, dtype="<f4", count=count)
-    except OSError as e:
-        raise fail(f"cannot read: {e.strerror}") from None
-    if params.size != count:
-        raise fail(f"truncated: could read only {params.size} of {count} parameters")
-    return config, params.astype(np.float32, copy=False)
+        n_heads = int(hf_config["num_attention_heads"])
+        config = LlamaConfig(
+            dim=int(hf_config["hidden_size"]), n_layers=int(hf_config["num_hidden_layers"]),
+            n_heads=n_heads, n_kv_heads=int(hf_config.get("num_key_value_heads", n_heads)),
+            vocab_size=int(hf_config["vocab_size"]), hidden_dim=int(hf_config["intermediate_size"]),
+            max_seq_len=int(hf_config["max_position_embeddings"]),
+            norm_eps=float(hf_config.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(hf_config.get("rope_theta", 10000.0)),
+            shared_classifier=bool(hf_config.get("tie_word_embeddings", False)))
+    except KeyError as e:
+        raise FormatError(source, f"config.json has no {e.args[0]}: not a Llama config?") from None
+    except ValueError as e:
+        raise FormatError(source, f"config.json: {e}") from None
+    params = np.empty(config.num_parameters(), dtype=np.float32)
+    for name, view in llama_param_views(config, params).items():
+        per_layer = "{l}" in HF_LLAMA_NAMES[name]
+        for l in range(config.n_layers if per_layer else 1):
+            hf_name = HF_LLAMA_NAMES[name].format(l=l)
+            tensor, target = get(hf_name), (view[l] if per_layer else view)
+            if tensor.shape != target.shape:
+                raise FormatError(source, f"{hf_name} has shape {tensor.shape}, expected "
+                                          f"{target.shape} for {config.describe()}")
+            if name in ("wq", "wk"):
+                tensor = hf_adjacent_pair_rows(tensor, n_heads if name == "wq" else config.n_kv_heads)
+            target[...] = tensor
+    return config, params
+
+
+# ----------------------------------------------------------------------------
+# GGUF, llama.cpp's file, through its own Python package (gguf): a Llama model in float32 with
+# its SentencePiece vocabulary, so llama.cpp runs what we trained.  llama.cpp's "llama"
+# architecture rotates adjacent channel pairs, as we do: q and k go in unpermuted.
+
+GGUF_LLAMA_TENSORS = {  # ours -> llama.cpp's, {l} the layer
+    "tok_embeddings": "token_embd.weight", "norm": "output_norm.weight", "output": "output.weight",
+    "attention_norm": "blk.{l}.attn_norm.weight", "wq": "blk.{l}.attn_q.weight",
+    "wk": "blk.{l}.attn_k.weight", "wv": "blk.{l}.attn_v.weight", "wo": "blk.{l}.attn_output.weight",
+    "ffn_norm": "blk.{l}.ffn_norm.weight", "w1": "blk.{l}.ffn_gate.weight",
+    "w2": "blk.{l}.ffn_down.weight", "w3": "blk.{l}.ffn_up.weight",
+}
+
+
+def sentencepiece_vocab_from_llama2c(pieces, scores):
+    """(tokens as SentencePiece spells them, scores, gguf token types) of a llama2.c
+    tokenizer.bin's pieces: spaces back to U+2581, BOS/EOS as <s> and </s>."""
+    import gguf
+    tokens, types = [], []
+    for i, piece in enumerate(pieces):
+        text = {b"\n<s>\n": "<s>", b"\n</s>\n": "</s>"}.get(piece) or \
+            piece.decode("utf-8", errors="replace").replace(" ", "\u2581")
+        tokens.append(text)
+        if i == 0:
+            types.append(gguf.TokenType.UNKNOWN)
+        elif i in (1, 2):
+            types.append(gguf.TokenType.CONTROL)
+        elif len(piece) == 6 and piece.startswith(b"<0x") and piece.endswith(b">"):
+            types.append(gguf.TokenType.BYTE)
+        else:
+            types.append(gguf.TokenType.NORMAL)
+    return tokens, [float(s) for s in scores], types
+
+
+def write_gguf(path, config, params, pieces, scores, name="llm.pyx llama"):
+    """A GGUF file (float32) of this Llama model with the vocabulary of a llama2.c
+    tokenizer.bin (pieces, scores), as llama.cpp's "llama" architecture reads it."""
+    try:
+        import gguf
+    except ImportError:
+        raise RuntimeError("GGUF export needs the gguf package (llama.cpp's writer): "
+                           "pip install gguf") from None
+    if len(pieces) != config.vocab_size:
+        raise ValueError(f"write_gguf: the tokenizer has {len(pieces)} tokens, the model's "
+                         f"vocabulary {config.vocab_size}")
+    views = llama_param_views(config, np.ascontiguousarray(params, dtype=np.float32))
+    tmp = f"{os.fspath(path)}.{os.getpid()}.tmp"
+    writer = gguf.GGUFWriter(tmp, "llama")
+    try:
+        writer.add_name(name)
+        writer.add_context_length(config.max_seq_len)
+        writer.add_embedding_length(config.dim)
+        writer.add_block_count(config.n_layers)
+        writer.add_feed_forward_length(config.hidden_dim)
+        writer.add_rope_dimension_count(config.head_size)
+        writer.add_head_count(config.n_heads)
+        writer.add_head_count_kv(config.n_kv_heads)
+        writer.add_layer_norm_rms_eps(config.norm_eps)
+        writer.add_rope_freq_base(config.rope_theta)
+        writer.add_vocab_size(config.vocab_size)
+        writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+        tokens, token_scores, types = sentencepiece_vocab_from_llama2c(pieces, scores)
+        writer.add_tokenizer_model("llama")
+        writer.add_token_list(tokens)
+        writer.add_token_scores(token_scores)
+        writer.add_token_types(types)
+        writer.add_unk_token_id(0)
+        writer.add_bos_token_id(1)
+        writer.add_eos_token_id(2)
+        writer.add_add_bos_token(True)
+        for ours, theirs in GGUF_LLAMA_TENSORS.items():
+            if ours not in views:
+                continue
+            per_layer = "{l}" in theirs
+            for l in range(config.n_layers if per_layer else 1):
+                tensor = views[ours][l] if per_layer else views[ours]
+                writer.add_tensor(theirs.format(l=l), np.ascontiguousarray(tensor))
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        os.replace(tmp, path)
+    except BaseException:
+        writer.close()
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def read_gguf(path):
+    """(LlamaConfig, params, tokens) of a float32 llama GGUF file, through gguf's reader."""
+    import gguf
+    try:
+        reader = gguf.GGUFReader(path)
+    except (ValueError, OSError) as e:
+        raise FormatError(path, f"not a GGUF file: {' '.join(str(e).split())}") from None
+
+    def field(key):
+        f = reader.get_field(key)
+        if f is None:
+            raise FormatError(path, f"no {key}: not a llama GGUF?")
+        return f.contents()
+    if field("general.architecture") != "llama":
+        raise FormatError(path, f"architecture {field('general.architecture')!r}, not llama")
+    tensors = {t.name: t for t in reader.tensors}
+    config = LlamaConfig(
+        dim=field("llama.embedding_length"), n_layers=field("llama.block_count"),
+        n_heads=field("llama.attention.head_count"), n_kv_heads=field("llama.attention.head_count_kv"),
+        vocab_size=len(field("tokenizer.ggml.tokens")), hidden_dim=field("llama.feed_forward_length"),
+        max_seq_len=field("llama.context_length"),
+        # float32 there: the shortest decimal that rounds to it gives back what was written
+        norm_eps=float(str(np.float32(field("llama.attention.layer_norm_rms_epsilon")))),
+        rope_theta=float(str(np.float32(field("llama.rope.freq_base")))), shared_classifier="output.weight" not in tensors)
+    params = np.empty(config.num_parameters(), dtype=np.float32)
+    for ours, view in llama_param_views(config, params).items():
+        theirs = GGUF_LLAMA_TENSORS[ours]
+        per_layer = "{l}" in theirs
+        for l in range(config.n_layers if per_layer else 1):
+            tensor = tensors[theirs.format(l=l)]
+            if tensor.tensor_type != gguf.GGMLQuantizationType.F32:
+                raise FormatError(path, f"{tensor.name} is {tensor.tensor_type.name}, not F32")
+            (view[l] if per_layer else view)[...] = np.asarray(tensor.data).reshape(
+                view.shape[1:] if per_layer else view.shape)
+    return config, params, field("tokenizer.ggml.tokens")

@@ -14,7 +14,7 @@ where n_kv_heads < n_heads.  Every model starts from llama2.c's random init (the
 pretrained-weight reader yet).
 
 writes to the output directory, for NAME (--name; default llama2_<model>):
-    NAME.bin                      the model, in llmc_io's TEMPORARY float32 format
+    NAME.bin                      the model, in llama2.c's version-1 float32 format
     NAME_debug_state.bin          one batch (x, y), then the logits, mean loss and gradients
                                   of one forward + backward on it (llm.c's debug state format)
     NAME_debug_state.losses.json  the losses of 10 AdamW steps on that same batch, as llm.c's
@@ -275,7 +275,7 @@ SIZE_FLAGS = {"dim": "dim", "layers": "n_layers", "heads": "n_heads", "kv_heads"
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(
-        description="PyTorch reference for llm.pyx's Llama 2: writes a model (temporary "
+        description="PyTorch reference for llm.pyx's Llama 2: writes a model (llama2.c "
                     "float32 format), a debug state and the losses of 10 AdamW steps on one "
                     "batch, from llama2.c's random init.")
     parser.add_argument("-e", "--model", default="stories15M",
@@ -336,7 +336,7 @@ def main(argv=None):
     os.makedirs(args.output_dir, exist_ok=True)
     out = lambda filename: os.path.join(args.output_dir, filename)
     llmc_io.write_llama_model(out(f"{name}.bin"), config, params)
-    print(f"wrote {out(name + '.bin')} (temporary float32 format)")
+    print(f"wrote {out(name + '.bin')} (llama2.c version 1, float32)")
 
     logits, loss, grads = reference_forward_backward(config, params, x, y)
     llmc_io.write_debug_state(out(f"{name}_debug_state.bin"), x, y, logits, loss, grads)

@@ -9,8 +9,9 @@
 #
 # Pointers returned by alloc are the backend's; a model may offset them (a tensor inside a
 # buffer) and pass them back, nothing else.  Entries are grouped: "core" every backend has,
-# then one group per model family (gpt2, llama); Backend.validate refuses a table with an
-# entry of its families' groups missing (a llama backend needs the gpt2 group too).  Kernel semantics and shapes are those of the CPU kernels, declared
+# then one group per model family (gpt2, llama) or optional kernel set (flash); Backend.validate
+# refuses a table with an entry of its families' groups missing (a llama backend needs the gpt2
+# group too).  Kernel semantics and shapes are those of the CPU kernels, declared
 # in kernels/*.pxd (backward entries add into their gradients).
 #
 # Dimension letters: B batch, T time, C channels, OC output channels, NH heads, V vocabulary,
@@ -99,6 +100,13 @@ ctypedef struct BackendTable:
     void (*classifier_backward)(void* ctx, float* dlogits, const float* dlosses,
                                 const float* logits, const float* logsum, const int* targets,
                                 int B, int T, int V) noexcept nogil
+    # --- flash: attention that keeps only each row's log-sum-exp (kernels/flash_attention.pxd);
+    # a model uses it when the backend has it, else gpt2's attention with its (B,NH,T,T) buffers
+    void (*flash_attention_forward)(void* ctx, float* out, float* lse, const float* inp,
+                                    int B, int T, int C, int NH) noexcept nogil
+    void (*flash_attention_backward)(void* ctx, float* dinp, const float* dout, const float* inp,
+                                     const float* out, const float* lse,
+                                     int B, int T, int C, int NH) noexcept nogil
 
 
 cdef class Backend:

@@ -11,6 +11,7 @@ from kernels.encoder cimport encoder_forward, encoder_backward
 from kernels.layernorm cimport layernorm_forward, layernorm_backward
 from kernels.matmul cimport matmul_forward, matmul_backward
 from kernels.attention cimport attention_forward, attention_backward
+from kernels.flash_attention cimport flash_attention_forward, flash_attention_backward
 from kernels.gelu cimport gelu_forward, gelu_backward
 from kernels.residual cimport residual_forward, residual_backward
 from kernels.crossentropy cimport softmax_forward, crossentropy_forward, crossentropy_softmax_backward
@@ -152,6 +153,17 @@ cdef void cpu_crossentropy_softmax_backward(void* ctx, float* dlogits, const flo
                                             int B, int T, int V, int Vp) noexcept nogil:
     crossentropy_softmax_backward(dlogits, dlosses, probs, targets, B, T, V, Vp)
 
+# --- flash attention --------------------------------------------------------------------
+
+cdef void cpu_flash_attention_forward(void* ctx, float* out, float* lse, const float* inp,
+                                      int B, int T, int C, int NH) noexcept nogil:
+    flash_attention_forward(out, lse, inp, B, T, C, NH)
+
+cdef void cpu_flash_attention_backward(void* ctx, float* dinp, const float* dout, const float* inp,
+                                       const float* out, const float* lse,
+                                       int B, int T, int C, int NH) noexcept nogil:
+    flash_attention_backward(dinp, dout, inp, out, lse, B, T, C, NH)
+
 
 # --- Llama's layers ----------------------------------------------------------------------
 
@@ -226,14 +238,22 @@ cdef void faulty_rope_backward(void* ctx, float* dinp, const float* dout, const 
                                const float* freqs_sin, int B, int T, int NH, int hs) noexcept nogil:
     rope_forward(dinp, dout, freqs_cos, freqs_sin, B, T, NH, hs)   # rotates forward, and overwrites
 
-FAULTS = ("gelu_forward", "layernorm_backward")   # found by tests/test_backend.py
-LLAMA_FAULTS = ("rope_backward",)                 # found by tests/test_llama_model.py
+cdef void faulty_flash_attention_backward(void* ctx, float* dinp, const float* dout,
+                                          const float* inp, const float* out, const float* lse,
+                                          int B, int T, int C, int NH) noexcept nogil:
+    pass   # adds nothing into dinp
+
+FAULTS = ("gelu_forward", "layernorm_backward",      # found by tests/test_backend.py
+          "flash_attention_backward")                # and tests/test_flash_attention.py
+LLAMA_FAULTS = ("rope_backward",)                    # found by tests/test_llama_model.py
 
 
-def create(fault=None):
-    """The CPU backend; with fault (one of FAULTS) that entry deliberately wrong, for tests."""
-    cdef Backend backend = Backend("cpu" if fault is None else f"cpu-with-faulty-{fault}",
-                                   True, ("gpt2", "llama"))
+def create(fault=None, bint flash=True):
+    """The CPU backend; with fault (one of FAULTS) that entry deliberately wrong, and with
+    flash=False without the flash group (as a backend that has no flash attention), for tests."""
+    name = "cpu" if fault is None else f"cpu-with-faulty-{fault}"
+    cdef Backend backend = Backend(name if flash else name + "-without-flash", True,
+                                   ("gpt2", "llama", "flash") if flash else ("gpt2", "llama"))
     cdef BackendTable* t = &backend.table
     t.ctx = NULL
     t.alloc = cpu_alloc
@@ -275,12 +295,17 @@ def create(fault=None):
     t.attention_gqa_backward = cpu_attention_gqa_backward
     t.classifier_forward = cpu_classifier_forward
     t.classifier_backward = cpu_classifier_backward
+    if flash:
+        t.flash_attention_forward = cpu_flash_attention_forward
+        t.flash_attention_backward = cpu_flash_attention_backward
     if fault == "gelu_forward":
         t.gelu_forward = faulty_gelu_forward
     elif fault == "layernorm_backward":
         t.layernorm_backward = faulty_layernorm_backward
     elif fault == "rope_backward":
         t.rope_backward = faulty_rope_backward
+    elif fault == "flash_attention_backward":
+        t.flash_attention_backward = faulty_flash_attention_backward
     elif fault is not None:
         raise ValueError(f"no planted fault for {fault!r} (there are: "
                          f"{', '.join(FAULTS + LLAMA_FAULTS)})")

@@ -39,7 +39,8 @@ cdef enum Entry:
     E_EMBEDDING_FORWARD, E_EMBEDDING_BACKWARD, E_RMSNORM_FORWARD, E_RMSNORM_BACKWARD,
     E_ROPE_FORWARD, E_ROPE_BACKWARD, E_SWIGLU_FORWARD, E_SWIGLU_BACKWARD,
     E_ATTENTION_GQA_FORWARD, E_ATTENTION_GQA_BACKWARD, E_CLASSIFIER_FORWARD,
-    E_CLASSIFIER_BACKWARD, NUM_ENTRIES
+    E_CLASSIFIER_BACKWARD,
+    E_FLASH_ATTENTION_FORWARD, E_FLASH_ATTENTION_BACKWARD, NUM_ENTRIES
 
 ENTRIES = ("zero", "copy_to_backend", "copy_to_host", "fill", "mean", "adamw_update",
            "global_norm_squared", "encoder_forward", "encoder_backward", "layernorm_forward",
@@ -50,7 +51,8 @@ ENTRIES = ("zero", "copy_to_backend", "copy_to_host", "fill", "mean", "adamw_upd
            "embedding_forward", "embedding_backward", "rmsnorm_forward", "rmsnorm_backward",
            "rope_forward", "rope_backward", "swiglu_forward", "swiglu_backward",
            "attention_gqa_forward", "attention_gqa_backward", "classifier_forward",
-           "classifier_backward")
+           "classifier_backward",
+           "flash_attention_forward", "flash_attention_backward")
 assert len(ENTRIES) == NUM_ENTRIES
 cdef list _entry_bytes = [name.encode() for name in ENTRIES]   # entry_names points into these
 cdef const char* entry_names[<int>NUM_ENTRIES]
@@ -514,6 +516,31 @@ cdef void w_crossentropy_softmax_backward(void* ctx, float* dlogits, const float
                                                of(s, probs), of_int(s, targets), B, T, V, Vp)
         compare(s, E_CROSSENTROPY_SOFTMAX_BACKWARD, dlogits, <Py_ssize_t>B * T * Vp)
 
+# --- flash attention --------------------------------------------------------------------------
+
+cdef void w_flash_attention_forward(void* ctx, float* out, float* lse, const float* inp,
+                                    int B, int T, int C, int NH) noexcept nogil:
+    cdef Instrument* s = <Instrument*>ctx
+    cdef double start = enter(s)
+    s.target.flash_attention_forward(s.target.ctx, out, lse, inp, B, T, C, NH)
+    leave(s, E_FLASH_ATTENTION_FORWARD, start)
+    if s.mode & CHECK:
+        s.oracle.flash_attention_forward(s.oracle.ctx, of(s, out), of(s, lse), of(s, inp), B, T, C, NH)
+        compare(s, E_FLASH_ATTENTION_FORWARD, out, <Py_ssize_t>B * T * C)
+        compare(s, E_FLASH_ATTENTION_FORWARD, lse, <Py_ssize_t>B * NH * T)
+
+cdef void w_flash_attention_backward(void* ctx, float* dinp, const float* dout, const float* inp,
+                                     const float* out, const float* lse,
+                                     int B, int T, int C, int NH) noexcept nogil:
+    cdef Instrument* s = <Instrument*>ctx
+    cdef double start = enter(s)
+    s.target.flash_attention_backward(s.target.ctx, dinp, dout, inp, out, lse, B, T, C, NH)
+    leave(s, E_FLASH_ATTENTION_BACKWARD, start)
+    if s.mode & CHECK:
+        s.oracle.flash_attention_backward(s.oracle.ctx, of(s, dinp), of(s, dout), of(s, inp),
+                                          of(s, out), of(s, lse), B, T, C, NH)
+        compare(s, E_FLASH_ATTENTION_BACKWARD, dinp, <Py_ssize_t>B * T * 3 * C)
+
 
 # --- Llama's layers ----------------------------------------------------------------------------
 
@@ -728,10 +755,13 @@ def create(str wrapper, Backend target):
     cdef int mode = {"check": CHECK, "profile": PROFILE, "guard": GUARD}[wrapper]
     if mode == GUARD and not target.host_visible:
         raise BackendError(f"guard:{target.name}: guarding needs host memory (guard:cpu)")
+    oracle = get_backend("cpu") if mode == CHECK else None
+    # check: claims only the families the oracle can check too
+    families = tuple(f for f in target.families if oracle is None or oracle.supports(f))
     cdef InstrumentedBackend b = InstrumentedBackend(
-        f"{wrapper}:{target.name}", target.host_visible and mode == PROFILE, target.families)
+        f"{wrapper}:{target.name}", target.host_visible and mode == PROFILE, families)
     b.target = target
-    b.oracle = get_backend("cpu") if mode == CHECK else None
+    b.oracle = oracle
     b.s = <Instrument*>malloc(sizeof(Instrument))
     if b.s == NULL:
         raise MemoryError()
@@ -787,5 +817,8 @@ def create(str wrapper, Backend target):
     t.attention_gqa_backward = w_attention_gqa_backward
     t.classifier_forward = w_classifier_forward
     t.classifier_backward = w_classifier_backward
+    if "flash" in families:
+        t.flash_attention_forward = w_flash_attention_forward
+        t.flash_attention_backward = w_flash_attention_backward
     b.validate()
     return b

@@ -69,6 +69,7 @@ class Kernel:
     passes = ("forward", "backward")
     tolerance = 1e-5          # max |out - ref| / max |ref|, per compared tensor
     metric = "GB/s"           # or GFLOP/s
+    baseline = None           # a module timed first, the "vs 1" row, when not variant 1
 
     def cases(self, s):
         """[(case name, parameters)] for one shape."""
@@ -233,6 +234,78 @@ class Attention(Kernel):
 
     def work(self, st, pass_):
         # the causal half of q.k^T and of att @ v: 2 * (T(T+1)/2) * hs * 2 flops per (b, h)
+        flops = 2.0 * st["B"] * st["NH"] * st["T"] * (st["T"] + 1) * (st["C"] // st["NH"])
+        return flops if pass_ == "forward" else 2 * flops
+
+
+class FlashAttention(Kernel):
+    """Causal attention keeping only each row's log-sum-exp (B,NH,T); its first row is
+    kernels.attention, the kernel with llm.c's (B,NH,T,T) buffers that it replaces ("vs 1")."""
+    name = "flash_attention"
+    baseline = "kernels.attention"
+    metric = "GFLOP/s"
+    tolerance = 1e-5
+
+    def make(self, s, case, rng):
+        B, T, C, NH = s["B"], s["T"], s["C"], s["NH"]
+        st = dict(B=B, T=T, C=C, NH=NH, inp=rand(rng, B, T, 3 * C), dout=rand(rng, B, T, C),
+                  out=np.zeros((B, T, C), np.float32), lse=np.zeros((B, NH, T), np.float32),
+                  dinp0=rand(rng, B, T, 3 * C))
+        st["dinp"] = st["dinp0"].copy()
+        return st
+
+    @staticmethod
+    def _scores(st):
+        # the baseline's (B,NH,T,T) buffers, made on first use only
+        if "att" not in st:
+            shape = (st["B"], st["NH"], st["T"], st["T"])
+            st["preatt"], st["att"] = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
+            st["dpreatt"], st["datt"] = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
+        return st
+
+    def forward(self, mod, st):
+        if mod.__name__ == self.baseline:
+            self._scores(st)
+            mod.forward(st["out"], st["preatt"], st["att"], st["inp"], st["NH"])
+        else:
+            mod.forward(st["out"], st["lse"], st["inp"], st["NH"])
+
+    def backward(self, mod, st):
+        if mod.__name__ == self.baseline:
+            self._scores(st)
+            mod.backward(st["dinp"], st["dpreatt"], st["datt"], st["dout"], st["inp"], st["att"], st["NH"])
+        else:
+            mod.backward(st["dinp"], st["dout"], st["inp"], st["out"], st["lse"], st["NH"])
+
+    def fresh_outputs(self, st, pass_):
+        if pass_ == "forward":
+            st["out"].fill(np.nan)
+            st["lse"].fill(np.nan)
+        else:
+            np.copyto(st["dinp"], st["dinp0"])
+            if "att" in st:   # the baseline's scratch gradients start at zero, as in a step
+                st["dpreatt"].fill(0.0)
+                st["datt"].fill(0.0)
+
+    def compare(self, st, pass_):
+        # one batch row at a time (the float64 reference builds (NH,T,T) scores); the baseline
+        # writes no lse, so lse is compared when the module wrote one
+        names = ("out", "lse") if pass_ == "forward" else ("dinp",)
+        pairs = {name: [] for name in names}
+        for b in range(st["B"]):
+            if pass_ == "forward":
+                refs = R.flash_attention_forward(st["inp"][b], st["NH"])
+            else:
+                refs = (R.flash_attention_backward(st["dinp0"][b], st["dout"][b], st["inp"][b],
+                                                   st["out"][b], st["lse"][b], st["NH"]),)
+            for name, ref in zip(names, refs):
+                if not (name == "lse" and np.isnan(st["lse"]).all()):
+                    pairs[name].append((st[name][b], ref))
+        return pairs
+
+    def work(self, st, pass_):
+        # as Attention's: the causal half of q.k^T and att @ v, twice that backward (the flash
+        # backward's recomputed q.k^T is not counted: the same work, done sooner)
         flops = 2.0 * st["B"] * st["NH"] * st["T"] * (st["T"] + 1) * (st["C"] // st["NH"])
         return flops if pass_ == "forward" else 2 * flops
 
@@ -504,8 +577,60 @@ class Adamw(Kernel):
         return st["n"] * 4 * (7 if pass_ == "update" else 1)
 
 
-KERNELS = {k.name: k for k in (Matmul(), Attention(), Layernorm(), Gelu(), Adamw(), Crossentropy(),
-                               Encoder(), Residual())}
+class MatmulGelu(Kernel):
+    """GPT-2's fc matmul and its GELU (the lab's fusion test; the model runs them apart)."""
+    name = "matmul_gelu"
+    passes = ("forward",)
+    metric = "GFLOP/s"
+    tolerance = 1e-5
+
+    def make(self, s, case, rng):
+        B, T, C = s["B"], s["T"], s["C"]
+        return dict(B=B, T=T, C=C, OC=4 * C, inp=rand(rng, B, T, C),
+                    weight=rand(rng, 4 * C, C, scale=0.02), bias=rand(rng, 4 * C, scale=0.1),
+                    out=np.zeros((B, T, 4 * C), np.float32), out_gelu=np.zeros((B, T, 4 * C), np.float32))
+
+    def forward(self, mod, st):
+        mod.forward(st["out"], st["out_gelu"], st["inp"], st["weight"], st["bias"])
+
+    def fresh_outputs(self, st, pass_):
+        st["out"].fill(np.nan)
+        st["out_gelu"].fill(np.nan)
+
+    def compare(self, st, pass_):
+        rows = st["inp"].reshape(-1, st["C"])[:256]   # the first 256 positions
+        out = R.matmul_forward(rows, st["weight"], st["bias"])
+        return {"out": (st["out"].reshape(-1, st["OC"])[:256], out),
+                "out_gelu": (st["out_gelu"].reshape(-1, st["OC"])[:256], R.gelu_forward(out))}
+
+    def work(self, st, pass_):
+        return 2.0 * st["B"] * st["T"] * st["C"] * st["OC"]
+
+
+class Zero(Kernel):
+    name = "zero"
+    passes = ("zero",)
+    tolerance = 0.0
+
+    def make(self, s, case, rng):
+        # zero_grad's buffer: the parameter gradients
+        return dict(x=np.ones(num_parameters(s), np.float32))
+
+    def zero(self, mod, st):
+        mod.zero(st["x"])
+
+    def fresh_outputs(self, st, pass_):
+        st["x"].fill(1.0)
+
+    def compare(self, st, pass_):
+        return {"x": (st["x"], R.zero(st["x"]))}
+
+    def work(self, st, pass_):
+        return st["x"].nbytes
+
+
+KERNELS = {k.name: k for k in (Matmul(), Attention(), FlashAttention(), Layernorm(), Gelu(), Adamw(), Crossentropy(),
+                               Encoder(), Residual(), Zero(), MatmulGelu())}
 
 
 # ----------------------------------------------------------------------------
@@ -582,20 +707,23 @@ def check(kernel_name, module_name, shape, seed=0):
     return worst, rows
 
 
+CLOCK = time.perf_counter   # --cpu-time: time.process_time
+
+
 def time_call(fn, repeats, warmup=1, budget=None):
     """Median, min, max seconds of fn() over repeats after warm-up; fewer repeats when one call
     is slow (budget: seconds to spend on the repeats)."""
     for _ in range(warmup):
-        t0 = time.perf_counter()
+        t0 = CLOCK()
         fn()
-        first = time.perf_counter() - t0
+        first = CLOCK() - t0
     if budget is not None and warmup and first * repeats > budget:
         repeats = max(1, int(budget / max(first, 1e-9)))
     times = []
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0 = CLOCK()
         fn()
-        times.append(time.perf_counter() - t0)
+        times.append(CLOCK() - t0)
     return float(np.median(times)), min(times), max(times), len(times)
 
 
@@ -676,7 +804,7 @@ def variant_lines(kernel, name, mod, s, case_name, st, repeats, peak_value, chec
 def run_kernel(kernel_name, shapes, repeats, threads, peak, check_only, budget, out):
     """Check and time every variant of one kernel; returns the failures (wrong variants)."""
     kernel = KERNELS[kernel_name]
-    names = variant_names(kernel_name)
+    names = ([kernel.baseline] if kernel.baseline else []) + variant_names(kernel_name)
     mods = {name: load(name) for name in names}
     failed = []
     first_time = {}    # (variant, case, pass) -> (seconds, work) at the first shape
@@ -718,11 +846,19 @@ def main(argv=None):
     p.add_argument("--repeats", type=int, default=7, help="timed calls per row (after a warm-up)")
     p.add_argument("--shapes", choices=sorted(SHAPES), default="gpt2")
     p.add_argument("--check-only", action="store_true", help="check, do not time")
+    p.add_argument("--cpu-time", action="store_true",
+                   help="time with this process's CPU clock (needs --threads 1): on a shared "
+                        "machine it leaves out the time other processes held the core")
     p.add_argument("--budget", type=float, default=5.0,
                    help="seconds to spend on one row's repeats (slow rows get fewer)")
     args = p.parse_args(argv)
 
     set_threads(args.threads)
+    if args.cpu_time:
+        if args.threads != 1:
+            p.error("--cpu-time needs --threads 1 (the CPU clock adds up every thread's time)")
+        global CLOCK
+        CLOCK = time.process_time
     if args.list:
         for name in KERNELS:
             print(f"{name:<13} " + "  ".join(short(v) for v in variant_names(name)))

@@ -19,7 +19,9 @@ interleaved A B A B so that a noisy neighbour hurts both alike.
 
 Prints ms/step (median, min-max), tokens/s, the ratio llm.pyx / PyTorch, the model FLOPs
 achieved against this machine's measured sgemm peak (scipy-openblas32, 2048^3, same threads),
-peak RSS, and the losses of both sides (same parameters, same batch: they must agree).
+the step against GEMM-only (its matmul FLOPs at that sgemm rate: the time of a step that did
+nothing else), peak RSS of each side's process and their ratio, and the losses of both sides
+(same parameters, same batch: they must agree).
 The training path runs as it would from the shell with OMP_NUM_THREADS=--threads: nothing
 here changes its BLAS thread settings (the peak sgemm runs OpenBLAS on --threads threads).
 Other environment variables (OMP_WAIT_POLICY, OPENBLAS_NUM_THREADS, ...) pass through.
@@ -58,6 +60,8 @@ def parse_args(argv=None):
     p.add_argument("--rounds", type=int, default=2, help="llm.pyx/PyTorch rounds, interleaved")
     p.add_argument("--no-torch", action="store_true", help="time llm.pyx only")
     p.add_argument("--backend", default="cpu", help="llm.pyx's backend (accel/README.md)")
+    p.add_argument("--recompute", default="all",
+                   help="llm.pyx's activation checkpoint policy (llmc/recompute.py)")
     p.add_argument("--profile", action="store_true",
                    help="also time each entry of the backend table over llm.pyx's step "
                         "(the step on profile:BACKEND)")
@@ -69,7 +73,8 @@ def parse_args(argv=None):
 
 def config_for(args):
     from llmc_io import GPT2Config, LlamaConfig
-    return LlamaConfig.from_name(args.model) if args.model else GPT2Config.from_depth(args.depth)
+    model = getattr(args, "model", None)   # dev/gpu/bench_gpu.py times GPT-2 only
+    return LlamaConfig.from_name(model) if model else GPT2Config.from_depth(args.depth)
 
 
 def model_class(args):
@@ -156,7 +161,7 @@ def worker_llmpyx(args):
     # the training path as it runs: OMP_NUM_THREADS from --threads, BLAS threads left to it
     Model, _ = model_class(args)
     config = config_for(args)
-    model = Model.random(config, seed=0, backend=args.backend)
+    model = Model.random(config, seed=0, backend=args.backend, recompute=args.recompute)
     if args.params:
         np.save(args.params, model.params)
     x, y = batch(config, args.batch, args.seq)
@@ -197,7 +202,8 @@ def worker_profile(args):
     wall time per step (the rest is Python and the model's bookkeeping)."""
     Model, _ = model_class(args)
     config = config_for(args)
-    model = Model.random(config, seed=0, backend="profile:" + args.backend)
+    model = Model.random(config, seed=0, backend="profile:" + args.backend,
+                         recompute=args.recompute)
     x, y = batch(config, args.batch, args.seq)
     llmpyx_steps(model, x, y, 1, args.warmup)
     model.backend.reset()
@@ -214,7 +220,8 @@ def worker_profile(args):
 def run_worker(kind, args, params_path=None):
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", kind, "-e", str(args.depth),
            "-b", str(args.batch), "-t", str(args.seq), "--threads", str(args.threads),
-           "--steps", str(args.steps), "--warmup", str(args.warmup), "--backend", args.backend]
+           "--steps", str(args.steps), "--warmup", str(args.warmup), "--backend", args.backend,
+           "--recompute", args.recompute]
     if params_path:
         cmd += ["--params", params_path]
     if args.model:
@@ -273,10 +280,11 @@ def main(argv=None):
 
     matmul_flops, attention_flops = model_flops(config, B, T)
     flops = matmul_flops + attention_flops
+    gemm_only = matmul_flops / (peak["gflops"] * 1e9)
     print(f"model FLOPs per step: {flops / 1e9:.1f} G (matmuls {matmul_flops / 1e9:.1f} G, "
           f"attention {attention_flops / 1e9:.1f} G); measured peak: {peak['gflops']:.0f} GFLOP/s "
           f"({peak['source']}, {args.threads} threads) -> floor {flops / peak['gflops'] / 1e6:.0f} ms "
-          f"for the FLOPs alone")
+          f"for the FLOPs alone; GEMM-only (the matmul FLOPs at that rate) {gemm_only * 1e3:.0f} ms")
     rows = {}
     print(f"\n{'':<9} {'ms/step':>9} {'min-max ms':>17} {'tokens/s':>9} {'GFLOP/s':>8} {'% peak':>7} {'peak RSS':>9}")
     for name, runs in results.items():
@@ -289,10 +297,13 @@ def main(argv=None):
         print(f"{name:<9} {s['median'] * 1e3:9.1f} {s['min'] * 1e3:8.1f}-{s['max'] * 1e3:<8.1f} "
               f"{B * T / s['median']:9.0f} {gflops:8.1f} {100 * gflops / peak['gflops']:6.0f}% "
               f"{rss / 2 ** 30:7.2f} GB")
+    print(f"\nllm.pyx / GEMM-only: {rows['llm.pyx']['median'] / gemm_only:.3f} "
+          f"(a step of nothing but its matmuls at the sgemm rate would be 1)")
     if "PyTorch" in rows:
         ratio = rows["llm.pyx"]["median"] / rows["PyTorch"]["median"]
-        print(f"\nllm.pyx / PyTorch eager (torch {results['PyTorch'][0]['torch']}, fused AdamW): "
-              f"{ratio:.3f} of the time per step ({1 / ratio:.2f}x the speed)")
+        print(f"llm.pyx / PyTorch eager (torch {results['PyTorch'][0]['torch']}, fused AdamW): "
+              f"{ratio:.3f} of the time per step ({1 / ratio:.2f}x the speed), "
+              f"{rows['llm.pyx']['rss'] / rows['PyTorch']['rss']:.3f} of the peak RSS")
         a, b = np.array(rows["llm.pyx"]["losses"]), np.array(rows["PyTorch"]["losses"])
         print(f"losses, same parameters and batch: llm.pyx {a[0]:.6f} .. {a[-1]:.6f}, "
               f"PyTorch {b[0]:.6f} .. {b[-1]:.6f}, max |difference| {np.max(np.abs(a - b)):.2e}")
@@ -309,7 +320,7 @@ def main(argv=None):
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(args=vars(args), peak=peak, results=rows, profile=profile,
-                           flops=flops), f, indent=1)
+                           flops=flops, gemm_only=gemm_only), f, indent=1)
     return 0
 
 

@@ -6,9 +6,7 @@ with NumPy alone (no torch, no transformers, no safetensors package):
     python dev/download_gpt2.py --model gpt2-xl # 1558M -> gpt2_1558M.bin
     python dev/download_gpt2.py --from-safetensors model.safetensors -o out.bin
 
-A .safetensors file is an 8-byte little-endian header length N, N bytes of JSON (per tensor
-its dtype, shape and [begin, end) byte offsets into the data that follows; "__metadata__" is
-not a tensor), then the raw little-endian tensor data. GPT-2's Linear layers are Conv1D
+The .safetensors file is read by llmc_io.read_safetensors. GPT-2's Linear layers are Conv1D
 there, stored (in, out): llm.c stores (out, in), so those weights are transposed. llm.c pads
 wte's vocabulary rows with zeros to a multiple of 128 (50257 -> 50304). Also writes llm.c's
 gpt2_tokenizer.bin (the bytes of every token) when GPT-2's tokenizer is at hand.
@@ -29,8 +27,6 @@ import llmc_io  # noqa: E402
 
 HF_URL = "https://huggingface.co/{model}/resolve/main/{file}"
 MODELS = {"gpt2": "124M", "gpt2-medium": "350M", "gpt2-large": "774M", "gpt2-xl": "1558M"}
-SAFETENSORS_DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2"),
-                      "F64": np.dtype("<f8")}
 # llm.c's tensor -> (Hugging Face name, with {l} for the layer, transposed?)
 HF_NAMES = {
     "wte": ("wte.weight", False), "wpe": ("wpe.weight", False),
@@ -49,40 +45,9 @@ class ConvertError(ValueError):
 
 
 def read_safetensors(path):
-    """dict name -> float32 array (read-only views where the file already is float32)."""
-    try:
-        size = os.path.getsize(path)
-        with open(path, "rb") as f:
-            prefix = f.read(8)
-            if len(prefix) < 8:
-                raise ConvertError(f"{path}: too short for a safetensors file")
-            header_len = int.from_bytes(prefix, "little")
-            if header_len > size - 8:
-                raise ConvertError(f"{path}: header length {header_len} runs past the end of "
-                                   f"the file ({size} bytes): not a safetensors file?")
-            header = json.loads(f.read(header_len))
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise ConvertError(f"{path}: the header is not JSON: not a safetensors file?") from None
-    data = np.memmap(path, dtype=np.uint8, mode="r", offset=8 + header_len) \
-        if size > 8 + header_len else np.zeros(0, np.uint8)
-    tensors = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        dtype = SAFETENSORS_DTYPES.get(info.get("dtype"))
-        if dtype is None:
-            raise ConvertError(f"{path}: tensor {name} has dtype {info.get('dtype')}, not a float")
-        begin, end = info["data_offsets"]
-        shape = tuple(info["shape"])
-        if end - begin != int(np.prod(shape)) * dtype.itemsize or end > data.size:
-            raise ConvertError(f"{path}: tensor {name} of shape {shape} does not fit its bytes "
-                               f"[{begin}, {end})")
-        raw = data[begin:end].view(dtype).reshape(shape)
-        if info["dtype"] == "BF16":
-            tensors[name] = llmc_io.bfloat16_bits_to_float32(raw)
-        else:
-            tensors[name] = raw.astype(np.float32, copy=False)
-    # GPT2LMHeadModel's files may prefix the names with "transformer."
+    """llmc_io.read_safetensors, without the "transformer." prefix GPT2LMHeadModel's files
+    may put on the names."""
+    tensors = llmc_io.read_safetensors(path)
     return {name.removeprefix("transformer."): t for name, t in tensors.items()}
 
 

@@ -133,6 +133,26 @@ def attention_backward(dinp, dpreatt, datt, dout, inp, att, NH):
     return f64(dinp) + dqkv, dpreatt, datt
 
 
+def flash_attention_forward(inp, NH):
+    """(out (B,T,C), lse (B,NH,T)): causal self-attention of inp (B,T,3C) = q, k, v, and each
+    row's log-sum-exp of its scores q.k / sqrt(hs) over t2 <= t, all the flash backward keeps."""
+    out, preatt, _ = attention_forward(inp, NH)
+    T = preatt.shape[-1]
+    masked = np.where(np.tril(np.ones((T, T), bool)), preatt, -np.inf)
+    rowmax = masked.max(-1)
+    lse = rowmax + np.log(np.exp(masked - rowmax[..., None]).sum(-1))
+    return out, lse
+
+
+def flash_attention_backward(dinp, dout, inp, out, lse, NH):
+    """dinp (B,T,3C) + the gradient of causal self-attention of inp from dout (B,T,C): the same
+    as attention_backward's dinp.  out and lse are the forward's, which the kernel rebuilds the
+    softmax from; the reference recomputes everything from inp in float64 instead."""
+    _, _, att = attention_forward(inp, NH)
+    zeros = np.zeros(att.shape)
+    return attention_backward(dinp, zeros, zeros, dout, inp, att, NH)[0]
+
+
 # ----------------------------------------------------------------------------
 # gelu, tanh approximation, and the residual connection
 
@@ -207,3 +227,11 @@ def global_norm_squared(x):
     """The sum of x^2: the square of the gradient norm that clipping uses."""
     x = f64(x).reshape(-1)
     return float(x @ x)
+
+
+# ----------------------------------------------------------------------------
+# zero: the backend's memory clear (zero_grad)
+
+def zero(x):
+    """What zero leaves in x: zeros."""
+    return np.zeros_like(f64(x))

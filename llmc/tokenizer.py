@@ -1,5 +1,6 @@
 """
-GPT-2's tokenizer for llm.pyx, online or not.
+The tokenizers of llm.pyx, offline: GPT-2's byte-level BPE, and SentencePiece vocabularies
+trained here for the Llama family (llama2.c's way).
 
 gpt2_encoding() returns tiktoken's Encoding for GPT-2 (byte-level BPE, 50257 tokens, EOT 50256).
 tiktoken downloads the BPE ranks on first use; where that cannot happen, the very same ranks
@@ -10,14 +11,20 @@ are taken from elsewhere, each fallback announced in one line on stderr:
      mlx-whisper wheel or else the openai-whisper sdist (nothing is installed); the file is
      checked against its known sha256 and cached for next time (1).
 
+Llama-2's own SentencePiece vocabulary cannot be downloaded here, so, as llama2.c offers,
+train_sentencepiece() trains one of a chosen size on the training text (BPE with byte
+fallback: every byte can be encoded) and export_llama2c_tokenizer() writes it as llama2.c's
+tokenizer.bin (llmc_io.write_llama2c_tokenizer).
+
 Tokenizer decodes token ids to text, from llm.c's gpt2_tokenizer.bin (the bytes of every
-token, see llmc_io.read_tokenizer) or from a tiktoken Encoding.
+token, see llmc_io.read_tokenizer), from llama2.c's tokenizer.bin, or from a tiktoken Encoding.
 """
 import base64
 import codecs
 import glob
 import hashlib
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -179,18 +186,33 @@ def gpt2_encoding():
 
 class Tokenizer:
     """Token ids -> text. token_bytes[i] is the bytes of token i (GPT-2 is byte-level: one
-    character may span several tokens, so text is decoded from the joined bytes)."""
+    character may span several tokens, so text is decoded from the joined bytes).  eot_token
+    separates documents and starts a sample (GPT-2's <|endoftext|>, SentencePiece's BOS)."""
 
-    def __init__(self, token_bytes, eot_token, source):
+    def __init__(self, token_bytes, eot_token, source, space_after_eot=True):
         self.token_bytes = token_bytes
         self.eot_token = eot_token
         self.source = source
+        # SentencePiece puts a space before a document's first word; run.c drops it
+        self.space_after_eot = space_after_eot
 
     @classmethod
     def from_file(cls, path):
         """llm.c's tokenizer file (gpt2_tokenizer.bin); raises llmc_io.FormatError."""
         tokens, eot_token = llmc_io.read_tokenizer(path)
         return cls(tokens, eot_token, path)
+
+    @classmethod
+    def from_llama2c(cls, path):
+        """llama2.c's tokenizer.bin: byte-fallback pieces "<0x0A>" are their byte, BOS (id 1)
+        and EOS (id 2) decode to nothing, as SentencePiece decodes them."""
+        pieces, _ = llmc_io.read_llama2c_tokenizer(path)
+        token_bytes = [LLAMA2C_BYTE_PIECE.fullmatch(p) and bytes([int(p[3:5], 16)]) or p
+                       for p in pieces]
+        for special in (SP_BOS, SP_EOS):
+            if special < len(token_bytes):
+                token_bytes[special] = b""
+        return cls(token_bytes, SP_BOS, path, space_after_eot=False)
 
     @classmethod
     def from_encoding(cls, encoding):
@@ -201,23 +223,89 @@ class Tokenizer:
     def vocab_size(self):
         return len(self.token_bytes)
 
+    def _bytes(self, token_id, previous):
+        raw = self.token_bytes[token_id]
+        if previous == self.eot_token and not self.space_after_eot and raw[:1] == b" ":
+            return raw[1:]
+        return raw
+
     def decode(self, ids):
-        return b"".join(self.token_bytes[i] for i in ids).decode("utf-8", errors="replace")
+        ids = list(ids)
+        return b"".join(self._bytes(i, prev) for prev, i in zip([None] + ids, ids)) \
+            .decode("utf-8", errors="replace")
 
     def stream_decoder(self):
         """A function token id -> the text it completes, for printing tokens as they come:
         bytes of a character split across tokens are held until it is whole, and control
         characters other than newline and tab are dropped (llm.c's safe_printf)."""
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        previous = [None]
 
         def piece(token_id):
-            text = decoder.decode(self.token_bytes[token_id])
+            text = decoder.decode(self._bytes(token_id, previous[0]))
+            previous[0] = token_id
             return "".join(c for c in text if c.isprintable() or c in "\n\t")
         return piece
 
 
 def load_tokenizer(path="gpt2_tokenizer.bin"):
-    """The Tokenizer of llm.c's file at path if there is one, else of tiktoken's GPT-2."""
-    if os.path.exists(path):
+    """The Tokenizer of the file at path if there is one (llm.c's tokenizer, or llama2.c's
+    tokenizer.bin), else of tiktoken's GPT-2."""
+    if not os.path.exists(path):
+        return Tokenizer.from_encoding(gpt2_encoding())
+    with open(path, "rb") as f:
+        magic = int.from_bytes(f.read(4), "little")
+    if magic == llmc_io.TOKENIZER_MAGIC:
         return Tokenizer.from_file(path)
-    return Tokenizer.from_encoding(gpt2_encoding())
+    return Tokenizer.from_llama2c(path)
+
+
+# ----------------------------------------------------------------------------
+# SentencePiece vocabularies, as llama2.c trains and exports them
+
+SP_UNK, SP_BOS, SP_EOS = 0, 1, 2          # SentencePiece's default ids, which run.c assumes
+SP_WHITESPACE = "\u2581"                  # SentencePiece's "▁" marks a space
+LLAMA2C_BYTE_PIECE = re.compile(rb"<0x[0-9A-F]{2}>")
+
+
+def train_sentencepiece(text_path, model_prefix, vocab_size):
+    """Train a SentencePiece BPE vocabulary of vocab_size tokens on the text file, with
+    llama2.c's settings (byte fallback, digits split, whitespace kept as is); returns the path
+    of the .model file."""
+    try:
+        import sentencepiece as spm
+    except ImportError:
+        raise TokenizerError("training a SentencePiece vocabulary needs the sentencepiece "
+                             "package: pip install sentencepiece") from None
+    try:
+        spm.SentencePieceTrainer.train(
+            input=text_path, model_prefix=model_prefix, model_type="bpe", vocab_size=vocab_size,
+            input_format="text", character_coverage=1.0,
+            num_threads=os.cpu_count(), split_digits=True, allow_whitespace_only_pieces=True,
+            byte_fallback=True, unk_surface=r" \342\201\207 ", normalization_rule_name="identity",
+            minloglevel=2)
+    except RuntimeError as e:
+        raise TokenizerError(f"SentencePiece could not train a {vocab_size}-token vocabulary on "
+                             f"{text_path}: {' '.join(str(e).split())}") from None
+    return model_prefix + ".model"
+
+
+def sentencepiece_processor(model_path):
+    import sentencepiece as spm
+    return spm.SentencePieceProcessor(model_file=model_path)
+
+
+def export_llama2c_tokenizer(model_path, bin_path):
+    """Write the SentencePiece model at model_path as llama2.c's tokenizer.bin: each piece
+    with "▁" as a space, BOS as "\n<s>\n", EOS as "\n</s>\n", and its score."""
+    sp = sentencepiece_processor(model_path)
+    pieces, scores = [], []
+    for i in range(sp.vocab_size()):
+        piece = sp.id_to_piece(i)
+        if i == sp.bos_id():
+            piece = "\n<s>\n"
+        elif i == sp.eos_id():
+            piece = "\n</s>\n"
+        pieces.append(piece.replace(SP_WHITESPACE, " ").encode("utf-8"))
+        scores.append(sp.get_score(i))
+    llmc_io.write_llama2c_tokenizer(bin_path, pieces, scores)

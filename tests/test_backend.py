@@ -43,7 +43,7 @@ def test_unknown_wrapper_and_bad_inner_backend():
 
 def test_every_missing_entry_is_refused_by_name():
     backend = get_backend("cpu")
-    for entry in ENTRY_GROUPS["core"] + ENTRY_GROUPS["gpt2"]:
+    for entry in ENTRY_GROUPS["core"] + ENTRY_GROUPS["gpt2"] + ENTRY_GROUPS["flash"]:
         with pytest.raises(BackendError, match=f"its table has no entry '{entry}'"):
             backend._without_entry(entry)
 
@@ -90,6 +90,11 @@ def run_every_entry(backend, seed=0):
                  B, T, C, NH)
     backend.call("attention_backward", buf(B, T, 3 * C), backend.alloc(4 * B * NH * T * T),
                  backend.alloc(4 * B * NH * T * T), buf(B, T, C), qkv, att, B, T, C, NH)
+    if backend.supports("flash"):
+        atty, lse = backend.alloc(4 * B * T * C), backend.alloc(4 * B * NH * T)
+        backend.call("flash_attention_forward", atty, lse, qkv, B, T, C, NH)
+        backend.call("flash_attention_backward", buf(B, T, 3 * C), buf(B, T, C), qkv, atty, lse,
+                     B, T, C, NH)
     N = B * T * 4 * C
     backend.call("gelu_forward", buf(N), buf(N), N)
     backend.call("gelu_backward", buf(N), buf(N), buf(N), N)
@@ -113,7 +118,8 @@ def test_every_entry_passes_check_cpu():
     run_every_entry(backend)
     report = backend.report()
     assert report["mismatches"] == 0, backend.summary()
-    kernels = set(ENTRY_GROUPS["gpt2"]) | {"fill", "mean", "adamw_update", "global_norm_squared"}
+    kernels = (set(ENTRY_GROUPS["gpt2"]) | set(ENTRY_GROUPS["flash"])
+               | {"fill", "mean", "adamw_update", "global_norm_squared"})
     assert kernels <= set(report["entries"]), kernels - set(report["entries"])
     assert all(report["entries"][k]["compared"] > 0 for k in kernels)
 

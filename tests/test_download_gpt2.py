@@ -135,7 +135,7 @@ def test_bad_inputs_one_line_errors(tmp_path):
         lines = run.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("download_gpt2.py: error: "), run.stderr
         return lines[0]
-    assert "No such file" in error_of(tmp_path / "missing.safetensors")
+    assert "no such file" in error_of(tmp_path / "missing.safetensors")
     (tmp_path / "junk.safetensors").write_bytes(b"\x05\x00\x00\x00\x00\x00\x00\x00hello")
     assert "not JSON" in error_of(tmp_path / "junk.safetensors")
     hf = hf_gpt2_tensors()

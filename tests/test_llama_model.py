@@ -99,17 +99,6 @@ def test_weight_decay_spans_are_the_matrices():
     assert Llama2.MATRICES == {name for name, _ in TINY_GQA.param_shapes()} - norms
 
 
-def test_backward_zeroes_every_activation_gradient_but_no_grad_ones():
-    model = Llama2(TINY_GQA)
-    model.forward(*batch(TINY_GQA, 3, 5))
-    layout = model.act_layout
-    zeroed = {name for name, start in zip(layout.names, layout.offsets)
-              if any(s <= start < s + n for s, n in model._grad_zero_spans())}
-    assert zeroed == set(layout.names) - {"att", "logsum"} == set(layout.names) - Llama2.NO_GRAD
-    assert sum(n for _, n in model._grad_zero_spans()) == layout.size - sum(
-        n for name, n in zip(layout.names, layout.sizes) if name in Llama2.NO_GRAD)
-
-
 # --- the committed fixture through test_llama2.py ----------------------------------------------
 
 def run_check(capsys, monkeypatch, *args):

@@ -199,13 +199,13 @@ def test_run_writes_files_that_read_back(run):
 
 
 def test_read_model_rejects_other_files(run, tmp_path):
-    with pytest.raises(llmc_io.FormatError, match="not a temporary"):
+    with pytest.raises(llmc_io.FormatError, match="not a llama2.c model"):
         llmc_io.read_llama_model(run / "tiny_debug_state.bin")
     truncated = tmp_path / "truncated.bin"
     truncated.write_bytes((run / "tiny.bin").read_bytes()[:-4])
-    with pytest.raises(llmc_io.FormatError, match="expected"):
+    with pytest.raises(llmc_io.FormatError, match="truncated: expected"):
         llmc_io.read_llama_model(truncated)
-    with pytest.raises(llmc_io.FormatError, match="cannot read"):
+    with pytest.raises(llmc_io.FormatError, match="no such file"):
         llmc_io.read_llama_model(tmp_path / "missing.bin")
 
 

@@ -104,6 +104,9 @@ def test_grad_accumulation_and_schedule(data, tmp_path):
     stdout = run_train("-e", "d2", "-b", 2, "-t", 32, "-d", 128, "-i", data.train, "-j", data.val,
                        "-m", 1, "-s", 0, "-x", 3, "-u", 2, "-q", 0.1, "-l", 1e-3)
     assert "grad_accum_steps=2" in stdout
+    # after the first step, once: what the model allocated, as llm.c prints it
+    assert len(re.findall(r"^memory allocated: params \d+ MiB, grads \d+ MiB, adamw \d+ MiB, "
+                          r"activations \d+ MiB.*; total \d+ MiB$", stdout, re.M)) == 1
     lrs = [m.group(5) for m in STEP_LINE.finditer(stdout)]
     assert lrs == ["5.00e-04", "1.00e-03", "1.00e-03"]
 

@@ -17,7 +17,8 @@ if REPO_ROOT not in sys.path:
     sys.path.insert(0, REPO_ROOT)
 
 import llmc_io  # noqa: E402
-from llmc.tokenizer import EOT, TokenizerError, gpt2_encoding  # noqa: E402,F401 (for the scripts)
+from llmc.tokenizer import (EOT, TokenizerError, gpt2_encoding,  # noqa: E402,F401 (for the scripts)
+                            export_llama2c_tokenizer, sentencepiece_processor, train_sentencepiece)
 
 DOWNLOAD_TIMEOUT_S = 30
 
@@ -74,8 +75,37 @@ def write_datafile(path, tokens):
     """Write tokens (ids < 2**16) as an llm.c token shard, atomically."""
     llmc_io.write_shard(path, tokens)
     print(f"writing {len(tokens):,} tokens to {path} ({llmc_io.HEADER_BYTES + 2 * len(tokens):,} "
-          f"bytes) in the gpt-2 format")
+          f"bytes), llm.c's shard format")
 
 
 def temporary_directory():
     return tempfile.TemporaryDirectory(prefix="llmpyx-data-")
+
+
+def sentencepiece_vocabulary(text_path, output_dir, vocab_size):
+    """A SentencePiece vocabulary of vocab_size tokens trained on text_path, kept in output_dir
+    as tokenizer.model and llama2.c's tokenizer.bin (which train.py reads beside the shards);
+    an existing one is reused. Returns its SentencePieceProcessor."""
+    os.makedirs(output_dir, exist_ok=True)
+    prefix = os.path.join(output_dir, "tokenizer")
+    if os.path.exists(prefix + ".model"):
+        print(f"{prefix}.model already exists, reusing it")
+    else:
+        print(f"training a {vocab_size}-token SentencePiece vocabulary on {text_path}...")
+        train_sentencepiece(text_path, prefix, vocab_size)
+    export_llama2c_tokenizer(prefix + ".model", prefix + ".bin")
+    sp = sentencepiece_processor(prefix + ".model")
+    if sp.vocab_size() != vocab_size:
+        raise DataPrepError(f"{prefix}.model has {sp.vocab_size()} tokens, not the {vocab_size} "
+                            f"asked for: delete it to train a new one")
+    print(f"wrote {prefix}.bin (llama2.c's tokenizer format)")
+    return sp
+
+
+def encode_sentencepiece(sp, documents):
+    """Each document as llama2.c's data scripts encode it: BOS, then its tokens."""
+    tokens = []
+    for ids in sp.encode(list(documents)):
+        tokens.append(sp.bos_id())
+        tokens.extend(ids)
+    return tokens

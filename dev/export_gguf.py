@@ -1,0 +1,56 @@
+"""
+Exports a Llama-family model file (llama2.c's format, as train.py --model writes it) to GGUF,
+llama.cpp's file, through llama.cpp's own Python writer (the gguf package), float32, with the
+vocabulary of a llama2.c tokenizer.bin (dev/data/tinyshakespeare.py --sentencepiece N writes
+one beside its shards):
+
+    python dev/export_gguf.py MODEL.bin TOKENIZER.bin -o model.gguf
+    llama-cli -m model.gguf -p "First Citizen:"           # llama.cpp, where it is built
+
+--check reads the file back with gguf's reader and compares every tensor and size.
+"""
+import argparse
+import os
+import sys
+
+import numpy as np
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO_ROOT)
+import llmc_io  # noqa: E402
+
+
+def export(model_path, tokenizer_path, output):
+    config, params = llmc_io.read_llama_model(model_path)
+    pieces, scores = llmc_io.read_llama2c_tokenizer(tokenizer_path)
+    llmc_io.write_gguf(output, config, params, pieces, scores,
+                       name=os.path.splitext(os.path.basename(model_path))[0])
+    return config, params
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model", help="a llama2.c model file (version 0 or 1)")
+    p.add_argument("tokenizer", help="its vocabulary, a llama2.c tokenizer.bin")
+    p.add_argument("-o", "--output", help="the .gguf to write (default: MODEL.gguf)")
+    p.add_argument("--check", action="store_true", help="read it back and compare")
+    args = p.parse_args(argv)
+    output = args.output or os.path.splitext(args.model)[0] + ".gguf"
+    try:
+        config, params = export(args.model, args.tokenizer, output)
+        if args.check:
+            config_back, params_back, _ = llmc_io.read_gguf(output)
+            if config_back != config or not np.array_equal(params_back, params):
+                sys.exit(f"export_gguf.py: error: {output} does not read back as written")
+    except (llmc_io.FormatError, ValueError, RuntimeError) as e:
+        sys.exit(f"export_gguf.py: error: {e}")
+    except OSError as e:
+        sys.exit(f"export_gguf.py: error: {e.filename + ': ' if e.filename else ''}"
+                 f"{e.strerror or e}")
+    print(f"wrote {output} (GGUF, llama, float32, {config.describe()})"
+          + (", read back equal" if args.check else ""))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,195 @@
+# kernels.flash_attention against the float64 reference (kernels/reference.py), against today's
+# kernel with llm.c's (B,NH,T,T) buffers (kernels.attention), against finite differences of the
+# float64 reference, and against PyTorch's scaled_dot_product_attention (skipped without torch);
+# then GPT-2 with and without it.  Tolerance reached (max |err| / max |ref| over a tensor, float32
+# kernels vs float64): 2.4e-7 for out, 9e-8 for lse and 4.6e-7 for dinp at GPT-2's T=1024, C=768,
+# NH=12 (see test_gpt2_size_tolerance); the tests ask for 1e-5 as dev/ab.py does.
+import numpy as np
+import pytest
+
+from accel import cpu, instrument
+from kernels import attention, flash_attention
+from kernels import reference as R
+from llmc_io import GPT2Config
+from train_gpt2 import GPT2
+
+TOLERANCE = 1e-5
+# (B, T, C, NH): B*T not a multiple of 8, T=1, one head, hs=1; T across query tiles and key
+# blocks (64): exactly one, one and a bit, several with a partial last one
+SIZES = [(3, 5, 36, 3), (1, 1, 20, 4), (2, 7, 20, 4), (2, 16, 48, 1), (1, 6, 6, 6),
+         (1, 64, 32, 2), (2, 65, 24, 3), (1, 200, 16, 2)]
+
+
+def randn(rng, *shape, scale=1.0):
+    return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+
+def rel_err(got, ref):
+    return np.max(np.abs(np.float64(got) - ref)) / np.max(np.abs(ref))
+
+
+def run_forward(inp, NH):
+    B, T, C3 = inp.shape
+    out = np.full((B, T, C3 // 3), np.nan, dtype=np.float32)
+    lse = np.full((B, NH, T), np.nan, dtype=np.float32)
+    flash_attention.forward(out, lse, inp, NH)
+    return out, lse
+
+
+@pytest.mark.parametrize("B,T,C,NH", SIZES)
+def test_forward_matches_reference(B, T, C, NH):
+    rng = np.random.default_rng(B * 100 + T)
+    inp = randn(rng, B, T, 3 * C)
+    out, lse = run_forward(inp, NH)
+    expected_out, expected_lse = R.flash_attention_forward(inp, NH)
+    assert rel_err(out, expected_out) < TOLERANCE
+    assert rel_err(lse, expected_lse) < TOLERANCE
+
+
+@pytest.mark.parametrize("B,T,C,NH", SIZES)
+def test_backward_adds_the_reference_gradient(B, T, C, NH):
+    rng = np.random.default_rng(B * 100 + T + 1)
+    inp, dout = randn(rng, B, T, 3 * C), randn(rng, B, T, C)
+    out, lse = run_forward(inp, NH)
+    dinp0 = randn(rng, B, T, 3 * C)
+    dinp = dinp0.copy()
+    flash_attention.backward(dinp, dout, inp, out, lse, NH)
+    expected = R.flash_attention_backward(dinp0, dout, inp, out, lse, NH)
+    assert rel_err(dinp - dinp0, expected - dinp0) < TOLERANCE   # the added part itself
+
+
+@pytest.mark.parametrize("B,T,C,NH", [(2, 65, 24, 3), (1, 130, 64, 1), (3, 7, 20, 4)])
+def test_matches_todays_kernel(B, T, C, NH):
+    # the same numbers as kernels.attention (llm.c's buffers) to float32 rounding
+    rng = np.random.default_rng(T)
+    inp, dout = randn(rng, B, T, 3 * C), randn(rng, B, T, C)
+    out, lse = run_forward(inp, NH)
+    old_out = np.zeros((B, T, C), np.float32)
+    preatt, att = np.zeros((B, NH, T, T), np.float32), np.zeros((B, NH, T, T), np.float32)
+    attention.forward(old_out, preatt, att, inp, NH)
+    np.testing.assert_allclose(out, old_out, rtol=0, atol=1e-5 * np.abs(old_out).max())
+    dinp, old_dinp = np.zeros((B, T, 3 * C), np.float32), np.zeros((B, T, 3 * C), np.float32)
+    flash_attention.backward(dinp, dout, inp, out, lse, NH)
+    attention.backward(old_dinp, np.zeros_like(att), np.zeros_like(att), dout, inp, att, NH)
+    np.testing.assert_allclose(dinp, old_dinp, rtol=0, atol=1e-5 * np.abs(old_dinp).max())
+
+
+def test_gradient_matches_finite_differences():
+    # d/dinp of sum(out * w): the kernel's backward against central differences of the
+    # float64 reference forward, at coordinates of q, k and v, early and late positions
+    B, T, C, NH = 1, 70, 12, 2
+    rng = np.random.default_rng(7)
+    inp, w = randn(rng, B, T, 3 * C), randn(rng, B, T, C)
+    out, lse = run_forward(inp, NH)
+    dinp = np.zeros_like(inp)
+    flash_attention.backward(dinp, w, inp, out, lse, NH)
+    eps = 1e-4
+    for t, c in [(0, 0), (3, 5), (69, 7), (40, 12 + 3), (66, 12 + 11), (10, 24 + 1), (69, 24 + 9)]:
+        plus, minus = np.float64(inp), np.float64(inp)
+        plus[0, t, c] += eps
+        minus[0, t, c] -= eps
+        numeric = (np.sum(R.flash_attention_forward(plus, NH)[0] * w)
+                   - np.sum(R.flash_attention_forward(minus, NH)[0] * w)) / (2 * eps)
+        assert abs(dinp[0, t, c] - numeric) < 1e-4 * max(1.0, abs(numeric)), (t, c, dinp[0, t, c], numeric)
+
+
+@pytest.mark.parametrize("B,T,C,NH", [(2, 7, 20, 4), (1, 65, 24, 3), (1, 130, 64, 1)])
+def test_matches_torch_sdpa(B, T, C, NH):
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(T + 11)
+    inp, dout = randn(rng, B, T, 3 * C), randn(rng, B, T, C)
+    out, lse = run_forward(inp, NH)
+    dinp = np.zeros_like(inp)
+    flash_attention.backward(dinp, dout, inp, out, lse, NH)
+
+    x = torch.tensor(inp.astype(np.float64), requires_grad=True)
+    q, k, v = (t.view(B, T, NH, C // NH).transpose(1, 2) for t in x.split(C, dim=2))
+    sdpa = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    y = sdpa.transpose(1, 2).reshape(B, T, C)
+    y.backward(torch.tensor(dout.astype(np.float64)))
+    assert rel_err(out, y.detach().numpy()) < TOLERANCE
+    assert rel_err(dinp, x.grad.numpy()) < TOLERANCE
+    flash_cpu = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    if flash_cpu is not None:   # PyTorch's own CPU flash kernel returns its log-sum-exp too
+        torch_lse = flash_cpu(q.detach(), k.detach(), v.detach(), is_causal=True)[1]
+        assert rel_err(lse, torch_lse.numpy()) < TOLERANCE
+
+
+def test_gpt2_size_tolerance():
+    # one sequence at GPT-2 124M's shape and full context: the tolerance the header states
+    B, T, C, NH = 1, 1024, 768, 12
+    rng = np.random.default_rng(3)
+    inp, dout = randn(rng, B, T, 3 * C), randn(rng, B, T, C)
+    out, lse = run_forward(inp, NH)
+    dinp = np.zeros_like(inp)
+    flash_attention.backward(dinp, dout, inp, out, lse, NH)
+    expected_out, expected_lse = R.flash_attention_forward(inp, NH)
+    assert rel_err(out, expected_out) < 1e-6
+    assert rel_err(lse, expected_lse) < 1e-6
+    assert rel_err(dinp, R.flash_attention_backward(0.0, dout, inp, out, lse, NH)) < 2e-6
+
+
+def test_shape_mismatches_raise():
+    B, T, C, NH = 2, 3, 12, 3
+    z = lambda *s: np.zeros(s, dtype=np.float32)  # noqa: E731
+    with pytest.raises(ValueError, match="NH"):
+        flash_attention.forward(z(B, T, C), z(B, 5, T), z(B, T, 3 * C), 5)
+    with pytest.raises(ValueError, match="NH"):
+        flash_attention.forward(z(B, T, C), z(B, 0, T), z(B, T, 3 * C), 0)
+    with pytest.raises(ValueError, match="3\\*C"):
+        flash_attention.forward(z(B, T, C), z(B, NH, T), z(B, T, 3 * C + 1), NH)
+    with pytest.raises(ValueError, match="out"):
+        flash_attention.forward(z(B, T, C + 1), z(B, NH, T), z(B, T, 3 * C), NH)
+    with pytest.raises(ValueError, match="lse"):
+        flash_attention.forward(z(B, T, C), z(B, NH, T + 1), z(B, T, 3 * C), NH)
+    args = dict(dinp=z(B, T, 3 * C), dout=z(B, T, C), inp=z(B, T, 3 * C), out=z(B, T, C),
+                lse=z(B, NH, T))
+    for name in args:
+        bad = dict(args)
+        bad[name] = z(*(args[name].shape[:-1] + (args[name].shape[-1] + 1,)))
+        with pytest.raises(ValueError, match=name if name != "inp" else "3\\*C"):
+            flash_attention.backward(*bad.values(), NH)
+
+
+# --- GPT-2 with and without it ----------------------------------------------------------------
+
+def two_steps(backend, T=70):
+    """Losses, the gradients and the activations' bytes of two AdamW steps of a small GPT-2
+    whose T spans two attention tiles."""
+    config = GPT2Config.from_depth(2, max_seq_len=80, vocab_size=300)
+    model = GPT2.random(config, seed=1, backend=backend)
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, 300, (2, T + 1)).astype(np.int32)
+    losses = []
+    for t in (1, 2):
+        losses.append(model.forward(tokens[:, :-1], tokens[:, 1:]))
+        model.zero_grad()
+        model.backward()
+        model.update(1e-3, 0.9, 0.999, 1e-8, 0.0, t)
+    return model, losses
+
+
+def test_gpt2_uses_flash_where_the_backend_has_it():
+    flash_model, flash_losses = two_steps("cpu")
+    llmc_model, llmc_losses = two_steps(cpu.create(flash=False))
+    assert flash_model.flash and not llmc_model.flash
+    np.testing.assert_allclose(flash_losses, llmc_losses, rtol=1e-6)
+    np.testing.assert_allclose(flash_model.grads, llmc_model.grads, rtol=0,
+                               atol=1e-5 * np.abs(llmc_model.grads).max())
+    # with flash, no (L,B,NH,T,T) buffers: only the (L,B,NH,T) log-sum-exp
+    acts = flash_model.activations()
+    assert acts["preatt"].size == acts["att"].size == 0
+    assert acts["att_lse"].shape == (2, 2, flash_model.config.num_heads, 70)
+    assert llmc_model.activations()["att_lse"].size == 0
+    saved = 2 * 2 * 2 * flash_model.config.num_heads * 70 * 70 * 4   # L B NH T T, two buffers
+    kept = lambda model: model.memory()["activations"] + model.memory()["activation_grads"]
+    assert kept(llmc_model) - kept(flash_model) >= saved
+
+
+def test_check_claims_only_what_the_oracle_has():
+    backend = instrument.create("check", cpu.create(flash=False))
+    assert "gpt2" in backend.families and "flash" not in backend.families
+    model, _ = two_steps(backend, T=9)
+    assert not model.flash and backend.report()["mismatches"] == 0
+    model, _ = two_steps("check:cpu", T=9)
+    assert model.flash and model.backend.report()["entries"]["flash_attention_backward"]["calls"] == 4

@@ -1,0 +1,318 @@
+"""
+The Llama family's files: llama2.c's model files (legacy and version 1) and tokenizer.bin,
+built byte for byte from their descriptions; Hugging Face checkpoints in; GGUF out, read back
+with gguf's own reader; SentencePiece vocabularies trained and exported; bad files refused.
+"""
+import json
+import math
+import os
+import re
+import struct
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import llmc_io
+from llmc import tokenizer
+from llmc_io import FormatError, LlamaConfig
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHARED_TEXT = os.path.join(REPO, "..", "shared", "data", "tinyshakespeare", "input.txt")
+
+
+def tiny(shared=True, **overrides):
+    """d3 with grouped-query attention (3 heads, 1 kv head) at odd sizes."""
+    return LlamaConfig(dim=18, n_layers=3, n_heads=3, n_kv_heads=1, vocab_size=37, hidden_dim=40,
+                       max_seq_len=11, shared_classifier=shared, **overrides)
+
+
+def random_params(config, seed=0):
+    return np.random.default_rng(seed).standard_normal(config.num_parameters()).astype(np.float32)
+
+
+def fp32(array):
+    return struct.pack(f"<{array.size}f", *array.reshape(-1).tolist())
+
+
+def tensors(config, params):
+    return llmc_io.llama_param_views(config, params)
+
+
+# --- llama2.c's model files, from the format's description ---------------------------------
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_version1_bytes_as_described(tmp_path, shared):
+    config, params = tiny(shared), random_params(tiny(shared))
+    t = tensors(config, params)
+    expected = struct.pack("<I", 0x616B3432) + struct.pack("<i", 1)
+    expected += struct.pack("<7i", 18, 40, 3, 3, 1, 37, 11) + struct.pack("B", int(shared))
+    expected += b"\0" * (256 - len(expected))
+    order = ["attention_norm", "ffn_norm", "norm", "tok_embeddings", "wq", "wk", "wv", "wo",
+             "w1", "w2", "w3"] + ([] if shared else ["output"])
+    expected += b"".join(fp32(t[name]) for name in order)
+    llmc_io.write_llama_model(tmp_path / "m.bin", config, params, version=1)
+    assert (tmp_path / "m.bin").read_bytes() == expected
+    config_back, params_back = llmc_io.read_llama_model(tmp_path / "m.bin")
+    assert config_back == config and np.array_equal(params_back, params)
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_legacy_bytes_as_described(tmp_path, shared):
+    config, params = tiny(shared), random_params(tiny(shared), seed=1)
+    t = tensors(config, params)
+    hs = config.head_size
+    # RoPE's tables: frequencies 1/theta^(2i/hs) and angles t*freq in float32, cos/sin rounded
+    freqs = [np.float32(1.0) / np.float32(10000.0 ** float(np.float32(2 * i) / np.float32(hs)))
+             for i in range(hs // 2)]
+    angles = [[float(np.float32(np.float32(pos) * f)) for f in freqs] for pos in range(11)]
+    cos = np.array([[math.cos(a) for a in row] for row in angles], dtype=np.float32)
+    sin = np.array([[math.sin(a) for a in row] for row in angles], dtype=np.float32)
+    expected = struct.pack("<7i", 18, 40, 3, 3, 1, 37 if shared else -37, 11)
+    order = ["tok_embeddings", "attention_norm", "wq", "wk", "wv", "wo", "ffn_norm", "w1", "w2",
+             "w3", "norm"]
+    expected += b"".join(fp32(t[name]) for name in order) + fp32(cos) + fp32(sin)
+    expected += b"" if shared else fp32(t["output"])
+    llmc_io.write_llama_model(tmp_path / "m.bin", config, params, version=0)
+    assert (tmp_path / "m.bin").read_bytes() == expected
+    config_back, params_back = llmc_io.read_llama_model(tmp_path / "m.bin")
+    assert config_back == config and np.array_equal(params_back, params)
+
+
+def test_versions_convert_both_ways_byte_for_byte(tmp_path):
+    config, params = tiny(False), random_params(tiny(False), seed=2)
+    llmc_io.write_llama_model(tmp_path / "v0.bin", config, params, version=0)
+    llmc_io.write_llama_model(tmp_path / "v1.bin", *llmc_io.read_llama_model(tmp_path / "v0.bin"))
+    llmc_io.write_llama_model(tmp_path / "v0b.bin", *llmc_io.read_llama_model(tmp_path / "v1.bin"),
+                              version=0)
+    assert (tmp_path / "v0.bin").read_bytes() == (tmp_path / "v0b.bin").read_bytes()
+
+
+def test_rope_tables_match_llama2c_within_one_ulp():
+    torch = pytest.importorskip("torch")
+    hs, T = 48, 256  # stories15M
+    freqs = 1.0 / (10000.0 ** (torch.arange(0, hs, 2)[: (hs // 2)].float() / hs))
+    angles = torch.outer(torch.arange(T), freqs).float()
+    cos, sin = llmc_io.rope_tables(T, hs)
+    for ours, theirs in ((cos, torch.cos(angles).numpy()), (sin, torch.sin(angles).numpy())):
+        ulps = np.abs(ours.view(np.int32).astype(np.int64) - theirs.view(np.int32))
+        assert ulps.max() <= 1
+
+
+def test_bad_model_files_one_line_errors(tmp_path):
+    config, params = tiny(), random_params(tiny())
+    llmc_io.write_llama_model(tmp_path / "m.bin", config, params)
+    good = (tmp_path / "m.bin").read_bytes()
+
+    def error(data):
+        (tmp_path / "bad.bin").write_bytes(data)
+        with pytest.raises(FormatError) as e:
+            llmc_io.read_llama_model(tmp_path / "bad.bin")
+        assert "\n" not in str(e.value)
+        return str(e.value)
+    assert "truncated: expected" in error(good[:-4])
+    assert "too long" in error(good + b"\0\0\0\0")
+    assert "version 2 (int8 Q8_0" in error(good[:4] + struct.pack("<i", 2) + good[8:])
+    assert "truncated" in error(good[:100])
+    assert "not a llama2.c model" in error(struct.pack("<7i", 18, 40, 3, 3, 2, 37, 11) + good[256:])
+    assert "model checkpoint of llm.c" in error(struct.pack("<256i", 20240326, 3, *[0] * 254))
+    assert "no such file" in str(pytest.raises(FormatError, llmc_io.read_llama_model,
+                                               tmp_path / "missing.bin").value)
+
+
+def test_write_refuses_what_llama2c_cannot_hold(tmp_path):
+    with pytest.raises(ValueError, match="export to GGUF instead"):
+        llmc_io.write_llama_model(tmp_path / "m.bin", tiny(rope_theta=500000.0),
+                                  random_params(tiny()))
+    with pytest.raises(ValueError, match="expected"):
+        llmc_io.write_llama_model(tmp_path / "m.bin", tiny(), np.zeros(5, np.float32))
+    assert not (tmp_path / "m.bin").exists()
+
+
+# --- llama2.c's tokenizer.bin --------------------------------------------------------------
+
+def test_tokenizer_bin_as_described(tmp_path):
+    pieces = [b"<unk>", b"\n<s>\n", b"\n</s>\n", b"<0x0A>", b" the", "\u00e9t\u00e9".encode()]
+    scores = [0.0, 0.0, 0.0, 0.0, -1.5, -7.25]
+    expected = struct.pack("<I", 6) + b"".join(struct.pack("<fI", s, len(p)) + p
+                                               for p, s in zip(pieces, scores))
+    llmc_io.write_llama2c_tokenizer(tmp_path / "t.bin", pieces, scores)
+    assert (tmp_path / "t.bin").read_bytes() == expected
+    pieces_back, scores_back = llmc_io.read_llama2c_tokenizer(tmp_path / "t.bin")
+    assert pieces_back == pieces and scores_back.tolist() == scores
+    tok = tokenizer.load_tokenizer(str(tmp_path / "t.bin"))
+    assert tok.eot_token == 1 and tok.decode([1, 4, 3, 5]) == "the\n\u00e9t\u00e9"
+    (tmp_path / "bad.bin").write_bytes(expected[:-2])
+    with pytest.raises(FormatError, match="claims 5 bytes"):
+        llmc_io.read_llama2c_tokenizer(tmp_path / "bad.bin")
+
+
+@pytest.fixture(scope="module")
+def vocabulary(tmp_path_factory):
+    """A 400-token SentencePiece vocabulary trained on some Shakespeare, as the data script
+    trains them, and its tokenizer.bin."""
+    pytest.importorskip("sentencepiece")
+    out = tmp_path_factory.mktemp("sp")
+    text = out / "text.txt"
+    if os.path.exists(SHARED_TEXT):
+        text.write_text(open(SHARED_TEXT, encoding="utf-8").read()[:200_000])
+    else:
+        text.write_text("First Citizen:\nBefore we proceed any further, hear me speak.\n\n" * 400
+                        + "All:\nSpeak, speak. Resolved, resolved; 1234567890.\n\n" * 400)
+    model = tokenizer.train_sentencepiece(str(text), str(out / "tokenizer"), 400)
+    tokenizer.export_llama2c_tokenizer(model, str(out / "tokenizer.bin"))
+    return model, out / "tokenizer.bin", text
+
+
+def test_trained_vocabulary_decodes_as_sentencepiece(vocabulary):
+    model, bin_path, text = vocabulary
+    sp = tokenizer.sentencepiece_processor(model)
+    pieces, _ = llmc_io.read_llama2c_tokenizer(bin_path)
+    assert len(pieces) == sp.vocab_size() == 400 and pieces[1] == b"\n<s>\n"
+    sample = "First Citizen:\nSpeak, speak \u00e9\u00e8 \u4e16!\n"  # unseen characters: bytes
+    ids = sp.encode(sample)
+    tok = tokenizer.load_tokenizer(str(bin_path))
+    assert tok.decode([sp.bos_id()] + ids) == sp.decode(ids) == sample
+    stream = tok.stream_decoder()
+    assert "".join(stream(i) for i in [sp.bos_id()] + ids) == sample
+
+
+def test_data_script_writes_shards_and_tokenizer(vocabulary, tmp_path):
+    _, _, text = vocabulary
+    script = os.path.join(REPO, "dev", "data", "tinyshakespeare.py")
+    run = subprocess.run([sys.executable, script, "--input-text", str(text), "--output-dir",
+                          str(tmp_path), "--sentencepiece", "512"], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    out = tmp_path / "sp512"
+    train = llmc_io.read_shard(out / "tiny_shakespeare_train.bin")
+    assert train.max() < 512 and len(llmc_io.read_llama2c_tokenizer(out / "tokenizer.bin")[0]) == 512
+    tok = tokenizer.load_tokenizer(str(out / "tokenizer.bin"))
+    val = [int(i) for i in llmc_io.read_shard(out / "tiny_shakespeare_val.bin")]
+    assert val[0] == 1 and tok.decode(val).startswith(text.read_text()[:20])
+
+
+# --- Hugging Face in, GGUF out -------------------------------------------------------------
+
+def write_safetensors(path, named):
+    header, blobs, offset = {}, [], 0
+    for name, array in named.items():
+        raw = np.ascontiguousarray(array, dtype="<f4").tobytes()
+        header[name] = {"dtype": "F32", "shape": list(array.shape),
+                        "data_offsets": [offset, offset + len(raw)]}
+        blobs.append(raw)
+        offset += len(raw)
+    meta = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(meta)) + meta + b"".join(blobs))
+
+
+def rope_adjacent_pairs(x, angles):    # ours, llama2.c's and Meta's: pairs (2i, 2i+1)
+    re, im = x[..., 0::2], x[..., 1::2]
+    out = np.empty_like(x)
+    out[..., 0::2] = re * np.cos(angles) - im * np.sin(angles)
+    out[..., 1::2] = re * np.sin(angles) + im * np.cos(angles)
+    return out
+
+
+def rope_rotate_half(x, angles):       # Hugging Face's: pairs (i, i + hs/2)
+    half = x.shape[-1] // 2
+    re, im = x[..., :half], x[..., half:]
+    return np.concatenate([re * np.cos(angles) - im * np.sin(angles),
+                           re * np.sin(angles) + im * np.cos(angles)], axis=-1)
+
+
+def test_hf_row_order_is_what_rotate_half_rope_expects():
+    rng = np.random.default_rng(3)
+    n_heads, hs, C = 3, 8, 10
+    w, x = rng.standard_normal((n_heads * hs, C)), rng.standard_normal(C)
+    angles = rng.uniform(0, 6, hs // 2)
+    ours = rope_adjacent_pairs((w @ x).reshape(n_heads, hs), angles)
+    theirs = rope_rotate_half((llmc_io.hf_rotate_half_rows(w, n_heads) @ x).reshape(n_heads, hs),
+                              angles)
+    # the same rotated vectors, each head's channels in the other order: dot products agree
+    np.testing.assert_allclose(theirs @ theirs.T, ours @ ours.T, rtol=1e-12)
+    assert np.array_equal(llmc_io.hf_adjacent_pair_rows(llmc_io.hf_rotate_half_rows(w, 3), 3), w)
+
+
+def test_hf_checkpoint_converts(tmp_path):
+    config, params = tiny(False), random_params(tiny(False), seed=4)
+    t = tensors(config, params)
+    named = {}
+    for ours, theirs in llmc_io.HF_LLAMA_NAMES.items():
+        for l in range(config.n_layers if "{l}" in theirs else 1):
+            value = t[ours][l] if "{l}" in theirs else t[ours]
+            if ours in ("wq", "wk"):
+                value = llmc_io.hf_rotate_half_rows(value, 3 if ours == "wq" else 1)
+            named[theirs.format(l=l)] = value
+    (tmp_path / "hf").mkdir()
+    write_safetensors(tmp_path / "hf" / "model.safetensors", named)
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(dict(
+        hidden_size=18, num_hidden_layers=3, num_attention_heads=3, num_key_value_heads=1,
+        vocab_size=37, intermediate_size=40, max_position_embeddings=11, rms_norm_eps=1e-5,
+        tie_word_embeddings=False)))
+    script = os.path.join(REPO, "dev", "download_llama.py")
+    run = subprocess.run([sys.executable, script, "--from-safetensors", str(tmp_path / "hf"),
+                          "-o", str(tmp_path / "m.bin")], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    config_back, params_back = llmc_io.read_llama_model(tmp_path / "m.bin")
+    assert config_back == config and np.array_equal(params_back, params)
+    del named["model.layers.2.mlp.up_proj.weight"]
+    write_safetensors(tmp_path / "hf" / "model.safetensors", named)
+    run = subprocess.run([sys.executable, script, "--from-safetensors", str(tmp_path / "hf"),
+                          "-o", str(tmp_path / "m.bin")], capture_output=True, text=True)
+    assert run.returncode == 1 and run.stderr.count("\n") == 1
+    assert "no tensor model.layers.2.mlp.up_proj.weight" in run.stderr
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_gguf_reads_back_with_gguf(vocabulary, tmp_path, shared):
+    gguf = pytest.importorskip("gguf")
+    _, bin_path, _ = vocabulary
+    config = LlamaConfig.from_name("d3", vocab_size=400, max_seq_len=64, shared_classifier=shared)
+    params = random_params(config, seed=5)
+    llmc_io.write_llama_model(tmp_path / "m.bin", config, params)
+    script = os.path.join(REPO, "dev", "export_gguf.py")
+    run = subprocess.run([sys.executable, script, str(tmp_path / "m.bin"), str(bin_path), "-o",
+                          str(tmp_path / "m.gguf"), "--check"], capture_output=True, text=True)
+    assert run.returncode == 0 and "read back equal" in run.stdout, run.stderr
+    reader = gguf.GGUFReader(tmp_path / "m.gguf")
+    field = lambda key: reader.get_field(key).contents()
+    assert field("general.architecture") == "llama" and field("llama.block_count") == 3
+    assert field("llama.attention.head_count_kv") == 1 and field("llama.rope.dimension_count") == 64
+    assert field("tokenizer.ggml.model") == "llama"
+    tokens, types = field("tokenizer.ggml.tokens"), field("tokenizer.ggml.token_type")
+    assert tokens[:3] == ["<unk>", "<s>", "</s>"] and tokens[3] == "<0x00>"
+    assert types[:4] == [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL,
+                         gguf.TokenType.BYTE]
+    names = {t.name for t in reader.tensors}
+    assert ("output.weight" in names) == (not shared) and "blk.2.ffn_gate.weight" in names
+    t = tensors(config, params)
+    gate = next(x for x in reader.tensors if x.name == "blk.1.ffn_gate.weight")
+    assert np.array_equal(np.asarray(gate.data).reshape(t["w1"][1].shape), t["w1"][1])
+
+
+def test_gguf_refuses_a_vocabulary_of_another_size(vocabulary, tmp_path):
+    pytest.importorskip("gguf")
+    _, bin_path, _ = vocabulary
+    pieces, scores = llmc_io.read_llama2c_tokenizer(bin_path)
+    with pytest.raises(ValueError, match="the tokenizer has 400 tokens"):
+        llmc_io.write_gguf(tmp_path / "m.gguf", tiny(), random_params(tiny()), pieces, scores)
+    assert os.listdir(tmp_path) == []
+
+
+def test_train_takes_the_vocabulary_beside_the_shards(vocabulary, tmp_path):
+    """train.py sizes a new Llama's vocabulary from the tokenizer.bin beside its shards, and
+    decodes its samples with it."""
+    _, _, text = vocabulary
+    script = os.path.join(REPO, "dev", "data", "tinyshakespeare.py")
+    subprocess.run([sys.executable, script, "--input-text", str(text), "--output-dir",
+                    str(tmp_path), "--sentencepiece", "512"], check=True, capture_output=True)
+    data = tmp_path / "sp512"
+    run = subprocess.run([sys.executable, os.path.join(REPO, "train.py"), "-e", "d1",
+                          "--family", "llama", "-i", str(data / "tiny_shakespeare_train.bin"),
+                          "-j", str(data / "tiny_shakespeare_val.bin"), "-b", "2", "-t", "16",
+                          "-x", "2", "-s", "2", "-g", "8", "-v", "2"],
+                         capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert run.returncode == 0, run.stderr
+    assert re.search(r"vocab_size V\s*\|\s*512\b", run.stdout), run.stdout
+    assert "token ids" not in run.stderr
