@@ -77,7 +77,7 @@ ctypedef struct HeadActivations:
     float* lnf          # (B, T, C)
     float* lnf_rstd     # (B, T)
     float* logits       # (B, T, V)
-    float* probs        # (B, T, V)
+    float* logsum       # (B, T)  log of the softmax's normaliser (kernels/classifier: no probs)
     float* losses       # (B, T)
 
 
@@ -96,7 +96,7 @@ def activation_shapes(config, int B, int T):
         ("hgated", (B, T, H)), ("ffnproj", (B, T, C)), ("residual3", (B, T, C)),
     ]
     head = [("lnf", (B, T, C)), ("lnf_rstd", (B, T)), ("logits", (B, T, V)),
-            ("probs", (B, T, V)), ("losses", (B, T))]
+            ("logsum", (B, T)), ("losses", (B, T))]
     return ("encoded", (B, T, C)), layer, head
 
 
@@ -110,7 +110,7 @@ cdef class Llama2(Model):
     # the matrices: weight decay applies to them alone with decay_2d_only (not the norms)
     MATRICES = frozenset(("tok_embeddings", "wq", "wk", "wv", "wo", "w1", "w2", "w3", "output"))
     # the activations whose gradients no backward kernel takes: none are allocated
-    NO_GRAD = frozenset(("ln1_rstd", "att", "ln2_rstd", "lnf_rstd", "probs"))
+    NO_GRAD = frozenset(("ln1_rstd", "att", "ln2_rstd", "lnf_rstd", "logsum"))
     cdef int NH, NKV, hs, C, H, V
     cdef float eps
     cdef ParameterTensors params_c, grads_c     # pointers into the buffers, llm.c's structs
@@ -202,8 +202,11 @@ cdef class Llama2(Model):
 
     @property
     def probs(self):
-        """(B, T, V) softmax of the logits."""
-        return self.activation("probs")
+        """(B, T, V) softmax of the logits, computed here from the logits and logsum (the
+        model keeps no probabilities: sampling is their only use)."""
+        logits = self.activation("logits")
+        shifted = np.exp(logits - logits.max(axis=-1, keepdims=True))
+        return shifted / np.exp(self.activation("logsum"))[..., None]
 
     # --- forward ---------------------------------------------------------------
 
@@ -254,9 +257,8 @@ cdef class Llama2(Model):
         cdef int C = self.C, V = self.V
         self.b.rmsnorm_forward(ctx, acts.lnf, acts.lnf_rstd, residual, p.norm, self.eps, B, T, C)
         self.b.matmul_forward(ctx, acts.logits, acts.lnf, p.output, NULL, B, T, C, V)
-        self.b.softmax_forward(ctx, acts.probs, acts.logits, B, T, V, V)
-        if targets != NULL:
-            self.b.crossentropy_forward(ctx, acts.losses, acts.probs, targets, B, T, V)
+        self.b.classifier_forward(ctx, acts.losses if targets != NULL else NULL, acts.logsum,
+                                  acts.logits, targets, B, T, V)
 
     # --- backward --------------------------------------------------------------
 
@@ -267,8 +269,8 @@ cdef class Llama2(Model):
         cdef HeadActivations* acts = <HeadActivations*>head_acts
         cdef HeadActivations* grads_acts = <HeadActivations*>head_grads
         cdef int C = self.C, V = self.V
-        self.b.crossentropy_softmax_backward(ctx, grads_acts.logits, grads_acts.losses, acts.probs,
-                                             targets, B, T, V, V)
+        self.b.classifier_backward(ctx, grads_acts.logits, grads_acts.losses, acts.logits,
+                                   acts.logsum, targets, B, T, V)
         self.b.matmul_backward(ctx, grads_acts.lnf, g.output, NULL, grads_acts.logits, acts.lnf,
                                p.output, B, T, C, V)
         self.b.rmsnorm_backward(ctx, dresidual, g.norm, grads_acts.lnf, residual, p.norm,

@@ -73,6 +73,8 @@ cdef list missing_entries(BackendTable* t, tuple groups):
         ("llama", "swiglu_backward", t.swiglu_backward != NULL),
         ("llama", "attention_gqa_forward", t.attention_gqa_forward != NULL),
         ("llama", "attention_gqa_backward", t.attention_gqa_backward != NULL),
+        ("llama", "classifier_forward", t.classifier_forward != NULL),
+        ("llama", "classifier_backward", t.classifier_backward != NULL),
         ("flash", "flash_attention_forward", t.flash_attention_forward != NULL),
         ("flash", "flash_attention_backward", t.flash_attention_backward != NULL),
     ]
@@ -82,8 +84,8 @@ cdef list missing_entries(BackendTable* t, tuple groups):
 cdef BackendTable _empty_table
 ENTRY_GROUPS = {group: missing_entries(&_empty_table, (group,))
                 for group in ("core", "gpt2", "llama", "flash")}
-# the groups a model family runs on, where it is more than its own: Llama's projections, residual
-# connections and loss are gpt2's entries (matmul without bias, residual, softmax, crossentropy)
+# the groups a model family runs on, where it is more than its own: Llama's projections and
+# residual connections are gpt2's entries (matmul without bias, residual)
 FAMILY_GROUPS = {"llama": ("gpt2", "llama")}
 
 
@@ -235,6 +237,11 @@ cdef class Backend:
             elif entry == "attention_gqa_backward":
                 t.attention_gqa_backward(c, f(a[0]), f(a[1]), f(a[2]), f(a[3]), f(a[4]), f(a[5]),
                                          f(a[6]), f(a[7]), a[8], a[9], a[10], a[11], a[12])
+            elif entry == "classifier_forward":
+                t.classifier_forward(c, f(a[0]), f(a[1]), f(a[2]), i(a[3]), a[4], a[5], a[6])
+            elif entry == "classifier_backward":
+                t.classifier_backward(c, f(a[0]), f(a[1]), f(a[2]), f(a[3]), i(a[4]), a[5], a[6],
+                                      a[7])
             elif entry == "flash_attention_forward":
                 t.flash_attention_forward(c, f(a[0]), f(a[1]), f(a[2]), a[3], a[4], a[5], a[6])
             elif entry == "flash_attention_backward":
