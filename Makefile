@@ -6,10 +6,15 @@
 #                        test_llama2.py); the variants' tests need `make dev` first, and are
 #                        skipped without it
 #   make bench           time a training step against PyTorch eager (dev/bench_step.py)
+#   make hip             the HIP backend for this machine's GPU: nvcc (NVIDIA) where found, else
+#                        hipcc (AMD); HIP_PLATFORM=amd|nvidia chooses (accel/hip/README.md)
+#   make hip-emu         the HIP backend on the CPU emulator (g++ only; what CI tests)
+#   make hip-check-nvcc  compile-check accel/hip for NVIDIA (nvcc, cuBLAS headers)
+#   make hip-check-amd   compile-check accel/hip for AMD (hipcc)
 #   make clean
 PYTHON ?= python3
 
-.PHONY: train_gpt2 dev test bench clean
+.PHONY: train_gpt2 dev test bench hip hip-emu hip-check-nvcc hip-check-amd clean
 
 train_gpt2:
 	$(PYTHON) dev/ensure_requirements.py requirements.txt
@@ -26,9 +31,58 @@ test: train_gpt2
 bench: train_gpt2
 	$(PYTHON) dev/bench_step.py
 
+hip: train_gpt2
+	$(MAKE) -C accel/hip gpu
+hip-emu: train_gpt2
+	$(MAKE) -C accel/hip emu
+hip-check-nvcc hip-check-amd:
+	$(MAKE) -C accel/hip $(@:hip-%=%)
+
 # every .pyx's generated C, and the extension modules beside it (hidden folders and virtual
 # environments kept in the tree are left alone, as setup.py leaves them)
 clean:
-	rm -rf build
+	rm -rf build accel/metal/build accel/hip/build
 	find . \( -name '.?*' -o -exec test -e '{}/pyvenv.cfg' \; \) -prune -o -name '*.pyx' -print | \
 	    while read -r f; do rm -f "$${f%.pyx}.c" "$$(dirname "$$f")"/*.so "$$(dirname "$$f")"/*.pyd; done
+
+# Metal on Linux: accel/metal/gpt2.metal rewritten for the CPU emulator of MSL (accel/emu) and
+# built with the emulator into the library that backend metal-emu loads. The tests build other
+# variants (planted faults) with METAL_SOURCE and METAL_EMU_LIB, and with ASAN=1 under
+# AddressSanitizer; the emulator's objects are shared (accel/metal/build/*.o).
+#   make metal-emu
+# On macOS: the Metal runtime and the compiled kernel library (needs Xcode's command-line tools).
+#   make metal
+METAL_SOURCE ?= accel/metal/gpt2.metal
+METAL_EMU_LIB ?= accel/metal/build/libmetal_emu.so
+METAL_EMU_FLAGS = -std=c++17 -O2 -g -Wall -fPIC -fvisibility=hidden -I accel/emu/include
+ifeq ($(ASAN),1)
+METAL_EMU_FLAGS += -fsanitize=address -fno-omit-frame-pointer
+METAL_EMU_FLAVOR = .asan
+endif
+METAL_EMU_OBJECTS := accel/metal/build/emu_core$(METAL_EMU_FLAVOR).o accel/metal/build/msl_runtime$(METAL_EMU_FLAVOR).o
+
+.PHONY: metal-emu metal
+metal-emu: $(METAL_EMU_LIB)
+
+accel/metal/build/emu_core$(METAL_EMU_FLAVOR).o: accel/emu/emu_core.cpp accel/emu/emu_core.h
+	mkdir -p $(dir $@)
+	$(CXX) $(METAL_EMU_FLAGS) -c $< -o $@
+accel/metal/build/msl_runtime$(METAL_EMU_FLAVOR).o: accel/emu/msl_runtime.cpp accel/emu/msl_emu.h \
+        accel/emu/emu_core.h accel/metal/metal_runtime.h
+	mkdir -p $(dir $@)
+	$(CXX) $(METAL_EMU_FLAGS) -c $< -o $@
+$(METAL_EMU_LIB): $(METAL_SOURCE) $(METAL_EMU_OBJECTS) accel/emu/msl_rewrite.py accel/emu/msl_emu.h
+	mkdir -p $(dir $@)
+	$(PYTHON) accel/emu/msl_rewrite.py $(METAL_SOURCE) -o $@.cpp
+	$(CXX) $(METAL_EMU_FLAGS) -shared $@.cpp $(METAL_EMU_OBJECTS) -o $@
+
+metal: accel/metal/build/libmetal_runtime.dylib accel/metal/build/gpt2.metallib
+
+accel/metal/build/libmetal_runtime.dylib: accel/metal/metal_runtime.m accel/metal/metal_runtime.h
+	mkdir -p $(dir $@)
+	xcrun clang -fobjc-arc -O2 -Wall -dynamiclib -framework Metal -framework Foundation $< -o $@
+
+accel/metal/build/gpt2.metallib: accel/metal/gpt2.metal
+	mkdir -p $(dir $@)
+	xcrun -sdk macosx metal -c $< -o accel/metal/build/gpt2.air
+	xcrun -sdk macosx metallib accel/metal/build/gpt2.air -o $@

@@ -540,16 +540,17 @@ MT_STATE_DTYPE = np.dtype([("seed", "<u8"), ("left", "<i4"), ("next", "<u4"),
 MT_STATE_WORDS = 624
 
 
-def write_state(path, step, m, v, loader_state):
-    """Write llm.c's training state (train_gpt2.cu save_state) of a run of one process, no
-    master weights, on shuffled data: the step, AdamW's m and v (1-D, one value per
-    parameter) and loader_state, the state() of a shuffling DataLoader."""
+def write_state(path, step, m, v, loader_state, num_processes=1, process_rank=0):
+    """Write llm.c's training state (train_gpt2.cu save_state) of process process_rank of a
+    run of num_processes, no master weights, on shuffled data: the step, AdamW's m and v (1-D,
+    one value per parameter of this process's optimizer shard: all of them but under ZeRO-1)
+    and loader_state, the state() of a shuffling DataLoader."""
     m, v = np.asarray(m), np.asarray(v)
     if m.ndim != 1 or v.shape != m.shape:
         raise ValueError(f"write_state: m and v must be 1-D and of one size, got {m.shape} "
                          f"and {v.shape}")
     header = np.zeros(HEADER_INTS, dtype="<i4")
-    header[0:6] = [STATE_MAGIC, STATE_VERSION, 1, 0, 0, 1]  # 1 process, rank 0, shuffled
+    header[0:6] = [STATE_MAGIC, STATE_VERSION, num_processes, process_rank, 0, 1]  # shuffled
     header[10] = step
     header[30:34].view("<u8")[:] = [loader_state["shard_idx"], loader_state["sample_idx"]]
     pos = int(loader_state["rng_pos"])
@@ -567,12 +568,24 @@ def write_state(path, step, m, v, loader_state):
     ])
 
 
-def read_state(path, num_parameters):
-    """(step, m, v, loader_state) from the training state at path, for a model of
-    num_parameters; loader_state is what DataLoader.load_state takes."""
+def read_state_processes(path):
+    """(num_processes, process_rank) of the run that wrote the training state at path."""
+    with _open(path) as f:
+        header = _read_array(f, path, "<i4", HEADER_INTS)
+    if header[0] != STATE_MAGIC:
+        raise FormatError(path, f"not a training state (magic {header[0]})")
+    return int(header[2]), int(header[3])
+
+
+def read_state(path, num_parameters, num_processes=1, process_rank=0):
+    """(step, m, v, loader_state) from the training state at path, for process process_rank of
+    a run of num_processes with num_parameters in its optimizer shard (all the model's unless
+    ZeRO-1); loader_state is what DataLoader.load_state takes."""
     n = num_parameters
-    mismatch = FormatError(path, f"does not fit a model of {n} parameters (written for a model "
-                                 f"of another size, or cut short)")
+    what = "a model" if num_processes == 1 else "an optimizer shard"
+    mismatch = FormatError(path, f"does not fit {what} of {n} parameters (written for a model "
+                                 f"of another size{', or -z' if num_processes > 1 else ''}, "
+                                 f"or cut short)")
     with _open(path) as f:
         if os.fstat(f.fileno()).st_size < HEADER_BYTES + 8 * n:
             raise mismatch
@@ -580,10 +593,13 @@ def read_state(path, num_parameters):
         if header[0] != STATE_MAGIC or header[1] != STATE_VERSION:
             raise FormatError(path, f"not a training state (magic {header[0]}, "
                                     f"version {header[1]})")
-        if tuple(header[2:6]) != (1, 0, 0, 1):
-            raise FormatError(path, f"written by a run this trainer cannot continue (processes "
-                                    f"{header[2]}, master weights {header[4]}, shuffled data "
-                                    f"{header[5]})")
+        if tuple(header[2:4]) != (num_processes, process_rank):
+            raise FormatError(path, f"written by process {header[3]} of a run of {header[2]}, "
+                                    f"read by process {process_rank} of {num_processes}: resume "
+                                    f"with as many processes as the run had")
+        if tuple(header[4:6]) != (0, 1):
+            raise FormatError(path, f"written by a run this trainer cannot continue (master "
+                                    f"weights {header[4]}, shuffled data {header[5]})")
         m = _read_array(f, path, "<f4", n).astype(np.float32, copy=False)
         v = _read_array(f, path, "<f4", n).astype(np.float32, copy=False)
         tail = f.read()

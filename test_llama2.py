@@ -15,7 +15,7 @@ import json
 import os
 import sys
 
-from llmc_io import FormatError, param_views, read_debug_state, read_llama_model
+from llmc_io import FormatError, param_views, read_debug_state
 from test_gpt2 import STEPS, check_parity
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -48,12 +48,11 @@ def main():
     from accel.backend import BackendError
     from train_llama2 import Llama2
     try:
-        config, params = read_llama_model(args.model)
-        state = read_debug_state(args.state, config)
-        model = Llama2(config, backend=args.backend)
+        model = Llama2.from_checkpoint(args.model, backend=args.backend)
+        state = read_debug_state(args.state, model.config)
     except (FormatError, BackendError) as e:
         parser.exit(2, f"test_llama2.py: error: {e}\n")
-    model.params = params
+    config, params = model.config, model.params.copy()
     B, T = state.x.shape
     print(f"[Llama 2] {args.model}: {config.describe()}, {config.num_parameters():,} parameters")
     print(f"[State] {args.state}: B={B} T={T}")

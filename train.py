@@ -16,6 +16,12 @@ With -o DIR: DIR/main.log in llm.c's format, checkpoints every -n steps (llmc/ch
 -nk N keeps the newest N), and the loss curve DIR/loss.png at the end. -y 1 resumes from the
 newest checkpoint there, continuing bit for bit as if never stopped.
 
+On many processes (llmc/distributed.py, MPI): `OMP_NUM_THREADS=1 mpirun -np N python train.py`.
+Each process reads its own part of every batch, the gradients are summed across processes
+before the norm and the update, -d counts the tokens of all of them (grad_accum = d / (B*T*N))
+and -z 1 shards AdamW's state (ZeRO-1). Only rank 0 prints, logs and samples; the val loss is
+split across the processes and averaged, as llm.c's.
+
 Llama 2 (train_llama2.pyx) trains the same way, with the same flags: --model stories15M (any
 Llama preset: stories15M, stories42M, stories110M, llama-1b, llama-7b), or --family llama with
 -e dN (a tiny Llama of depth N) or a Llama model file. A new random model's vocabulary is the
@@ -35,10 +41,11 @@ import sys
 import time
 
 import llmc_io
-from llmc import default_data
+from llmc import default_data, distributed
 from llmc.checkpoint import checkpoint_paths, find_max_step, resume, write_checkpoint
 from llmc.dataloader import DataError, DataLoader
 from llmc.logger import Console, Logger, note, plot_losses
+from llmc.recompute import parse_policy
 from llmc.sampler import generate
 from llmc.schedulers import SCHEDULERS, get_scheduler
 from llmc.tokenizer import GPT2_VOCAB_SIZE, TokenizerError, load_tokenizer
@@ -129,9 +136,19 @@ def parse_args(argv):
                    help="1: resume from the newest checkpoint in -o")
     p.add_argument("-r", dest="seed", metavar="INT", type=int, default=42,
                    help="seed of the random init (-e dN)")
+    p.add_argument("-z", dest="zero_stage", metavar="INT", type=int, default=0, choices=(0, 1),
+                   help="with many processes (mpirun): 1 shards AdamW's m and v across them "
+                        "(ZeRO-1)")
     p.add_argument("--backend", metavar="NAME", default="cpu",
                    help="where the model runs: cpu, check:NAME, profile:NAME, ... "
                         "(accel/README.md)")
+    p.add_argument("--recompute", metavar="POLICY", default="all",
+                   help="activation checkpointing: all (keep every layer's activations), "
+                        "every-N, sqrt, boundary, none (keep fewer, recompute them in backward: "
+                        "less memory, more time; llmc/recompute.py)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the plan of a step of the model at -b, -t, --recompute (memory, "
+                        "FLOPs, time estimate) without allocating it, and exit")
     args = p.parse_args(argv)
 
     def require(ok, flag, value, requirement):
@@ -158,6 +175,10 @@ def parse_args(argv):
     require(args.checkpoint_every >= 0, "-n", args.checkpoint_every, "must be >= 0")
     require(args.checkpoints_keep >= 0, "-nk", args.checkpoints_keep, "must be >= 0")
     require(args.seed >= 0, "-r", args.seed, "must be >= 0")
+    try:
+        args.recompute = parse_policy(args.recompute)
+    except ValueError as e:
+        p.error(f"argument --recompute: {e}")
     require(args.vocab_size is None or args.vocab_size >= 1, "--vocab-size", args.vocab_size,
             "must be at least 1")
     require(args.cos_decay_steps >= 1, "--cos-decay-steps", args.cos_decay_steps,
@@ -213,43 +234,76 @@ def random_config(args, init):
     return None
 
 
-def load_model(args, resume_path):
-    """(model, how it was initialised)."""
+def model_class(args):
+    """The model class of args.family, or a TrainError saying to build it."""
     try:
-        from accel.backend import BackendError
         from train_gpt2 import GPT2
         from train_llama2 import Llama2
     except ImportError as e:
         raise TrainError(f"the model is not built ({e}): run `make train_gpt2` first") from None
-    Model = Llama2 if args.family == "llama" else GPT2
-    try:
-        if resume_path is not None:
-            return Model.from_checkpoint(resume_path, args.backend), f"checkpoint {resume_path}"
-        init = args.init
-        if init is None and args.family == "llama":
-            init = DEFAULT_LLAMA
-        elif init is None:
-            if os.path.exists(DEFAULT_MODEL):
-                init = DEFAULT_MODEL
-            else:
-                note(f"{DEFAULT_MODEL} not found: starting from a random GPT-2 d{DEFAULT_DEPTH} "
-                     f"(for the pretrained weights: python dev/download_gpt2.py, online)")
-                init = f"d{DEFAULT_DEPTH}"
-        config = None if os.path.exists(init) else random_config(args, init)
-        if config is not None:
-            return (Model.random(config, seed=args.seed, backend=args.backend),
-                    f"random {init} (seed {args.seed})")
+    return Llama2 if args.family == "llama" else GPT2
+
+
+def model_source(args):
+    """-e as (init, config): the config of a new random model, or None for a model file."""
+    init = args.init
+    if init is None and args.family == "llama":
+        init = DEFAULT_LLAMA
+    elif init is None:
+        if os.path.exists(DEFAULT_MODEL):
+            init = DEFAULT_MODEL
+        else:
+            note(f"{DEFAULT_MODEL} not found: starting from a random GPT-2 d{DEFAULT_DEPTH} "
+                 f"(for the pretrained weights: python dev/download_gpt2.py, online)")
+            init = f"d{DEFAULT_DEPTH}"
+    config = None if os.path.exists(init) else random_config(args, init)
+    if config is None:
         if args.vocab_size is not None:
             raise TrainError(f"--vocab-size: the model file {init} has its own vocabulary")
         if not os.path.exists(init):
             known = ("dN or a Llama preset" if args.family == "llama" else
                      "dN, a random GPT-2 of depth N")
             raise TrainError(f"-e {init}: no such model file (nor {known})")
-        return Model.from_checkpoint(init, args.backend), f"checkpoint {init}"
+    return init, config
+
+
+def load_model(args, resume_path):
+    """(model, how it was initialised)."""
+    from accel.backend import BackendError
+    Model = model_class(args)
+    try:
+        if resume_path is not None:
+            return (Model.from_checkpoint(resume_path, args.backend, args.recompute),
+                    f"checkpoint {resume_path}")
+        init, config = model_source(args)
+        if config is not None:
+            return (Model.random(config, seed=args.seed, backend=args.backend,
+                                 recompute=args.recompute), f"random {init} (seed {args.seed})")
+        return Model.from_checkpoint(init, args.backend, args.recompute), f"checkpoint {init}"
     except (llmc_io.FormatError, BackendError) as e:
         raise TrainError(str(e)) from None
     except MemoryError as e:
         raise TrainError(f"not enough memory for the model: {e}") from None
+
+
+def dry_run(args):
+    """Print the plan of a training step of the model (llmc/plan.py), without allocating it."""
+    from llmc.plan import format_plan
+    Model = model_class(args)
+    init, config = model_source(args)
+    if init in llmc_io.PRESETS and args.vocab_size is None:
+        config = llmc_io.PRESETS[init]   # the published sizes, not the data's vocabulary
+    try:
+        if config is None:   # a model file: its header's config
+            read = llmc_io.read_llama_model if args.family == "llama" else llmc_io.read_checkpoint
+            config = read(init)[0]
+    except llmc_io.FormatError as e:
+        raise TrainError(str(e)) from None
+    if args.T > config.max_seq_len:
+        raise TrainError(f"-t {args.T} exceeds the model's max sequence length {config.max_seq_len}")
+    family = {"gpt2": "GPT-2", "llama": "Llama 2"}[args.family]
+    print(format_plan(Model, config, f"{family} {init}", args.B, args.T, args.recompute,
+                      backend=args.backend))
 
 
 def config_rows(config):
@@ -284,20 +338,29 @@ def memory_line(memory):
             + f"; total {mib(sum(memory.values()))}")
 
 
-def evaluate(model, loader, num_batches):
+def evaluate(model, loader, num_batches, dist):
+    """The mean loss of num_batches batches on every process, averaged over the processes."""
     loader.reset()
-    return sum(model.forward(*loader.next_batch()) for _ in range(num_batches)) / num_batches
+    loss = sum(model.forward(*loader.next_batch()) for _ in range(num_batches)) / num_batches
+    return dist.mean(loss)
 
 
 # ----------------------------------------------------------------------------
 # main training loop
 
 def main(argv=None):
+    dist = distributed.init()  # first: only rank 0 prints, argument errors included
     args = parse_args(argv)
+    if args.dry_run:
+        return dry_run(args)
     console = Console()
     B, T = args.B, args.T
-    tokens_per_fwdbwd = B * T
+    rank, num_processes = dist.process_rank, dist.num_processes
+    tokens_per_fwdbwd = B * T * num_processes  # one micro-batch of every process
     total_batch_size = tokens_per_fwdbwd if args.total_batch_size == -1 else args.total_batch_size
+    if total_batch_size % tokens_per_fwdbwd != 0:
+        raise TrainError(f"-d {total_batch_size}: must be a multiple of B*T*processes = "
+                         f"{B}*{T}*{num_processes} = {tokens_per_fwdbwd}")
     grad_accum_steps = total_batch_size // tokens_per_fwdbwd
 
     # resume from the newest complete checkpoint in the output dir, if asked and there is one
@@ -313,17 +376,25 @@ def main(argv=None):
     resume_model_path = (None if resume_step is None else
                          checkpoint_paths(args.output_dir, resume_step)[0])
     model, init_desc = load_model(args, resume_model_path)
+    dist.set_zero_stage(args.zero_stage, model)
     config = model.config
     if T > config.max_seq_len:
         raise TrainError(f"-t {T} exceeds the model's max sequence length {config.max_seq_len}")
     if args.gen_tokens > config.max_seq_len:
         raise TrainError(f"-g {args.gen_tokens} exceeds the model's max sequence length "
                          f"{config.max_seq_len}")
+    if (args.sample_every > 0 and data_tokenizer(args) == DEFAULT_TOKENIZER
+            and config.vocab_size <= llmc_io.GPT2_EOT_TOKEN):
+        raise TrainError(f"-s {args.sample_every}: samples start from GPT-2's <|endoftext|> "
+                         f"({llmc_io.GPT2_EOT_TOKEN}), outside the model's vocabulary of "
+                         f"{config.vocab_size}: add -s 0")
 
     # the data
     default_data.prepare(args.train_data, args.val_data)
-    train_loader = DataLoader(args.train_data, B, T, shuffle=True, vocab_size=config.vocab_size)
-    val_loader = DataLoader(args.val_data, B, T, shuffle=False, vocab_size=config.vocab_size)
+    train_loader = DataLoader(args.train_data, B, T, shuffle=True, vocab_size=config.vocab_size,
+                              process_rank=rank, num_processes=num_processes)
+    val_loader = DataLoader(args.val_data, B, T, shuffle=False, vocab_size=config.vocab_size,
+                            process_rank=rank, num_processes=num_processes)
     num_steps = args.max_steps
     if num_steps == -1:  # one epoch
         num_steps = train_loader.num_tokens // total_batch_size
@@ -347,13 +418,15 @@ def main(argv=None):
         ("sample_every", args.sample_every), ("genT", args.gen_tokens), None,
         ("model family", args.family), ("weight init method", init_desc), *config_rows(config),
         ("num_parameters", model.num_parameters),
-        ("backend", model.backend.name), None,
-        ("train tokens", train_loader.num_tokens), ("val tokens", val_loader.num_tokens),
+        ("backend", model.backend.name), ("recompute", model.recompute), None,
+        ("train tokens", train_loader.num_tokens), ("val tokens", val_loader.num_tokens), None,
+        ("num_processes", num_processes), ("zero_stage", dist.zero_stage),
     ])
-    console.print(f"batch_size B={B} * seq_len T={T} and total_batch_size={total_batch_size} "
-                  f"=> grad_accum_steps={grad_accum_steps}")
+    processes = f" * num_processes={num_processes}" if num_processes > 1 else ""
+    console.print(f"batch_size B={B} * seq_len T={T}{processes} and total_batch_size="
+                  f"{total_batch_size} => grad_accum_steps={grad_accum_steps}")
 
-    logger = Logger(args.output_dir, append=resume_step is not None)
+    logger = Logger(args.output_dir if rank == 0 else None, append=resume_step is not None)
     options = (dict(decay_steps=args.cos_decay_steps, restart_mult=args.cos_decay_restart)
                if args.lr_schedule == "cosine-restarts" else {})
     lr_scheduler = get_scheduler(args.lr_schedule, args.lr, args.warmup, num_steps,
@@ -362,11 +435,11 @@ def main(argv=None):
 
     step = 0
     if resume_step is not None:
-        step = resume(args.output_dir, resume_step, model, train_loader)
+        step = resume(args.output_dir, resume_step, model, train_loader, dist)
         console.print(f"resuming from the checkpoint at step {step} in {args.output_dir}")
     resuming = resume_step is not None
 
-    total_time_s, timed_steps = 0.0, 0
+    total_time_s, total_collective_s, timed_steps = 0.0, 0.0, 0
     ema_tokens_per_second = 0.0
     first_step = True  # warms up caches and threads: left out of the averages
     for step in range(step, num_steps + 1):
@@ -374,12 +447,12 @@ def main(argv=None):
 
         # a resumed run has already done the val loss and sample of its first step
         if val_batches > 0 and (step % args.val_every == 0 or last_step) and not resuming:
-            val_loss = evaluate(model, val_loader, val_batches)
+            val_loss = evaluate(model, val_loader, val_batches, dist)
             console.print(f"val loss {val_loss:f}")
             logger.log_val(step, val_loss)
 
         if (args.sample_every > 0 and (step > 0 and step % args.sample_every == 0 or last_step)
-                and not resuming):
+                and not resuming and rank == 0):
             if not tokenizer_loaded:
                 console.write("")  # its notes go below the last step line
                 tokenizer, tokenizer_loaded = load_sample_tokenizer(args), True
@@ -387,7 +460,8 @@ def main(argv=None):
 
         if (args.checkpoint_every > 0 and not resuming and
                 (step > 0 and step % args.checkpoint_every == 0 or last_step)):
-            write_checkpoint(args.output_dir, step, model, train_loader, args.checkpoints_keep)
+            write_checkpoint(args.output_dir, step, model, train_loader, args.checkpoints_keep,
+                             dist)
             console.print(f"checkpoint at step {step} written to {args.output_dir}")
         resuming = False
 
@@ -396,20 +470,26 @@ def main(argv=None):
 
         # --------------- one step of training -----------------
         start = time.perf_counter()
+        collective_s = dist.collective_time_s
         model.zero_grad()
         loss = 0.0
         for _ in range(grad_accum_steps):
             inputs, targets = train_loader.next_batch()
             loss += model.forward(inputs, targets)
             model.backward()  # adds this micro-batch's gradient
-        loss /= grad_accum_steps
+        loss = dist.mean(loss / grad_accum_steps)
+        dist.reduce_gradients(model)  # summed over the processes (ZeRO-1: this rank's shard)
         lr = lr_scheduler.get_learning_rate(step)
-        # the gradient is the sum over micro-batches: its mean is 1/grad_accum_steps of it
-        grad_norm = model.grad_norm() / grad_accum_steps
+        # the gradient is the sum over the micro-batches of every process: its mean is
+        # 1/micro_batches of it
+        micro_batches = grad_accum_steps * num_processes
+        grad_norm = dist.grad_norm(model) / micro_batches
         clip = GRAD_CLIP / grad_norm if grad_norm > GRAD_CLIP else 1.0
         model.update(lr, BETA1, BETA2, EPS, args.weight_decay, step + 1,
-                     grad_scale=clip / grad_accum_steps, decay_2d_only=True)
+                     grad_scale=clip / micro_batches, decay_2d_only=True)
+        dist.gather_parameters(model)  # ZeRO-1: every rank's updated shard to all
         elapsed_s = time.perf_counter() - start
+        collective_s = dist.collective_time_s - collective_s
         # ------------------------------------------------------
 
         tokens_per_second = total_batch_size / elapsed_s
@@ -417,6 +497,7 @@ def main(argv=None):
         if not first_step:  # a bias-corrected moving average, as llm.c
             timed_steps += 1
             total_time_s += elapsed_s
+            total_collective_s += collective_s
             ema_tokens_per_second = 0.95 * ema_tokens_per_second + 0.05 * tokens_per_second
             shown_tokens_per_second = ema_tokens_per_second / (1 - 0.95 ** timed_steps)
         console.status(f"step {step + 1:4d}/{num_steps} | loss {loss:.6f} | norm {grad_norm:.4f} "
@@ -429,30 +510,33 @@ def main(argv=None):
 
     if timed_steps > 0:
         console.print(f"total average iteration time: {total_time_s / timed_steps * 1000:f} ms")
+        if num_processes > 1:  # MPI's part of it, waiting for the slowest rank included
+            console.print(f"of it in MPI collectives: {total_collective_s / timed_steps * 1000:f} "
+                          f"ms ({100 * total_collective_s / total_time_s:.1f}%)")
     if hasattr(model.backend, "summary"):  # check: and profile: say what they saw
         console.print(model.backend.summary())
-    if args.output_dir is not None:
+    if args.output_dir is not None and rank == 0:
         path = plot_losses(args.output_dir)
         if path:
             console.print(f"loss curve written to {path}")
 
 
 def run(argv=None):
-    """main() with bad input reported in one line (exit status 1), never a traceback."""
+    """main() with bad input reported in one line (exit status 1), never a traceback. With many
+    processes an error on any of them ends them all (llmc/distributed.py's fail)."""
     try:
         main(argv)
-    except (TrainError, DataError, TokenizerError, llmc_io.FormatError) as e:
-        sys.stdout.flush()
-        print(f"train.py: error: {e}", file=sys.stderr)
-        sys.exit(1)
+    except (TrainError, DataError, TokenizerError, llmc_io.FormatError,
+            distributed.DistributedError) as e:
+        distributed.fail(f"train.py: error: {e}", 1)
     except OSError as e:
-        sys.stdout.flush()
         where = f"{e.filename}: " if e.filename else ""
-        print(f"train.py: error: {where}{e.strerror or e}", file=sys.stderr)
-        sys.exit(1)
+        distributed.fail(f"train.py: error: {where}{e.strerror or e}", 1)
     except KeyboardInterrupt:
-        print("\ntrain.py: interrupted", file=sys.stderr)
-        sys.exit(130)
+        distributed.fail("\ntrain.py: interrupted", 130)
+    except BaseException as e:  # a bug on one rank must not leave the others waiting
+        distributed.abort_on_exception(e)
+        raise
 
 
 if __name__ == "__main__":

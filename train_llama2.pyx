@@ -1,17 +1,20 @@
 """
 Llama 2 training in Cython: the model of llama2.c and Meta's reference, on any backend.
 
-Llama 2's shapes, its forward and its backward, as train_llama2_torch.py defines them; all else
-(buffers, tokens in and loss out, zero_grad, the gradient norm, AdamW) is the model-generic
-core, llmc/model.pyx, and every kernel call goes through the backend table (accel/backend.pxd):
-Llama2(config, backend="cpu").  Per layer, with no biases anywhere:
+Llama 2's shapes and the forward and backward of its embedding, of one layer and of its head,
+as train_llama2_torch.py defines them; all else (buffers, tokens in and loss out, running the
+layers under an activation checkpoint policy, zero_grad, the gradient norm, AdamW) is the
+model-generic core, llmc/model.pyx, and every kernel call goes through the backend table
+(accel/backend.pxd): Llama2(config, backend="cpu", recompute="all").  Per layer, with no
+biases anywhere:
 
     x += wo(attention(rope(wq(rmsnorm(x))), rope(wk(rmsnorm(x))), wv(rmsnorm(x))))
     x += w2(silu(w1(rmsnorm(x))) * w3(rmsnorm(x)))
 
 after the token embedding (positions enter through RoPE), then a final RMSNorm and the output
 head (the embedding itself with a shared classifier).  One parameter buffer cut into 11 tensors
-(12 with a separate classifier), one activation buffer cut into 24.
+(12 with a separate classifier), one activation buffer cut into 24 (with recompute="all", the
+default; other policies keep the layer tensors of fewer layers: llmc/recompute.py).
 
 Dimension letters:
     B batch size, T sequence length, C channels (dim), L layers, NH query heads,
@@ -47,71 +50,54 @@ ctypedef struct ParameterTensors:
     float* output           # (V, C); tok_embeddings itself with a shared classifier
 
 # ----------------------------------------------------------------------------
-# the activations: the embedding, 18 per layer (stacked along L), and the head's 5
+# the activations, as the checkpoint core (llmc/model.pyx) takes them: the embedding's output
+# "encoded" (B, T, C), one layer's 18 (stacked over the layers the policy keeps), the head's 5
 
-ctypedef struct ActivationTensors:
-    float* encoded      # (B, T, C)     the token embeddings: layer 0's residual input
-    float* ln1          # (L, B, T, C)  attention_norm's output
-    float* ln1_rstd     # (L, B, T)
-    float* q            # (L, B, T, QD)
-    float* k            # (L, B, T, KVD)
-    float* v            # (L, B, T, KVD)
-    float* qr           # (L, B, T, QD)  q rotated by RoPE
-    float* kr           # (L, B, T, KVD) k rotated by RoPE
-    float* att          # (L, B, NH, T, T) attention probabilities
-    float* atty         # (L, B, T, QD)  the heads' outputs side by side
-    float* attproj      # (L, B, T, C)
-    float* residual2    # (L, B, T, C)
-    float* ln2          # (L, B, T, C)  ffn_norm's output
-    float* ln2_rstd     # (L, B, T)
-    float* h1           # (L, B, T, H)  w1's output, the gate
-    float* h3           # (L, B, T, H)  w3's output
-    float* hgated       # (L, B, T, H)  silu(h1) * h3
-    float* ffnproj      # (L, B, T, C)
-    float* residual3    # (L, B, T, C)  the layer's output
-    float* lnf          # (B, T, C)
-    float* lnf_rstd     # (B, T)
-    float* logits       # (B, T, V)
-    float* probs        # (B, T, V)
-    float* losses       # (B, T)
-
-# one layer's slice of the 18 per-layer activations (or of their gradients)
 ctypedef struct LayerActivations:
-    float* ln1          # (B, T, C)
+    float* ln1          # (B, T, C)  attention_norm's output
     float* ln1_rstd     # (B, T)
     float* q            # (B, T, QD)
     float* k            # (B, T, KVD)
     float* v            # (B, T, KVD)
-    float* qr           # (B, T, QD)
-    float* kr           # (B, T, KVD)
-    float* att          # (B, NH, T, T)
-    float* atty         # (B, T, QD)
+    float* qr           # (B, T, QD)  q rotated by RoPE
+    float* kr           # (B, T, KVD) k rotated by RoPE
+    float* att          # (B, NH, T, T) attention probabilities
+    float* atty         # (B, T, QD)  the heads' outputs side by side
     float* attproj      # (B, T, C)
     float* residual2    # (B, T, C)
-    float* ln2          # (B, T, C)
+    float* ln2          # (B, T, C)  ffn_norm's output
     float* ln2_rstd     # (B, T)
-    float* h1           # (B, T, H)
-    float* h3           # (B, T, H)
-    float* hgated       # (B, T, H)
+    float* h1           # (B, T, H)  w1's output, the gate
+    float* h3           # (B, T, H)  w3's output
+    float* hgated       # (B, T, H)  silu(h1) * h3
     float* ffnproj      # (B, T, C)
-    float* residual3    # (B, T, C)
+    float* residual3    # (B, T, C)  the layer's output, the residual stream into the next
+
+ctypedef struct HeadActivations:
+    float* lnf          # (B, T, C)
+    float* lnf_rstd     # (B, T)
+    float* logits       # (B, T, V)
+    float* logsum       # (B, T)  log of the softmax's normaliser (kernels/classifier: no probs)
+    float* losses       # (B, T)
 
 
 def activation_shapes(config, int B, int T):
-    """The 24 activation tensors' (name, shape) for a batch of B sequences of T tokens."""
-    cdef int L = config.n_layers, C = config.dim, NH = config.n_heads, H = config.hidden_dim
+    """The activations of a batch of B sequences of T tokens, as (name, shape): (the embedding's
+    output "encoded", one layer's 18 tensors, the head's 5).  The model's 24 tensors are these
+    with each layer tensor stacked over the L layers."""
+    cdef int C = config.dim, NH = config.n_heads, H = config.hidden_dim
     cdef int QD = NH * config.head_size, KVD = config.n_kv_heads * config.head_size
     V = config.vocab_size
-    return [
-        ("encoded", (B, T, C)), ("ln1", (L, B, T, C)), ("ln1_rstd", (L, B, T)),
-        ("q", (L, B, T, QD)), ("k", (L, B, T, KVD)), ("v", (L, B, T, KVD)),
-        ("qr", (L, B, T, QD)), ("kr", (L, B, T, KVD)), ("att", (L, B, NH, T, T)),
-        ("atty", (L, B, T, QD)), ("attproj", (L, B, T, C)), ("residual2", (L, B, T, C)),
-        ("ln2", (L, B, T, C)), ("ln2_rstd", (L, B, T)), ("h1", (L, B, T, H)),
-        ("h3", (L, B, T, H)), ("hgated", (L, B, T, H)), ("ffnproj", (L, B, T, C)),
-        ("residual3", (L, B, T, C)), ("lnf", (B, T, C)), ("lnf_rstd", (B, T)),
-        ("logits", (B, T, V)), ("probs", (B, T, V)), ("losses", (B, T)),
+    layer = [
+        ("ln1", (B, T, C)), ("ln1_rstd", (B, T)), ("q", (B, T, QD)), ("k", (B, T, KVD)),
+        ("v", (B, T, KVD)), ("qr", (B, T, QD)), ("kr", (B, T, KVD)), ("att", (B, NH, T, T)),
+        ("atty", (B, T, QD)), ("attproj", (B, T, C)), ("residual2", (B, T, C)),
+        ("ln2", (B, T, C)), ("ln2_rstd", (B, T)), ("h1", (B, T, H)), ("h3", (B, T, H)),
+        ("hgated", (B, T, H)), ("ffnproj", (B, T, C)), ("residual3", (B, T, C)),
     ]
+    head = [("lnf", (B, T, C)), ("lnf_rstd", (B, T)), ("logits", (B, T, V)),
+            ("logsum", (B, T)), ("losses", (B, T))]
+    return ("encoded", (B, T, C)), layer, head
 
 
 # ----------------------------------------------------------------------------
@@ -123,24 +109,26 @@ cdef class Llama2(Model):
     FAMILY = "llama"
     # the matrices: weight decay applies to them alone with decay_2d_only (not the norms)
     MATRICES = frozenset(("tok_embeddings", "wq", "wk", "wv", "wo", "w1", "w2", "w3", "output"))
-    cdef int L, NH, NKV, hs, C, H, V
+    # the activations whose gradients no backward kernel takes: none are allocated
+    NO_GRAD = frozenset(("ln1_rstd", "att", "ln2_rstd", "lnf_rstd", "logsum"))
+    cdef int NH, NKV, hs, C, H, V
     cdef float eps
     cdef ParameterTensors params_c, grads_c     # pointers into the buffers, llm.c's structs
-    cdef ActivationTensors acts_c, grads_acts_c
     cdef Buffer _rope                           # RoPE's cos and sin tables, (maxT, hs/2) each
     cdef const float* freqs_cos
     cdef const float* freqs_sin
 
-    def __init__(self, config, backend="cpu"):
+    def __init__(self, config, backend="cpu", recompute="all"):
         """A model of this LlamaConfig with all parameters zero (see random / from_checkpoint),
-        on a backend: "cpu", "check:cpu", ... (accel.backend.backend_names())."""
+        on a backend: "cpu", "check:cpu", ... (accel.backend.backend_names()), keeping its
+        activations by a recompute policy: "all", "sqrt", ... (llmc/recompute.py)."""
         assert sizeof(ParameterTensors) == 12 * sizeof(float*)
-        assert sizeof(ActivationTensors) == 24 * sizeof(float*)
         assert sizeof(LayerActivations) == 18 * sizeof(float*)
-        self.L, self.NH, self.NKV = config.n_layers, config.n_heads, config.n_kv_heads
+        assert sizeof(HeadActivations) == 5 * sizeof(float*)
+        self.NH, self.NKV = config.n_heads, config.n_kv_heads
         self.hs, self.C, self.H = config.head_size, config.dim, config.hidden_dim
         self.V, self.eps = config.vocab_size, config.norm_eps
-        super().__init__(config, backend)
+        super().__init__(config, backend, recompute)
         # the rotation tables, computed once on the host and uploaded (read-only from here on)
         freqs_cos, freqs_sin = rope.freqs(config.max_seq_len, self.hs, config.rope_theta)
         cdef Py_ssize_t table_size = freqs_cos.size
@@ -158,27 +146,39 @@ cdef class Llama2(Model):
             if self.config.shared_classifier:   # both uses add into the one gradient
                 self.grads_c.output = self.grads_c.tok_embeddings
 
-    cdef void point_activations(self, float* acts, float* grads_acts) noexcept:
-        self.act_layout.point(<float**>&self.acts_c, acts)
-        if grads_acts != NULL:
-            self.act_layout.point(<float**>&self.grads_acts_c, grads_acts)
-
-    def activation_shapes(self, int B, int T):
-        return activation_shapes(self.config, B, T)
+    @classmethod
+    def activation_shapes(cls, config, int B, int T):
+        return activation_shapes(config, B, T)
 
     @classmethod
-    def from_checkpoint(cls, path, backend="cpu"):
+    def num_layers_of(cls, config):
+        return config.n_layers
+
+    @classmethod
+    def flops_per_token(cls, config, int T):
+        """Forward FLOPs per token of a sequence of T: {layer_matmul, layer_attention,
+        head_matmul}, each layer's and the head's (backward is twice the forward).  A matmul
+        is 2*C*OC per token: per layer 2*(C*QD + 2*C*KVD + QD*C + 3*C*H); causal attention
+        averages (T+1)/2 keys per query for q.k and for att.v in each of the NH heads:
+        2*QD*(T+1) per layer (GQA shares k and v, not the FLOPs)."""
+        C, H = config.dim, config.hidden_dim
+        QD, KVD = config.n_heads * config.head_size, config.n_kv_heads * config.head_size
+        return dict(layer_matmul=2.0 * (2 * C * QD + 2 * C * KVD + 3 * C * H),
+                    layer_attention=2.0 * QD * (T + 1), head_matmul=2.0 * C * config.vocab_size)
+
+    @classmethod
+    def from_checkpoint(cls, path, backend="cpu", recompute="all"):
         """Load a Llama model file (llmc_io.read_llama_model)."""
         config, params = read_llama_model(path)
-        model = cls(config, backend)
+        model = cls(config, backend, recompute)
         model.params = params
         return model
 
     @classmethod
-    def random(cls, config, seed=0, backend="cpu"):
+    def random(cls, config, seed=0, backend="cpu", recompute="all"):
         """llama2.c's initialisation (as train_llama2_torch.init_params, from NumPy's generator):
         every matrix and the embedding N(0, 0.02), wo and w3 N(0, 0.02/sqrt(2L)), norms 1."""
-        model = cls(config, backend)
+        model = cls(config, backend, recompute)
         rng = np.random.default_rng(seed)
         params = np.zeros(model.num_parameters, dtype=np.float32)
         residual_std = 0.02 / np.sqrt(2 * config.n_layers)
@@ -202,43 +202,23 @@ cdef class Llama2(Model):
 
     @property
     def probs(self):
-        """(B, T, V) softmax of the logits."""
-        return self.activation("probs")
-
-    cdef LayerActivations layer_slice(self, ActivationTensors* a, Py_ssize_t l, int B, int T) noexcept nogil:
-        """Layer l's activations (or gradients) inside the stacked (L, ...) tensors of a."""
-        cdef Py_ssize_t BT = <Py_ssize_t>B * T
-        cdef Py_ssize_t BTC = BT * self.C, BTH = BT * self.H
-        cdef Py_ssize_t BTQ = BT * self.NH * self.hs, BTKV = BT * self.NKV * self.hs
-        cdef Py_ssize_t att_size = <Py_ssize_t>B * self.NH * T * T
-        cdef LayerActivations la
-        la.ln1 = a.ln1 + l * BTC
-        la.ln1_rstd = a.ln1_rstd + l * BT
-        la.q = a.q + l * BTQ
-        la.k = a.k + l * BTKV
-        la.v = a.v + l * BTKV
-        la.qr = a.qr + l * BTQ
-        la.kr = a.kr + l * BTKV
-        la.att = a.att + l * att_size
-        la.atty = a.atty + l * BTQ
-        la.attproj = a.attproj + l * BTC
-        la.residual2 = a.residual2 + l * BTC
-        la.ln2 = a.ln2 + l * BTC
-        la.ln2_rstd = a.ln2_rstd + l * BT
-        la.h1 = a.h1 + l * BTH
-        la.h3 = a.h3 + l * BTH
-        la.hgated = a.hgated + l * BTH
-        la.ffnproj = a.ffnproj + l * BTC
-        la.residual3 = a.residual3 + l * BTC
-        return la
+        """(B, T, V) softmax of the logits, computed here from the logits and logsum (the
+        model keeps no probabilities: sampling is their only use)."""
+        logits = self.activation("logits")
+        shifted = np.exp(logits - logits.max(axis=-1, keepdims=True))
+        return shifted / np.exp(self.activation("logsum"))[..., None]
 
     # --- forward ---------------------------------------------------------------
 
-    cdef void layer_forward(self, Py_ssize_t l, const float* residual, LayerActivations* a,
-                            int B, int T) noexcept nogil:
-        """Layer l on its input residual (B, T, C), into its activations a."""
+    cdef void embedding_forward(self, float* out, const int* inputs, int B, int T) noexcept nogil:
+        self.b.embedding_forward(self.b.ctx, out, inputs, self.params_c.tok_embeddings, B, T, self.C)
+
+    cdef void layer_forward(self, int layer, float** layer_acts, const float* residual, int B, int T) noexcept nogil:
+        """Layer l on its input residual (B, T, C), into its activations."""
+        cdef Py_ssize_t l = layer   # weight offsets outgrow an int in big models
         cdef void* ctx = self.b.ctx
         cdef ParameterTensors p = self.params_c
+        cdef LayerActivations* a = <LayerActivations*>layer_acts
         cdef int C = self.C, H = self.H, NH = self.NH, NKV = self.NKV, hs = self.hs
         cdef int QD = NH * hs, KVD = NKV * hs
         cdef Py_ssize_t BTC = <Py_ssize_t>B * T * C
@@ -269,37 +249,43 @@ cdef class Llama2(Model):
         self.b.matmul_forward(ctx, a.ffnproj, a.hgated, l_w2, NULL, B, T, H, C)
         self.b.residual_forward(ctx, a.residual3, a.residual2, a.ffnproj, BTC)
 
-    cdef void forward_pass(self, const int* inputs, const int* targets, int B, int T) noexcept nogil:
+    cdef void head_forward(self, float** head_acts, const float* residual, const int* targets,
+                           int B, int T) noexcept nogil:
         cdef void* ctx = self.b.ctx
         cdef ParameterTensors p = self.params_c
-        cdef ActivationTensors acts = self.acts_c
+        cdef HeadActivations* acts = <HeadActivations*>head_acts
         cdef int C = self.C, V = self.V
-        cdef Py_ssize_t l
-        cdef const float* residual = acts.encoded
-        cdef LayerActivations la
-
-        self.b.embedding_forward(ctx, acts.encoded, inputs, p.tok_embeddings, B, T, C)  # (B,T,C)
-        for l in range(self.L):
-            self.b.mark(ctx, self.step, l)
-            la = self.layer_slice(&acts, l, B, T)
-            self.layer_forward(l, residual, &la, B, T)
-            residual = la.residual3
-
-        self.b.mark(ctx, self.step, -1)
         self.b.rmsnorm_forward(ctx, acts.lnf, acts.lnf_rstd, residual, p.norm, self.eps, B, T, C)
         self.b.matmul_forward(ctx, acts.logits, acts.lnf, p.output, NULL, B, T, C, V)
-        self.b.softmax_forward(ctx, acts.probs, acts.logits, B, T, V, V)
-        if targets != NULL:
-            self.b.crossentropy_forward(ctx, acts.losses, acts.probs, targets, B, T, V)
+        self.b.classifier_forward(ctx, acts.losses if targets != NULL else NULL, acts.logsum,
+                                  acts.logits, targets, B, T, V)
 
     # --- backward --------------------------------------------------------------
 
-    cdef void layer_backward(self, Py_ssize_t l, const float* residual, float* dresidual,
-                             LayerActivations* a, LayerActivations* da, int B, int T) noexcept nogil:
-        """Layer l's gradients: from da.residual3 into its weights' gradients, its activation
-        gradients da, and dresidual (B, T, C), the gradient of its input residual (all +=)."""
+    cdef void head_backward(self, float* dresidual, float** head_grads, float** head_acts,
+                            const float* residual, const int* targets, int B, int T) noexcept nogil:
         cdef void* ctx = self.b.ctx
         cdef ParameterTensors p = self.params_c, g = self.grads_c
+        cdef HeadActivations* acts = <HeadActivations*>head_acts
+        cdef HeadActivations* grads_acts = <HeadActivations*>head_grads
+        cdef int C = self.C, V = self.V
+        self.b.classifier_backward(ctx, grads_acts.logits, grads_acts.losses, acts.logits,
+                                   acts.logsum, targets, B, T, V)
+        self.b.matmul_backward(ctx, grads_acts.lnf, g.output, NULL, grads_acts.logits, acts.lnf,
+                               p.output, B, T, C, V)
+        self.b.rmsnorm_backward(ctx, dresidual, g.norm, grads_acts.lnf, residual, p.norm,
+                                acts.lnf_rstd, B, T, C)
+
+    cdef void layer_backward(self, int layer, float* dresidual, float** layer_grads, float** layer_acts,
+                             const float* residual, int B, int T) noexcept nogil:
+        """Layer l's gradients: from da.residual3 (the gradient of its output) into its
+        weights' gradients, its activation gradients da, and dresidual (B, T, C), the gradient
+        of its input residual (all +=)."""
+        cdef Py_ssize_t l = layer   # weight offsets outgrow an int in big models
+        cdef void* ctx = self.b.ctx
+        cdef ParameterTensors p = self.params_c, g = self.grads_c
+        cdef LayerActivations* a = <LayerActivations*>layer_acts
+        cdef LayerActivations* da = <LayerActivations*>layer_grads
         cdef int C = self.C, H = self.H, NH = self.NH, NKV = self.NKV, hs = self.hs
         cdef int QD = NH * hs, KVD = NKV * hs
         cdef Py_ssize_t BTC = <Py_ssize_t>B * T * C
@@ -344,37 +330,6 @@ cdef class Llama2(Model):
         self.b.rmsnorm_backward(ctx, dresidual, dl_attention_norm, da.ln1, residual,
                                 l_attention_norm, a.ln1_rstd, B, T, C)
 
-    cdef void backward_pass(self, const int* inputs, const int* targets, int B, int T) noexcept nogil:
-        cdef void* ctx = self.b.ctx
-        cdef ParameterTensors p = self.params_c, g = self.grads_c
-        cdef ActivationTensors acts = self.acts_c, grads_acts = self.grads_acts_c
-        cdef int C = self.C, V = self.V, L = self.L
-        cdef Py_ssize_t l
-        cdef LayerActivations la, dla
-        cdef const float* residual
-        cdef float* dresidual
-
-        # the core has zeroed the activation gradients and set dlosses to 1/(B*T)
-        self.b.mark(ctx, self.step, -1)
-        self.b.crossentropy_softmax_backward(ctx, grads_acts.logits, grads_acts.losses, acts.probs,
-                                             targets, B, T, V, V)
-        self.b.matmul_backward(ctx, grads_acts.lnf, g.output, NULL, grads_acts.logits, acts.lnf,
-                               p.output, B, T, C, V)
-        la = self.layer_slice(&acts, L - 1, B, T)
-        dla = self.layer_slice(&grads_acts, L - 1, B, T)
-        self.b.rmsnorm_backward(ctx, dla.residual3, g.norm, grads_acts.lnf, la.residual3, p.norm,
-                                acts.lnf_rstd, B, T, C)
-
-        for l in range(L - 1, -1, -1):
-            self.b.mark(ctx, self.step, l)
-            la = self.layer_slice(&acts, l, B, T)
-            dla = self.layer_slice(&grads_acts, l, B, T)
-            if l == 0:
-                residual, dresidual = acts.encoded, grads_acts.encoded
-            else:
-                residual = self.layer_slice(&acts, l - 1, B, T).residual3
-                dresidual = self.layer_slice(&grads_acts, l - 1, B, T).residual3
-            self.layer_backward(l, residual, dresidual, &la, &dla, B, T)
-
-        self.b.mark(ctx, self.step, -1)
-        self.b.embedding_backward(ctx, g.tok_embeddings, grads_acts.encoded, inputs, B, T, C, V)
+    cdef void embedding_backward(self, const float* dencoded, const int* inputs, int B, int T) noexcept nogil:
+        self.b.embedding_backward(self.b.ctx, self.grads_c.tok_embeddings, dencoded, inputs, B, T,
+                                  self.C, self.V)

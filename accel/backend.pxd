@@ -69,8 +69,8 @@ ctypedef struct BackendTable:
     void (*crossentropy_softmax_backward)(void* ctx, float* dlogits, const float* dlosses,
                                           const float* probs, const int* targets,
                                           int B, int T, int V, int Vp) noexcept nogil
-    # --- llama: its layers (it also runs on gpt2's matmul without bias, residual, softmax and
-    # crossentropy entries); letters as above plus NKV key/value heads, hs head size --------
+    # --- llama: its layers (it also runs on gpt2's matmul without bias and residual entries);
+    # letters as above plus NKV key/value heads, hs head size ------------------------------
     void (*embedding_forward)(void* ctx, float* out, const int* inp, const float* wte,
                               int B, int T, int C) noexcept nogil
     void (*embedding_backward)(void* ctx, float* dwte, const float* dout, const int* inp,
@@ -95,6 +95,11 @@ ctypedef struct BackendTable:
                                    const float* q, const float* k, const float* v,
                                    const float* att, int B, int T, int NH, int NKV,
                                    int hs) noexcept nogil   # last_error says if it ran out of memory
+    void (*classifier_forward)(void* ctx, float* losses, float* logsum, const float* logits,
+                               const int* targets, int B, int T, int V) noexcept nogil
+    void (*classifier_backward)(void* ctx, float* dlogits, const float* dlosses,
+                                const float* logits, const float* logsum, const int* targets,
+                                int B, int T, int V) noexcept nogil
     # --- flash: attention that keeps only each row's log-sum-exp (kernels/flash_attention.pxd);
     # a model uses it when the backend has it, else gpt2's attention with its (B,NH,T,T) buffers
     void (*flash_attention_forward)(void* ctx, float* out, float* lse, const float* inp,

@@ -12,7 +12,10 @@ that returns a Backend over its table; `register_backend` adds it under a name. 
 validated when the Backend is made: a missing entry is refused, by name.
 """
 import importlib
+import os
 import sys
+
+import accel.hip as _hip
 
 import numpy as np
 
@@ -70,6 +73,8 @@ cdef list missing_entries(BackendTable* t, tuple groups):
         ("llama", "swiglu_backward", t.swiglu_backward != NULL),
         ("llama", "attention_gqa_forward", t.attention_gqa_forward != NULL),
         ("llama", "attention_gqa_backward", t.attention_gqa_backward != NULL),
+        ("llama", "classifier_forward", t.classifier_forward != NULL),
+        ("llama", "classifier_backward", t.classifier_backward != NULL),
         ("flash", "flash_attention_forward", t.flash_attention_forward != NULL),
         ("flash", "flash_attention_backward", t.flash_attention_backward != NULL),
     ]
@@ -79,8 +84,8 @@ cdef list missing_entries(BackendTable* t, tuple groups):
 cdef BackendTable _empty_table
 ENTRY_GROUPS = {group: missing_entries(&_empty_table, (group,))
                 for group in ("core", "gpt2", "llama", "flash")}
-# the groups a model family runs on, where it is more than its own: Llama's projections, residual
-# connections and loss are gpt2's entries (matmul without bias, residual, softmax, crossentropy)
+# the groups a model family runs on, where it is more than its own: Llama's projections and
+# residual connections are gpt2's entries (matmul without bias, residual)
 FAMILY_GROUPS = {"llama": ("gpt2", "llama")}
 
 
@@ -232,6 +237,11 @@ cdef class Backend:
             elif entry == "attention_gqa_backward":
                 t.attention_gqa_backward(c, f(a[0]), f(a[1]), f(a[2]), f(a[3]), f(a[4]), f(a[5]),
                                          f(a[6]), f(a[7]), a[8], a[9], a[10], a[11], a[12])
+            elif entry == "classifier_forward":
+                t.classifier_forward(c, f(a[0]), f(a[1]), f(a[2]), i(a[3]), a[4], a[5], a[6])
+            elif entry == "classifier_backward":
+                t.classifier_backward(c, f(a[0]), f(a[1]), f(a[2]), f(a[3]), i(a[4]), a[5], a[6],
+                                      a[7])
             elif entry == "flash_attention_forward":
                 t.flash_attention_forward(c, f(a[0]), f(a[1]), f(a[2]), a[3], a[4], a[5], a[6])
             elif entry == "flash_attention_backward":
@@ -345,19 +355,29 @@ WRAPPERS = {"check": "runs each call on NAME and on the cpu oracle and compares 
 
 
 def register_backend(str name, str module, str description, unavailable=None):
-    """Make get_backend(name) call module.create(); `unavailable` (a reason) marks a backend
+    """Make get_backend(name) call module.create(); `unavailable` (a reason, or a function
+    returning one or None, asked each time: a build may appear after import) marks a backend
     this machine cannot run."""
     if ":" in name:
         raise ValueError(f"backend names have no ':' (it separates wrappers): {name!r}")
     _REGISTRY[name] = (module, description, unavailable)
 
 
+_ACCEL = os.path.dirname(os.path.abspath(__file__))
 register_backend("cpu", "accel.cpu", "the Cython kernels of kernels/, OpenMP and OpenBLAS")
-register_backend("hip", "accel.hip", "HIP on AMD or NVIDIA GPUs",
-                 "not written yet (issue 9: accel/hip)")
-register_backend("metal", "accel.metal", "Metal on Apple GPUs",
+register_backend("hip", "accel.hip.device",
+                 "HIP on AMD or NVIDIA GPUs (hip-emu where only the emulated build exists)",
+                 lambda: _hip.unavailable("hip"))
+register_backend("hip-emu", "accel.hip.emulated", "the HIP kernels on the CPU emulator (tests)",
+                 lambda: _hip.unavailable("hip-emu"))
+register_backend("metal", "accel.metal.metal", "Metal on Apple GPUs",
                  "Metal needs macOS" if sys.platform != "darwin" else
-                 "not written yet (issue 10: accel/metal)")
+                 None if os.path.exists(os.path.join(_ACCEL, "metal", "build", "libmetal_runtime.dylib")) else
+                 "not built: run `make metal`")
+register_backend("metal-emu", "accel.metal.emulated", "accel/metal's kernels on the CPU emulator of MSL",
+                 "the Metal emulator runs on Linux" if not sys.platform.startswith("linux") else
+                 None if os.path.exists(os.path.join(_ACCEL, "metal", "build", "libmetal_emu.so")) else
+                 "not built: run `make metal-emu`")
 register_backend("ane", "accel.ane", "the Apple Neural Engine",
                  "the Neural Engine needs macOS" if sys.platform != "darwin" else
                  "not written yet (issue 11: accel/ane)")
@@ -365,7 +385,7 @@ register_backend("ane", "accel.ane", "the Apple Neural Engine",
 
 def backend_names():
     """[(name, description, reason it is unavailable or None)] of the registered backends."""
-    return [(name, desc, why) for name, (_, desc, why) in _REGISTRY.items()]
+    return [(name, desc, why() if callable(why) else why) for name, (_, desc, why) in _REGISTRY.items()]
 
 
 def _available_line():
@@ -388,6 +408,8 @@ def get_backend(name):
     if name not in _REGISTRY:
         raise BackendError(f"unknown backend '{name}' ({_available_line()})")
     module, _, unavailable = _REGISTRY[name]
+    if callable(unavailable):
+        unavailable = unavailable()
     if unavailable is not None:
         raise BackendError(f"backend '{name}' is unavailable: {unavailable} ({_available_line()})")
     try:

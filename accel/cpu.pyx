@@ -21,6 +21,7 @@ from kernels.rmsnorm cimport rmsnorm_forward, rmsnorm_backward
 from kernels.rope cimport rope_forward, rope_backward
 from kernels.swiglu cimport swiglu_forward, swiglu_backward
 from kernels.attention_gqa cimport attention_gqa_forward, attention_gqa_backward
+from kernels.classifier cimport classifier_forward, classifier_backward
 from libc.string cimport memcpy, memset
 from posix.mman cimport mmap, munmap, madvise, MAP_FAILED, MAP_PRIVATE, MAP_ANONYMOUS, PROT_READ, PROT_WRITE
 
@@ -212,6 +213,15 @@ cdef void cpu_attention_gqa_backward(void* ctx, float* dq, float* dk, float* dv,
     if attention_gqa_backward(dq, dk, dv, dout, q, k, v, att, B, T, NH, NKV, hs) != 0:
         pending_error = "attention_gqa_backward: out of memory for its scratch buffers"
 
+cdef void cpu_classifier_forward(void* ctx, float* losses, float* logsum, const float* logits,
+                                 const int* targets, int B, int T, int V) noexcept nogil:
+    classifier_forward(losses, logsum, logits, targets, B, T, V)
+
+cdef void cpu_classifier_backward(void* ctx, float* dlogits, const float* dlosses,
+                                  const float* logits, const float* logsum, const int* targets,
+                                  int B, int T, int V) noexcept nogil:
+    classifier_backward(dlogits, dlosses, logits, logsum, targets, B, T, V)
+
 
 # --- planted faults: deliberately wrong entries, for the tests that prove check: finds them --
 
@@ -283,6 +293,8 @@ def create(fault=None, bint flash=True):
     t.swiglu_backward = cpu_swiglu_backward
     t.attention_gqa_forward = cpu_attention_gqa_forward
     t.attention_gqa_backward = cpu_attention_gqa_backward
+    t.classifier_forward = cpu_classifier_forward
+    t.classifier_backward = cpu_classifier_backward
     if flash:
         t.flash_attention_forward = cpu_flash_attention_forward
         t.flash_attention_backward = cpu_flash_attention_backward

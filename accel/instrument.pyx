@@ -38,7 +38,8 @@ cdef enum Entry:
     E_CROSSENTROPY_SOFTMAX_BACKWARD,
     E_EMBEDDING_FORWARD, E_EMBEDDING_BACKWARD, E_RMSNORM_FORWARD, E_RMSNORM_BACKWARD,
     E_ROPE_FORWARD, E_ROPE_BACKWARD, E_SWIGLU_FORWARD, E_SWIGLU_BACKWARD,
-    E_ATTENTION_GQA_FORWARD, E_ATTENTION_GQA_BACKWARD,
+    E_ATTENTION_GQA_FORWARD, E_ATTENTION_GQA_BACKWARD, E_CLASSIFIER_FORWARD,
+    E_CLASSIFIER_BACKWARD,
     E_FLASH_ATTENTION_FORWARD, E_FLASH_ATTENTION_BACKWARD, NUM_ENTRIES
 
 ENTRIES = ("zero", "copy_to_backend", "copy_to_host", "fill", "mean", "adamw_update",
@@ -49,7 +50,8 @@ ENTRIES = ("zero", "copy_to_backend", "copy_to_host", "fill", "mean", "adamw_upd
            "crossentropy_softmax_backward",
            "embedding_forward", "embedding_backward", "rmsnorm_forward", "rmsnorm_backward",
            "rope_forward", "rope_backward", "swiglu_forward", "swiglu_backward",
-           "attention_gqa_forward", "attention_gqa_backward",
+           "attention_gqa_forward", "attention_gqa_backward", "classifier_forward",
+           "classifier_backward",
            "flash_attention_forward", "flash_attention_backward")
 assert len(ENTRIES) == NUM_ENTRIES
 cdef list _entry_bytes = [name.encode() for name in ENTRIES]   # entry_names points into these
@@ -661,6 +663,30 @@ cdef void w_attention_gqa_backward(void* ctx, float* dq, float* dk, float* dv, c
         compare(s, E_ATTENTION_GQA_BACKWARD, dk, <Py_ssize_t>B * T * NKV * hs)
         compare(s, E_ATTENTION_GQA_BACKWARD, dv, <Py_ssize_t>B * T * NKV * hs)
 
+cdef void w_classifier_forward(void* ctx, float* losses, float* logsum, const float* logits,
+                               const int* targets, int B, int T, int V) noexcept nogil:
+    cdef Instrument* s = <Instrument*>ctx
+    cdef double start = enter(s)
+    s.target.classifier_forward(s.target.ctx, losses, logsum, logits, targets, B, T, V)
+    leave(s, E_CLASSIFIER_FORWARD, start)
+    if s.mode & CHECK:
+        s.oracle.classifier_forward(s.oracle.ctx, of(s, losses), of(s, logsum), of(s, logits),
+                                    of_int(s, targets), B, T, V)
+        compare(s, E_CLASSIFIER_FORWARD, losses, <Py_ssize_t>B * T)
+        compare(s, E_CLASSIFIER_FORWARD, logsum, <Py_ssize_t>B * T)
+
+cdef void w_classifier_backward(void* ctx, float* dlogits, const float* dlosses,
+                                const float* logits, const float* logsum, const int* targets,
+                                int B, int T, int V) noexcept nogil:
+    cdef Instrument* s = <Instrument*>ctx
+    cdef double start = enter(s)
+    s.target.classifier_backward(s.target.ctx, dlogits, dlosses, logits, logsum, targets, B, T, V)
+    leave(s, E_CLASSIFIER_BACKWARD, start)
+    if s.mode & CHECK:
+        s.oracle.classifier_backward(s.oracle.ctx, of(s, dlogits), of(s, dlosses), of(s, logits),
+                                     of(s, logsum), of_int(s, targets), B, T, V)
+        compare(s, E_CLASSIFIER_BACKWARD, dlogits, <Py_ssize_t>B * T * V)
+
 
 # --- the Python side ----------------------------------------------------------------------------
 
@@ -789,6 +815,8 @@ def create(str wrapper, Backend target):
     t.swiglu_backward = w_swiglu_backward
     t.attention_gqa_forward = w_attention_gqa_forward
     t.attention_gqa_backward = w_attention_gqa_backward
+    t.classifier_forward = w_classifier_forward
+    t.classifier_backward = w_classifier_backward
     if "flash" in families:
         t.flash_attention_forward = w_flash_attention_forward
         t.flash_attention_backward = w_flash_attention_backward

@@ -60,6 +60,8 @@ def parse_args(argv=None):
     p.add_argument("--rounds", type=int, default=2, help="llm.pyx/PyTorch rounds, interleaved")
     p.add_argument("--no-torch", action="store_true", help="time llm.pyx only")
     p.add_argument("--backend", default="cpu", help="llm.pyx's backend (accel/README.md)")
+    p.add_argument("--recompute", default="all",
+                   help="llm.pyx's activation checkpoint policy (llmc/recompute.py)")
     p.add_argument("--profile", action="store_true",
                    help="also time each entry of the backend table over llm.pyx's step "
                         "(the step on profile:BACKEND)")
@@ -71,7 +73,8 @@ def parse_args(argv=None):
 
 def config_for(args):
     from llmc_io import GPT2Config, LlamaConfig
-    return LlamaConfig.from_name(args.model) if args.model else GPT2Config.from_depth(args.depth)
+    model = getattr(args, "model", None)   # dev/gpu/bench_gpu.py times GPT-2 only
+    return LlamaConfig.from_name(model) if model else GPT2Config.from_depth(args.depth)
 
 
 def model_class(args):
@@ -158,7 +161,7 @@ def worker_llmpyx(args):
     # the training path as it runs: OMP_NUM_THREADS from --threads, BLAS threads left to it
     Model, _ = model_class(args)
     config = config_for(args)
-    model = Model.random(config, seed=0, backend=args.backend)
+    model = Model.random(config, seed=0, backend=args.backend, recompute=args.recompute)
     if args.params:
         np.save(args.params, model.params)
     x, y = batch(config, args.batch, args.seq)
@@ -199,7 +202,8 @@ def worker_profile(args):
     wall time per step (the rest is Python and the model's bookkeeping)."""
     Model, _ = model_class(args)
     config = config_for(args)
-    model = Model.random(config, seed=0, backend="profile:" + args.backend)
+    model = Model.random(config, seed=0, backend="profile:" + args.backend,
+                         recompute=args.recompute)
     x, y = batch(config, args.batch, args.seq)
     llmpyx_steps(model, x, y, 1, args.warmup)
     model.backend.reset()
@@ -216,7 +220,8 @@ def worker_profile(args):
 def run_worker(kind, args, params_path=None):
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", kind, "-e", str(args.depth),
            "-b", str(args.batch), "-t", str(args.seq), "--threads", str(args.threads),
-           "--steps", str(args.steps), "--warmup", str(args.warmup), "--backend", args.backend]
+           "--steps", str(args.steps), "--warmup", str(args.warmup), "--backend", args.backend,
+           "--recompute", args.recompute]
     if params_path:
         cmd += ["--params", params_path]
     if args.model:

@@ -7,7 +7,7 @@ a sample from a prompt.
     pip install llama-cpp-python         # builds llama.cpp from source (minutes, no GPU needed)
     python dev/llamacpp_check.py out/model.bin dev/data/tinyshakespeare/sp4096/tokenizer.bin
 
-The logits agree to float32 rounding of two different kernels (the tolerance printed); the
+The logits agree to float32 rounding (llama.cpp with a float32 KV cache: about 6e-7 of the largest logit); the
 sample is llama.cpp's own, greedy, decoded by llama.cpp's tokenizer from our vocabulary.
 """
 import argparse
@@ -22,7 +22,8 @@ sys.path.insert(0, REPO_ROOT)
 import llmc_io  # noqa: E402
 from export_gguf import export  # noqa: E402
 
-TOLERANCE = 1e-3   # max |diff| / max |logit|, float32 kernels on both sides
+TOLERANCE = 1e-4   # max |diff| / max |logit|, float32 kernels on both sides
+GGML_TYPE_F32 = 0
 
 
 def main(argv=None):
@@ -42,8 +43,10 @@ def main(argv=None):
     with tempfile.TemporaryDirectory() as tmp:
         gguf_path = os.path.join(tmp, "model.gguf")
         config, _ = export(args.model, args.tokenizer, gguf_path)
+        # a float32 KV cache (llama.cpp's default is float16) so that both sides are float32
         llm = Llama(model_path=gguf_path, n_ctx=config.max_seq_len, logits_all=True,
-                    verbose=False, n_threads=os.cpu_count())
+                    verbose=False, n_threads=os.cpu_count(), type_k=GGML_TYPE_F32,
+                    type_v=GGML_TYPE_F32)
         tokens = llm.tokenize(args.prompt.encode(), add_bos=True)
         while len(tokens) < args.t:   # llama.cpp's own greedy continuation
             llm.reset()

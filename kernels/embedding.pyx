@@ -6,6 +6,8 @@
 from cython.parallel cimport prange
 from libc.string cimport memcpy
 
+from kernels.parallel cimport SERIAL_BELOW
+
 # embedding_backward splits the channels into blocks of this many floats (128 bytes), one
 # block per task: a thread owns its columns of dwte, so repeated token ids cannot race
 cdef enum:
@@ -15,7 +17,8 @@ cdef enum:
 cdef void embedding_forward(float* out, const int* inp, const float* wte,
                             int B, int T, int C) noexcept nogil:
     cdef Py_ssize_t bt
-    for bt in prange(<Py_ssize_t>B * T, schedule="static"):
+    for bt in prange(<Py_ssize_t>B * T, schedule="static",
+                     use_threads_if=<Py_ssize_t>B * T * C >= SERIAL_BELOW):
         memcpy(out + bt * C, wte + <Py_ssize_t>inp[bt] * C, C * sizeof(float))
 
 
@@ -28,7 +31,7 @@ cdef void embedding_backward(float* dwte, const float* dout, const int* inp,
     cdef Py_ssize_t block, c0, c1, bt, i
     cdef const float* dout_bt
     cdef float* dwte_ix
-    for block in prange(num_blocks, schedule="static"):
+    for block in prange(num_blocks, schedule="static", use_threads_if=BT * C >= SERIAL_BELOW):
         c0 = block * CHANNEL_BLOCK
         c1 = min(c0 + CHANNEL_BLOCK, <Py_ssize_t>C)
         for bt in range(BT):

@@ -22,3 +22,10 @@ cdef extern from *:
 cdef inline void blas_single_threaded() noexcept nogil:
     if scipy_openblas_get_num_threads() != 1:
         scipy_openblas_set_num_threads(1)
+
+
+# Elementwise kernels run on one thread below this many floats of output: they take well under
+# a millisecond on one core there, less than what waking a second thread costs on a busy
+# machine (a descheduled thread holds the others at the region's end for a time slice).
+cdef enum:
+    SERIAL_BELOW = 1 << 20

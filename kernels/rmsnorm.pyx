@@ -9,7 +9,7 @@ from cython.parallel cimport prange, threadid
 from libc.math cimport sqrtf
 from libc.stdlib cimport calloc, free
 
-from kernels.parallel cimport max_threads
+from kernels.parallel cimport SERIAL_BELOW, max_threads
 
 cdef enum:
     # per-thread dweight rows are whole 64-byte cache lines long, so threads barely share lines
@@ -23,7 +23,7 @@ cdef void rmsnorm_forward(float* out, float* rstd, const float* inp, const float
     cdef const float* x
     cdef float* out_bt
     cdef float ss, s
-    for bt in prange(BT, schedule="static"):
+    for bt in prange(BT, schedule="static", use_threads_if=BT * C >= SERIAL_BELOW):
         x = inp + bt * C
         out_bt = out + bt * C
         ss = 0.0
@@ -61,7 +61,7 @@ cdef void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const
     cdef Py_ssize_t BT = <Py_ssize_t>B * T
     cdef Py_ssize_t bt, i, th
     cdef Py_ssize_t stride = (C + FLOATS_PER_CACHE_LINE - 1) // FLOATS_PER_CACHE_LINE * FLOATS_PER_CACHE_LINE
-    cdef int num_threads = max_threads()
+    cdef int num_threads = max_threads() if BT * C >= SERIAL_BELOW else 1
     if num_threads > BT:
         num_threads = <int>BT
     cdef float* scratch = NULL  # (num_threads, stride): one dweight row per thread

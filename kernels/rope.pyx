@@ -14,6 +14,8 @@
 from cython.parallel cimport prange
 from libc.math cimport cos, sin, pow
 
+from kernels.parallel cimport SERIAL_BELOW
+
 import numpy as np
 
 
@@ -38,7 +40,7 @@ cdef void rope_forward(float* out, const float* inp, const float* freqs_cos,
     cdef const float* x
     cdef float* y
     cdef float x0, x1
-    for bt in prange(BT, schedule="static"):
+    for bt in prange(BT, schedule="static", use_threads_if=BT * NH * hs >= SERIAL_BELOW):
         c = freqs_cos + (bt % T) * half
         s = freqs_sin + (bt % T) * half
         for h in range(NH):
@@ -61,7 +63,7 @@ cdef void rope_backward(float* dinp, const float* dout, const float* freqs_cos,
     cdef const float* s
     cdef const float* dy
     cdef float* dx
-    for bt in prange(BT, schedule="static"):
+    for bt in prange(BT, schedule="static", use_threads_if=BT * NH * hs >= SERIAL_BELOW):
         c = freqs_cos + (bt % T) * half
         s = freqs_sin + (bt % T) * half
         for h in range(NH):

@@ -5,8 +5,9 @@
 #   db += dout * silu(a)
 # a, b, out and their gradients are flat (N,) arrays.  exp is kernels.vexp's vectorisable vexpf
 # (clamped, so a very negative a gives s ~ 1e-38, not 0, and silu(a) ~ 0); threads take
-# 64 KiB chunks, as in gelu.
+# 64 KiB chunks, as in gelu, from kernels.parallel's SERIAL_BELOW floats on.
 from cython.parallel cimport prange
+from kernels.parallel cimport SERIAL_BELOW
 from kernels.vexp cimport vexpf
 
 cdef enum:
@@ -17,7 +18,7 @@ cdef void swiglu_forward(float* out, const float* a, const float* b, Py_ssize_t 
     cdef Py_ssize_t num_chunks = (N + CHUNK - 1) // CHUNK
     cdef Py_ssize_t chunk, i
     cdef float x
-    for chunk in prange(num_chunks, schedule="static", use_threads_if=num_chunks > 1):
+    for chunk in prange(num_chunks, schedule="static", use_threads_if=N >= SERIAL_BELOW):
         for i in range(chunk * CHUNK, min(chunk * CHUNK + CHUNK, N)):
             x = a[i]
             out[i] = x / (1.0 + vexpf(-x)) * b[i]
@@ -28,7 +29,7 @@ cdef void swiglu_backward(float* da, float* db, const float* dout, const float* 
     cdef Py_ssize_t num_chunks = (N + CHUNK - 1) // CHUNK
     cdef Py_ssize_t chunk, i
     cdef float x, s
-    for chunk in prange(num_chunks, schedule="static", use_threads_if=num_chunks > 1):
+    for chunk in prange(num_chunks, schedule="static", use_threads_if=N >= SERIAL_BELOW):
         for i in range(chunk * CHUNK, min(chunk * CHUNK + CHUNK, N)):
             x = a[i]
             s = 1.0 / (1.0 + vexpf(-x))

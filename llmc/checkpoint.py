@@ -2,23 +2,27 @@
 Checkpoints, as llm.c's train_gpt2.cu writes them into the output dir every -n steps:
 
     model_%08d.bin          the model (llm.c's checkpoint format, llmc_io.write_checkpoint)
-    state_%08d_00000.bin    AdamW's m and v and the data loader (llmc_io.write_state)
-    DONE_%08d               written last: the pair is complete
+    state_%08d_%05d.bin     per process (rank): its AdamW m and v (of its shard under ZeRO-1)
+                            and its data loader (llmc_io.write_state)
+    DONE_%08d               written last, by rank 0 once every rank's files are: complete
 
 Each file is written whole or not at all (llmc_io.atomic_write), so a run resumes from the
-newest checkpoint with a DONE, continuing bit for bit as if it had never stopped.
+newest checkpoint with a DONE, continuing bit for bit as if it had never stopped. Rank 0
+writes the model (the same on every rank); a run resumes only with the number of processes it
+was written by (llmc/distributed.py), else one line says so.
 """
 import glob
 import os
 import re
 
 import llmc_io
+from llmc.distributed import SINGLE
 
 
-def checkpoint_paths(output_dir, step):
-    """(model, state, DONE) paths of the checkpoint at step."""
+def checkpoint_paths(output_dir, step, process_rank=0):
+    """(model, state of process_rank, DONE) paths of the checkpoint at step."""
     return (os.path.join(output_dir, f"model_{step:08d}.bin"),
-            os.path.join(output_dir, f"state_{step:08d}_00000.bin"),
+            os.path.join(output_dir, f"state_{step:08d}_{process_rank:05d}.bin"),
             os.path.join(output_dir, f"DONE_{step:08d}"))
 
 
@@ -37,29 +41,48 @@ def find_max_step(output_dir):
     return max(complete_steps(output_dir), default=None)
 
 
-def write_checkpoint(output_dir, step, model, loader, keep=0):
+def write_checkpoint(output_dir, step, model, loader, keep=0, dist=SINGLE):
     """The checkpoint at step: the model, the optimizer and data loader state, then DONE.
-    keep > 0 then deletes all but the newest `keep` complete checkpoints (llm.c's -nk)."""
-    model_path, state_path, done_path = checkpoint_paths(output_dir, step)
-    model.save(model_path)
-    llmc_io.write_state(state_path, step, model.m, model.v, loader.state())
-    llmc_io.atomic_write(done_path, b"")
+    keep > 0 then deletes all but the newest `keep` complete checkpoints (llm.c's -nk). With
+    many processes (dist, llmc/distributed.py) every one of them calls this."""
+    rank = dist.process_rank
+    model_path, state_path, done_path = checkpoint_paths(output_dir, step, rank)
+    if rank == 0:
+        model.save(model_path)
+    llmc_io.write_state(state_path, step, model.m, model.v, loader.state(),
+                        dist.num_processes, rank)
+    dist.barrier()  # every rank's state is written
+    if rank == 0:
+        llmc_io.atomic_write(done_path, b"")
     if keep > 0:
-        for old_step in complete_steps(output_dir)[:-keep]:
-            delete_checkpoint(output_dir, old_step)
+        dist.barrier()  # every rank sees the new DONE ...
+        old_steps = complete_steps(output_dir)[:-keep]
+        dist.barrier()  # ... before rank 0 deletes any
+        for old_step in old_steps:
+            delete_checkpoint(output_dir, old_step, rank)
 
 
-def delete_checkpoint(output_dir, step):
-    model_path, state_path, done_path = checkpoint_paths(output_dir, step)
-    for path in (done_path, model_path, state_path):  # DONE first: never a DONE without files
+def delete_checkpoint(output_dir, step, process_rank=0):
+    """Rank 0 deletes DONE, the model and its state; another rank its state."""
+    model_path, state_path, done_path = checkpoint_paths(output_dir, step, process_rank)
+    # DONE first: never a DONE without files
+    for path in (done_path, model_path, state_path) if process_rank == 0 else (state_path,):
         os.remove(path)
 
 
-def resume(output_dir, step, model, loader):
+def resume(output_dir, step, model, loader, dist=SINGLE):
     """Load the optimizer and data loader state of the checkpoint at step into model (already
     built from that checkpoint's model file) and loader; the step it was saved at."""
-    state_path = checkpoint_paths(output_dir, step)[1]
-    saved_step, m, v, loader_state = llmc_io.read_state(state_path, model.params.size)
+    # every rank checks rank 0's state first, so that all fail alike (one line) on a mismatch
+    processes, _ = llmc_io.read_state_processes(checkpoint_paths(output_dir, step)[1])
+    if processes != dist.num_processes:
+        raise llmc_io.FormatError(output_dir, f"the checkpoint at step {step} was written by "
+                                  f"{processes} process{'es' if processes > 1 else ''}, this run "
+                                  f"has {dist.num_processes}: resume with as many (mpirun -np "
+                                  f"{processes})")
+    state_path = checkpoint_paths(output_dir, step, dist.process_rank)[1]
+    saved_step, m, v, loader_state = llmc_io.read_state(state_path, model.m.size,
+                                                        dist.num_processes, dist.process_rank)
     model.m = m
     model.v = v
     loader.load_state(loader_state, source=state_path)

@@ -5,11 +5,15 @@ the way llm.c's llmc/dataloader.h does, so that the same shards give the same ba
 - The shards are the files that match a glob pattern, sorted by name. Each one is a 1024-byte
   header (magic 20240520, version 1, number of tokens) and then the tokens as uint16, read
   with llmc_io.read_shard.
-- A shard of ntok tokens holds (ntok - 1) // (B*T) samples: sample i is the tokens
-  [i*B*T, (i+1)*B*T + 1), inputs the first B*T of them, targets the last B*T.
-- Training (shuffle=True): a Mersenne Twister seeded with 42 (llm.c's mt19937, which is
+- A shard of ntok tokens holds (ntok - 1) // (N*B*T) samples, N the number of processes that
+  train together (llmc/distributed.py; 1 alone): sample i is the tokens [i*N*B*T, (i+1)*N*B*T
+  + 1), and process r of N reads its part of it, the B*T+1 tokens from i*N*B*T + r*B*T: inputs
+  the first B*T, targets the last B*T.
+- Training (shuffle=True): a Mersenne Twister seeded with 42 + r (llm.c's mt19937, which is
   torch's) permutes the order of the shards at the start of every epoch and the order of the
   samples each time a shard is opened. Validation (shuffle=False): in order, from the start.
+  As llm.c's, every process shuffles with its own seed: with N > 1 the processes of a step read
+  parts of different samples, each its own permutation.
 - state() / load_state() save and restore the position, the permutations and the RNG, so a
   resumed run reads exactly the batches an uninterrupted one would have.
 
@@ -23,7 +27,7 @@ import numpy as np
 
 import llmc_io
 
-SHUFFLE_SEED = 42  # llm.c: manual_seed(&shuffle_rng, 42 + process_rank), one process here
+SHUFFLE_SEED = 42  # llm.c: manual_seed(&shuffle_rng, 42 + process_rank)
 
 
 class DataError(ValueError):
@@ -94,10 +98,15 @@ def shard_tokens(path):
 
 
 class DataLoader:
-    """Batches of (B, T) inputs and targets, int32, from the shards matching `pattern`."""
+    """Batches of (B, T) inputs and targets, int32, from the shards matching `pattern`: this
+    process's part (process_rank of num_processes) of each sample."""
 
-    def __init__(self, pattern, B, T, shuffle, vocab_size=None):
+    def __init__(self, pattern, B, T, shuffle, vocab_size=None, process_rank=0, num_processes=1):
+        if not 0 <= process_rank < num_processes:
+            raise ValueError(f"process_rank {process_rank} is not one of {num_processes}")
         self.B, self.T = B, T
+        self.process_rank, self.num_processes = process_rank, num_processes
+        self.sample_size = num_processes * B * T  # tokens of one sample, all processes' parts
         self.shuffle = shuffle
         self.vocab_size = vocab_size  # token ids must be below it (checked per batch)
         self.files = sorted(glob.glob(pattern))
@@ -108,13 +117,14 @@ class DataLoader:
         self.shard_num_tokens = []
         for path in self.files:
             ntok = len(shard_tokens(path))
-            if ntok < B * T + 1:
-                raise DataError(f"{path}: too small: {ntok} tokens, a batch of B={B} x T={T} "
-                                f"needs {B * T + 1}")
+            if ntok < self.sample_size + 1:
+                processes = f" x {num_processes} processes" if num_processes > 1 else ""
+                raise DataError(f"{path}: too small: {ntok} tokens, a batch of B={B} x T={T}"
+                                f"{processes} needs {self.sample_size + 1}")
             self.shard_num_tokens.append(ntok)
         self.num_tokens = sum(self.shard_num_tokens)
         if shuffle:
-            self.rng = MT19937(SHUFFLE_SEED)
+            self.rng = MT19937(SHUFFLE_SEED + process_rank)
             self.shard_indices = list(range(len(self.files)))
         self.reset()
 
@@ -125,8 +135,8 @@ class DataLoader:
         file_idx = self.shard_indices[shard_idx] if self.shuffle else shard_idx
         self.current_path = self.files[file_idx]
         self.tokens = shard_tokens(self.current_path)
-        # each sample takes B*T+1 tokens but they advance by B*T: the last token only targets
-        self.shard_num_samples = (len(self.tokens) - 1) // (self.B * self.T)
+        # each sample takes N*B*T+1 tokens but they advance by N*B*T: the last only targets
+        self.shard_num_samples = (len(self.tokens) - 1) // self.sample_size
 
     def _permute_samples(self):
         self.intra_shard_indices = list(range(self.shard_num_samples))
@@ -162,7 +172,7 @@ class DataLoader:
         if self.shuffle:
             idx = self.intra_shard_indices[idx]
         BT = self.B * self.T
-        start = idx * BT
+        start = idx * self.sample_size + self.process_rank * BT
         buf = np.array(self.tokens[start:start + BT + 1], dtype=np.int32)
         if self.vocab_size is not None:
             top = int(buf.max())

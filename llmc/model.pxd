@@ -1,6 +1,8 @@
 # The model-generic core (llmc/model.pyx): buffers laid out from name -> shape lists on a
-# backend, the batch moved in and the loss out, zero_grad, the global norm and AdamW.  A model
-# family (train_gpt2.pyx) subclasses Model and fills in its shapes, forward and backward.
+# backend, the batch moved in and the loss out, the layers run under an activation checkpoint
+# policy (llmc/recompute.py), zero_grad, the global norm and AdamW.  A model family
+# (train_gpt2.pyx) subclasses Model and fills in its shapes, its embedding, one layer and its
+# head, forward and backward.
 from accel.backend cimport Backend, BackendTable, Buffer
 
 
@@ -16,17 +18,58 @@ cdef class Model:
     cdef BackendTable b                  # the backend's table, ctx first
     cdef readonly object config
     cdef readonly Layout param_layout
-    cdef readonly Layout act_layout      # of the current (B, T); None before the first forward
+    cdef readonly object recompute_plan  # llmc.recompute.RecomputePlan of the policy
+    cdef readonly Layout act_layout      # the kept activations of the current (B, T) under the
+                                         # policy; None before the first forward
+    cdef readonly Layout act_grad_layout # their gradients; None before the first backward
     cdef Buffer _params, _grads, _m, _v, _acts, _grads_acts, _inputs, _targets
     cdef readonly int B, T               # shape of the last forward
     cdef bint has_targets                # the last forward had targets
     cdef float mean_loss
     cdef readonly int step               # AdamW updates done (the check backend reports it)
+    cdef readonly Py_ssize_t shard_start, shard_end  # the parameters AdamW updates (ZeRO-1: a span)
+
+    # where the layers' activations are, set by _point_activations (pointer tables in numpy
+    # arrays that _tables keeps alive)
+    cdef object _tables
+    cdef int L, layer_fields             # layers; tensors per layer (the last its output)
+    cdef const int* slot_of              # (L,) the plan's slot, output, segment start of
+    cdef const int* output_of            #      each layer
+    cdef const int* segment_start
+    cdef int* resident                   # (slots,) the layer whose internals a slot holds, or -1
+    cdef float** slot_fields             # (slots, layer_fields - 1) each slot's internals
+    cdef float** outputs                 # (outputs,) the kept layer outputs
+    cdef float* embedded                 # the embedding's output, the stream into layer 0
+    cdef float* losses                   # (B, T) in the head's activations
+    cdef float** layer_acts              # (layer_fields,) the layer being run, for the family
+    cdef float** head_acts               # the head's activations
+    cdef float** layer_grads             # (layer_fields,) one layer's gradients; the last is
+                                         # the gradient of its output (one of dstream)
+    cdef float** head_grads              # the head's gradients (NULL where NO_GRAD)
+    cdef float** dstream                 # (2,) gradients of the streams in and out of a layer
+    cdef float* dlosses
+    cdef float* grads_acts_head          # the head's gradients, head_grad_bytes
+    cdef float* layer_grads_base         # one layer's gradients, layer_grad_bytes
+    cdef size_t head_grad_bytes, layer_grad_bytes, stream_bytes
 
     # what a model family fills in
     cdef void point_parameters(self, float* params, float* grads) noexcept
-    cdef void point_activations(self, float* acts, float* grads_acts) noexcept
-    cdef void forward_pass(self, const int* inputs, const int* targets, int B, int T) noexcept nogil
-    cdef void backward_pass(self, const int* inputs, const int* targets, int B, int T) noexcept nogil
+    cdef void embedding_forward(self, float* out, const int* inputs, int B, int T) noexcept nogil
+    cdef void layer_forward(self, int l, float** acts, const float* inp, int B, int T) noexcept nogil
+    cdef void head_forward(self, float** acts, const float* inp, const int* targets,
+                           int B, int T) noexcept nogil
+    cdef void head_backward(self, float* dinp, float** grads_acts, float** acts, const float* inp,
+                            const int* targets, int B, int T) noexcept nogil
+    cdef void layer_backward(self, int l, float* dinp, float** grads_acts, float** acts,
+                             const float* inp, int B, int T) noexcept nogil
+    cdef void embedding_backward(self, const float* dout, const int* inputs, int B, int T) noexcept nogil
 
+    # the core's forward and backward through the layers
     cdef Buffer _lazy(self, Buffer buffer, Layout layout)
+    cdef Buffer _moments(self, Buffer buffer)
+    cdef void* _table(self, str name, values, dtype=*)
+    cdef void _point_layer(self, int l) noexcept nogil
+    cdef const float* _layer_input(self, int l) noexcept nogil
+    cdef void _run_layer_forward(self, int l, int B, int T) noexcept nogil
+    cdef void _forward_pass(self, const int* inputs, const int* targets, int B, int T) noexcept nogil
+    cdef void _backward_pass(self, const int* inputs, const int* targets, int B, int T) noexcept nogil

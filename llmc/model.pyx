@@ -4,20 +4,32 @@ The model-generic core: what every model family shares, written once.
 A family (GPT-2 in train_gpt2.pyx) subclasses Model and gives
     FAMILY                      the backend kernels it needs ("gpt2")
     MATRICES                    the parameter tensors weight decay applies to (decay_2d_only)
+    NO_GRAD                     the activations no backward kernel needs a gradient of
     config.param_shapes()       its parameters, [(name, shape)] in file order
-    activation_shapes(B, T)     its activations, [(name, shape)], one of them "losses" (B, T)
-    point_parameters / point_activations    its structs of tensor pointers, from a Layout
-    forward_pass / backward_pass            its layers, through the backend table
+    classmethods of the config, so that llmc/plan.py prices a model without making it:
+      activation_shapes(config, B, T)  its activations: the embedding's output (name, shape),
+                                one layer's [(name, shape)] (the last its output, the stream
+                                into the next layer), the head's (one of them "losses" (B, T))
+      num_layers_of(config), flops_per_token(config, T)
+      activation_options(backend)  the keyword options of activation_shapes that the backend
+                                decides (GPT-2: flash attention or not)
+    point_parameters            its struct of parameter pointers, from a Layout
+    embedding_forward / layer_forward(l, ...) / head_forward, and their backwards: its parts,
+                                through the backend table, on arrays of tensor pointers in the
+                                order of its shape lists (one layer's, the head's)
 and this core does the rest, every byte of it through the backend table (accel/backend.pxd):
 the buffers (parameters, gradients, AdamW's m and v, activations and their gradients, the
-tokens), the batch in and the mean loss out, the loss gradient, zero_grad, the global gradient
-norm, and AdamW with weight decay by tensor.  It never reads or writes a buffer itself, so the
-same model runs on device memory; guard:cpu (accel/instrument.pyx) proves it in the tests.
+tokens), the batch in and the mean loss out, the layers in order under an activation
+checkpoint policy (which layers' activations are kept, which recomputed in backward:
+llmc/recompute.py), the loss gradient, zero_grad, the global gradient norm, and AdamW with
+weight decay by tensor.  It never reads or writes a buffer itself, so the same model runs on
+device memory; guard:cpu (accel/instrument.pyx) proves it in the tests.
 """
 import numpy as np
 
 from accel.backend import get_backend
 from libc.math cimport sqrt
+from llmc import recompute
 
 __all__ = ["Layout", "Model"]
 
@@ -58,10 +70,12 @@ cdef inline int* ints(Buffer buffer) noexcept:
 cdef class Model:
     FAMILY = None
     MATRICES = frozenset()
+    NO_GRAD = frozenset()
 
-    def __init__(self, config, backend="cpu"):
+    def __init__(self, config, backend="cpu", recompute="all"):
         """A model of this config with all parameters zero, on a backend (a name, see
-        accel.backend.get_backend, or a Backend)."""
+        accel.backend.get_backend, or a Backend), keeping activations by a recompute policy
+        (llmc.recompute.POLICIES)."""
         self.backend = get_backend(backend)
         self.backend.require(self.FAMILY)
         self.b = self.backend.table
@@ -69,25 +83,51 @@ cdef class Model:
         self.param_layout = Layout(config.param_shapes())
         self._params = self.backend.alloc(self.param_layout.size * sizeof(float))
         self.point_parameters(floats(self._params), NULL)
-        self.B = self.T = 0
+        self.recompute = recompute
         self.mean_loss = -1.0
         self.step = 0
+        self.shard_start, self.shard_end = 0, self.param_layout.size
 
     # --- what a family fills in ----------------------------------------------------------
 
     cdef void point_parameters(self, float* params, float* grads) noexcept:
         pass
 
-    cdef void point_activations(self, float* acts, float* grads_acts) noexcept:
+    cdef void embedding_forward(self, float* out, const int* inputs, int B, int T) noexcept nogil:
         pass
 
-    cdef void forward_pass(self, const int* inputs, const int* targets, int B, int T) noexcept nogil:
+    cdef void layer_forward(self, int l, float** acts, const float* inp, int B, int T) noexcept nogil:
         pass
 
-    cdef void backward_pass(self, const int* inputs, const int* targets, int B, int T) noexcept nogil:
+    cdef void head_forward(self, float** acts, const float* inp, const int* targets,
+                           int B, int T) noexcept nogil:
         pass
 
-    def activation_shapes(self, int B, int T):
+    cdef void head_backward(self, float* dinp, float** grads_acts, float** acts, const float* inp,
+                            const int* targets, int B, int T) noexcept nogil:
+        pass
+
+    cdef void layer_backward(self, int l, float* dinp, float** grads_acts, float** acts,
+                             const float* inp, int B, int T) noexcept nogil:
+        pass
+
+    cdef void embedding_backward(self, const float* dout, const int* inputs, int B, int T) noexcept nogil:
+        pass
+
+    @classmethod
+    def activation_shapes(cls, config, int B, int T):
+        raise NotImplementedError
+
+    @classmethod
+    def num_layers_of(cls, config):
+        raise NotImplementedError
+
+    @classmethod
+    def activation_options(cls, backend):
+        return {}
+
+    @classmethod
+    def flops_per_token(cls, config, int T):
         raise NotImplementedError
 
     # --- buffers ---------------------------------------------------------------------------
@@ -110,11 +150,18 @@ cdef class Model:
         array.flags.writeable = False
         return array
 
-    def _load(self, Buffer buffer, array, what):
+    def _load(self, Buffer buffer, array, what, Py_ssize_t size=-1):
+        size = self.param_layout.size if size < 0 else size
         array = np.asarray(array, dtype=np.float32)
-        if array.shape != (self.param_layout.size,):
-            raise ValueError(f"{what} must have shape ({self.param_layout.size},), got {array.shape}")
+        if array.shape != (size,):
+            raise ValueError(f"{what} must have shape ({size},), got {array.shape}")
         buffer.load(array)
+
+    cdef Buffer _moments(self, Buffer buffer):
+        """buffer, or zeroed AdamW moments for the optimizer shard when it is not there yet."""
+        if buffer is not None:
+            return buffer
+        return self.backend.alloc((self.shard_end - self.shard_start) * sizeof(float))
 
     @property
     def num_parameters(self):
@@ -131,31 +178,55 @@ cdef class Model:
 
     @property
     def grads(self):
-        """All parameter gradients, laid out as params."""
+        """All parameter gradients, laid out as params; assign to load new ones (the
+        all-reduce of a backend whose memory is not the host's, llmc/distributed.py)."""
         self._ensure_grads()
         return self._host(self._grads, 0, self.param_layout.size)
 
+    @grads.setter
+    def grads(self, values):
+        self._ensure_grads()
+        self._load(self._grads, values, "grads")
+
+    @property
+    def optimizer_shard(self):
+        """(start, end): the span of params that update() changes and whose AdamW m and v this
+        model keeps; all of them unless set.  ZeRO-1 sets each process's own span
+        (llmc/distributed.py), so m and v take (end - start) floats instead of two per parameter."""
+        return self.shard_start, self.shard_end
+
+    @optimizer_shard.setter
+    def optimizer_shard(self, span):
+        start, end = (int(x) for x in span)
+        if not 0 <= start < end <= self.param_layout.size:
+            raise ValueError(f"optimizer shard [{start}, {end}) is not a non-empty span of the "
+                             f"{self.param_layout.size} parameters")
+        if (start, end) != (self.shard_start, self.shard_end):
+            self._m = self._v = None  # moments of another span mean nothing here
+        self.shard_start, self.shard_end = start, end
+
     @property
     def m(self):
-        """AdamW's first moments, laid out as params (zeros until the first update)."""
-        self._m = self._lazy(self._m, self.param_layout)
-        return self._host(self._m, 0, self.param_layout.size)
+        """AdamW's first moments of the optimizer shard (all parameters unless sharded), laid
+        out as params[start:end] (zeros until the first update)."""
+        self._m = self._moments(self._m)
+        return self._host(self._m, 0, self.shard_end - self.shard_start)
 
     @m.setter
     def m(self, values):
-        self._m = self._lazy(self._m, self.param_layout)
-        self._load(self._m, values, "m")
+        self._m = self._moments(self._m)
+        self._load(self._m, values, "m", self.shard_end - self.shard_start)
 
     @property
     def v(self):
-        """AdamW's second moments, laid out as params (zeros until the first update)."""
-        self._v = self._lazy(self._v, self.param_layout)
-        return self._host(self._v, 0, self.param_layout.size)
+        """AdamW's second moments, laid out as m."""
+        self._v = self._moments(self._v)
+        return self._host(self._v, 0, self.shard_end - self.shard_start)
 
     @v.setter
     def v(self, values):
-        self._v = self._lazy(self._v, self.param_layout)
-        self._load(self._v, values, "v")
+        self._v = self._moments(self._v)
+        self._load(self._v, values, "v", self.shard_end - self.shard_start)
 
     def param_tensors(self):
         """name -> shaped view (or copy, see params) of each parameter tensor, in file order."""
@@ -166,7 +237,9 @@ cdef class Model:
         return self.param_layout.views(self.grads)
 
     def activations(self):
-        """name -> shaped view (or copy) of the last forward's activation tensors."""
+        """name -> shaped view (or copy) of the last forward's activation tensors.  Under a
+        recompute policy other than "all" a layer tensor holds the slots (its output: the
+        outputs) the policy keeps, not L layers (llmc/recompute.py)."""
         self._require_forward()
         return self.act_layout.views(self._host(self._acts, 0, self.act_layout.size))
 
@@ -178,12 +251,31 @@ cdef class Model:
         return flat.reshape(self.act_layout.shapes[i])
 
     def memory(self):
-        """Bytes allocated on the backend: {params, grads, adamw, activations}."""
+        """Bytes allocated on the backend: {params, grads, adamw, activations,
+        activation_grads, tokens} (what llmc.plan.memory_plan predicts)."""
         def size(*buffers):
             return sum(buf.nbytes for buf in buffers if buf is not None)
         return dict(params=size(self._params), grads=size(self._grads),
-                    adamw=size(self._m, self._v),
-                    activations=size(self._acts, self._grads_acts, self._inputs, self._targets))
+                    adamw=size(self._m, self._v), activations=size(self._acts),
+                    activation_grads=size(self._grads_acts),
+                    tokens=size(self._inputs, self._targets))
+
+    @property
+    def recompute(self):
+        """The activation checkpoint policy (llmc/recompute.py); setting it frees the
+        activations, laid out anew by the next forward."""
+        return self.recompute_plan.policy
+
+    @recompute.setter
+    def recompute(self, policy):
+        self.recompute_plan = recompute.RecomputePlan(policy, self.num_layers)
+        self._acts = self._grads_acts = None
+        self.act_layout = self.act_grad_layout = None
+        self.B = self.T = 0
+
+    @property
+    def num_layers(self):
+        return self.num_layers_of(self.config)
 
     def _require_forward(self):
         if self.B == 0:
@@ -204,17 +296,81 @@ cdef class Model:
         return tokens
 
     def _allocate_activations(self, int B, int T):
-        layout = Layout(self.activation_shapes(B, T))
+        embedding, layer, head = self.activation_shapes(self.config, B, T,
+                                                        **self.activation_options(self.backend))
+        layout = Layout(recompute.activation_shapes(self.recompute_plan, embedding, layer, head))
+        grad_layout = Layout(recompute.gradient_shapes(layer, head, self.NO_GRAD))
         if self._acts is None or layout.size * sizeof(float) > self._acts.nbytes:
             self._acts = None  # freed before its successor is allocated
-            self._grads_acts = None  # reallocated, at this size, by the next backward
             self._acts = self.backend.alloc(layout.size * sizeof(float))
+        if self._grads_acts is not None and grad_layout.size * sizeof(float) > self._grads_acts.nbytes:
+            self._grads_acts = None  # reallocated, at this size, by the next backward
         if self._inputs is None or B * T * sizeof(int) > self._inputs.nbytes:
             self._inputs = self.backend.alloc(B * T * sizeof(int))
             self._targets = self.backend.alloc(B * T * sizeof(int))
-        self.act_layout = layout
-        self.point_activations(floats(self._acts), floats(self._grads_acts))
+        self.act_layout, self.act_grad_layout = layout, grad_layout
+        self._tables = dict(layer=[name for name, _ in layer], head=[name for name, _ in head])
+        self._point_activations()
+        if self._grads_acts is not None:
+            self._point_gradients()
         self.B, self.T = B, T
+
+    cdef void* _table(self, str name, values, dtype=np.uintp):
+        """A table of pointers (or ints) in a numpy array that _tables keeps: its address."""
+        array = self._tables[name] = np.ascontiguousarray(values, dtype=dtype)
+        return <void*><size_t>array.ctypes.data
+
+    def _point_activations(self):
+        """The tables of where the activations are: each slot's internals, the outputs, the
+        head's; every slot empty."""
+        plan, layout, names = self.recompute_plan, self.act_layout, self.act_layout.names
+        cdef size_t base = <size_t>self._acts.ptr
+
+        def address(name, index=0):  # of name[index], in a stack of a layer's tensor
+            i = names.index(name)
+            stride = layout.sizes[i] // layout.shapes[i][0]
+            return base + (layout.offsets[i] + index * stride) * sizeof(float)
+        *internals, output = self._tables["layer"]
+        self.L, self.layer_fields = plan.num_layers, len(internals) + 1
+        self.slot_of = <const int*>self._table("slot_of", plan.slot_of, np.int32)
+        self.output_of = <const int*>self._table("output_of", plan.output_of, np.int32)
+        self.segment_start = <const int*>self._table("segment_start", plan.segment_start, np.int32)
+        self.resident = <int*>self._table("resident", np.full(plan.slots, -1), np.int32)
+        self.slot_fields = <float**>self._table(
+            "slot_fields", [address(name, s) for s in range(plan.slots) for name in internals])
+        self.outputs = <float**>self._table(
+            "outputs", [address(output, o) for o in range(plan.outputs)])
+        self.layer_acts = <float**>self._table("layer_acts", np.zeros(self.layer_fields))
+        self.head_acts = <float**>self._table(
+            "head_acts", [address(name) for name in self._tables["head"]])
+        self.embedded = <float*>self._acts.ptr   # the layout's first tensor
+        self.losses = <float*><size_t>address("losses")
+
+    def _point_gradients(self):
+        """The tables of where the activation gradients are (NULL for NO_GRAD's tensors)."""
+        layout = self.act_grad_layout
+        cdef size_t base = <size_t>self._grads_acts.ptr
+
+        def address(name):
+            if name not in layout.names:
+                return 0
+            return base + layout.offset(name) * sizeof(float)
+        *internals, _ = self._tables["layer"]
+        stream = layout.sizes[layout.names.index("dstream")] // 2
+        self.layer_grads = <float**>self._table(  # the last, its output's, is set per layer
+            "layer_grads", [address(name) for name in internals] + [0])
+        self.head_grads = <float**>self._table(
+            "head_grads", [address(name) for name in self._tables["head"]])
+        self.dstream = <float**>self._table(
+            "dstream", [address("dstream"), address("dstream") + stream * sizeof(float)])
+        self.dlosses = <float*><size_t>address("losses")
+        # the three regions zeroed apart: the head's gradients, one layer's, each stream's
+        layer_start = min(address(name) for name in internals if name in layout.names)
+        self.grads_acts_head = <float*>self._grads_acts.ptr
+        self.head_grad_bytes = layer_start - base
+        self.layer_grads_base = <float*><size_t>layer_start
+        self.layer_grad_bytes = address("dstream") - layer_start
+        self.stream_bytes = stream * sizeof(float)
 
     def forward(self, inputs, targets=None):
         """Run the model on inputs (B, T) token ids.  With targets (B, T), also the loss:
@@ -233,13 +389,39 @@ cdef class Model:
             self._targets.load(targets)
         cdef const int* inp = ints(self._inputs)
         cdef const int* tgt = ints(self._targets) if self.has_targets else NULL
-        cdef float* losses = floats(self._acts) + <Py_ssize_t>self.act_layout.offset("losses")
         with nogil:
-            self.forward_pass(inp, tgt, B, T)
+            self._forward_pass(inp, tgt, B, T)
             if tgt != NULL:
-                self.mean_loss = self.b.mean(self.b.ctx, losses, <Py_ssize_t>B * T)
+                self.mean_loss = self.b.mean(self.b.ctx, self.losses, <Py_ssize_t>B * T)
         self.backend.check_error()
         return float(self.mean_loss) if self.has_targets else None
+
+    cdef void _point_layer(self, int l) noexcept nogil:
+        """layer_acts = layer l's activations: its slot's internals, then its output."""
+        cdef int i, n = self.layer_fields - 1
+        cdef float** slot = self.slot_fields + <Py_ssize_t>self.slot_of[l] * n
+        for i in range(n):
+            self.layer_acts[i] = slot[i]
+        self.layer_acts[n] = self.outputs[self.output_of[l]]
+
+    cdef const float* _layer_input(self, int l) noexcept nogil:
+        """The residual stream into layer l: the embedding's output or layer l-1's."""
+        return self.embedded if l == 0 else self.outputs[self.output_of[l - 1]]
+
+    cdef void _run_layer_forward(self, int l, int B, int T) noexcept nogil:
+        self.b.mark(self.b.ctx, self.step, l)
+        self._point_layer(l)
+        self.layer_forward(l, self.layer_acts, self._layer_input(l), B, T)
+        self.resident[self.slot_of[l]] = l
+
+    cdef void _forward_pass(self, const int* inputs, const int* targets, int B, int T) noexcept nogil:
+        cdef int l
+        self.b.mark(self.b.ctx, self.step, -1)
+        self.embedding_forward(self.embedded, inputs, B, T)
+        for l in range(self.L):
+            self._run_layer_forward(l, B, T)
+        self.b.mark(self.b.ctx, self.step, -1)
+        self.head_forward(self.head_acts, self._layer_input(self.L), targets, B, T)
 
     # --- backward --------------------------------------------------------------------------
 
@@ -258,30 +440,53 @@ cdef class Model:
             raise RuntimeError("backward needs a forward pass with targets")
         self._ensure_grads()
         if self._grads_acts is None:
-            self._grads_acts = self.backend.alloc(self._acts.nbytes)
-            self.point_activations(floats(self._acts), floats(self._grads_acts))
-        cdef int B = self.B, T = self.T
-        cdef Py_ssize_t BT = <Py_ssize_t>B * T
-        cdef float* grads_acts = floats(self._grads_acts)
-        cdef float* dlosses = grads_acts + <Py_ssize_t>self.act_layout.offset("losses")
-        cdef size_t nbytes = self.act_layout.size * sizeof(float)
+            self._grads_acts = self._lazy(None, self.act_grad_layout)
+            self._point_gradients()
         cdef const int* inp = ints(self._inputs)
         cdef const int* tgt = ints(self._targets)
         with nogil:
-            # activation gradients are accumulated into, so they start at zero; the loss is the
-            # mean over B*T positions
-            self.b.zero(self.b.ctx, grads_acts, nbytes)
-            self.b.fill(self.b.ctx, dlosses, 1.0 / BT, BT)
-            self.backward_pass(inp, tgt, B, T)
+            self._backward_pass(inp, tgt, self.B, self.T)
         self.backend.check_error()
+
+    cdef void _backward_pass(self, const int* inputs, const int* targets, int B, int T) noexcept nogil:
+        """The head's backward, then each layer's from the last (first recomputing, from its
+        segment's stored input, a layer whose internals are no longer in its slot), then the
+        embedding's.  Activation gradients are added into, so each starts at zero;
+        dstream[b % 2] is the gradient of the stream at boundary b (into layer b)."""
+        cdef void* ctx = self.b.ctx
+        cdef Py_ssize_t BT = <Py_ssize_t>B * T
+        cdef int j, l, L = self.L, n = self.layer_fields - 1
+        self.b.mark(ctx, self.step, -1)
+        self.b.zero(ctx, self.grads_acts_head, self.head_grad_bytes)
+        self.b.fill(ctx, self.dlosses, 1.0 / BT, BT)   # the loss is the mean over B*T positions
+        self.b.zero(ctx, self.dstream[L % 2], self.stream_bytes)
+        self.head_backward(self.dstream[L % 2], self.head_grads, self.head_acts,
+                           self._layer_input(L), targets, B, T)
+        for l in range(L - 1, -1, -1):
+            if self.resident[self.slot_of[l]] != l:
+                for j in range(self.segment_start[l], l + 1):
+                    self._run_layer_forward(j, B, T)
+            self.b.mark(ctx, self.step, l)
+            self._point_layer(l)
+            self.layer_grads[n] = self.dstream[(l + 1) % 2]   # the gradient of its output
+            self.b.zero(ctx, self.layer_grads_base, self.layer_grad_bytes)
+            self.b.zero(ctx, self.dstream[l % 2], self.stream_bytes)
+            self.layer_backward(l, self.dstream[l % 2], self.layer_grads, self.layer_acts,
+                                self._layer_input(l), B, T)
+        self.b.mark(ctx, self.step, -1)
+        self.embedding_backward(self.dstream[0], inputs, B, T)
 
     # --- optimizer -------------------------------------------------------------------------
 
-    def grad_norm(self):
-        """Global L2 norm of all parameter gradients."""
+    def grad_norm(self, bint shard_only=False):
+        """Global L2 norm of all parameter gradients; with shard_only, of the optimizer
+        shard's alone (ZeRO-1: the other processes hold the rest, reduced)."""
         self._ensure_grads()
         cdef const float* grads = floats(self._grads)
         cdef Py_ssize_t n = self.param_layout.size
+        if shard_only:
+            grads += self.shard_start
+            n = self.shard_end - self.shard_start
         cdef double norm_squared
         with nogil:
             norm_squared = self.b.global_norm_squared(self.b.ctx, grads, n)
@@ -302,25 +507,30 @@ cdef class Model:
 
     def update(self, float lr, float beta1, float beta2, float eps, float weight_decay, int t,
                float grad_scale=1.0, bint decay_2d_only=False):
-        """One AdamW step (t counts from 1) on grads * grad_scale.  Weight decay applies to
-        every tensor, as llm.c's train_gpt2.c, or with decay_2d_only to MATRICES alone, as
-        llm.c's CUDA trainer."""
+        """One AdamW step (t counts from 1) on grads * grad_scale, of the parameters in the
+        optimizer shard (all unless sharded).  Weight decay applies to every tensor, as llm.c's
+        train_gpt2.c, or with decay_2d_only to MATRICES alone, as llm.c's CUDA trainer."""
         if t < 1:
             raise ValueError(f"the AdamW step t counts from 1, got {t}")
         self._ensure_grads()
-        self._m = self._lazy(self._m, self.param_layout)
-        self._v = self._lazy(self._v, self.param_layout)
+        self._m = self._moments(self._m)
+        self._v = self._moments(self._v)
         cdef float* params = floats(self._params)
         cdef float* grads = floats(self._grads)
-        cdef float* m = floats(self._m)
+        cdef float* m = floats(self._m)  # m[i - shard_start] is parameter i's moment
         cdef float* v = floats(self._v)
-        cdef Py_ssize_t start, size
+        cdef Py_ssize_t start, end
         cdef float decay
-        for start, size, decayed in self._decay_spans(decay_2d_only):
+        for span_start, span_size, decayed in self._decay_spans(decay_2d_only):
+            # the part of this run of tensors that lies in the shard
+            start = max(<Py_ssize_t>span_start, self.shard_start)
+            end = min(<Py_ssize_t>(span_start + span_size), self.shard_end)
+            if start >= end:
+                continue
             decay = weight_decay if decayed else 0.0
             with nogil:
-                self.b.adamw_update(self.b.ctx, params + start, m + start, v + start,
-                                    grads + start, size, lr, beta1, beta2, eps, decay,
-                                    grad_scale, t)
+                self.b.adamw_update(self.b.ctx, params + start, m + (start - self.shard_start),
+                                    v + (start - self.shard_start), grads + start, end - start,
+                                    lr, beta1, beta2, eps, decay, grad_scale, t)
         self.step = t
         self.backend.check_error()

@@ -13,7 +13,8 @@ def embedding_backward_ref(dwte_shape, dout, inp):
     return dwte
 
 
-@pytest.mark.parametrize("B,T,C,Vp", [(3, 7, 37, 11), (1, 1, 8, 2), (2, 13, 70, 5)])
+# the last above kernels.parallel's SERIAL_BELOW (threaded)
+@pytest.mark.parametrize("B,T,C,Vp", [(3, 7, 37, 11), (1, 1, 8, 2), (2, 13, 70, 5), (3, 7, 49999, 5)])
 def test_forward_backward(B, T, C, Vp):
     rng = np.random.default_rng(B * T)
     inp = rng.integers(0, Vp, size=(B, T), dtype=np.int32)   # few rows: ids repeat

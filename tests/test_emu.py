@@ -3,7 +3,8 @@
 The HIP sample kernels in accel/emu/tests/ are compiled by g++ against the emulator (through
 accel/emu/Makefile) and run under every schedule and both warp sizes: correct kernels give the
 same, right answer under all of them; planted faults (a missing barrier, 32 lanes assumed, a
-thread leaving before a barrier, an out-of-bounds write) are caught.
+thread leaving before a barrier, an out-of-bounds write) are caught. The emulated hipBLAS is
+checked against a double-precision loop.
 """
 import os
 import shutil
@@ -14,7 +15,8 @@ import pytest
 
 EMU = Path(__file__).resolve().parent.parent / "accel" / "emu"
 CXX = os.environ.get("CXX", "g++")
-SAMPLES = ["block_reduce", "warp_reduce", "faults", "atomics", "out_of_bounds.asan", "block_reduce.ucontext"]
+SAMPLES = ["block_reduce", "warp_reduce", "faults", "atomics", "out_of_bounds.asan", "block_reduce.ucontext",
+           "hipblas"]
 # (EMU_SCHEDULE, EMU_SEED): every schedule, the shuffled one with several seeds.
 SCHEDULES = [("lockstep", 1), ("lockstep-reverse", 1), ("warp-ahead", 1), ("warp-ahead-reverse", 1)] + [
     ("shuffled", seed) for seed in (1, 2, 3)
@@ -147,3 +149,9 @@ def test_ucontext_fibers_agree_with_the_native_switch(build):
     for schedule in SCHEDULES:
         result = run(build, "block_reduce.ucontext", "correct", schedule=schedule, warp_size=64)
         assert result.returncode == 0 and result.stdout == native
+
+
+def test_emulated_hipblas_matches_a_double_loop_and_refuses_bad_arguments(build):
+    result = run(build, "hipblas")
+    assert result.returncode == 0, result.stdout
+    assert result.stdout.count(" ok\n") == 9

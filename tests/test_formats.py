@@ -370,7 +370,11 @@ def test_state_bad_files(tmp_path):
     path.write_bytes(good)
     assert_format_error(path, "does not fit a model of 51 parameters", llmc_io.read_state, 51)
     patch_header(path, 2, 8)
-    assert_format_error(path, "cannot continue (processes 8, master weights 0, shuffled data 1)",
+    assert_format_error(path, "written by process 0 of a run of 8, read by process 0 of 1",
+                        llmc_io.read_state, 50)
+    patch_header(path, 2, 1)
+    patch_header(path, 4, 1)
+    assert_format_error(path, "cannot continue (master weights 1, shuffled data 1)",
                         llmc_io.read_state, 50)
     llmc_io.write_checkpoint(path, CONFIG, random_params(CONFIG))
     assert_format_error(path, "not a training state (magic 20240326, version 3)",

@@ -158,8 +158,18 @@ def vocabulary(tmp_path_factory):
     if os.path.exists(SHARED_TEXT):
         text.write_text(open(SHARED_TEXT, encoding="utf-8").read()[:200_000])
     else:
-        text.write_text("First Citizen:\nBefore we proceed any further, hear me speak.\n\n" * 400
-                        + "All:\nSpeak, speak. Resolved, resolved; 1234567890.\n\n" * 400)
+        # without the shared data: enough varied text for the val split (32,768 tokens) and more
+        rng = np.random.default_rng(0)
+        words = ("first citizen before we proceed any further hear me speak all resolved rather "
+                 "to die than famish you know caius marcius is chief enemy the people let us kill "
+                 "him and we'll have corn at our own price is't a verdict no more talking on't "
+                 "away away one word good citizens 1234567890 thou thee thy art hath doth").split()
+        blocks = []
+        for _ in range(3000):
+            lines = [" ".join(rng.choice(words, rng.integers(4, 12))).capitalize() + "."
+                     for _ in range(rng.integers(1, 4))]
+            blocks.append("Citizen:\n" + "\n".join(lines))
+        text.write_text("\n\n".join(blocks) + "\n")
     model = tokenizer.train_sentencepiece(str(text), str(out / "tokenizer"), 400)
     tokenizer.export_llama2c_tokenizer(model, str(out / "tokenizer.bin"))
     return model, out / "tokenizer.bin", text
@@ -182,11 +192,11 @@ def test_data_script_writes_shards_and_tokenizer(vocabulary, tmp_path):
     _, _, text = vocabulary
     script = os.path.join(REPO, "dev", "data", "tinyshakespeare.py")
     run = subprocess.run([sys.executable, script, "--input-text", str(text), "--output-dir",
-                          str(tmp_path), "--sentencepiece", "512"], capture_output=True, text=True)
+                          str(tmp_path), "--sentencepiece", "400"], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
-    out = tmp_path / "sp512"
+    out = tmp_path / "sp400"
     train = llmc_io.read_shard(out / "tiny_shakespeare_train.bin")
-    assert train.max() < 512 and len(llmc_io.read_llama2c_tokenizer(out / "tokenizer.bin")[0]) == 512
+    assert train.max() < 400 and len(llmc_io.read_llama2c_tokenizer(out / "tokenizer.bin")[0]) == 400
     tok = tokenizer.load_tokenizer(str(out / "tokenizer.bin"))
     val = [int(i) for i in llmc_io.read_shard(out / "tiny_shakespeare_val.bin")]
     assert val[0] == 1 and tok.decode(val).startswith(text.read_text()[:20])
@@ -306,13 +316,13 @@ def test_train_takes_the_vocabulary_beside_the_shards(vocabulary, tmp_path):
     _, _, text = vocabulary
     script = os.path.join(REPO, "dev", "data", "tinyshakespeare.py")
     subprocess.run([sys.executable, script, "--input-text", str(text), "--output-dir",
-                    str(tmp_path), "--sentencepiece", "512"], check=True, capture_output=True)
-    data = tmp_path / "sp512"
+                    str(tmp_path), "--sentencepiece", "400"], check=True, capture_output=True)
+    data = tmp_path / "sp400"
     run = subprocess.run([sys.executable, os.path.join(REPO, "train.py"), "-e", "d1",
                           "--family", "llama", "-i", str(data / "tiny_shakespeare_train.bin"),
                           "-j", str(data / "tiny_shakespeare_val.bin"), "-b", "2", "-t", "16",
                           "-x", "2", "-s", "2", "-g", "8", "-v", "2"],
                          capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert run.returncode == 0, run.stderr
-    assert re.search(r"vocab_size V\s*\|\s*512\b", run.stdout), run.stdout
+    assert re.search(r"vocab_size V\s*\|\s*400\b", run.stdout), run.stdout
     assert "token ids" not in run.stderr

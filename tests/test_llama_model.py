@@ -14,8 +14,7 @@ import pytest
 import test_llama2
 from accel import cpu, instrument
 from accel.backend import ENTRY_GROUPS, BackendError, get_backend
-from llmc_io import (LlamaConfig, param_views, read_debug_state, read_llama_model,
-                     write_debug_state)
+from llmc_io import LlamaConfig, param_views, read_debug_state, write_debug_state
 from train_llama2 import Llama2
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -75,6 +74,14 @@ def test_random_init_is_llama2c_s():
                                   Llama2.random(config, seed=1).params)
 
 
+def test_probs_are_the_softmax_of_the_logits():
+    model = Llama2.random(TINY_MQA, seed=2)
+    model.forward(batch(TINY_MQA, 2, 5)[0])   # no targets: the logsum is computed all the same
+    logits = model.logits.astype(np.float64)
+    expected = np.exp(logits - logits.max(-1, keepdims=True))
+    np.testing.assert_allclose(model.probs, expected / expected.sum(-1, keepdims=True), rtol=1e-5)
+
+
 def test_save_and_load_round_trip(tmp_path):
     model = Llama2.random(TINY_GQA, seed=4)
     model.save(tmp_path / "m.bin")
@@ -112,14 +119,15 @@ def test_fixture_losses_without_torch(monkeypatch):
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "torch" else find_spec(name, *a))
-    config, params = read_llama_model(test_llama2.FIXTURE_MODEL)
+    fixture = Llama2.from_checkpoint(test_llama2.FIXTURE_MODEL)
+    config, params = fixture.config, fixture.params
     state = read_debug_state(test_llama2.FIXTURE_STATE, config)
     losses, source = test_llama2.expected_losses(config, params, state, test_llama2.FIXTURE_STATE)
     assert source.endswith("llama2_tiny_debug_state.losses.json") and len(losses) == 10
 
 
 def test_a_gradient_off_by_more_than_its_tolerance_fails(tmp_path, capsys, monkeypatch):
-    config, _ = read_llama_model(test_llama2.FIXTURE_MODEL)
+    config = Llama2.from_checkpoint(test_llama2.FIXTURE_MODEL).config
     state = read_debug_state(test_llama2.FIXTURE_STATE, config)
     grads = state.grads.copy()
     wk = param_views(config, grads)["wk"]
@@ -169,6 +177,10 @@ def run_every_llama_entry(backend, seed=0):
     backend.call("attention_gqa_forward", buf(B, T, NH, hs), att, q, k, v, B, T, NH, NKV, hs)
     backend.call("attention_gqa_backward", buf(B, T, NH, hs), buf(B, T, NKV, hs),
                  buf(B, T, NKV, hs), buf(B, T, NH, hs), q, k, v, att, B, T, NH, NKV, hs)
+    logits, logsum = buf(B, T, V, scale=3.0), backend.alloc(4 * B * T)
+    backend.call("classifier_forward", buf(B, T), logsum, logits, inp, B, T, V)
+    backend.call("classifier_forward", None, logsum, logits, None, B, T, V)
+    backend.call("classifier_backward", buf(B, T, V), buf(B, T), logits, logsum, inp, B, T, V)
 
 
 def test_every_llama_entry_passes_check_cpu():

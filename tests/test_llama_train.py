@@ -13,6 +13,7 @@ import pytest
 import llmc_io
 from llmc.schedulers import get_scheduler
 from test_train import STEP_LINE, data, error_of, run_train, step_losses, train_log  # noqa: F401
+from train_llama2 import Llama2
 
 TINY = ["--family", "llama", "-e", "d1", "-b", 3, "-t", 16, "-m", 1]
 
@@ -31,8 +32,8 @@ def test_llama_resume_is_bit_identical(data, tmp_path):
     assert train_log(out / "main.log") == train_log(straight_dir / "main.log")
     for name in ("model_00000004.bin", "state_00000004_00000.bin"):
         assert (out / name).read_bytes() == (straight_dir / name).read_bytes(), name
-    config, _ = llmc_io.read_llama_model(straight_dir / "model_00000004.bin")
-    assert config == llmc_io.LlamaConfig.from_name("d1", vocab_size=50257)
+    saved = Llama2.from_checkpoint(straight_dir / "model_00000004.bin")
+    assert saved.config == llmc_io.LlamaConfig.from_name("d1", vocab_size=50257)
     assert re.search(r"^val loss \d+\.\d{6}$", straight, re.M)
     assert straight.count("generating:") == 2   # at steps 2 and 4 (as token ids: no tokenizer)
 
@@ -67,11 +68,11 @@ def test_llama_bad_combinations(capsys, data, tmp_path):
     line = error_of(capsys, *TINY, "--vocab-size", 1000, *files)
     assert "outside the model's vocabulary of 1000" in line
     # a Llama checkpoint is not a GPT-2 one, and a model file has its own vocabulary
-    llmc_io.write_llama_model(tmp_path / "l.bin", llmc_io.LlamaConfig.from_name("d1", vocab_size=50257),
-                              np.zeros(llmc_io.LlamaConfig.from_name("d1", vocab_size=50257).num_parameters(),
-                                       np.float32))
+    Llama2(llmc_io.LlamaConfig.from_name("d1", vocab_size=50257)).save(tmp_path / "l.bin")
     assert "not a model checkpoint" in error_of(capsys, "-e", tmp_path / "l.bin", *files)
     line = error_of(capsys, "--family", "llama", "-e", tmp_path / "l.bin", "--vocab-size", 9, *files)
     assert "has its own vocabulary" in line
+    line = error_of(capsys, *TINY, "--vocab-size", 50000, "-i", data.train, "-j", data.val)
+    assert "-s 20: samples start from GPT-2's <|endoftext|> (50256), outside" in line
     line = error_of(capsys, "--model", "stories15M", "-t", 257, *files)
     assert "-t 257 exceeds the model's max sequence length 256" in line

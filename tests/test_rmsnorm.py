@@ -32,6 +32,7 @@ def rmsnorm_backward_ref(dout, inp, weight, eps=EPS):
 # ----------------------------------------------------------------------------
 
 SHAPES = [(3, 7, 37), (2, 1, 24), (1, 13, 200)]  # (B, T, C): odd B*T, C not a multiple of 8, T=1
+SHAPES.append((3, 7, 49999))  # above kernels.parallel's SERIAL_BELOW: threaded
 
 
 def make_inputs(rng, B, T, C):

@@ -42,7 +42,8 @@ def rope_backward_ref(dout, theta=THETA):
 # ----------------------------------------------------------------------------
 
 # (B, T, NH, hs): odd B*T, hs not a multiple of 8, one head, hs = 2, T = 1
-SHAPES = [(3, 7, 6, 16), (2, 13, 2, 10), (1, 5, 1, 2), (2, 1, 3, 8)]
+SHAPES = [(3, 7, 6, 16), (2, 13, 2, 10), (1, 5, 1, 2), (2, 1, 3, 8),
+          (3, 7, 5, 10002)]  # the last above kernels.parallel's SERIAL_BELOW: threaded
 
 
 def run_forward(inp, maxT=None, theta=THETA):

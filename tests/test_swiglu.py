@@ -25,7 +25,7 @@ def swiglu_backward_ref(dout, a, b):
 # ----------------------------------------------------------------------------
 
 # odd sizes, one element, and more than one 16384-float chunk (threads split the chunks)
-SIZES = [1, 37, 3 * 7 * 771, 2 * 16384 + 5]
+SIZES = [1, 37, 3 * 7 * 771, 2 * 16384 + 5, (1 << 20) + 5]  # the last threaded (SERIAL_BELOW)
 
 
 def make_inputs(rng, N):

@@ -47,6 +47,7 @@ Config& config() {
         if (const char* s = std::getenv("EMU_SEED")) c.seed = std::strtoull(s, nullptr, 10);
         if (const char* s = std::getenv("EMU_WARP_SIZE")) c.warp_size = std::atoi(s);
         if (const char* s = std::getenv("EMU_STACK_KB")) c.stack_bytes = std::strtoull(s, nullptr, 10) * 1024;
+        if (const char* s = std::getenv("EMU_COMPUTE_UNITS")) c.compute_units = std::atoi(s);
         return c;
     }();
     return config;

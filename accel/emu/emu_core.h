@@ -8,13 +8,15 @@
 // wait at a barrier, barriers at different source lines, collectives with lanes missing) stop
 // the launch with a report naming kernel, block, thread and source line.
 //
-// Front-ends (hip_emu.h; an MSL one later) map a kernel language's names onto this header.
+// Front-ends (hip_emu.h, msl_emu.h) map a kernel language's names onto this header.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <string>
+#include <type_traits>
 
 namespace emu {
 
@@ -40,6 +42,10 @@ struct Config {
     uint64_t seed = 1;      // for Schedule::shuffled
     int warp_size = 32;     // any power of two up to 64; the same build runs 32 and 64
     size_t stack_bytes = 64 * 1024;  // per GPU thread
+    // What the front-ends report as the device's multiprocessors (compute units): kernels that
+    // size their grids by it get fewer blocks on a smaller device, so that a test can make
+    // grid-stride loops wrap at small shapes. Launches do not depend on it.
+    int compute_units = 64;
 };
 
 // The process-wide configuration, read at first use from the environment:
@@ -47,6 +53,7 @@ struct Config {
 //   EMU_SEED      seed of the shuffled schedule (default 1)
 //   EMU_WARP_SIZE 32 or 64 (default 32)
 //   EMU_STACK_KB  fiber stack size (default 64)
+//   EMU_COMPUTE_UNITS  the device's reported multiprocessors (default 64)
 // Change it through this reference between launches.
 Config& config();
 
@@ -95,5 +102,21 @@ uint64_t warp_lanes_mask();
 // Reports a misuse detected by a front-end (a bad mask, a lane out of range) and ends the
 // launch as a fault does.
 [[noreturn]] void fail(const std::string& what, SourceLocation where);
+
+// A value of up to 8 bytes as the 64 bits a warp collective moves, and back.
+template <class T>
+uint64_t to_bits(T value) {
+    static_assert(sizeof(T) <= 8 && std::is_trivially_copyable_v<T>, "warp collectives move up to 8 bytes");
+    uint64_t bits = 0;
+    std::memcpy(&bits, &value, sizeof value);
+    return bits;
+}
+
+template <class T>
+T from_bits(uint64_t bits) {
+    T value;
+    std::memcpy(&value, &bits, sizeof value);
+    return value;
+}
 
 }  // namespace emu

@@ -10,9 +10,11 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <sys/mman.h>
 #include <tuple>
 #include <type_traits>
 
@@ -61,21 +63,6 @@ inline void __threadfence_block() {}
 
 namespace emu_hip {
 
-template <class T>
-uint64_t to_bits(T value) {
-    static_assert(sizeof(T) <= 8 && std::is_trivially_copyable_v<T>, "warp collectives move up to 8 bytes");
-    uint64_t bits = 0;
-    std::memcpy(&bits, &value, sizeof value);
-    return bits;
-}
-
-template <class T>
-T from_bits(uint64_t bits) {
-    T value;
-    std::memcpy(&value, &bits, sizeof value);
-    return value;
-}
-
 inline int checked_width(int width, const char* name, emu::SourceLocation where) {
     if (width < 1 || width > warpSize || (width & (width - 1)))
         emu::fail(std::string(name) + " with width " + std::to_string(width) + " (a power of two up to warpSize " +
@@ -97,7 +84,7 @@ inline void check_full_mask(uint64_t mask, const char* name, emu::SourceLocation
 
 template <class T>
 T shuffle_from(T var, int source_lane, const char* name, emu::SourceLocation where) {
-    return from_bits<T>(emu::warp_shuffle(to_bits(var), source_lane, name, where));
+    return emu::from_bits<T>(emu::warp_shuffle(emu::to_bits(var), source_lane, name, where));
 }
 
 template <class T>
@@ -303,17 +290,27 @@ inline hipError_t hipStreamCreate(hipStream_t* stream) {
 }
 inline hipError_t hipStreamDestroy(hipStream_t) { return hipSuccess; }
 
+// A failed launch's message is the emulator's report (also on stderr), valid until the next launch.
 inline const char* hipGetErrorString(hipError_t e) {
     switch (e) {
     case hipSuccess: return "hipSuccess";
     case hipErrorInvalidValue: return "hipErrorInvalidValue";
     case hipErrorOutOfMemory: return "hipErrorOutOfMemory";
-    case hipErrorLaunchFailure: return "hipErrorLaunchFailure (emulator report on stderr)";
+    case hipErrorLaunchFailure:
+        return emu::last_error().empty() ? "hipErrorLaunchFailure" : emu::last_error().c_str();
     }
     return "unknown hipError_t";
 }
 
+// Large allocations are 2 MiB aligned and advised to transparent huge pages: a grid-stride loop
+// emulated thread after thread jumps by gridDim.x * blockDim.x elements at every step, and on
+// 4 KiB pages nearly every one of those accesses would miss the TLB.
 inline hipError_t hipMalloc(void** pointer, size_t bytes) {
+    constexpr size_t huge_page = size_t(2) << 20;
+    if (bytes >= huge_page && posix_memalign(pointer, huge_page, bytes) == 0) {
+        madvise(*pointer, bytes / huge_page * huge_page, MADV_HUGEPAGE);  // advice: ignored without THP
+        return hipSuccess;
+    }
     *pointer = std::malloc(bytes ? bytes : 1);
     return *pointer ? hipSuccess : hipErrorOutOfMemory;
 }
@@ -340,6 +337,12 @@ inline hipError_t hipMemsetAsync(void* dst, int value, size_t bytes, hipStream_t
     return hipMemset(dst, value, bytes);
 }
 
+// One emulated device.
+inline hipError_t hipGetDeviceCount(int* count) {
+    *count = 1;
+    return hipSuccess;
+}
+
 inline hipError_t hipGetDeviceProperties(hipDeviceProp_t* prop, int) {
     *prop = {};
     std::snprintf(prop->name, sizeof prop->name, "emu (CPU emulator, warp size %d)", warpSize);
@@ -347,6 +350,6 @@ inline hipError_t hipGetDeviceProperties(hipDeviceProp_t* prop, int) {
     prop->sharedMemPerBlock = 64 * 1024;
     prop->warpSize = warpSize;
     prop->maxThreadsPerBlock = 1024;
-    prop->multiProcessorCount = 1;
+    prop->multiProcessorCount = emu::config().compute_units;
     return hipSuccess;
 }

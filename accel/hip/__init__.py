@@ -1,0 +1,22 @@
+"""
+accel/hip: the HIP backend. gpt2.hip holds the kernels and a C ABI; the Makefile builds it into
+a shared library (a GPU build, an emulated one); device.pyx loads a build at run time and fills
+the backend table. This module knows where the builds go and, for the registry
+(accel/backend.pyx), why a backend cannot be had here. See README.md.
+"""
+import os
+
+BUILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "build")
+GPU_LIBRARY = os.path.join(BUILD, "libgpt2_hip.so")
+EMU_LIBRARY = os.path.join(BUILD, "libgpt2_hip_emu.so")
+
+NOT_BUILT = ("not built (run `make hip` on a machine with hipcc or nvcc, or `make hip-emu` for the "
+             "CPU emulator)")
+
+
+def unavailable(name):
+    """Why the backend `name` ("hip" or "hip-emu") cannot be had here; None when its build is
+    there (a missing GPU is found when the build is loaded)."""
+    if name == "hip-emu":
+        return None if os.path.exists(EMU_LIBRARY) else "not built (run `make hip-emu`)"
+    return None if os.path.exists(GPU_LIBRARY) or os.path.exists(EMU_LIBRARY) else NOT_BUILT

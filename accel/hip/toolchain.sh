@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# accel/hip/toolchain.sh — what accel/hip/Makefile asks about the machine's GPU toolchains.
+#   toolchain.sh cublas-include     the folder holding cublas_v2.h
+#   toolchain.sh cublas-library     the libcublas shared library to link
+#   toolchain.sh amd-archs ARCH...  those of the AMD targets that this hipcc compiles for (the
+#                                   others, and why, on stderr)
+#   toolchain.sh hipblas-include    the folder holding hipblas/hipblas.h, if ROCm has one
+# cuBLAS is looked for in $CUBLAS_HOME, beside nvcc (the CUDA toolkit), then in the PyPI wheels
+# (nvidia-cublas for CUDA 13, nvidia-cublas-cu12 for CUDA 12). Prints nothing and exits 1 when
+# there is none.
+set -euo pipefail
+PYTHON=${PYTHON:-python3}
+
+cublas_homes() {
+    [ -n "${CUBLAS_HOME:-}" ] && echo "$CUBLAS_HOME"
+    if command -v "${NVCC:-nvcc}" >/dev/null 2>&1; then
+        local nvcc
+        nvcc=$(command -v "${NVCC:-nvcc}")
+        # the toolkit's root, from nvcc itself (it may be a wrapper script elsewhere)
+        "$nvcc" --dryrun -c -x cu /dev/null -o /dev/null 2>&1 | sed -n 's/^#\$ TOP=//p' | head -1
+    fi
+    "$PYTHON" - <<'EOF' 2>/dev/null || true
+import importlib, os
+for name in ("nvidia.cu13", "nvidia.cublas"):
+    try:
+        for path in importlib.import_module(name).__path__:
+            print(path)
+    except ImportError:
+        pass
+EOF
+}
+
+case "${1:-}" in
+cublas-include)
+    for home in $(cublas_homes); do
+        [ -f "$home/include/cublas_v2.h" ] && { echo "$home/include"; exit 0; }
+    done
+    exit 1 ;;
+cublas-library)
+    for home in $(cublas_homes); do
+        for lib in "$home"/lib64/libcublas.so "$home"/lib/libcublas.so "$home"/lib/libcublas.so.[0-9]*; do
+            [ -f "$lib" ] && { echo "$lib"; exit 0; }
+        done
+    done
+    exit 1 ;;
+amd-archs)
+    shift
+    probe=$(mktemp -d)
+    trap 'rm -rf "$probe"' EXIT
+    printf '#include <hip/hip_runtime.h>\n__global__ void k(float* x) { x[threadIdx.x] = 1.0f; }\n' > "$probe/probe.hip"
+    found=()
+    for arch in "$@"; do
+        if why=$(HIP_PLATFORM=amd "${HIPCC:-hipcc}" --offload-arch="$arch" -c "$probe/probe.hip" -o "$probe/probe.o" 2>&1); then
+            found+=("$arch")
+        else
+            echo "accel/hip: this hipcc cannot build for $arch: $(echo "$why" | grep -m1 error || echo "$why" | head -1)" >&2
+        fi
+    done
+    [ ${#found[@]} -gt 0 ] || exit 1
+    echo "${found[@]}" ;;
+hipblas-include)
+    for root in "${ROCM_PATH:-/opt/rocm}" /usr; do
+        [ -f "$root/include/hipblas/hipblas.h" ] && { echo "$root/include"; exit 0; }
+    done
+    exit 1 ;;
+*)
+    echo "usage: $0 cublas-include | cublas-library | amd-archs ARCH... | hipblas-include" >&2
+    exit 2 ;;
+esac

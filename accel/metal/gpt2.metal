@@ -1,0 +1,579 @@
+// accel/metal/gpt2.metal — GPT-2 training in Metal: every layer's forward and backward, the
+// loss, AdamW and the global norm, for the backend table of accel/backend.pxd (semantics and
+// shapes are the CPU kernels' of kernels/*.pxd; backward kernels ADD into their gradients).
+// The host side, which picks grids and binds arguments, is accel/metal/metal.pyx.
+//
+// Dimension letters: B batch, T time, C channels, OC output channels, NH heads, hs head size
+// (C / NH), V vocabulary, Vp padded vocabulary (row stride of logits and probs), BT = B * T.
+//
+// Metal compiles with fast math by default. Precise math where it matters to the oracle's
+// tolerance: GELU's tanh, the exponentials of the softmaxes, the log of the loss, the square
+// roots of layernorm. Sums run in a fixed order (no float atomics), so results are
+// deterministic.
+//
+// Conventions: a buffer's [[buffer(n)]] follows the table entry's argument order, outputs
+// first; scalars come after the buffers as `constant T&`. Kernels that sum over a row run one
+// threadgroup per row and reduce through simdgroups (simd_sum) and threadgroup memory; never
+// assume 32 lanes: the simdgroup layout comes in through attributes.
+#include <metal_stdlib>
+using namespace metal;
+
+constant float LAYERNORM_EPS = 1e-5f;
+constant float GELU_SCALING_FACTOR = 0.7978845608028654f;  // sqrt(2/pi)
+constant float GELU_CUBIC = 0.044715f;
+
+// ---- reductions over a threadgroup ---------------------------------------------------------
+
+// The sum of v over the threadgroup, returned to every thread; every thread adds the simdgroup
+// totals in the same order, so all get the same bits. partial: one float per simdgroup.
+float threadgroup_sum(float v, threadgroup float* partial, uint simd, uint lane, uint num_simds) {
+    v = simd_sum(v);
+    threadgroup_barrier(mem_flags::mem_threadgroup);  // readers of a previous call are done
+    if (lane == 0) partial[simd] = v;
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    float total = 0.0f;
+    for (uint s = 0; s < num_simds; ++s) total += partial[s];
+    return total;
+}
+
+// The same with max.
+float threadgroup_max(float v, threadgroup float* partial, uint simd, uint lane, uint num_simds) {
+    v = simd_max(v);
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    if (lane == 0) partial[simd] = v;
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    float total = -INFINITY;
+    for (uint s = 0; s < num_simds; ++s) total = max(total, partial[s]);
+    return total;
+}
+
+// ---- memory and loss bookkeeping -----------------------------------------------------------
+
+// out (n,) = value. Grid-stride: any grid covers any n.
+kernel void fill(device float* out [[buffer(0)]],
+                 constant float& value [[buffer(1)]],
+                 constant uint& n [[buffer(2)]],
+                 uint i [[thread_position_in_grid]],
+                 uint stride [[threads_per_grid]]) {
+    for (; i < n; i += stride) out[i] = value;
+}
+
+// partials (groups,) = per threadgroup, the sum of x (or of x squared) over a grid-stride
+// share of n; the host adds the partials in double.
+kernel void sum_partials(device float* partials [[buffer(0)]],
+                         device const float* x [[buffer(1)]],
+                         constant uint& n [[buffer(2)]],
+                         constant int& square [[buffer(3)]],
+                         uint i [[thread_position_in_grid]],
+                         uint stride [[threads_per_grid]],
+                         uint group [[threadgroup_position_in_grid]],
+                         uint simd [[simdgroup_index_in_threadgroup]],
+                         uint lane [[thread_index_in_simdgroup]],
+                         uint num_simds [[simdgroups_per_threadgroup]]) {
+    threadgroup float partial[32];
+    float total = 0.0f;
+    for (; i < n; i += stride) total += square ? x[i] * x[i] : x[i];
+    total = threadgroup_sum(total, partial, simd, lane, num_simds);
+    if (simd == 0 && lane == 0) partials[group] = total;
+}
+
+// AdamW over n parameters; beta1_correction = 1 - beta1^t, beta2_correction = 1 - beta2^t.
+kernel void adamw_update(device float* params [[buffer(0)]],
+                         device float* m [[buffer(1)]],
+                         device float* v [[buffer(2)]],
+                         device const float* grads [[buffer(3)]],
+                         constant uint& n [[buffer(4)]],
+                         constant float& lr [[buffer(5)]],
+                         constant float& beta1 [[buffer(6)]],
+                         constant float& beta2 [[buffer(7)]],
+                         constant float& eps [[buffer(8)]],
+                         constant float& weight_decay [[buffer(9)]],
+                         constant float& grad_scale [[buffer(10)]],
+                         constant float& beta1_correction [[buffer(11)]],
+                         constant float& beta2_correction [[buffer(12)]],
+                         uint i [[thread_position_in_grid]],
+                         uint stride [[threads_per_grid]]) {
+    for (; i < n; i += stride) {
+        float grad = grads[i] * grad_scale;
+        float m_i = beta1 * m[i] + (1.0f - beta1) * grad;
+        float v_i = beta2 * v[i] + (1.0f - beta2) * grad * grad;
+        m[i] = m_i;
+        v[i] = v_i;
+        float m_hat = m_i / beta1_correction;
+        float v_hat = v_i / beta2_correction;
+        params[i] = params[i] - lr * (m_hat / (precise::sqrt(v_hat) + eps) + weight_decay * params[i]);
+    }
+}
+
+// ---- encoder -------------------------------------------------------------------------------
+
+// out (B,T,C) = wte[inp] + wpe[t]; grid (C, BT).
+kernel void encoder_forward(device float* out [[buffer(0)]],
+                            device const int* inp [[buffer(1)]],
+                            device const float* wte [[buffer(2)]],
+                            device const float* wpe [[buffer(3)]],
+                            constant int& T [[buffer(4)]],
+                            constant int& C [[buffer(5)]],
+                            uint2 pos [[thread_position_in_grid]]) {
+    uint c = pos.x, bt = pos.y;
+    out[(ulong)bt * C + c] = wte[(ulong)inp[bt] * C + c] + wpe[(ulong)(bt % T) * C + c];
+}
+
+// dwte (Vp,C) += dout summed by token; grid (C): one thread per channel walks the positions in
+// order, so positions sharing a token never race.
+kernel void encoder_backward_wte(device float* dwte [[buffer(0)]],
+                                 device const float* dout [[buffer(1)]],
+                                 device const int* inp [[buffer(2)]],
+                                 constant int& BT [[buffer(3)]],
+                                 constant int& C [[buffer(4)]],
+                                 uint c [[thread_position_in_grid]]) {
+    for (int bt = 0; bt < BT; ++bt) dwte[(ulong)inp[bt] * C + c] += dout[(ulong)bt * C + c];
+}
+
+// dwpe (maxT,C) += dout summed over the batch; grid (C, T).
+kernel void encoder_backward_wpe(device float* dwpe [[buffer(0)]],
+                                 device const float* dout [[buffer(1)]],
+                                 constant int& B [[buffer(2)]],
+                                 constant int& T [[buffer(3)]],
+                                 constant int& C [[buffer(4)]],
+                                 uint2 pos [[thread_position_in_grid]]) {
+    uint c = pos.x, t = pos.y;
+    float acc = dwpe[(ulong)t * C + c];
+    for (int b = 0; b < B; ++b) acc += dout[((ulong)b * T + t) * C + c];
+    dwpe[(ulong)t * C + c] = acc;
+}
+
+// ---- layernorm -----------------------------------------------------------------------------
+
+// out (B,T,C), mean, rstd (B,T); one threadgroup per position.
+kernel void layernorm_forward(device float* out [[buffer(0)]],
+                              device float* mean [[buffer(1)]],
+                              device float* rstd [[buffer(2)]],
+                              device const float* inp [[buffer(3)]],
+                              device const float* weight [[buffer(4)]],
+                              device const float* bias [[buffer(5)]],
+                              constant int& C [[buffer(6)]],
+                              uint bt [[threadgroup_position_in_grid]],
+                              uint tid [[thread_index_in_threadgroup]],
+                              uint num_threads [[threads_per_threadgroup]],
+                              uint simd [[simdgroup_index_in_threadgroup]],
+                              uint lane [[thread_index_in_simdgroup]],
+                              uint num_simds [[simdgroups_per_threadgroup]]) {
+    threadgroup float partial[32];
+    device const float* x = inp + (ulong)bt * C;
+    device float* out_bt = out + (ulong)bt * C;
+    float sum = 0.0f;
+    for (int i = tid; i < C; i += num_threads) sum += x[i];
+    float m = threadgroup_sum(sum, partial, simd, lane, num_simds) / C;
+    // variance from the shifted values (two passes), as the CPU kernel
+    float var = 0.0f;
+    for (int i = tid; i < C; i += num_threads) {
+        float shift = x[i] - m;
+        var += shift * shift;
+    }
+    var = threadgroup_sum(var, partial, simd, lane, num_simds) / C;
+    float s = 1.0f / precise::sqrt(var + LAYERNORM_EPS);
+    for (int i = tid; i < C; i += num_threads) out_bt[i] = (s * (x[i] - m)) * weight[i] + bias[i];
+    if (tid == 0) {
+        mean[bt] = m;
+        rstd[bt] = s;
+    }
+}
+
+// dinp (B,T,C) += ...; one threadgroup per position.
+kernel void layernorm_backward_dinp(device float* dinp [[buffer(0)]],
+                                    device const float* dout [[buffer(1)]],
+                                    device const float* inp [[buffer(2)]],
+                                    device const float* weight [[buffer(3)]],
+                                    device const float* mean [[buffer(4)]],
+                                    device const float* rstd [[buffer(5)]],
+                                    constant int& C [[buffer(6)]],
+                                    uint bt [[threadgroup_position_in_grid]],
+                                    uint tid [[thread_index_in_threadgroup]],
+                                    uint num_threads [[threads_per_threadgroup]],
+                                    uint simd [[simdgroup_index_in_threadgroup]],
+                                    uint lane [[thread_index_in_simdgroup]],
+                                    uint num_simds [[simdgroups_per_threadgroup]]) {
+    threadgroup float partial[32];
+    device const float* x = inp + (ulong)bt * C;
+    device const float* dout_bt = dout + (ulong)bt * C;
+    device float* dinp_bt = dinp + (ulong)bt * C;
+    float m = mean[bt], s = rstd[bt];
+    float dnorm_sum = 0.0f, dnorm_norm_sum = 0.0f;
+    for (int i = tid; i < C; i += num_threads) {
+        float dnorm = weight[i] * dout_bt[i];
+        dnorm_sum += dnorm;
+        dnorm_norm_sum += dnorm * ((x[i] - m) * s);
+    }
+    float dnorm_mean = threadgroup_sum(dnorm_sum, partial, simd, lane, num_simds) / C;
+    float dnorm_norm_mean = threadgroup_sum(dnorm_norm_sum, partial, simd, lane, num_simds) / C;
+    for (int i = tid; i < C; i += num_threads) {
+        float norm = (x[i] - m) * s;
+        float dnorm = weight[i] * dout_bt[i];
+        dinp_bt[i] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
+    }
+}
+
+// dweight, dbias (C,) += sums over the positions; one thread per channel, in whole
+// threadgroups (the grid is rounded up: threads past C have nothing to do).
+kernel void layernorm_backward_params(device float* dweight [[buffer(0)]],
+                                      device float* dbias [[buffer(1)]],
+                                      device const float* dout [[buffer(2)]],
+                                      device const float* inp [[buffer(3)]],
+                                      device const float* mean [[buffer(4)]],
+                                      device const float* rstd [[buffer(5)]],
+                                      constant int& BT [[buffer(6)]],
+                                      constant int& C [[buffer(7)]],
+                                      uint c [[thread_position_in_grid]]) {
+    if (c >= uint(C)) return;
+    float dw = 0.0f, db = 0.0f;
+    for (int bt = 0; bt < BT; ++bt) {
+        float d = dout[(ulong)bt * C + c];
+        db += d;
+        dw += (inp[(ulong)bt * C + c] - mean[bt]) * rstd[bt] * d;
+    }
+    dweight[c] += dw;
+    dbias[c] += db;
+}
+
+// ---- matmul --------------------------------------------------------------------------------
+
+enum {
+    TILE = 64,         // outputs per threadgroup side
+    TILE_K = 16,       // the K-slice of A and B held in threadgroup memory at a time
+    TILE_THREADS = 16  // threads per threadgroup side: each computes 4 x 4 outputs
+};
+
+// out (M,N) = A B (+ bias), or += with accumulate, where A(m,k) = a[m*a_row + k*a_k] and
+// B(k,n) = b[k*b_k + n*b_col]: the strides give every transpose the layers need. A threadgroup
+// of 16 x 16 threads computes a 64 x 64 tile of out, each thread 4 x 4 outputs strided by 16
+// (so neighbouring threads write neighbouring outputs), from K-slices of A and B staged in
+// threadgroup memory. Threadgroups are whole: past M, N or K they load zeros, write nothing.
+kernel void matmul(device float* out [[buffer(0)]],
+                   device const float* a [[buffer(1)]],
+                   device const float* b [[buffer(2)]],
+                   device const float* bias [[buffer(3)]],
+                   constant int& M [[buffer(4)]],
+                   constant int& N [[buffer(5)]],
+                   constant int& K [[buffer(6)]],
+                   constant int& a_row [[buffer(7)]],
+                   constant int& a_k [[buffer(8)]],
+                   constant int& b_k [[buffer(9)]],
+                   constant int& b_col [[buffer(10)]],
+                   constant int& accumulate [[buffer(11)]],
+                   constant int& has_bias [[buffer(12)]],
+                   uint2 tid [[thread_position_in_threadgroup]],
+                   uint2 group [[threadgroup_position_in_grid]]) {
+    threadgroup float a_tile[TILE_K][TILE];  // a_tile[k][row]
+    threadgroup float b_tile[TILE_K][TILE];  // b_tile[k][col]
+    int row0 = group.y * TILE, col0 = group.x * TILE;
+    int t = tid.y * TILE_THREADS + tid.x;
+    float acc[4][4];
+    for (int i = 0; i < 4; ++i)
+        for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
+    for (int k0 = 0; k0 < K; k0 += TILE_K) {
+        for (int e = t; e < TILE * TILE_K; e += TILE_THREADS * TILE_THREADS) {
+            int r = e / TILE_K, k = e % TILE_K;  // A: neighbouring threads, neighbouring k
+            a_tile[k][r] = row0 + r < M && k0 + k < K ? a[(long)(row0 + r) * a_row + (long)(k0 + k) * a_k] : 0.0f;
+            int kb = e / TILE, c = e % TILE;     // B: neighbouring threads, neighbouring columns
+            b_tile[kb][c] = k0 + kb < K && col0 + c < N ? b[(long)(k0 + kb) * b_k + (long)(col0 + c) * b_col] : 0.0f;
+        }
+        threadgroup_barrier(mem_flags::mem_threadgroup);
+        // each slice summed on its own, then added: two-level summation keeps the rounding
+        // error of long sums (K = 50304 for the logits' dinp) within the oracle's tolerance
+        float slice[4][4];
+        for (int i = 0; i < 4; ++i)
+            for (int j = 0; j < 4; ++j) slice[i][j] = 0.0f;
+        for (int k = 0; k < TILE_K; ++k) {
+            float av[4], bv[4];
+            for (int i = 0; i < 4; ++i) av[i] = a_tile[k][tid.y + TILE_THREADS * i];
+            for (int j = 0; j < 4; ++j) bv[j] = b_tile[k][tid.x + TILE_THREADS * j];
+            for (int i = 0; i < 4; ++i)
+                for (int j = 0; j < 4; ++j) slice[i][j] += av[i] * bv[j];
+        }
+        for (int i = 0; i < 4; ++i)
+            for (int j = 0; j < 4; ++j) acc[i][j] += slice[i][j];
+        threadgroup_barrier(mem_flags::mem_threadgroup);  // the tiles are read before the next load
+    }
+    for (int i = 0; i < 4; ++i) {
+        int row = row0 + tid.y + TILE_THREADS * i;
+        for (int j = 0; j < 4; ++j) {
+            int col = col0 + tid.x + TILE_THREADS * j;
+            if (row < M && col < N) {
+                device float* o = out + (long)row * N + col;
+                float v = has_bias ? acc[i][j] + bias[col] : acc[i][j];
+                *o = accumulate ? *o + v : v;
+            }
+        }
+    }
+}
+
+// dbias (OC,) += dout (BT,OC) summed over the rows; one thread per output channel.
+kernel void bias_backward(device float* dbias [[buffer(0)]],
+                          device const float* dout [[buffer(1)]],
+                          constant int& BT [[buffer(2)]],
+                          constant int& OC [[buffer(3)]],
+                          uint o [[thread_position_in_grid]]) {
+    float acc = 0.0f;
+    for (int bt = 0; bt < BT; ++bt) acc += dout[(ulong)bt * OC + o];
+    dbias[o] += acc;
+}
+
+// ---- attention -----------------------------------------------------------------------------
+// inp (B,T,3C) holds q, k, v; head h's part of a row is [h*hs, (h+1)*hs) of each third.
+// preatt, att (B,NH,T,T): row t of head bh holds columns t2 <= t (causal), zero above.
+
+// preatt = scale q k^T (zero above the diagonal); grid (T [t2], T [t], B*NH).
+kernel void attention_scores(device float* preatt [[buffer(0)]],
+                             device const float* inp [[buffer(1)]],
+                             constant int& T [[buffer(2)]],
+                             constant int& C [[buffer(3)]],
+                             constant int& NH [[buffer(4)]],
+                             constant float& scale [[buffer(5)]],
+                             uint3 pos [[thread_position_in_grid]]) {
+    int t2 = pos.x, t = pos.y, bh = pos.z, b = bh / NH, h = bh % NH, hs = C / NH;
+    float score = 0.0f;
+    if (t2 <= t) {
+        device const float* q = inp + ((ulong)b * T + t) * 3 * C + h * hs;
+        device const float* k = inp + ((ulong)b * T + t2) * 3 * C + C + h * hs;
+        for (int i = 0; i < hs; ++i) score += q[i] * k[i];
+        score *= scale;
+    }
+    preatt[((ulong)bh * T + t) * T + t2] = score;
+}
+
+// att = softmax of preatt over t2 <= t (zero above); one threadgroup per row, grid (T, B*NH).
+kernel void attention_softmax(device float* att [[buffer(0)]],
+                              device const float* preatt [[buffer(1)]],
+                              constant int& T [[buffer(2)]],
+                              uint2 group [[threadgroup_position_in_grid]],
+                              uint tid [[thread_index_in_threadgroup]],
+                              uint num_threads [[threads_per_threadgroup]],
+                              uint simd [[simdgroup_index_in_threadgroup]],
+                              uint lane [[thread_index_in_simdgroup]],
+                              uint num_simds [[simdgroups_per_threadgroup]]) {
+    threadgroup float partial[32];
+    int t = group.x;
+    ulong row = ((ulong)group.y * T + t) * T;
+    device const float* pre_t = preatt + row;
+    device float* att_t = att + row;
+    float maxval = -INFINITY;
+    for (int t2 = tid; t2 <= t; t2 += num_threads) maxval = max(maxval, pre_t[t2]);
+    maxval = threadgroup_max(maxval, partial, simd, lane, num_simds);
+    float sum = 0.0f;
+    for (int t2 = tid; t2 <= t; t2 += num_threads) {
+        float e = precise::exp(pre_t[t2] - maxval);
+        att_t[t2] = e;
+        sum += e;
+    }
+    float inv = 1.0f / threadgroup_sum(sum, partial, simd, lane, num_simds);
+    for (int t2 = tid; t2 < T; t2 += num_threads) att_t[t2] = t2 <= t ? att_t[t2] * inv : 0.0f;
+}
+
+// out (B,T,C) = att v; grid (hs, T, B*NH).
+kernel void attention_values(device float* out [[buffer(0)]],
+                             device const float* att [[buffer(1)]],
+                             device const float* inp [[buffer(2)]],
+                             constant int& T [[buffer(3)]],
+                             constant int& C [[buffer(4)]],
+                             constant int& NH [[buffer(5)]],
+                             uint3 pos [[thread_position_in_grid]]) {
+    int i = pos.x, t = pos.y, bh = pos.z, b = bh / NH, h = bh % NH, hs = C / NH;
+    device const float* att_t = att + ((ulong)bh * T + t) * T;
+    device const float* v = inp + (ulong)b * T * 3 * C + 2 * C + h * hs + i;
+    float acc = 0.0f;
+    for (int t2 = 0; t2 <= t; ++t2) acc += att_t[t2] * v[(ulong)t2 * 3 * C];
+    out[((ulong)b * T + t) * C + h * hs + i] = acc;
+}
+
+// datt[t][t2] += dout_t . v_t2 (t2 <= t); grid (T [t2], T [t], B*NH).
+kernel void attention_backward_datt(device float* datt [[buffer(0)]],
+                                    device const float* dout [[buffer(1)]],
+                                    device const float* inp [[buffer(2)]],
+                                    constant int& T [[buffer(3)]],
+                                    constant int& C [[buffer(4)]],
+                                    constant int& NH [[buffer(5)]],
+                                    uint3 pos [[thread_position_in_grid]]) {
+    int t2 = pos.x, t = pos.y, bh = pos.z, b = bh / NH, h = bh % NH, hs = C / NH;
+    if (t2 > t) return;
+    device const float* dout_t = dout + ((ulong)b * T + t) * C + h * hs;
+    device const float* v = inp + ((ulong)b * T + t2) * 3 * C + 2 * C + h * hs;
+    float acc = 0.0f;
+    for (int i = 0; i < hs; ++i) acc += dout_t[i] * v[i];
+    datt[((ulong)bh * T + t) * T + t2] += acc;
+}
+
+// dv[t2] += sum over t >= t2 of att[t][t2] dout_t; grid (hs, T [t2], B*NH).
+kernel void attention_backward_dv(device float* dinp [[buffer(0)]],
+                                  device const float* dout [[buffer(1)]],
+                                  device const float* att [[buffer(2)]],
+                                  constant int& T [[buffer(3)]],
+                                  constant int& C [[buffer(4)]],
+                                  constant int& NH [[buffer(5)]],
+                                  uint3 pos [[thread_position_in_grid]]) {
+    int i = pos.x, t2 = pos.y, bh = pos.z, b = bh / NH, h = bh % NH, hs = C / NH;
+    device const float* att_bh = att + (ulong)bh * T * T;
+    float acc = 0.0f;
+    for (int t = t2; t < T; ++t) acc += att_bh[(ulong)t * T + t2] * dout[((ulong)b * T + t) * C + h * hs + i];
+    dinp[((ulong)b * T + t2) * 3 * C + 2 * C + h * hs + i] += acc;
+}
+
+// dpreatt[t][t2] += att[t][t2] (datt[t][t2] - sum_t3 att[t][t3] datt[t][t3]); one threadgroup
+// per row, grid (T, B*NH).
+kernel void attention_backward_dpreatt(device float* dpreatt [[buffer(0)]],
+                                       device const float* datt [[buffer(1)]],
+                                       device const float* att [[buffer(2)]],
+                                       constant int& T [[buffer(3)]],
+                                       uint2 group [[threadgroup_position_in_grid]],
+                                       uint tid [[thread_index_in_threadgroup]],
+                                       uint num_threads [[threads_per_threadgroup]],
+                                       uint simd [[simdgroup_index_in_threadgroup]],
+                                       uint lane [[thread_index_in_simdgroup]],
+                                       uint num_simds [[simdgroups_per_threadgroup]]) {
+    threadgroup float partial[32];
+    int t = group.x;
+    ulong row = ((ulong)group.y * T + t) * T;
+    float dot = 0.0f;
+    for (int t2 = tid; t2 <= t; t2 += num_threads) dot += att[row + t2] * datt[row + t2];
+    dot = threadgroup_sum(dot, partial, simd, lane, num_simds);
+    for (int t2 = tid; t2 <= t; t2 += num_threads) dpreatt[row + t2] += att[row + t2] * (datt[row + t2] - dot);
+}
+
+// dq[t] += scale sum over t2 <= t of dpreatt[t][t2] k_t2; grid (hs, T, B*NH).
+kernel void attention_backward_dq(device float* dinp [[buffer(0)]],
+                                  device const float* dpreatt [[buffer(1)]],
+                                  device const float* inp [[buffer(2)]],
+                                  constant int& T [[buffer(3)]],
+                                  constant int& C [[buffer(4)]],
+                                  constant int& NH [[buffer(5)]],
+                                  constant float& scale [[buffer(6)]],
+                                  uint3 pos [[thread_position_in_grid]]) {
+    int i = pos.x, t = pos.y, bh = pos.z, b = bh / NH, h = bh % NH, hs = C / NH;
+    device const float* dpre_t = dpreatt + ((ulong)bh * T + t) * T;
+    device const float* k = inp + (ulong)b * T * 3 * C + C + h * hs + i;
+    float acc = 0.0f;
+    for (int t2 = 0; t2 <= t; ++t2) acc += dpre_t[t2] * k[(ulong)t2 * 3 * C];
+    dinp[((ulong)b * T + t) * 3 * C + h * hs + i] += scale * acc;
+}
+
+// dk[t2] += scale sum over t >= t2 of dpreatt[t][t2] q_t; grid (hs, T [t2], B*NH).
+kernel void attention_backward_dk(device float* dinp [[buffer(0)]],
+                                  device const float* dpreatt [[buffer(1)]],
+                                  device const float* inp [[buffer(2)]],
+                                  constant int& T [[buffer(3)]],
+                                  constant int& C [[buffer(4)]],
+                                  constant int& NH [[buffer(5)]],
+                                  constant float& scale [[buffer(6)]],
+                                  uint3 pos [[thread_position_in_grid]]) {
+    int i = pos.x, t2 = pos.y, bh = pos.z, b = bh / NH, h = bh % NH, hs = C / NH;
+    device const float* dpre_bh = dpreatt + (ulong)bh * T * T;
+    device const float* q = inp + (ulong)b * T * 3 * C + h * hs + i;
+    float acc = 0.0f;
+    for (int t = t2; t < T; ++t) acc += dpre_bh[(ulong)t * T + t2] * q[(ulong)t * 3 * C];
+    dinp[((ulong)b * T + t2) * 3 * C + C + h * hs + i] += scale * acc;
+}
+
+// ---- GELU and residual (elementwise, grid-stride) ------------------------------------------
+
+kernel void gelu_forward(device float* out [[buffer(0)]],
+                         device const float* inp [[buffer(1)]],
+                         constant uint& n [[buffer(2)]],
+                         uint i [[thread_position_in_grid]],
+                         uint stride [[threads_per_grid]]) {
+    for (; i < n; i += stride) {
+        float x = inp[i];
+        // precise::tanh: fast math's tanh is far off for large |x| (llm.c's Metal note)
+        out[i] = 0.5f * x * (1.0f + precise::tanh(GELU_SCALING_FACTOR * (x + GELU_CUBIC * x * x * x)));
+    }
+}
+
+kernel void gelu_backward(device float* dinp [[buffer(0)]],
+                          device const float* inp [[buffer(1)]],
+                          device const float* dout [[buffer(2)]],
+                          constant uint& n [[buffer(3)]],
+                          uint i [[thread_position_in_grid]],
+                          uint stride [[threads_per_grid]]) {
+    for (; i < n; i += stride) {
+        float x = inp[i];
+        float tanh_out = precise::tanh(GELU_SCALING_FACTOR * (x + GELU_CUBIC * x * x * x));
+        float sech2 = 1.0f - tanh_out * tanh_out;
+        float local_grad = 0.5f * (1.0f + tanh_out) +
+                           x * 0.5f * sech2 * GELU_SCALING_FACTOR * (1.0f + 3.0f * GELU_CUBIC * x * x);
+        dinp[i] += local_grad * dout[i];
+    }
+}
+
+kernel void residual_forward(device float* out [[buffer(0)]],
+                             device const float* inp1 [[buffer(1)]],
+                             device const float* inp2 [[buffer(2)]],
+                             constant uint& n [[buffer(3)]],
+                             uint i [[thread_position_in_grid]],
+                             uint stride [[threads_per_grid]]) {
+    for (; i < n; i += stride) out[i] = inp1[i] + inp2[i];
+}
+
+kernel void residual_backward(device float* dinp1 [[buffer(0)]],
+                              device float* dinp2 [[buffer(1)]],
+                              device const float* dout [[buffer(2)]],
+                              constant uint& n [[buffer(3)]],
+                              uint i [[thread_position_in_grid]],
+                              uint stride [[threads_per_grid]]) {
+    for (; i < n; i += stride) {
+        dinp1[i] += dout[i];
+        dinp2[i] += dout[i];
+    }
+}
+
+// ---- softmax and cross-entropy -------------------------------------------------------------
+
+// probs (B,T,Vp) = softmax of logits over the first V entries, zero in the padding; one
+// threadgroup per position.
+kernel void softmax_forward(device float* probs [[buffer(0)]],
+                            device const float* logits [[buffer(1)]],
+                            constant int& V [[buffer(2)]],
+                            constant int& Vp [[buffer(3)]],
+                            uint bt [[threadgroup_position_in_grid]],
+                            uint tid [[thread_index_in_threadgroup]],
+                            uint num_threads [[threads_per_threadgroup]],
+                            uint simd [[simdgroup_index_in_threadgroup]],
+                            uint lane [[thread_index_in_simdgroup]],
+                            uint num_simds [[simdgroups_per_threadgroup]]) {
+    threadgroup float partial[32];
+    device const float* x = logits + (ulong)bt * Vp;
+    device float* p = probs + (ulong)bt * Vp;
+    float maxval = -INFINITY;
+    for (int i = tid; i < V; i += num_threads) maxval = max(maxval, x[i]);
+    maxval = threadgroup_max(maxval, partial, simd, lane, num_simds);
+    float sum = 0.0f;
+    for (int i = tid; i < V; i += num_threads) {
+        float e = precise::exp(x[i] - maxval);
+        p[i] = e;
+        sum += e;
+    }
+    float inv = 1.0f / threadgroup_sum(sum, partial, simd, lane, num_simds);
+    for (int i = tid; i < Vp; i += num_threads) p[i] = i < V ? p[i] * inv : 0.0f;
+}
+
+// losses (B,T) = -log probs[target]; grid (BT).
+kernel void crossentropy_forward(device float* losses [[buffer(0)]],
+                                 device const float* probs [[buffer(1)]],
+                                 device const int* targets [[buffer(2)]],
+                                 constant int& Vp [[buffer(3)]],
+                                 uint bt [[thread_position_in_grid]]) {
+    losses[bt] = -precise::log(probs[(ulong)bt * Vp + targets[bt]]);
+}
+
+// dlogits (B,T,Vp) += (probs - onehot(target)) dlosses, over the first V entries; grid (V, BT).
+kernel void crossentropy_softmax_backward(device float* dlogits [[buffer(0)]],
+                                          device const float* dlosses [[buffer(1)]],
+                                          device const float* probs [[buffer(2)]],
+                                          device const int* targets [[buffer(3)]],
+                                          constant int& Vp [[buffer(4)]],
+                                          uint2 pos [[thread_position_in_grid]]) {
+    uint i = pos.x, bt = pos.y;
+    ulong at = (ulong)bt * Vp + i;
+    float dloss = dlosses[bt];
+    float d = dlogits[at] + probs[at] * dloss;
+    if (i == uint(targets[bt])) d -= dloss;
+    dlogits[at] = d;
+}

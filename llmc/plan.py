@@ -1,0 +1,137 @@
+"""
+A dry run: what one training step of a model would take, computed without allocating it.
+
+    python train.py -e d12 --dry-run [-b B -t T --recompute POLICY]
+
+memory_plan: the bytes the model allocates, the dict Model.memory() reports after a training
+step (parameters, their gradients, AdamW's m and v, the activations kept under the recompute
+policy, the activation gradients, the tokens), from the family's shape functions
+(config.param_shapes, Family.activation_shapes) laid out by llmc/recompute.py: the code the
+model lays its buffers out with, so the plan and the model cannot disagree.
+
+flops_plan: the family's forward FLOPs per token (Family.flops_per_token: matmuls 2*C*OC per
+token, causal attention 2*C*(T+1) per layer), and per step
+    B*T * (3 * forward + recomputed layers * one layer's forward)
+(backward is twice the forward: dinp and dweight; the policy's recompute adds forwards).
+
+The step time estimate divides those FLOPs by the sgemm rate this machine reaches now
+(kernels.matmul, the product's own matmul, one 1024^3 product, best of 3, about 0.1 s): the
+time the FLOPs alone take, a floor; the memory-bound kernels (layernorm, GELU, softmax, AdamW)
+come on top.
+"""
+import time
+
+import numpy as np
+
+from llmc import recompute
+
+__all__ = ["flops_plan", "format_plan", "measure_gflops", "memory_plan"]
+
+FLOAT = 4   # bytes: float32 everywhere, int32 tokens
+
+
+def _floats(shapes):
+    return sum(int(np.prod(shape, dtype=np.int64)) for _, shape in shapes)
+
+
+def memory_plan(family, config, B, T, policy="all", backend="cpu"):
+    """Bytes of each buffer a training step of family(config) at (B, T) allocates under the
+    policy on the backend: {params, grads, adamw, activations, activation_grads, tokens}."""
+    from accel.backend import get_backend
+    plan = recompute.RecomputePlan(policy, family.num_layers_of(config))
+    options = family.activation_options(get_backend(backend))
+    embedding, layer, head = family.activation_shapes(config, B, T, **options)
+    params = FLOAT * _floats(config.param_shapes())
+    return dict(
+        params=params, grads=params, adamw=2 * params,
+        activations=FLOAT * _floats(recompute.activation_shapes(plan, embedding, layer, head)),
+        activation_grads=FLOAT * _floats(recompute.gradient_shapes(layer, head, family.NO_GRAD)),
+        tokens=2 * FLOAT * B * T)
+
+
+def flops_plan(family, config, B, T, policy="all"):
+    """FLOPs of one training step at (B, T) under the policy: {forward_per_token (the whole
+    model's), forward, backward, recompute, step} (the last four per step)."""
+    plan = recompute.RecomputePlan(policy, family.num_layers_of(config))
+    f = family.flops_per_token(config, T)
+    layer = f["layer_matmul"] + f["layer_attention"]
+    forward = plan.num_layers * layer + f["head_matmul"]
+    tokens = B * T
+    step = dict(forward_per_token=forward, forward=tokens * forward,
+                backward=2 * tokens * forward, recompute=tokens * plan.recomputed * layer)
+    step["step"] = step["forward"] + step["backward"] + step["recompute"]
+    return step
+
+
+def measure_gflops(n=1024, repeats=3):
+    """The sgemm rate (GFLOP/s) of kernels.matmul now, on its usual threads: an (n, n) x (n, n)
+    product, best of repeats after one warm-up."""
+    from kernels import matmul
+    rng = np.random.default_rng(0)
+    inp = rng.standard_normal((1, n, n), dtype=np.float32)
+    weight = rng.standard_normal((n, n), dtype=np.float32)
+    out = np.empty((1, n, n), dtype=np.float32)
+    matmul.forward(out, inp, weight)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        matmul.forward(out, inp, weight)
+        best = min(best, time.perf_counter() - t0)
+    return 2.0 * n ** 3 / best / 1e9
+
+
+def _bytes(n):
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+
+
+def _seconds(t):
+    if t < 10:
+        return f"{t * 1e3:,.1f} ms"
+    return f"{t:,.1f} s" if t < 600 else f"{t / 3600:,.2f} h"
+
+
+def format_plan(family, config, name, B, T, policy="all", backend="cpu", gflops=None):
+    """The dry run's text: parameters, memory by buffer (on the backend), FLOPs, the step time
+    estimate (at gflops, measured when None), and every policy's activation memory and FLOPs
+    side by side."""
+    gflops = measure_gflops() if gflops is None else gflops
+    plan = recompute.RecomputePlan(policy, family.num_layers_of(config))
+    memory = memory_plan(family, config, B, T, policy, backend)
+    flops = flops_plan(family, config, B, T, policy)
+    f = family.flops_per_token(config, T)
+    seconds = flops["step"] / (gflops * 1e9)
+    lines = [
+        f"dry run: {name} ({config.describe()}), B={B} T={T}, recompute {plan.policy}",
+        f"parameters: {config.num_parameters():,}",
+        "memory (float32):",
+        f"  parameters            {_bytes(memory['params']):>12}",
+        f"  gradients             {_bytes(memory['grads']):>12}",
+        f"  AdamW m + v           {_bytes(memory['adamw']):>12}",
+        f"  activations           {_bytes(memory['activations']):>12}   ({plan.slots} layers' "
+        f"internals, {plan.outputs} layer outputs kept of {plan.num_layers})",
+        f"  activation gradients  {_bytes(memory['activation_grads']):>12}   (the head's, one "
+        f"layer's, two streams)",
+        f"  tokens                {_bytes(memory['tokens']):>12}",
+        f"  total                 {_bytes(sum(memory.values())):>12}   (+ the Python process, "
+        f"about 0.1-0.2 GiB)",
+        f"FLOPs: forward {flops['forward_per_token'] / 1e6:,.1f} M per token = L * (matmuls "
+        f"{f['layer_matmul'] / 1e6:,.2f} M + attention {f['layer_attention'] / 1e6:,.2f} M) + "
+        f"head {f['head_matmul'] / 1e6:,.2f} M",
+        f"  per step: forward {flops['forward'] / 1e9:,.2f} G + backward (2x) "
+        f"{flops['backward'] / 1e9:,.2f} G + recompute ({plan.recomputed} layer forwards) "
+        f"{flops['recompute'] / 1e9:,.2f} G = {flops['step'] / 1e9:,.2f} G",
+        f"step time estimate: {_seconds(seconds)} at {gflops:.0f} GFLOP/s (this machine's sgemm "
+        f"now), {B * T / seconds:,.3g} tokens/s; a floor: the FLOPs alone",
+        "every policy:          activations + grads   step FLOPs",
+    ]
+    L = plan.num_layers
+    policies = ["all", "every-2" if L > 2 else None, "sqrt", "boundary", "none"]
+    for p in dict.fromkeys(x for x in policies if x):   # d1..d4: sqrt may equal every-2
+        m, fl = memory_plan(family, config, B, T, p, backend), flops_plan(family, config, B, T, p)
+        mark = "  <-" if p == plan.policy else ""
+        lines.append(f"  {p:<20} {_bytes(m['activations'] + m['activation_grads']):>12}"
+                     f"   {fl['step'] / 1e9:10,.2f} G{mark}")
+    return "\n".join(lines)

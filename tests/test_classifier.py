@@ -1,0 +1,90 @@
+# kernels.classifier: the output head's fused softmax cross-entropy (log-sum-exp, loss, and the
+# gradient of the logits), against float64 NumPy; and against kernels.crossentropy's
+# probability-buffer version, which computes the same thing.
+import numpy as np
+import pytest
+from threadpoolctl import threadpool_limits
+
+from kernels import classifier, crossentropy
+
+# (B, T, V): odd B*T, a prime V, T=1; the last above kernels.parallel's SERIAL_BELOW (threaded)
+SHAPES = [(3, 5, 53), (2, 1, 7), (1, 3, 1), (3, 7, 50021)]
+
+
+def make_inputs(rng, B, T, V):
+    logits = (3.0 * rng.standard_normal((B, T, V))).astype(np.float32)
+    # rows offset by up to +-1000: exp overflows / underflows unless the max is subtracted
+    logits += rng.uniform(-1000.0, 1000.0, size=(B, T, 1)).astype(np.float32)
+    return logits, rng.integers(0, V, size=(B, T), dtype=np.int32)
+
+
+def reference(logits, targets):
+    """logsum, losses, softmax - onehot (the gradient for dlosses = 1), in float64."""
+    x = logits.astype(np.float64)
+    m = x.max(axis=-1, keepdims=True)
+    logsum = np.log(np.exp(x - m).sum(axis=-1))
+    lse = m[..., 0] + logsum
+    losses = lse - np.take_along_axis(x, targets[..., None].astype(np.int64), -1)[..., 0]
+    grad = np.exp(x - lse[..., None])
+    np.put_along_axis(grad, targets[..., None].astype(np.int64),
+                      np.take_along_axis(grad, targets[..., None].astype(np.int64), -1) - 1, -1)
+    return logsum, losses, grad
+
+
+@pytest.mark.parametrize("num_threads", [1, 3])
+@pytest.mark.parametrize("B,T,V", SHAPES)
+def test_forward_backward_match_float64(B, T, V, num_threads):
+    rng = np.random.default_rng(V)
+    logits, targets = make_inputs(rng, B, T, V)
+    logsum_ref, losses_ref, grad_ref = reference(logits, targets)
+    lse, losses = np.full((B, T), np.nan, np.float32), np.full((B, T), np.nan, np.float32)
+    dlosses = rng.uniform(0.5, 2.0, (B, T)).astype(np.float32)
+    dlogits_start = rng.standard_normal((B, T, V)).astype(np.float32)
+    dlogits = dlogits_start.copy()
+    with threadpool_limits(limits=num_threads, user_api="openmp"):
+        classifier.forward(lse, logits, losses, targets)
+        classifier.backward(dlogits, dlosses, logits, lse, targets)
+    np.testing.assert_allclose(lse, logsum_ref, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(losses, losses_ref, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(dlogits, dlogits_start + grad_ref * dlosses[..., None],
+                               rtol=1e-5, atol=1e-6)   # added into
+
+
+def test_forward_without_targets_gives_logsum_only():
+    logits, targets = make_inputs(np.random.default_rng(0), 2, 3, 11)
+    lse = np.zeros((2, 3), np.float32)
+    classifier.forward(lse, logits)
+    np.testing.assert_allclose(lse, reference(logits, targets)[0], rtol=1e-5, atol=1e-6)
+
+
+def test_matches_the_probability_buffer_version():
+    B, T, V = 3, 4, 301
+    logits, targets = make_inputs(np.random.default_rng(2), B, T, V)
+    probs, ce_losses = np.zeros_like(logits), np.zeros((B, T), np.float32)
+    crossentropy.softmax(probs, logits, V)
+    crossentropy.forward(ce_losses, probs, targets)
+    dlosses = np.full((B, T), 1.0 / (B * T), np.float32)
+    ce_dlogits, dlogits = np.zeros_like(logits), np.zeros_like(logits)
+    crossentropy.backward(ce_dlogits, dlosses, probs, targets, V)
+    lse, losses = np.zeros((B, T), np.float32), np.zeros((B, T), np.float32)
+    classifier.forward(lse, logits, losses, targets)
+    classifier.backward(dlogits, dlosses, logits, lse, targets)
+    np.testing.assert_allclose(losses, ce_losses, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(dlogits, ce_dlogits, rtol=1e-4, atol=1e-8)
+
+
+def test_bad_arguments_raise():
+    logits, targets = make_inputs(np.random.default_rng(3), 2, 3, 5)
+    lse, losses = np.zeros((2, 3), np.float32), np.zeros((2, 3), np.float32)
+    with pytest.raises(ValueError, match="logsum has shape"):
+        classifier.forward(np.zeros((3, 2), np.float32), logits)
+    with pytest.raises(ValueError, match="both losses and targets"):
+        classifier.forward(lse, logits, losses)
+    bad = targets.copy()
+    bad[1, 2] = 5
+    with pytest.raises(ValueError, match=r"targets\[1, 2\] = 5 is not a token id in \[0, 5\)"):
+        classifier.forward(lse, logits, losses, bad)
+    with pytest.raises(ValueError, match="dlogits has shape"):
+        classifier.backward(np.zeros((2, 3, 4), np.float32), lse, logits, lse, targets)
+    with pytest.raises(ValueError, match="targets"):
+        classifier.backward(np.zeros_like(logits), lse, logits, lse, bad)

@@ -1,0 +1,305 @@
+"""accel/hip: the HIP kernels of accel/hip/gpt2.hip, built for the CPU emulator (accel/emu) and
+checked without a GPU.
+
+Every entry of the table runs through check:hip-emu (compared with the CPU oracle) at odd shapes,
+under every schedule of the emulator and at warp sizes 32 and 64; a model steps at shapes that
+make every loop of the kernels wrap; test_gpt2.py --backend hip passes on the committed fixture
+and on a fresh d2 reference. Planted faults (built with -D ACCEL_HIP_PLANT_..., the source is not
+edited) are caught: a missing barrier, a 32-lane assumption, a write past an output (by the
+AddressSanitizer build). The nvcc and hipcc builds are compile-checked where the compilers exist.
+"""
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from accel import instrument
+from accel.backend import ENTRY_GROUPS, BackendError, get_backend
+from llmc_io import GPT2Config
+from test_backend import run_every_entry
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+HIP = os.path.join(ROOT, "accel", "hip")
+CXX = os.environ.get("CXX", "g++")
+
+device = pytest.importorskip("accel.hip.device", reason="accel/hip/device.pyx is not built (make train_gpt2)")
+from accel.hip import EMU_LIBRARY, NOT_BUILT  # noqa: E402  (after the skip)
+
+pytestmark = pytest.mark.skipif(shutil.which(CXX) is None or shutil.which("make") is None,
+                                reason=f"the emulated build needs a C++ compiler ({CXX}) and make")
+
+SCHEDULES = [("lockstep", 1), ("lockstep-reverse", 1), ("warp-ahead", 1), ("warp-ahead-reverse", 1),
+             ("shuffled", 1), ("shuffled", 2)]
+WARP_SIZES = (32, 64)
+KERNELS = set(ENTRY_GROUPS["gpt2"]) | {"fill", "mean", "adamw_update", "global_norm_squared"}
+PLANTS = {"missing_barrier": "ACCEL_HIP_PLANT_MISSING_BARRIER", "warp32": "ACCEL_HIP_PLANT_WARP32"}
+
+
+def make(*targets, build=None, defines=""):
+    args = ["make", "-s", "-C", HIP, f"CXX={CXX}"] + ([f"BUILD={build}"] if build else [])
+    return subprocess.Popen(args + [f"DEFINES={defines}"] + list(targets),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(process):
+    out, err = process.communicate()
+    assert process.returncode == 0, err or out
+
+
+@pytest.fixture(scope="module")
+def builds(tmp_path_factory):
+    """The emulated build where the backends look for it, the planted ones, and the
+    AddressSanitizer builds (clean, and with the out-of-bounds write), built side by side."""
+    tmp = tmp_path_factory.mktemp("hip")
+    asan = str(tmp / "asan")
+    oob = str(tmp / "oob")
+    jobs = [make("emu"), make(f"{asan}/libgpt2_hip_emu.asan.so", build=asan),
+            make(f"{oob}/libgpt2_hip_emu.asan.so", build=oob, defines="-DACCEL_HIP_PLANT_OUT_OF_BOUNDS")]
+    paths = {"emu": EMU_LIBRARY, "asan": f"{asan}/libgpt2_hip_emu.asan.so",
+             "oob": f"{oob}/libgpt2_hip_emu.asan.so"}
+    for plant, define in PLANTS.items():
+        build = str(tmp / plant)
+        jobs.append(make(f"{build}/libgpt2_hip_emu.so", build=build, defines=f"-D{define}"))
+        paths[plant] = f"{build}/libgpt2_hip_emu.so"
+    for job in jobs:
+        finish(job)
+    return paths
+
+
+def checked(library, schedule=("lockstep", 1), warp_size=32, compute_units=64):
+    """check: around a fresh context of the emulated build at `library`, configured first."""
+    device.configure_emulator(schedule[0], schedule[1], warp_size, compute_units, library=library)
+    return instrument.create("check", device.load(library, "hip-emu"))
+
+
+def first_mismatch(backend):
+    first = backend.report()["first"]
+    return None if first is None else first["entry"]
+
+
+# --- every kernel against the CPU oracle -------------------------------------------------------
+
+def test_every_entry_matches_the_oracle_under_every_schedule_and_both_warp_sizes(builds):
+    for warp_size in WARP_SIZES:
+        for schedule in SCHEDULES:
+            backend = checked(builds["emu"], schedule, warp_size)
+            run_every_entry(backend)
+            report = backend.report()
+            assert report["mismatches"] == 0, (schedule, warp_size, backend.summary())
+            assert all(report["entries"][k]["compared"] > 0 for k in KERNELS), KERNELS - set(report["entries"])
+
+
+def step_at_wrapping_shapes(backend, seed=0):
+    """A forward and backward of a random GPT-2, then the optimizer's entries, at shapes where
+    the kernels' loops take several turns on a small device (1 compute unit: grids of at most 8
+    blocks of 256 threads): T = 67 score rows (more than a warp's lanes), B T = 268 rows (more
+    than a bias chunk's 256), C = 36 channels (more than 32 lanes, not a multiple of 4), 3 heads
+    of 12, V = 601 (more than a vocabulary block's 512 threads), arrays longer than 2048."""
+    from train_gpt2 import GPT2
+    config = GPT2Config(max_seq_len=72, vocab_size=601, padded_vocab_size=640, num_layers=1,
+                        num_heads=3, channels=36)
+    model = GPT2.random(config, seed=seed, backend=backend)
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(0, config.vocab_size, (4, 68)).astype(np.int32)
+    model.forward(tokens[:, :-1], tokens[:, 1:])
+    model.zero_grad()
+    model.backward()
+    # The optimizer from identical inputs on both sides: the model's own update would start from
+    # gradients that differ in their last bits, and AdamW divides each gradient by its magnitude,
+    # so pure-rounding gradients (the key bias's, exactly zero in exact arithmetic) differ wholly.
+    n = 5001
+    buffers = []
+    for scale in (1.0, 1.0, 0.0, 1.0):   # params, m, v (non-negative), grads
+        buffer = backend.alloc(4 * n)
+        buffer.load((np.abs(rng.standard_normal(n)) if scale == 0.0 else rng.standard_normal(n)).astype(np.float32))
+        buffers.append(buffer)
+    backend.call("adamw_update", *buffers, n, 1e-3, 0.9, 0.999, 1e-8, 0.01, 1.0, 2)
+    backend.call("fill", buffers[0], 0.5, n)
+    backend.call("mean", buffers[3], n)
+    backend.call("global_norm_squared", buffers[3], n)
+
+
+@pytest.mark.parametrize("warp_size", WARP_SIZES)
+def test_every_kernel_at_shapes_where_its_loops_wrap(builds, warp_size):
+    backend = checked(builds["emu"], ("shuffled", 3), warp_size, compute_units=1)
+    step_at_wrapping_shapes(backend)
+    report = backend.report()
+    assert report["mismatches"] == 0, backend.summary()
+    assert KERNELS <= set(report["entries"])
+
+
+# --- planted faults ---------------------------------------------------------------------------
+
+def test_missing_barrier_is_caught_by_some_schedules(builds):
+    """matmul_backward's bias reduction without its barrier: thread 0 of each column reads the
+    other parts' sums before they are written (NaN-poisoned shared memory) when the lowest
+    threads run first; highest first, the sums happen to be there: one schedule is not enough."""
+    caught = {}
+    for schedule in SCHEDULES:
+        backend = checked(builds["missing_barrier"], schedule)
+        run_every_entry(backend)
+        caught[schedule] = first_mismatch(backend)
+    assert caught[("lockstep", 1)] == caught[("warp-ahead", 1)] == "matmul_backward", caught
+    assert caught[("lockstep-reverse", 1)] is None, caught
+    # the correct build passes them all (test above)
+
+
+def test_32_lane_assumption_is_caught_at_warp_size_64(builds):
+    """layernorm_forward's warp sums from offset 16: right with 32 lanes; with 64, channels past
+    the 32nd are left out of each row's mean (C = 36 here)."""
+    for schedule in SCHEDULES[:2]:
+        backend = checked(builds["warp32"], schedule, warp_size=32, compute_units=1)
+        step_at_wrapping_shapes(backend)
+        assert first_mismatch(backend) is None, backend.summary()
+    backend = checked(builds["warp32"], warp_size=64, compute_units=1)
+    step_at_wrapping_shapes(backend)
+    assert first_mismatch(backend) == "layernorm_forward", backend.summary()
+
+
+ASAN_SCRIPT = """
+import sys
+from accel import instrument
+from accel.hip import device
+sys.path.insert(0, {tests!r})
+from test_backend import run_every_entry
+backend = instrument.create("check", device.load(sys.argv[1], "hip-emu"))
+run_every_entry(backend)
+print(backend.summary())
+"""
+
+
+def run_under_asan(library):
+    libasan = subprocess.run([CXX, "-print-file-name=libasan.so"], capture_output=True, text=True).stdout.strip()
+    env = dict(os.environ, LD_PRELOAD=libasan, ASAN_OPTIONS="detect_leaks=0",
+               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run([sys.executable, "-c", ASAN_SCRIPT.format(tests=HERE), library], env=env,
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+
+
+def test_address_sanitizer_build_runs_every_entry_cleanly(builds):
+    done = run_under_asan(builds["asan"])
+    assert done.returncode == 0 and "AddressSanitizer" not in done.stderr, done.stderr[-3000:]
+    assert "all within tolerance" in done.stdout
+
+
+def test_address_sanitizer_build_reports_a_write_past_an_output(builds):
+    done = run_under_asan(builds["oob"])
+    assert done.returncode != 0
+    assert "ERROR: AddressSanitizer: heap-buffer-overflow" in done.stderr
+    assert "WRITE of size 4" in done.stderr
+    line = next(i for i, text in enumerate(open(os.path.join(HIP, "gpt2.hip")), 1) if "out[N] = 0.0f" in text)
+    assert "in residual_forward_kernel" in done.stderr and f"gpt2.hip:{line}" in done.stderr
+
+
+# --- the whole model: test_gpt2.py --------------------------------------------------------------
+
+def run_test_gpt2(*args):
+    done = subprocess.run([sys.executable, "test_gpt2.py", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0 and "overall okay: 1" in done.stdout, done.stdout[-3000:] + done.stderr[-2000:]
+    return done.stdout
+
+
+@pytest.mark.parametrize("backend", ["hip", "check:hip"])
+def test_test_gpt2_passes_on_the_fixture(builds, backend):
+    out = run_test_gpt2("--backend", backend)
+    assert "[Backend] " + backend.replace("hip", "hip-emu") in out  # the name says it is emulated
+
+
+def test_test_gpt2_passes_on_a_fresh_d2_reference(builds, tmp_path):
+    pytest.importorskip("torch", reason="the d2 reference is written by PyTorch")
+    subprocess.run([sys.executable, "train_gpt2_torch.py", "-e", "d2", "-b", "2", "-t", "9", "-o", str(tmp_path),
+                    "--name", "d2"], cwd=ROOT, check=True, capture_output=True,
+                   env=dict(os.environ, OMP_NUM_THREADS="1"))
+    run_test_gpt2("--backend", "hip", "--model", str(tmp_path / "d2.bin"),
+                  "--state", str(tmp_path / "d2_debug_state.bin"))
+
+
+# --- a bad environment: one line ---------------------------------------------------------------
+
+def test_missing_or_broken_build_is_one_line(tmp_path):
+    with pytest.raises(BackendError, match=r"^backend 'hip' is unavailable: cannot load .*nowhere\.so") as e:
+        device.load(str(tmp_path / "nowhere.so"), "hip")
+    assert "\n" not in str(e.value)
+    not_a_library = tmp_path / "libgpt2_hip.so"
+    not_a_library.write_text("not an ELF file")
+    with pytest.raises(BackendError, match="backend 'hip' is unavailable: cannot load"):
+        device.load(str(not_a_library), "hip")
+    assert "make hip" in NOT_BUILT and "make hip-emu" in NOT_BUILT
+
+
+def test_unbuilt_backends_say_how_to_build_them(monkeypatch, tmp_path):
+    import accel.hip
+    monkeypatch.setattr(accel.hip, "GPU_LIBRARY", str(tmp_path / "none.so"))
+    monkeypatch.setattr(accel.hip, "EMU_LIBRARY", str(tmp_path / "none.so"))
+    assert accel.hip.unavailable("hip") == NOT_BUILT
+    assert "make hip-emu" in accel.hip.unavailable("hip-emu")
+
+
+def test_registry_names_the_emulated_build(builds):
+    backend = get_backend("hip-emu")
+    assert backend.name == "hip-emu" and "emu" in backend.device and not backend.host_visible
+
+
+# --- the GPU builds: compile checks, and a GPU build loaded where there is no GPU --------------
+
+def toolchain(*args):
+    return subprocess.run([os.path.join(HIP, "toolchain.sh"), *args], capture_output=True, text=True)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+def test_nvcc_build_compiles_and_says_no_gpu_without_one(tmp_path):
+    if toolchain("cublas-include").returncode != 0:
+        pytest.skip("cuBLAS headers not found (pip install nvidia-cublas, or nvidia-cublas-cu12 for CUDA 12)")
+    build = subprocess.run(["make", "-s", "-C", HIP, "gpu", "HIP_PLATFORM=nvidia", "NVCC_ARCH=sm_90",
+                            f"BUILD={tmp_path}"], capture_output=True, text=True)
+    assert build.returncode == 0, build.stderr[-3000:]
+    if shutil.which("nvidia-smi") and subprocess.run(["nvidia-smi"], capture_output=True).returncode == 0:
+        pytest.skip("this machine has an NVIDIA GPU: dev/gpu/check_and_time.sh tests the build on it")
+    with pytest.raises(BackendError, match=r"^backend 'hip' is unavailable: no GPU found \(") as e:
+        device.load(str(tmp_path / "libgpt2_hip.so"), "hip")
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.skipif(shutil.which("hipcc") is None, reason="hipcc is not installed")
+def test_hipcc_compile_check_for_amd(tmp_path):
+    if toolchain("amd-archs", "gfx90a").returncode != 0:
+        pytest.skip("this hipcc cannot build for gfx90a")
+    check = subprocess.run(["make", "-s", "-C", HIP, "check-amd", f"BUILD={tmp_path}"], capture_output=True,
+                           text=True)
+    assert check.returncode == 0, check.stderr[-3000:]
+    assert "gpt2.hip compiles with hipcc for gfx90a" in check.stdout
+
+
+# --- dev/gpu: the script that runs all this on a real GPU ---------------------------------------
+
+def test_gpu_script_dry_run_lists_every_step(tmp_path):
+    script = os.path.join(ROOT, "dev", "gpu", "check_and_time.sh")
+    assert subprocess.run(["bash", "-n", script]).returncode == 0
+    done = subprocess.run(["bash", script], env=dict(os.environ, DRY_RUN="1", OUT=str(tmp_path)), capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    steps = [line.split(":", 1)[0][3:] for line in done.stdout.splitlines() if line.startswith("== ")]
+    assert steps == ["build-product", "build-hip", "reference", "parity", "train", "bench"]
+    assert "train_gpt2_torch.py -e d12 -b 4 -t 64" in done.stdout
+    assert "test_gpt2.py --backend hip" in done.stdout
+    assert "train.py --backend hip -b 4 -t 1024 -x 20" in done.stdout
+    assert "bench_gpu.py -e 12 -b 4 -t 1024" in done.stdout
+
+
+def test_gpu_bench_runs_its_whole_flow_on_the_emulator_and_cpu_torch(builds):
+    pytest.importorskip("torch", reason="the bench's other side is PyTorch")
+    done = subprocess.run([sys.executable, os.path.join("dev", "gpu", "bench_gpu.py"), "--backend", "hip-emu",
+                           "--torch-device", "cpu", "-e", "1", "-b", "1", "-t", "8", "--steps", "1", "--warmup", "1",
+                           "--no-compile"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "llm.pyx / PyTorch eager:" in done.stdout
+    # the table's rows end "first .. last" loss: same parameters, same batch, same first loss
+    first = [float(m.group(1)) for m in re.finditer(r"^(?:llm\.pyx|PyTorch eager) .* (\S+) \.\. \S+$", done.stdout,
+                                                    re.MULTILINE)]
+    assert len(first) == 2 and abs(first[0] - first[1]) < 1e-4, done.stdout

@@ -1,0 +1,353 @@
+"""accel/metal on Linux: gpt2.metal's kernels on the CPU emulator of MSL (backend metal-emu).
+
+Every entry of the table through check:metal-emu against the CPU oracle at odd shapes, under
+every schedule of the emulator and with simdgroups of 32 and 64; planted faults (a removed
+barrier, a barrier only some threads reach, a write past an output as llm.metal's layernorm
+does) caught; the whole model through test_gpt2.py. The faults are planted in patched copies of
+gpt2.metal in a temporary folder, built by `make metal-emu METAL_SOURCE=...`.
+"""
+import ctypes
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from accel import instrument
+from accel.backend import BackendError, ENTRY_GROUPS, get_backend
+from test_backend import run_every_entry
+
+ROOT = Path(__file__).resolve().parent.parent
+SOURCE = ROOT / "accel" / "metal" / "gpt2.metal"
+LIBRARY = ROOT / "accel" / "metal" / "build" / "libmetal_emu.so"
+SCHEDULES = [("lockstep", 1), ("lockstep-reverse", 1), ("warp-ahead", 1), ("warp-ahead-reverse", 1),
+             ("shuffled", 1), ("shuffled", 2)]
+KERNELS = set(ENTRY_GROUPS["gpt2"]) | {"fill", "mean", "adamw_update", "global_norm_squared"}
+
+pytestmark = pytest.mark.skipif(
+    not sys.platform.startswith("linux") or shutil.which("g++") is None or shutil.which("make") is None,
+    reason="the Metal emulator needs Linux, g++ and make",
+)
+
+
+def make_library(source=SOURCE, library=LIBRARY, asan=False):
+    """Build the emulator library of a .metal file (`make metal-emu`); its path."""
+    command = ["make", "-s", "-C", str(ROOT), "metal-emu", f"METAL_SOURCE={source}", f"METAL_EMU_LIB={library}",
+               f"PYTHON={sys.executable}"] + (["ASAN=1"] if asan else [])
+    result = subprocess.run(command, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    return library
+
+
+def patched(tmp_path, name, old, new):
+    """A copy of gpt2.metal with `old` (which must occur once) replaced; (path, 1-based line)."""
+    text = SOURCE.read_text()
+    assert text.count(old) == 1, old
+    path = tmp_path / name / "gpt2.metal"
+    path.parent.mkdir()
+    path.write_text(text.replace(old, new))
+    return path, text[:text.index(old)].count("\n") + 1
+
+
+def configure(library, schedule, seed=1, simdgroup_size=32):
+    """The emulator's schedule for the library's next dispatches (the library loaded by the
+    backend: dlopen hands back the same one)."""
+    lib = ctypes.CDLL(str(library))
+    lib.metal_emu_configure.argtypes = [ctypes.c_char_p, ctypes.c_uint64, ctypes.c_int]
+    assert lib.metal_emu_configure(schedule.encode(), seed, simdgroup_size) == 0
+
+
+@pytest.fixture(scope="module")
+def library():
+    return make_library()
+
+
+@pytest.fixture(autouse=True)
+def default_schedule(library):
+    yield
+    configure(library, "lockstep")
+
+
+def checked(library=None, name="metal-emu"):
+    from accel.metal import metal
+    return instrument.create("check", metal.create(str(library or LIBRARY), name))
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES, ids=[f"{s}-{seed}" for s, seed in SCHEDULES])
+def test_every_entry_matches_the_cpu_oracle(library, schedule):
+    configure(library, *schedule)
+    backend = checked()
+    run_every_entry(backend, seed=len(schedule[0]) + schedule[1])
+    report = backend.report()
+    assert report["mismatches"] == 0, backend.summary()
+    assert all(report["entries"][k]["compared"] > 0 for k in KERNELS), KERNELS - set(report["entries"])
+
+
+def test_every_entry_with_simdgroups_of_64(library):
+    # AMD GPUs in Macs run simdgroups of 64: the kernels read the layout, never assume 32
+    configure(library, "shuffled", 3, simdgroup_size=64)
+    backend = checked()
+    run_every_entry(backend, seed=5)
+    assert backend.report()["mismatches"] == 0, backend.summary()
+
+
+def test_rows_and_tiles_larger_than_a_threadgroup(library):
+    # several simdgroups per row, rows longer than a threadgroup, many matmul tiles
+    configure(library, "warp-ahead-reverse")
+    backend = checked()
+    rng = np.random.default_rng(1)
+    B, T, C, OC, V, Vp = 2, 5, 300, 35, 601, 608
+
+    def buf(*shape):
+        b = backend.alloc(4 * int(np.prod(shape)))
+        b.load(rng.standard_normal(shape).astype(np.float32))
+        return b
+
+    backend.call("layernorm_forward", buf(B, T, C), buf(B, T), buf(B, T), buf(B, T, C), buf(C), buf(C), B, T, C)
+    backend.call("layernorm_backward", buf(B, T, C), buf(C), buf(C), buf(B, T, C), buf(B, T, C), buf(C),
+                 buf(B, T), buf(B, T), B, T, C)
+    backend.call("matmul_forward", buf(B, T, OC), buf(B, T, C), buf(OC, C), buf(OC), B, T, C, OC)
+    backend.call("matmul_backward", buf(B, T, C), buf(OC, C), buf(OC), buf(B, T, OC), buf(B, T, C), buf(OC, C),
+                 B, T, C, OC)
+    backend.call("softmax_forward", buf(B, T, Vp), buf(B, T, Vp), B, T, V, Vp)
+    n = 70001
+    assert backend.call("global_norm_squared", buf(n), n) > 0
+    report = backend.report()
+    assert report["mismatches"] == 0, backend.summary()
+    assert report["entries"]["layernorm_forward"]["compared"] == 3
+
+
+def test_test_gpt2_passes_on_check_metal_emu(library):
+    # check: compares every call with the CPU oracle and replaces nothing when all are within
+    # tolerance, so "check OK" means the parity checks ran on metal-emu's own results
+    result = subprocess.run([sys.executable, "test_gpt2.py", "--backend", "check:metal-emu"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0 and "overall okay: 1" in result.stdout, result.stdout + result.stderr
+    assert "check      OK      check:metal-emu: 1040 outputs compared, all within tolerance" in result.stdout
+
+
+def test_unbuilt_library_is_one_line_saying_how_to_build(tmp_path):
+    from accel.metal import metal
+    with pytest.raises(BackendError, match=r"is not built: run `make metal-emu`"):
+        metal.create(str(tmp_path / "libmetal_emu.so"), "metal-emu")
+
+
+# --- planted faults ----------------------------------------------------------------------------
+
+def test_removed_barrier_is_caught(tmp_path):
+    # threadgroup_sum without the barrier between writing the simdgroup totals and reading them:
+    # a thread reads a total not written yet (NaN: threadgroup memory starts poisoned)
+    old = "    if (lane == 0) partial[simd] = v;\n    threadgroup_barrier(mem_flags::mem_threadgroup);\n    float total = 0.0f;"
+    source, _ = patched(tmp_path, "no-barrier", old, old.replace("    threadgroup_barrier(mem_flags::mem_threadgroup);\n", ""))
+    library = make_library(source, tmp_path / "no-barrier.so")
+    caught = set()
+    for schedule in SCHEDULES:
+        configure(library, *schedule)
+        backend = checked(library)
+        run_every_entry(backend)
+        report = backend.report()
+        caught |= {name for name, e in report["entries"].items() if e["mismatches"]}
+        if schedule[0] == "lockstep":
+            assert report["mismatches"] > 0   # rows of two simdgroups (softmax over V=37)
+    # every kernel that sums over a threadgroup, and nothing else
+    assert caught == {"mean", "global_norm_squared", "layernorm_forward", "layernorm_backward",
+                      "attention_forward", "attention_backward", "softmax_forward"}, caught
+
+
+def test_barrier_only_some_threads_reach_is_reported_by_source_line(tmp_path):
+    old = "        threadgroup_barrier(mem_flags::mem_threadgroup);  // the tiles are read before the next load"
+    source, line = patched(tmp_path, "divergent", old, "        if (tid.x < 8) " + old.lstrip())
+    library = make_library(source, tmp_path / "divergent.so")
+    from accel.metal import metal
+    backend = metal.create(str(library), "metal-emu")
+    B, T, C, OC = 1, 3, 20, 24
+    bufs = [backend.alloc(4 * n) for n in (B * T * OC, B * T * C, OC * C, OC)]
+    with pytest.raises(BackendError) as error:
+        backend.call("matmul_forward", *bufs, B, T, C, OC)
+    message = str(error.value)
+    assert "kernel 'matmul'" in message, message
+    assert "divergent barriers" in message or "exited while" in message, message
+    assert f"threadgroup_barrier at {source}:{line}" in message, message
+    assert "\n" not in message
+
+
+ASAN_SCRIPT = """
+import sys
+import numpy as np
+from accel.metal import metal
+sys.path.insert(0, "tests")
+from test_backend import run_every_entry
+backend = metal.create(sys.argv[1], "metal-emu")
+run_every_entry(backend)
+backend.synchronize()
+print("clean run")
+"""
+
+
+def run_under_asan(library):
+    libasan = subprocess.run(["g++", "-print-file-name=libasan.so"], capture_output=True, text=True).stdout.strip()
+    env = dict(os.environ, LD_PRELOAD=libasan, ASAN_OPTIONS="detect_leaks=0")
+    return subprocess.run([sys.executable, "-c", ASAN_SCRIPT, str(library)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.skipif(not os.path.isabs(subprocess.run(["g++", "-print-file-name=libasan.so"], capture_output=True,
+                                                     text=True).stdout.strip()),
+                    reason="g++ has no AddressSanitizer runtime")
+def test_address_sanitizer_reports_a_write_past_the_output(tmp_path):
+    clean = run_under_asan(make_library(SOURCE, tmp_path / "clean.so", asan=True))
+    assert clean.returncode == 0 and "clean run" in clean.stdout, clean.stderr[-3000:]
+    # llm.metal's layernorm bug: a grid rounded up to whole threadgroups and no bounds check, so
+    # threads past C touch memory past the row (the first such access, reading dout past its
+    # end in the last row, is the one reported; the writes past dweight would follow)
+    old = "    if (c >= uint(C)) return;\n"
+    source, line = patched(tmp_path, "past-the-end", old, "\n")
+    result = run_under_asan(make_library(source, tmp_path / "past-the-end.so", asan=True))
+    assert result.returncode != 0
+    summary = [s for s in result.stderr.splitlines() if s.startswith("SUMMARY: AddressSanitizer")]
+    assert summary and "heap-buffer-overflow" in summary[0], result.stderr[-3000:]
+    assert summary[0].endswith(" in layernorm_backward_params"), summary[0]
+    reported = int(summary[0].split(f"{source}:")[1].split()[0])
+    assert line < reported < line + 10, summary[0]   # a line of that kernel's loop
+
+
+# --- the lint: what g++ accepts and Metal does not ---------------------------------------------
+
+def test_lint_passes_gpt2_metal():
+    result = subprocess.run([sys.executable, "accel/metal/lint.py", str(SOURCE)], cwd=ROOT, capture_output=True,
+                            text=True)
+    assert result.returncode == 0 and result.stdout == "", result.stdout
+
+
+def test_lint_names_each_planted_problem_by_line():
+    from accel.metal import lint
+    source = "\n".join([
+        "#include <metal_stdlib>",
+        "#include <vector>",                                                   # 2: a C++ header
+        "float helper(float* x, thread float& y) { return x[0] + y; }",         # 3: no address space
+        "kernel void k(device float3* out [[buffer(0)]],",                      # 4: float3 in a buffer
+        "              constant float* in [[buffer(1)]],",
+        "              uint i [[thread_position_in_grid]]) {",
+        "    double d = 1.0;  // a comment: new delete throw",                  # 7: double
+        "    device float* p = new float[3];",                                  # 8: new
+        "    out[i] = float3(in[i]);",
+        "}",
+    ])
+    problems = lint.lint(source, "x.metal")
+    assert [p.split(":")[1] for p in problems] == ["2", "3", "4", "7", "8"], problems
+    assert "helper: parameter 'float* x' has no address space" in problems[1]
+
+
+# --- the MSL front-end and the C ABI, on sample kernels (accel/emu/tests/msl_features.metal) --
+
+class MetalArg(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("nbytes", ctypes.c_uint32)]
+
+
+class Runtime:
+    """metal_runtime.h through ctypes, over an emulator library."""
+
+    def __init__(self, library):
+        lib = self.lib = ctypes.CDLL(str(library))
+        lib.metal_open.restype = ctypes.c_void_p
+        lib.metal_open.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]
+        lib.metal_alloc.restype = ctypes.c_void_p
+        lib.metal_alloc.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        lib.metal_kernel.restype = ctypes.c_void_p
+        lib.metal_kernel.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+        lib.metal_error.restype = ctypes.c_char_p
+        lib.metal_error.argtypes = [ctypes.c_void_p]
+        lib.metal_close.argtypes = [ctypes.c_void_p]
+        lib.metal_dispatch_threads.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(MetalArg), ctypes.c_int,
+                                               ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint32),
+                                               ctypes.POINTER(ctypes.c_uint32), ctypes.c_int]
+        error = ctypes.create_string_buffer(256)
+        self.rt = lib.metal_open(b"", error, 256)
+        assert self.rt, error.value
+
+    def array(self, values, dtype):
+        values = np.asarray(values, dtype=dtype)
+        ptr = self.lib.metal_alloc(self.rt, values.nbytes)
+        view = np.ctypeslib.as_array((ctypes.c_char * values.nbytes).from_address(ptr)).view(dtype)
+        view[:] = values.reshape(-1)
+        return ptr, view
+
+    def dispatch(self, kernel, args, threads, group, threadgroup_bytes=()):
+        handle = self.lib.metal_kernel(self.rt, kernel.encode())
+        assert handle, self.lib.metal_error(self.rt)
+        bound = (MetalArg * len(args))()
+        keep = []
+        for i, a in enumerate(args):
+            if isinstance(a, int):                       # a pointer from metal_alloc
+                bound[i] = MetalArg(a, 0)
+            else:                                        # bytes of a scalar
+                keep.append(ctypes.create_string_buffer(a, len(a)))
+                bound[i] = MetalArg(ctypes.addressof(keep[-1]), len(a))
+        u32 = lambda values: (ctypes.c_uint32 * max(len(values), 1))(*values)
+        self.lib.metal_dispatch_threads(self.rt, handle, bound, len(args), u32(threads), u32(group),
+                                        u32(threadgroup_bytes), len(threadgroup_bytes))
+        error = self.lib.metal_error(self.rt)
+        assert error is None, error.decode()
+
+
+@pytest.fixture(scope="module")
+def features(tmp_path_factory):
+    source = ROOT / "accel" / "emu" / "tests" / "msl_features.metal"
+    return make_library(source, tmp_path_factory.mktemp("msl") / "msl_features.so")
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES, ids=[f"{s}-{seed}" for s, seed in SCHEDULES])
+def test_msl_features_through_the_c_abi(features, schedule):
+    configure(features, *schedule)
+    r = Runtime(features)
+
+    counts, view = r.array([0, 0], np.uint32)
+    r.dispatch("count", [counts], (1000, 1, 1), (64, 1, 1))
+    assert view.tolist() == [1000, 999]
+
+    # a threadgroup of 40: one full simdgroup of 32 lanes, one of 8
+    out, view = r.array(np.zeros((40, 4)), np.float32)
+    r.dispatch("shuffles", [out], (40, 1, 1), (40, 1, 1))
+    expected = []
+    for t in range(40):
+        lane, width = t % 32, 32 if t < 32 else 8
+        expected.append([lane + 1 if lane + 1 < width else lane, lane - 1 if lane >= 1 else lane,
+                         lane ^ 1 if (lane ^ 1) < width else lane, 0, width - 32])
+    assert view.reshape(40, 4).tolist() == [e[:3] + [e[3] + e[4]] for e in expected]
+
+    a = np.linspace(-2, 3, 37, dtype=np.float32)
+    out, view = r.array(np.zeros(37), np.float32)
+    pa, _ = r.array(a, np.float32)
+    r.dispatch("vectors", [out, pa, np.float32(0.5).tobytes()], (37, 1, 1), (16, 1, 1))
+    halved = (a.astype(np.float16) * np.float16(2)).astype(np.float32)
+    np.testing.assert_allclose(view, halved + a * a + 5 + 0.5, rtol=1e-6)
+
+    x = np.arange(50, dtype=np.float32)
+    out, view = r.array(np.zeros(50), np.float32)
+    px, _ = r.array(x, np.float32)
+    r.dispatch("reverse", [out, px], (50, 1, 1), (16, 1, 1), threadgroup_bytes=(16 * 4,))
+    assert view.tolist() == [v for s in range(0, 50, 16) for v in reversed(x[s:s + 16].tolist())]
+
+    grid, group = (5, 3, 2), (2, 2, 2)
+    out, view = r.array(np.zeros(30), np.uint32)
+    sizes, size_view = r.array(np.zeros(30), np.uint32)
+    r.dispatch("positions", [out, sizes], grid, group)
+    assert view.tolist() == list(range(1, 31))   # every position exactly once
+    edge = lambda p, n, g: min(g, n - p // g * g)
+    assert size_view.tolist() == [edge(x, 5, 2) * edge(y, 3, 2) * edge(z, 2, 2)
+                                  for z in range(2) for y in range(3) for x in range(5)]
+    r.lib.metal_close(r.rt)
+
+
+def test_a_kernel_argument_left_unbound_is_reported(features):
+    r = Runtime(features)
+    out, _ = r.array(np.zeros((40, 4)), np.float32)
+    handle = r.lib.metal_kernel(r.rt, b"shuffles")
+    assert handle
+    # no buffer bound at [[buffer(0)]]
+    r.lib.metal_dispatch_threads(r.rt, handle, (MetalArg * 0)(), 0, (ctypes.c_uint32 * 3)(8, 1, 1),
+                                 (ctypes.c_uint32 * 3)(8, 1, 1), None, 0)
+    assert "no argument bound at [[buffer(0)]]" in r.lib.metal_error(r.rt).decode()
