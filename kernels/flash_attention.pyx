@@ -13,7 +13,7 @@
 # crosses the diagonal the scores above it are set to probability 0 before any product.
 # Threads: forward over (b, h, query tile), longest tiles first; backward over (b, h), since a
 # query tile adds into the k and v gradients of every key block before it.
-# Variant 3 over variant 2 (64 x 64 tiles; dev/BENCHMARKS.md section 7): GCC does not vectorise
+# Variant 3 over variant 2 (64 x 64 tiles; dev/BENCHMARKS.md section 6): GCC does not vectorise
 # a max reduction without -ffinite-math-only (never used here), so variant 2's row maximum was
 # one serial chain of compares; here it runs in 16 independent lanes, which GCC keeps in
 # registers, 16 compares in flight; and tiles of 128 x 256, a quarter of the sgemm calls.
