@@ -771,19 +771,6 @@ LLAMA2C_V1_ORDER = ("attention_norm", "ffn_norm", "norm", "tok_embeddings", "wq"
                     "wo", "w1", "w2", "w3", "output")
 
 
-def llama_param_views(config, flat):
-    """dict name -> shaped view into a 1-D Llama parameter vector `flat`."""
-    views, offset = {}, 0
-    for name, shape in config.param_shapes():
-        size = int(np.prod(shape))
-        views[name] = flat[offset:offset + size].reshape(shape)
-        offset += size
-    if flat.ndim != 1 or offset != flat.size:
-        raise ValueError(f"expected a 1-D vector of {offset} parameters for "
-                         f"{config.describe()}, got shape {flat.shape}")
-    return views
-
-
 def rope_tables(max_seq_len, head_size, theta=LLAMA2C_ROPE_THETA):
     """RoPE's (cos, sin), each (max_seq_len, head_size/2) float32, as llama2.c's model.py
     computes them: frequencies theta^(-2i/hs) and angles t*freq in float32 (bit for bit as
@@ -813,7 +800,7 @@ def write_llama_model(path, config, params, version=1):
     if params.shape != (config.num_parameters(),):
         raise ValueError(f"write_llama_model: expected {config.num_parameters()} parameters for "
                          f"{config.describe()}, got an array of shape {params.shape}")
-    views = llama_param_views(config, np.ascontiguousarray(params, dtype="<f4"))
+    views = param_views(config, np.ascontiguousarray(params, dtype="<f4"))
     sizes = _llama2c_sizes(config)
     if version == 0:
         if not config.shared_classifier:
@@ -879,7 +866,7 @@ def read_llama_model(path):
         f.seek(header_bytes)
         data = _read_array(f, path, "<f4", count + rope_floats)
     params = np.empty(count, dtype=np.float32)
-    views = llama_param_views(config, params)
+    views = param_views(config, params)
     if version == 0:
         layer_floats = count - (0 if shared else views["output"].size)
         params[:layer_floats] = data[:layer_floats]
@@ -1035,7 +1022,7 @@ def llama_from_hf(tensors, hf_config, source="safetensors"):
     except ValueError as e:
         raise FormatError(source, f"config.json: {e}") from None
     params = np.empty(config.num_parameters(), dtype=np.float32)
-    for name, view in llama_param_views(config, params).items():
+    for name, view in param_views(config, params).items():
         per_layer = "{l}" in HF_LLAMA_NAMES[name]
         for l in range(config.n_layers if per_layer else 1):
             hf_name = HF_LLAMA_NAMES[name].format(l=l)
@@ -1094,7 +1081,7 @@ def write_gguf(path, config, params, pieces, scores, name="llm.pyx llama"):
     if len(pieces) != config.vocab_size:
         raise ValueError(f"write_gguf: the tokenizer has {len(pieces)} tokens, the model's "
                          f"vocabulary {config.vocab_size}")
-    views = llama_param_views(config, np.ascontiguousarray(params, dtype=np.float32))
+    views = param_views(config, np.ascontiguousarray(params, dtype=np.float32))
     tmp = f"{os.fspath(path)}.{os.getpid()}.tmp"
     writer = gguf.GGUFWriter(tmp, "llama")
     try:
@@ -1163,7 +1150,7 @@ def read_gguf(path):
         norm_eps=float(str(np.float32(field("llama.attention.layer_norm_rms_epsilon")))),
         rope_theta=float(str(np.float32(field("llama.rope.freq_base")))), shared_classifier="output.weight" not in tensors)
     params = np.empty(config.num_parameters(), dtype=np.float32)
-    for ours, view in llama_param_views(config, params).items():
+    for ours, view in param_views(config, params).items():
         theirs = GGUF_LLAMA_TENSORS[ours]
         per_layer = "{l}" in theirs
         for l in range(config.n_layers if per_layer else 1):

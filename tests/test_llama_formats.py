@@ -37,7 +37,7 @@ def fp32(array):
 
 
 def tensors(config, params):
-    return llmc_io.llama_param_views(config, params)
+    return llmc_io.param_views(config, params)
 
 
 # --- llama2.c's model files, from the format's description ---------------------------------
