@@ -234,7 +234,7 @@ def pretrained_params(model_type):
 # ----------------------------------------------------------------------------
 # the reference computations
 
-def _tokens(a):
+def as_tokens(a):
     return torch.from_numpy(np.asarray(a, dtype=np.int64))
 
 
@@ -242,20 +242,19 @@ def reference_forward_backward(config, params, x, y):
     """One forward + backward of the model params (llm.c layout) on inputs x, targets y
     (B,T): (logits (B,T,V) float32, mean loss, gradients as llm.c's padded vector)."""
     model = build_model(config, params)
-    logits, loss = model(_tokens(x), _tokens(y))
+    logits, loss = model(as_tokens(x), as_tokens(y))
     loss.backward()
     return logits.detach().numpy(), float(loss.item()), llmc_vector(model, grads=True)
 
 
-def reference_losses(config, params, x, y, steps=10, lr=ADAMW["lr"], beta1=ADAMW["beta1"],
-                     beta2=ADAMW["beta2"], eps=ADAMW["eps"], weight_decay=ADAMW["weight_decay"]):
-    """The losses of `steps` training steps on the one batch (x, y), as test_gpt2.c runs
-    them: forward (its loss is recorded), zero_grad, backward, AdamW update with weight decay
-    on every parameter."""
-    model = build_model(config, params)
+def step_losses(model, x, y, steps=10, lr=ADAMW["lr"], beta1=ADAMW["beta1"],
+                beta2=ADAMW["beta2"], eps=ADAMW["eps"], weight_decay=ADAMW["weight_decay"]):
+    """The losses of `steps` training steps of model (any family's) on the one batch (x, y),
+    as test_gpt2.c runs them: forward (its loss is recorded), zero_grad, backward, AdamW
+    update with weight decay on every parameter."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(beta1, beta2), eps=eps,
                                   weight_decay=weight_decay)
-    x, y = _tokens(x), _tokens(y)
+    x, y = as_tokens(x), as_tokens(y)
     losses = []
     for _ in range(steps):
         _, loss = model(x, y)
@@ -264,6 +263,11 @@ def reference_losses(config, params, x, y, steps=10, lr=ADAMW["lr"], beta1=ADAMW
         loss.backward()
         optimizer.step()
     return losses
+
+
+def reference_losses(config, params, x, y, **options):
+    """step_losses of the model params (llm.c layout); options as step_losses'."""
+    return step_losses(build_model(config, params), x, y, **options)
 
 
 # ----------------------------------------------------------------------------

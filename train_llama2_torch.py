@@ -35,10 +35,8 @@ from torch.nn import functional as F
 
 import llmc_io
 from llmc_io import PRESETS, LlamaConfig
-
-# AdamW as llm.c's test_gpt2.c runs it: weight decay on every parameter
-ADAMW = {"lr": 1e-4, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.01}
-INIT_STD = 0.02
+# test_gpt2.c's AdamW settings and training loop, and the init's std, as for GPT-2
+from train_gpt2_torch import ADAMW, INIT_STD, as_tokens, step_losses
 
 
 # ----------------------------------------------------------------------------
@@ -226,36 +224,19 @@ def init_params(config, seed):
 # ----------------------------------------------------------------------------
 # the reference computations
 
-def _tokens(a):
-    return torch.from_numpy(np.asarray(a, dtype=np.int64))
-
-
 def reference_forward_backward(config, params, x, y):
     """One forward + backward of the model params (flat vector) on inputs x, targets y
     (B,T): (logits (B,T,V) float32, mean loss, gradients as a flat vector)."""
     model = build_model(config, params)
-    logits, loss = model(_tokens(x), _tokens(y))
+    logits, loss = model(as_tokens(x), as_tokens(y))
     loss.backward()
     return logits.detach().numpy(), float(loss.item()), flat_vector(model, grads=True)
 
 
-def reference_losses(config, params, x, y, steps=10, lr=ADAMW["lr"], beta1=ADAMW["beta1"],
-                     beta2=ADAMW["beta2"], eps=ADAMW["eps"], weight_decay=ADAMW["weight_decay"]):
-    """The losses of `steps` training steps on the one batch (x, y), as test_gpt2.c runs
-    them: forward (its loss is recorded), zero_grad, backward, AdamW update with weight decay
-    on every parameter."""
-    model = build_model(config, params)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(beta1, beta2), eps=eps,
-                                  weight_decay=weight_decay)
-    x, y = _tokens(x), _tokens(y)
-    losses = []
-    for _ in range(steps):
-        _, loss = model(x, y)
-        losses.append(float(loss.item()))
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-    return losses
+def reference_losses(config, params, x, y, **options):
+    """step_losses (train_gpt2_torch's: test_gpt2.c's 10 AdamW steps on one batch) of the
+    model params (flat vector); options as step_losses'."""
+    return step_losses(build_model(config, params), x, y, **options)
 
 
 def make_batch(config, B, T, seed):
