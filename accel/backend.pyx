@@ -364,6 +364,14 @@ def register_backend(str name, str module, str description, unavailable=None):
 
 
 _ACCEL = os.path.dirname(os.path.abspath(__file__))
+
+
+def _not_built(library, target):
+    """Why a backend whose library (under accel/) is missing is unavailable; asked each time,
+    so a build made after import is seen."""
+    return None if os.path.exists(os.path.join(_ACCEL, library)) else f"not built: run `make {target}`"
+
+
 register_backend("cpu", "accel.cpu", "the Cython kernels of kernels/, OpenMP and OpenBLAS")
 register_backend("hip", "accel.hip.device",
                  "HIP on AMD or NVIDIA GPUs (hip-emu where only the emulated build exists)",
@@ -372,12 +380,10 @@ register_backend("hip-emu", "accel.hip.emulated", "the HIP kernels on the CPU em
                  lambda: _hip.unavailable("hip-emu"))
 register_backend("metal", "accel.metal.metal", "Metal on Apple GPUs",
                  "Metal needs macOS" if sys.platform != "darwin" else
-                 None if os.path.exists(os.path.join(_ACCEL, "metal", "build", "libmetal_runtime.dylib")) else
-                 "not built: run `make metal`")
+                 lambda: _not_built("metal/build/libmetal_runtime.dylib", "metal"))
 register_backend("metal-emu", "accel.metal.emulated", "accel/metal's kernels on the CPU emulator of MSL",
                  "the Metal emulator runs on Linux" if not sys.platform.startswith("linux") else
-                 None if os.path.exists(os.path.join(_ACCEL, "metal", "build", "libmetal_emu.so")) else
-                 "not built: run `make metal-emu`")
+                 lambda: _not_built("metal/build/libmetal_emu.so", "metal-emu"))
 register_backend("ane", "accel.ane", "the Apple Neural Engine",
                  "the Neural Engine needs macOS" if sys.platform != "darwin" else
                  "not written yet (issue 11: accel/ane)")

@@ -73,8 +73,7 @@ def parse_args(argv=None):
 
 def config_for(args):
     from llmc_io import GPT2Config, LlamaConfig
-    model = getattr(args, "model", None)   # dev/gpu/bench_gpu.py times GPT-2 only
-    return LlamaConfig.from_name(model) if model else GPT2Config.from_depth(args.depth)
+    return LlamaConfig.from_name(args.model) if args.model else GPT2Config.from_depth(args.depth)
 
 
 def model_class(args):
