@@ -1038,7 +1038,7 @@ def llama_from_hf(tensors, hf_config, source="safetensors"):
 
 # ----------------------------------------------------------------------------
 # GGUF, llama.cpp's file, through its own Python package (gguf): a Llama model in float32 with
-# its SentencePiece vocabulary, so llama.cpp runs what we trained.  llama.cpp's "llama"
+# its vocabulary (SentencePiece or GPT-2's BPE), so llama.cpp runs what we trained.  llama.cpp's "llama"
 # architecture rotates adjacent channel pairs, as we do: q and k go in unpermuted.
 
 GGUF_LLAMA_TENSORS = {  # ours -> llama.cpp's, {l} the layer
@@ -1050,9 +1050,37 @@ GGUF_LLAMA_TENSORS = {  # ours -> llama.cpp's, {l} the layer
 }
 
 
-def sentencepiece_vocab_from_llama2c(pieces, scores):
-    """(tokens as SentencePiece spells them, scores, gguf token types) of a llama2.c
-    tokenizer.bin's pieces: spaces back to U+2581, BOS/EOS as <s> and </s>."""
+class GGUFVocab:
+    """A vocabulary as GGUF's tokenizer.ggml.* keys hold it: llama.cpp's tokenizer `model`
+    ("llama": SentencePiece, "gpt2": byte-level BPE), each token's text and gguf TokenType, the
+    SentencePiece scores or the BPE merges, and the special ids."""
+
+    def __init__(self, model, tokens, types, scores=None, merges=None, pre=None,
+                 bos=None, eos=None, unk=None, add_bos=False):
+        self.model, self.tokens, self.types, self.scores = model, tokens, types, scores
+        self.merges, self.pre, self.bos, self.eos, self.unk = merges, pre, bos, eos, unk
+        self.add_bos = add_bos
+
+    def add_to(self, writer):
+        writer.add_tokenizer_model(self.model)
+        if self.pre is not None:
+            writer.add_tokenizer_pre(self.pre)
+        writer.add_token_list(self.tokens)
+        writer.add_token_types(self.types)
+        if self.scores is not None:
+            writer.add_token_scores(self.scores)
+        if self.merges is not None:
+            writer.add_token_merges(self.merges)
+        for add, token_id in ((writer.add_unk_token_id, self.unk), (writer.add_bos_token_id, self.bos),
+                              (writer.add_eos_token_id, self.eos)):
+            if token_id is not None:
+                add(token_id)
+        writer.add_add_bos_token(self.add_bos)
+
+
+def sentencepiece_gguf_vocab(pieces, scores):
+    """The GGUF vocabulary of a llama2.c tokenizer.bin's pieces and scores: spaces back to
+    U+2581 as SentencePiece spells them, BOS/EOS as <s> and </s>."""
     import gguf
     tokens, types = [], []
     for i, piece in enumerate(pieces):
@@ -1067,19 +1095,90 @@ def sentencepiece_vocab_from_llama2c(pieces, scores):
             types.append(gguf.TokenType.BYTE)
         else:
             types.append(gguf.TokenType.NORMAL)
-    return tokens, [float(s) for s in scores], types
+    return GGUFVocab("llama", tokens, types, scores=[float(s) for s in scores],
+                     unk=0, bos=1, eos=2, add_bos=True)
 
 
-def write_gguf(path, config, params, pieces, scores, name="llm.pyx llama"):
-    """A GGUF file (float32) of this Llama model with the vocabulary of a llama2.c
-    tokenizer.bin (pieces, scores), as llama.cpp's "llama" architecture reads it."""
+def gpt2_byte_text():
+    """byte -> the printable character GPT-2's vocabulary files spell it with: printable
+    Latin-1 bytes stand for themselves, the other 68 for U+0100 onwards in byte order."""
+    printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    text, unprintable = {b: chr(b) for b in printable}, 0
+    for b in range(256):
+        if b not in text:
+            text[b] = chr(0x100 + unprintable)
+            unprintable += 1
+    return text
+
+
+def bpe_merges(token_bytes, special=()):
+    """The merges of a byte-level BPE vocabulary listed in rank order (as tiktoken's and
+    llm.c's GPT-2 files are): token r's pair is what BPE with the merges below r leaves of its
+    bytes; one pair per multi-byte token, in the order of the tokens they make."""
+    rank = {t: i for i, t in enumerate(token_bytes) if i not in special}
+    merges = []
+    for r, token in enumerate(token_bytes):
+        if r in special or len(token) < 2:
+            continue
+        parts = [token[i:i + 1] for i in range(len(token))]
+        while len(parts) > 2:
+            ranks = [rank.get(parts[j] + parts[j + 1], r) for j in range(len(parts) - 1)]
+            best = min(range(len(ranks)), key=ranks.__getitem__)
+            if ranks[best] >= r:
+                raise ValueError(f"token {r} ({token!r}) is not made by merging earlier tokens: "
+                                 f"not a BPE vocabulary in rank order")
+            parts[best:best + 2] = [parts[best] + parts[best + 1]]
+        if rank.get(parts[0], r) >= r or rank.get(parts[1], r) >= r:
+            raise ValueError(f"token {r} ({token!r}) is not made by merging earlier tokens: "
+                             f"not a BPE vocabulary in rank order")
+        merges.append((parts[0], parts[1]))
+    return merges
+
+
+def gpt2_gguf_vocab(token_bytes, eot_token, vocab_size):
+    """The GGUF vocabulary ("gpt2" byte-level BPE, GPT-2's pre-tokenizer) of llm.c's
+    tokenizer file (each token's bytes in rank order, the end-of-text id), padded to the
+    model's vocab_size with unused tokens as llm.c pads GPT-2's 50257 to 50304."""
+    import gguf
+    if vocab_size < len(token_bytes):
+        raise ValueError(f"the tokenizer has {len(token_bytes)} tokens, more than the model's "
+                         f"vocabulary {vocab_size}")
+    special = () if eot_token is None else (eot_token,)
+    byte_text = gpt2_byte_text()
+    spell = lambda b: "".join(byte_text[x] for x in b)  # noqa: E731
+    tokens = [t.decode("utf-8") if i in special else spell(t) for i, t in enumerate(token_bytes)]
+    types = [gguf.TokenType.CONTROL if i in special else gguf.TokenType.NORMAL
+             for i in range(len(token_bytes))]
+    for i in range(len(token_bytes), vocab_size):
+        tokens.append(f"[PAD{i}]")
+        types.append(gguf.TokenType.UNUSED)
+    merges = [f"{spell(a)} {spell(b)}" for a, b in bpe_merges(token_bytes, special)]
+    return GGUFVocab("gpt2", tokens, types, merges=merges, pre="gpt-2", bos=eot_token,
+                     eos=eot_token)
+
+
+def gguf_vocab(tokenizer_path, vocab_size):
+    """The GGUF vocabulary of a tokenizer file: llm.c's (GPT-2 BPE) or llama2.c's
+    tokenizer.bin (SentencePiece), told apart by llm.c's magic number."""
+    with _open(tokenizer_path) as f:
+        head = f.read(4)
+    if int.from_bytes(head, "little", signed=True) == TOKENIZER_MAGIC:
+        token_bytes, eot_token = read_tokenizer(tokenizer_path)
+        return gpt2_gguf_vocab(token_bytes, eot_token, vocab_size)
+    pieces, scores = read_llama2c_tokenizer(tokenizer_path)
+    return sentencepiece_gguf_vocab(pieces, scores)
+
+
+def write_gguf(path, config, params, vocab, name="llm.pyx llama"):
+    """A GGUF file (float32) of this Llama model with its vocabulary (a GGUFVocab, see
+    gguf_vocab), as llama.cpp's "llama" architecture reads it."""
     try:
         import gguf
     except ImportError:
         raise RuntimeError("GGUF export needs the gguf package (llama.cpp's writer): "
                            "pip install gguf") from None
-    if len(pieces) != config.vocab_size:
-        raise ValueError(f"write_gguf: the tokenizer has {len(pieces)} tokens, the model's "
+    if len(vocab.tokens) != config.vocab_size:
+        raise ValueError(f"write_gguf: the tokenizer has {len(vocab.tokens)} tokens, the model's "
                          f"vocabulary {config.vocab_size}")
     views = param_views(config, np.ascontiguousarray(params, dtype=np.float32))
     tmp = f"{os.fspath(path)}.{os.getpid()}.tmp"
@@ -1097,15 +1196,7 @@ def write_gguf(path, config, params, pieces, scores, name="llm.pyx llama"):
         writer.add_rope_freq_base(config.rope_theta)
         writer.add_vocab_size(config.vocab_size)
         writer.add_file_type(gguf.LlamaFileType.ALL_F32)
-        tokens, token_scores, types = sentencepiece_vocab_from_llama2c(pieces, scores)
-        writer.add_tokenizer_model("llama")
-        writer.add_token_list(tokens)
-        writer.add_token_scores(token_scores)
-        writer.add_token_types(types)
-        writer.add_unk_token_id(0)
-        writer.add_bos_token_id(1)
-        writer.add_eos_token_id(2)
-        writer.add_add_bos_token(True)
+        vocab.add_to(writer)
         for ours, theirs in GGUF_LLAMA_TENSORS.items():
             if ours not in views:
                 continue

@@ -304,10 +304,70 @@ def test_gguf_reads_back_with_gguf(vocabulary, tmp_path, shared):
 def test_gguf_refuses_a_vocabulary_of_another_size(vocabulary, tmp_path):
     pytest.importorskip("gguf")
     _, bin_path, _ = vocabulary
-    pieces, scores = llmc_io.read_llama2c_tokenizer(bin_path)
+    vocab = llmc_io.gguf_vocab(bin_path, tiny().vocab_size)
     with pytest.raises(ValueError, match="the tokenizer has 400 tokens"):
-        llmc_io.write_gguf(tmp_path / "m.gguf", tiny(), random_params(tiny()), pieces, scores)
+        llmc_io.write_gguf(tmp_path / "m.gguf", tiny(), random_params(tiny()), vocab)
     assert os.listdir(tmp_path) == []
+
+
+def tiny_bpe():
+    """A byte-level BPE vocabulary built from known merges, in rank order as GPT-2's: the 256
+    bytes (shuffled, as GPT-2 orders them), then one token per merge, then an end-of-text."""
+    merges = [(b"t", b"h"), (b"th", b"e"), (b" ", b"the"), (b"e", b"r"), (b" ", b"t"),
+              (b"the", b"r"), (b" the", b"r"), (b"a", b"b"), (b"ab", b"ab")]
+    byte_order = np.random.default_rng(3).permutation(256)
+    tokens = [bytes([int(b)]) for b in byte_order] + [a + b for a, b in merges]
+    return tokens + [b"<|endoftext|>"], merges, len(tokens)
+
+
+def test_bpe_merges_rebuilt_from_the_ranks():
+    tokens, merges, eot = tiny_bpe()
+    assert llmc_io.bpe_merges(tokens, special=(eot,)) == merges
+    with pytest.raises(ValueError, match=r"token 263 \(b'abab'\) is not made by merging"):
+        llmc_io.bpe_merges(tokens[:-3] + [b"abab", b"ab"])   # "ab" comes after it
+    text = llmc_io.gpt2_byte_text()
+    assert text[ord(" ")] == "\u0120" and text[ord("\n")] == "\u010a" and text[ord("a")] == "a"
+    assert len(set(text.values())) == 256
+
+
+def test_gguf_with_a_gpt2_style_vocabulary(tmp_path):
+    """llm.c's tokenizer file in: GGUF's "gpt2" tokenizer with merges, padded to the model's
+    vocabulary with unused tokens; the end-of-text as BOS/EOS, a control token."""
+    gguf = pytest.importorskip("gguf")
+    tokens, merges, eot = tiny_bpe()
+    llmc_io.write_tokenizer(tmp_path / "tok.bin", tokens, eot)
+    config = LlamaConfig.from_name("d2", vocab_size=len(tokens) + 3, max_seq_len=16)
+    params = random_params(config, seed=2)
+    llmc_io.write_gguf(tmp_path / "m.gguf", config, params,
+                       llmc_io.gguf_vocab(tmp_path / "tok.bin", config.vocab_size))
+    reader = gguf.GGUFReader(tmp_path / "m.gguf")
+    field = lambda key: reader.get_field(key).contents()
+    assert field("tokenizer.ggml.model") == "gpt2" and field("tokenizer.ggml.pre") == "gpt-2"
+    assert field("tokenizer.ggml.merges")[:4] == ["t h", "th e", "\u0120 the", "e r"]
+    got = field("tokenizer.ggml.tokens")
+    assert got[eot] == "<|endoftext|>" and got[-3:] == [f"[PAD{eot + i}]" for i in (1, 2, 3)]
+    assert got[256 + 2] == "\u0120the"
+    types = field("tokenizer.ggml.token_type")
+    assert types[eot] == gguf.TokenType.CONTROL and types[-1] == gguf.TokenType.UNUSED
+    assert field("tokenizer.ggml.bos_token_id") == eot == field("tokenizer.ggml.eos_token_id")
+    config_back, params_back, _ = llmc_io.read_gguf(tmp_path / "m.gguf")
+    assert config_back == config and np.array_equal(params_back, params)
+    with pytest.raises(ValueError, match="more than the model's vocabulary"):
+        llmc_io.gguf_vocab(tmp_path / "tok.bin", len(tokens) - 1)
+
+
+def test_gguf_gpt2_merges_as_gpt2s(tmp_path):
+    """With GPT-2's own ranks at hand, the rebuilt merges start as GPT-2's merges.txt does."""
+    gguf = pytest.importorskip("gguf")
+    try:
+        enc = tokenizer.gpt2_encoding()
+    except tokenizer.TokenizerError as e:
+        pytest.skip(f"no GPT-2 ranks here: {e}")
+    vocab = llmc_io.gpt2_gguf_vocab([enc.decode_single_token_bytes(i) for i in range(enc.n_vocab)],
+                                    enc.eot_token, 50304)
+    assert len(vocab.merges) == 50000 and vocab.tokens[50256] == "<|endoftext|>"
+    assert vocab.merges[:5] == ["\u0120 t", "\u0120 a", "h e", "i n", "r e"]
+    assert vocab.tokens[262] == "\u0120the" and len(vocab.tokens) == 50304
 
 
 def test_train_takes_the_vocabulary_beside_the_shards(vocabulary, tmp_path):
