@@ -2,11 +2,12 @@
 Exports a Llama-family model file (llama2.c's format, as train.py --model writes it) to GGUF,
 llama.cpp's file, through llama.cpp's own Python writer (the gguf package), float32, with the
 vocabulary the model was trained on: a llama2.c tokenizer.bin (SentencePiece:
-dev/data/tinyshakespeare.py --sentencepiece N writes one beside its shards) or llm.c's GPT-2
-tokenizer (gpt2_tokenizer.bin: byte-level BPE, its merges rebuilt from the token ranks):
+dev/data/tinyshakespeare.py --sentencepiece N writes one beside its shards) or GPT-2's
+byte-level BPE (the data scripts' default; `gpt2` for tiktoken's, found offline as train.py
+finds it, or llm.c's gpt2_tokenizer.bin), its merges rebuilt from the token ranks:
 
     python dev/export_gguf.py MODEL.bin TOKENIZER.bin -o model.gguf
-    python dev/export_gguf.py MODEL.bin gpt2_tokenizer.bin -o model.gguf
+    python dev/export_gguf.py MODEL.bin gpt2 -o model.gguf
     llama-cli -m model.gguf -p "First Citizen:"           # llama.cpp, where it is built
 
 --check reads the file back with gguf's reader and compares every tensor and size.
@@ -24,7 +25,13 @@ import llmc_io  # noqa: E402
 
 def export(model_path, tokenizer_path, output):
     config, params = llmc_io.read_llama_model(model_path)
-    vocab = llmc_io.gguf_vocab(tokenizer_path, config.vocab_size)
+    if tokenizer_path == "gpt2":
+        from llmc.tokenizer import gpt2_encoding
+        enc = gpt2_encoding()
+        vocab = llmc_io.gpt2_gguf_vocab([enc.decode_single_token_bytes(i) for i in range(enc.n_vocab)],
+                                        enc.eot_token, config.vocab_size)
+    else:
+        vocab = llmc_io.gguf_vocab(tokenizer_path, config.vocab_size)
     llmc_io.write_gguf(output, config, params, vocab,
                        name=os.path.splitext(os.path.basename(model_path))[0])
     return config, params
@@ -34,7 +41,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", help="a llama2.c model file (version 0 or 1)")
-    p.add_argument("tokenizer", help="its vocabulary: a llama2.c tokenizer.bin or llm.c's gpt2_tokenizer.bin")
+    p.add_argument("tokenizer", help="its vocabulary: a llama2.c tokenizer.bin, llm.c's gpt2_tokenizer.bin, "
+                   "or gpt2 (tiktoken's GPT-2)")
     p.add_argument("-o", "--output", help="the .gguf to write (default: MODEL.gguf)")
     p.add_argument("--check", action="store_true", help="read it back and compare")
     args = p.parse_args(argv)

@@ -29,8 +29,8 @@ GGML_TYPE_F32 = 0
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("model", help="a llama2.c model file")
-    p.add_argument("tokenizer", help="its vocabulary: a llama2.c tokenizer.bin or llm.c's "
-                   "gpt2_tokenizer.bin")
+    p.add_argument("tokenizer", help="its vocabulary: a llama2.c tokenizer.bin, llm.c's "
+                   "gpt2_tokenizer.bin, or gpt2 (tiktoken's GPT-2)")
     p.add_argument("--prompt", default="First Citizen:")
     p.add_argument("-t", type=int, default=32, help="tokens compared (default: %(default)s)")
     args = p.parse_args(argv)

@@ -368,6 +368,13 @@ def test_gguf_gpt2_merges_as_gpt2s(tmp_path):
     assert len(vocab.merges) == 50000 and vocab.tokens[50256] == "<|endoftext|>"
     assert vocab.merges[:5] == ["\u0120 t", "\u0120 a", "h e", "i n", "r e"]
     assert vocab.tokens[262] == "\u0120the" and len(vocab.tokens) == 50304
+    config = LlamaConfig.from_name("d1", vocab_size=enc.n_vocab, max_seq_len=16)
+    llmc_io.write_llama_model(tmp_path / "m.bin", config, random_params(config))
+    run = subprocess.run([sys.executable, os.path.join(REPO, "dev", "export_gguf.py"),
+                          str(tmp_path / "m.bin"), "gpt2", "--check"], capture_output=True, text=True)
+    assert run.returncode == 0 and "read back equal" in run.stdout, run.stderr
+    reader = gguf.GGUFReader(tmp_path / "m.gguf")
+    assert reader.get_field("tokenizer.ggml.merges").contents()[:5] == vocab.merges[:5]
 
 
 def test_train_takes_the_vocabulary_beside_the_shards(vocabulary, tmp_path):
