@@ -35,7 +35,7 @@ dividing n_heads), a phase needing more compiles than a whole process gets, an u
 """
 from dataclasses import dataclass, field, fields, replace
 
-from accel.ane.runtime import ANE_INNER_MULTIPLE, CompileBudget
+from accel.ane.runtime import ANE_INNER_MULTIPLE, ANE_LIMIT, CompileBudget
 from llmc import recompute
 
 __all__ = ["FORWARD", "BACKWARD", "PIPELINES", "Phase", "PlanError", "Plan", "make_plan",
@@ -68,7 +68,8 @@ class Phase:
     def __str__(self):
         if self.kind == "update":
             return "update"
-        return f"{self.kind} {self.layer}" + (f" (micro-batch {self.micro})" if self.micro else "")
+        return f"the {self.kind} of layer {self.layer}" + (f" (micro-batch {self.micro})"
+                                                           if self.micro else "")
 
 
 def kernel_id(pipeline, kernel, weighted, layer):
@@ -145,7 +146,7 @@ def place(pipeline, phases, budget, steps):
                 process, number = Process(pipeline, budget), number + 1
                 if process.needs_restart(len(process.needed(phase))):
                     raise PlanError(
-                        f"the compile budget ({budget}) is smaller than {phase} needs: "
+                        f"the compile budget, {budget}, is smaller than {phase} needs: "
                         f"{len(phase.kernels)} compiles"
                         + (f" (it recomputes layers {phase.recomputed[0]}..{phase.recomputed[-1]}"
                            f" first)" if phase.recomputed else "")
@@ -281,8 +282,8 @@ def make_plan(model, pipeline="static", budget=None, policy="all", B=1, T=None, 
     if pipeline not in PIPELINES:
         raise PlanError(f"ANE plan: unknown pipeline {pipeline!r}: one of {', '.join(PIPELINES)}")
     try:
-        budget = budget if isinstance(budget, CompileBudget) else CompileBudget(
-            **({} if budget is None else {"limit": int(budget)}))
+        budget = budget if isinstance(budget, CompileBudget) else CompileBudget.for_limit(
+            ANE_LIMIT if budget is None else budget)
         policy = recompute.parse_policy(policy)
     except ValueError as e:
         raise PlanError(f"ANE plan: {e}") from None

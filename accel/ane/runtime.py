@@ -63,6 +63,11 @@ class CompileBudget:
             raise ValueError(f"compile budget: need limit >= 1 and 0 <= headroom < limit, got "
                              f"limit {self.limit}, headroom {self.headroom}")
 
+    @classmethod
+    def for_limit(cls, limit=ANE_LIMIT):
+        """The budget of a compiler limit, with the usual headroom (at most half of it)."""
+        return cls(int(limit), min(ANE_HEADROOM, int(limit) // 2))
+
     @property
     def usable(self):
         return self.limit - self.headroom
