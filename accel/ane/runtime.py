@@ -185,9 +185,10 @@ def _evaluate(program, inputs):
     for op in _function(program).operations:
         p = lambda name, default=None: _param(op, name, env, default)  # noqa: E731
         t = op.op_type
-        if t == "const":
-            out = np.asarray(op.outputs[0].val)
-        elif t == "conv":   # 1x1, stride 1, one group: the ANE's linear layer
+        if t == "const":   # strings and ints too (pad_type, strides): kept as they are
+            env[op.outputs[0].name] = op.outputs[0].val
+            continue
+        if t == "conv":   # 1x1, stride 1, one group: the ANE's linear layer
             w = p("weight").astype(np.float32)
             if w.shape[2:] != (1, 1) or int(p("groups", 1)) != 1:
                 raise NotImplementedError(f"mock: conv {op.name} is not a 1x1 single-group conv")
