@@ -238,3 +238,38 @@ def test_coreml_converts_and_saves_an_mlpackage(tmp_path):
     if sys.platform != "darwin":
         with pytest.raises(RuntimeUnavailable, match="needs macOS"):
             runtime.run(kernel, {"x": np.zeros((1, 32, 1, 8), np.float32)})
+
+
+class StubANE:
+    """The private library's interface over the mock evaluator; zeros=True returns zeros, as the
+    ANE does for some shapes, silently."""
+
+    def __init__(self, zeros):
+        self.zeros, self.mock = zeros, MockRuntime()
+
+    def compile(self, text, blob, inputs, outputs):
+        return text
+
+    def run(self, handle, inputs, outputs):
+        kernel = self.mock.compile(handle)
+        out = self.mock.run(kernel, inputs)
+        return {k: np.zeros_like(v) for k, v in out.items()} if self.zeros else out
+
+
+def test_private_runtime_checks_shapes_and_outputs_before_trusting():
+    from accel.ane.runtime import PrivateANERuntime, RuntimeUnavailable
+    if sys.platform != "darwin":
+        with pytest.raises(RuntimeUnavailable, match="needs macOS"):
+            PrivateANERuntime()
+    program, _ = linear_program()
+    x = {"x": np.random.default_rng(2).standard_normal((1, 32, 1, 8)).astype(np.float32)}
+    bad = PrivateANERuntime(check_against=MockRuntime(), lib=StubANE(zeros=True))
+    with pytest.raises(ValueError, match="conv proj sums over 48, not a multiple of 32"):
+        bad.compile(linear_program(C=48)[0], weights=("mil text", b""))
+    kernel = bad.compile(program, weights=(program, b""))   # the stub "compiles" the program
+    with pytest.raises(RuntimeError, match="differs from the reference's"):
+        bad.run(kernel, x)
+    good = PrivateANERuntime(check_against=MockRuntime(), lib=StubANE(zeros=False))
+    kernel = good.compile(program, weights=(program, b""))
+    good.run(kernel, x)
+    assert good.trusted == {kernel.index}

@@ -322,10 +322,12 @@ class PrivateANERuntime(Runtime):
     against CoreMLRuntime's before trusting it (check_against=CoreMLRuntime(...))."""
     name = "ane-private"
 
-    def __init__(self, budget=None, check_against=None, rtol=2e-2, atol=2e-2):
+    def __init__(self, budget=None, check_against=None, rtol=2e-2, atol=2e-2, lib=None):
         super().__init__(budget)
-        from accel.ane import private   # RuntimeUnavailable off macOS or unbuilt
-        self.lib = private.load()
+        if lib is None:
+            from accel.ane import private   # RuntimeUnavailable off macOS or unbuilt
+            lib = private.load()
+        self.lib = lib   # compile(text, blob, inputs, outputs), run(handle, inputs, outputs)
         self.reference = check_against
         self.rtol, self.atol = rtol, atol
         self.trusted = set()
@@ -355,7 +357,7 @@ class PrivateANERuntime(Runtime):
             for name, value in outputs.items():
                 if not np.allclose(value, expected[name], rtol=self.rtol, atol=self.atol):
                     raise RuntimeError(f"ane-private: output {name} of kernel {kernel.index} "
-                                       f"differs from Core ML's (max |diff| "
+                                       f"differs from the reference's (max |diff| "
                                        f"{np.max(np.abs(value - expected[name])):.3g}): not "
                                        f"trusted")
             self.trusted.add(kernel.index)
