@@ -312,8 +312,9 @@ def dry_run(args):
         if args.family != "llama":
             raise TrainError("--backend ane trains Llama models: -e stories15M, ..., llama-7b")
         try:
+            accum = 1 if args.total_batch_size == -1 else args.total_batch_size // (args.B * args.T)
             plan = make_plan(config, args.ane_pipeline, args.ane_budget, args.recompute,
-                             args.B, args.T)
+                             args.B, args.T, accum)
         except PlanError as e:
             raise TrainError(str(e)) from None
         return print(ane_plan(plan, f"{family} {init}"))

@@ -273,3 +273,13 @@ def test_private_runtime_checks_shapes_and_outputs_before_trusting():
     kernel = good.compile(program, weights=(program, b""))
     good.run(kernel, x)
     assert good.trusted == {kernel.index}
+
+
+def test_steps_per_process_of_a_small_static_model():
+    """d2 static: 14 compiles in the first step (12 weighted + 2 attention), 12 in each next:
+    8 steps in 109 compiles; micro-batches (gradient accumulation) reuse the kernels."""
+    plan = make_plan("d2", "static", None, "all", T=16)
+    assert (plan.first_step_compiles, plan.compiles_per_step) == (14, 12)
+    assert plan.steps_per_process == 8
+    accumulated = make_plan("stories110M", "static", None, "all", T=256, accum=10)
+    assert accumulated.compiles_per_step == 74 and accumulated.steps_per_process == 1

@@ -296,9 +296,9 @@ def make_plan(model, pipeline="static", budget=None, policy="all", B=1, T=None, 
                         f"{config.max_seq_len}")
     rplan = recompute.RecomputePlan(policy, config.n_layers)
     phases = step_phases(pipeline, rplan, accum)
-    if steps is None:   # enough steps to see the first restart between steps, and one more
-        per_step = sum(len(p.kernels) for p in phases)
-        steps = max(2, min(budget.usable // max(per_step, 1) + 2, 1000))
+    if steps is None:   # enough to see the first restart and the steady state after it: a
+        # static step compiles at least 6 kernels (one layer's), a dynamic one is steady by its 2nd
+        steps = budget.usable // 6 + 2 if pipeline == "static" else 2
     events = place(pipeline, phases, budget, steps)
     return Plan(config, pipeline, budget, policy, B, T, accum, rplan, phases, events, steps)
 
