@@ -283,3 +283,17 @@ def test_steps_per_process_of_a_small_static_model():
     assert plan.steps_per_process == 8
     accumulated = make_plan("stories110M", "static", None, "all", T=256, accum=10)
     assert accumulated.compiles_per_step == 74 and accumulated.steps_per_process == 1
+
+
+def test_resume_from_a_truncated_state_file_fails_in_one_line(tmp_path):
+    state = tmp_path / "state.bin"
+    meta = dict(key="x", step=1, phase=0, process=1)
+    restart.write_state(state, meta, dict(W=np.zeros(100, np.float32)))
+    state.write_bytes(state.read_bytes()[:-100])
+    done = subprocess.run([sys.executable, "-m", "accel.ane.restart", "--state", str(state),
+                           "--out", str(tmp_path / "w.npy")], cwd=ROOT, capture_output=True,
+                          text=True)
+    assert done.returncode != 0
+    assert done.stderr.strip().splitlines() == [
+        f"restart: error: {state}: truncated or damaged ANE state: "
+        f"{state.stat().st_size} bytes, its header says {state.stat().st_size + 100}"]

@@ -148,6 +148,9 @@ def execute(plan, workload, runtime, state_path, steps, restart=exec_restart):
             phase = plan.phases[i]
             needed = process.needed(phase)
             if runtime.needs_restart(len(needed)):
+                if process.compiles == 0:   # a fresh process would only restart again
+                    raise ValueError(f"{phase} needs {len(needed)} compiles, more than a "
+                                     f"process gets ({runtime.budget})")
                 return save_and_restart(step, i)
             for kernel_id in needed:
                 kernels[kernel_id] = runtime.compile(workload.program(kernel_id))
