@@ -38,8 +38,8 @@ from dataclasses import dataclass, field, fields, replace
 from accel.ane.runtime import ANE_INNER_MULTIPLE, ANE_LIMIT, CompileBudget
 from llmc import recompute
 
-__all__ = ["FORWARD", "BACKWARD", "PIPELINES", "Phase", "PlanError", "Plan", "make_plan",
-           "format_plan", "inner_dims", "place"]
+__all__ = ["FORWARD", "BACKWARD", "PIPELINES", "Phase", "PlanError", "Plan", "Process",
+           "format_plan", "inner_sizes", "kernel_id", "make_plan", "place", "step_fits"]
 
 PIPELINES = ("static", "dynamic")
 # (kernel, takes the layer's weights): accel/ane/mil.py's pieces, in the order a layer runs them
@@ -119,7 +119,7 @@ class Process:
         return needed
 
 
-def _step_fits(process, phases):
+def step_fits(process, phases):
     """Whether the phases run in `process` without passing its budget (it is not changed)."""
     trial = Process(process.pipeline, process.budget)
     trial.resident, trial.compiles = set(process.resident), process.compiles
@@ -137,9 +137,9 @@ def place(pipeline, phases, budget, steps):
     smallest); a bigger step restarts before the first phase whose kernels would pass the
     budget.  PlanError when a phase alone needs more than a fresh process gets."""
     process, number, events = Process(pipeline, budget), 1, []
-    whole_steps = _step_fits(Process(pipeline, budget), phases)
+    whole_steps = step_fits(Process(pipeline, budget), phases)
     for step in range(steps):
-        if whole_steps and not _step_fits(process, phases):
+        if whole_steps and not step_fits(process, phases):
             process, number = Process(pipeline, budget), number + 1
         for i, phase in enumerate(phases):
             if process.needs_restart(len(process.needed(phase))):
@@ -156,7 +156,7 @@ def place(pipeline, phases, budget, steps):
     return events
 
 
-def inner_dims(config, T):
+def inner_sizes(config, T):
     """{the dimension's name: its size} of every sum a matmul of the eight kernels runs over
     (forward and dx): the private ANE path needs each a multiple of 32."""
     hs = config.dim // config.n_heads
@@ -404,7 +404,7 @@ def format_plan(plan, name=""):
         f"(weights, AdamW m and v, step, data position, RNG), "
         f"{_bytes(mem['state_inside_step'])} inside one",
     ]
-    bad = {k: v for k, v in inner_dims(c, plan.T).items() if v % ANE_INNER_MULTIPLE}
+    bad = {k: v for k, v in inner_sizes(c, plan.T).items() if v % ANE_INNER_MULTIPLE}
     if bad:
         pads = ", ".join(f"{k}={v} -> {-(-v // ANE_INNER_MULTIPLE) * ANE_INNER_MULTIPLE}"
                          for k, v in bad.items())

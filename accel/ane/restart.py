@@ -35,7 +35,7 @@ import zlib
 import numpy as np
 
 import llmc_io
-from accel.ane.plan import Process, _step_fits, make_plan
+from accel.ane.plan import BACKWARD, FORWARD, Process, kernel_id, make_plan, step_fits
 from accel.ane.runtime import CompileBudget, MockRuntime, NumpyProgram
 
 __all__ = ["MAGIC", "exec_restart", "execute", "read_state", "write_state"]
@@ -135,14 +135,14 @@ def execute(plan, workload, runtime, state_path, steps, restart=exec_restart):
         workload.load(meta, arrays)
     print(f"process {number}: starts at step {step} phase {start}", flush=True)
     process, kernels = Process(plan.pipeline, plan.budget), {}
-    whole_steps = _step_fits(Process(plan.pipeline, plan.budget), plan.phases)
+    whole_steps = step_fits(Process(plan.pipeline, plan.budget), plan.phases)
 
     def save_and_restart(step, phase):
         meta, arrays = workload.state()
         restart(state_path, dict(meta, key=key, step=step, phase=phase, process=number), arrays)
 
     while step < steps:
-        if start == 0 and whole_steps and not _step_fits(process, plan.phases):
+        if start == 0 and whole_steps and not step_fits(process, plan.phases):
             return save_and_restart(step, 0)
         for i in range(start, len(plan.phases)):
             phase = plan.phases[i]
@@ -202,14 +202,12 @@ class FakeWorkload:
                             lambda x: {"y": np.tanh(W @ x)})
 
     def _forward(self, l, kernels, runtime):
-        from accel.ane.plan import FORWARD, kernel_id
         x = self.acts[l]
         for k, w in FORWARD:
             x = x + 0.1 * runtime.run(kernels[kernel_id("static", k, w, l)], {"x": x})["y"]
         return x
 
     def run_phase(self, phase, kernels, runtime):
-        from accel.ane.plan import BACKWARD, kernel_id
         if phase.kind == "forward":
             if phase.layer == 0:
                 self.acts[0] = self.rng.standard_normal((self.C, self.S)) + 0.01 * self.data_pos
