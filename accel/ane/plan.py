@@ -377,9 +377,11 @@ def format_plan(plan, name=""):
                   for l in range(min(a, b), max(a, b) + 1)}
         weights = HALF * mem["layer_matrix_elements"] * len(layers) * (
             2 if plan.pipeline == "static" else 0)
-        extra = f", {_bytes(weights)} fp16 weights baked in" if weights else ""
+        extra = (f"; {_bytes(4 * mem['layer_params'] * len(layers))} of its layers' fp32 "
+                 f"parameters, gradients, AdamW m, v" if layers else "")
+        extra += f", {_bytes(weights)} fp16 weights baked in" if weights else ""
         carried = " (the previous step's last process)" if (
-            number == 1 and plan.continues_process()) else ""
+            number == 1 and plan.restarts and plan.continues_process()) else ""
         lines.append(f"  process {number}{carried}: {compiles:3d} compiles: {what}{extra}")
     spp = plan.steps_per_process
     if spp is None:
