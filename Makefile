@@ -11,10 +11,11 @@
 #   make hip-emu         the HIP backend on the CPU emulator (g++ only; what CI tests)
 #   make hip-check-nvcc  compile-check accel/hip for NVIDIA (nvcc, cuBLAS headers)
 #   make hip-check-amd   compile-check accel/hip for AMD (hipcc)
+#   make ane-private     the private ANE runtime (accel/ane/ane_private.m; needs macOS)
 #   make clean
 PYTHON ?= python3
 
-.PHONY: train_gpt2 dev test bench hip hip-emu hip-check-nvcc hip-check-amd clean
+.PHONY: train_gpt2 dev test bench hip hip-emu hip-check-nvcc hip-check-amd ane-private clean
 
 train_gpt2:
 	$(PYTHON) dev/ensure_requirements.py requirements.txt
@@ -38,10 +39,20 @@ hip-emu: train_gpt2
 hip-check-nvcc hip-check-amd:
 	$(MAKE) -C accel/hip $(@:hip-%=%)
 
+# the private ANE API's runtime (accel/ane/README.md): macOS only, opt-in, unrun here
+ane-private:
+ifeq ($(shell uname -s),Darwin)
+	mkdir -p accel/ane/build
+	xcrun clang -fobjc-arc -O2 -Wall -dynamiclib -framework Foundation -framework IOSurface \
+	    accel/ane/ane_private.m -o accel/ane/build/libane_private.dylib
+else
+	@echo "make ane-private: needs macOS (the private ANE API is Apple's); on Linux: python train.py --backend ane --dry-run" >&2; exit 1
+endif
+
 # every .pyx's generated C, and the extension modules beside it (hidden folders and virtual
 # environments kept in the tree are left alone, as setup.py leaves them)
 clean:
-	rm -rf build accel/metal/build accel/hip/build
+	rm -rf build accel/metal/build accel/hip/build accel/ane/build
 	find . \( -name '.?*' -o -exec test -e '{}/pyvenv.cfg' \; \) -prune -o -name '*.pyx' -print | \
 	    while read -r f; do rm -f "$${f%.pyx}.c" "$$(dirname "$$f")"/*.so "$$(dirname "$$f")"/*.pyd; done
 

@@ -149,6 +149,11 @@ def parse_args(argv):
     p.add_argument("--dry-run", action="store_true",
                    help="print the plan of a step of the model at -b, -t, --recompute (memory, "
                         "FLOPs, time estimate) without allocating it, and exit")
+    p.add_argument("--ane-pipeline", choices=("static", "dynamic"), default="dynamic",
+                   help="--backend ane: weights as constants (recompiled after every update) "
+                        "or as inputs (compiled once); accel/ane/plan.py")
+    p.add_argument("--ane-budget", metavar="INT", type=int, default=None,
+                   help="--backend ane: ANE compiles per process (default: 119, the anchor's)")
     args = p.parse_args(argv)
 
     def require(ok, flag, value, requirement):
@@ -302,6 +307,17 @@ def dry_run(args):
     if args.T > config.max_seq_len:
         raise TrainError(f"-t {args.T} exceeds the model's max sequence length {config.max_seq_len}")
     family = {"gpt2": "GPT-2", "llama": "Llama 2"}[args.family]
+    if args.backend == "ane":   # the ANE pipeline's plan against the compile budget
+        from accel.ane.plan import PlanError, format_plan as ane_plan, make_plan
+        if args.family != "llama":
+            raise TrainError("--backend ane trains Llama models: -e stories15M, ..., llama-7b")
+        try:
+            accum = 1 if args.total_batch_size == -1 else args.total_batch_size // (args.B * args.T)
+            plan = make_plan(config, args.ane_pipeline, args.ane_budget, args.recompute,
+                             args.B, args.T, accum)
+        except PlanError as e:
+            raise TrainError(str(e)) from None
+        return print(ane_plan(plan, f"{family} {init}"))
     print(format_plan(Model, config, f"{family} {init}", args.B, args.T, args.recompute,
                       backend=args.backend))
 

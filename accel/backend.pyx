@@ -384,9 +384,12 @@ register_backend("metal", "accel.metal.metal", "Metal on Apple GPUs",
 register_backend("metal-emu", "accel.metal.emulated", "accel/metal's kernels on the CPU emulator of MSL",
                  "the Metal emulator runs on Linux" if not sys.platform.startswith("linux") else
                  lambda: _not_built("metal/build/libmetal_emu.so", "metal-emu"))
-register_backend("ane", "accel.ane", "the Apple Neural Engine",
-                 "the Neural Engine needs macOS" if sys.platform != "darwin" else
-                 "not written yet (issue 11: accel/ane)")
+register_backend("ane", "accel.ane", "the Apple Neural Engine (Llama; accel/ane/README.md)",
+                 "the Neural Engine needs macOS (here: train.py --backend ane --dry-run plans it)"
+                 if sys.platform != "darwin" else
+                 lambda: _not_built("ane/build/libane_private.dylib", "ane-private") or
+                 "its runtimes are built but not yet wired into the training loop "
+                 "(accel/ane/README.md)")
 
 
 def backend_names():

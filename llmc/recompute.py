@@ -80,22 +80,23 @@ class RecomputePlan:
             self.slot_of = (layers % k).astype(np.int32)
             self.output_of = np.where(last, chain + layers // k, layers % k).astype(np.int32)
             self.segment_start = (layers - layers % k).astype(np.int32)
-        self.recomputed = self._count_recomputed()
+        self.recomputed = sum(len(layers) for layers in self.recomputes())
 
-    def _count_recomputed(self):
-        """The layer forwards a backward pass runs again: llmc/model.pyx's backward, counted.
-        A layer is recomputed, with its segment's layers before it, when its slot no longer
-        holds it (so a short last segment spares the layers of the one before still there)."""
+    def recomputes(self):
+        """[the layers recomputed just before layer l's backward, in order] for each layer l:
+        llmc/model.pyx's backward, walked.  A layer is recomputed, with its segment's layers
+        before it, when its slot no longer holds it (so a short last segment spares the layers
+        of the one before still there).  The ANE planner (accel/ane/plan.py) schedules by it."""
         resident = [-1] * self.slots
         for l in range(self.num_layers):   # the forward pass
             resident[self.slot_of[l]] = l
-        count = 0
+        runs = [[] for _ in range(self.num_layers)]
         for l in range(self.num_layers - 1, -1, -1):
             if resident[self.slot_of[l]] != l:
                 for j in range(self.segment_start[l], l + 1):
                     resident[self.slot_of[j]] = j
-                    count += 1
-        return count
+                    runs[l].append(j)
+        return runs
 
     def __repr__(self):
         return (f"RecomputePlan({self.policy!r}, L={self.num_layers}: {self.slots} slots, "
