@@ -9,7 +9,7 @@ import pytest
 
 import llmc_io
 from accel.ane import restart
-from accel.ane.plan import PlanError, format_plan, make_plan
+from accel.ane.plan import PlanError, format_plan, make_plan, memory
 from accel.ane.runtime import (BudgetExceeded, CompileBudget, CompileLimitError, MockRuntime,
                                NumpyProgram)
 
@@ -297,3 +297,12 @@ def test_resume_from_a_truncated_state_file_fails_in_one_line(tmp_path):
     assert done.stderr.strip().splitlines() == [
         f"restart: error: {state}: truncated or damaged ANE state: "
         f"{state.stat().st_size} bytes, its header says {state.stat().st_size + 100}"]
+
+
+def test_memory_counts_one_layers_matrices():
+    """The fp16 copy the ANE holds of a layer is its matrices at 2 bytes each (planted: the
+    count divided by the layers once more said 1.1 MiB for stories110M's 13.5)."""
+    config = llmc_io.LlamaConfig.from_name("stories110M")
+    mem = memory(make_plan(config, "static"))
+    dim, hidden = config.dim, config.hidden_dim
+    assert mem["layer_matrix_elements"] == 4 * dim * dim + 3 * dim * hidden

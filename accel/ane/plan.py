@@ -319,7 +319,7 @@ def memory(plan):
     layer_params = (memory_plan(Llama2, replace(config, n_layers=2), B, T, "all")["params"] -
                     memory_plan(Llama2, one, B, T, "all")["params"])
     layer_weights = sum(shape[1] * shape[2] for name, shape in config.param_shapes()
-                        if len(shape) == 3) // config.n_layers   # the matrices, not the norms
+                        if len(shape) == 3)   # (L, rows, cols): one layer's matrices, not norms
     state_between = whole["params"] + whole["adamw"]
     return dict(whole=whole, layer_params=layer_params, layer_matrix_elements=layer_weights,
                 state_between_steps=state_between,
