@@ -774,6 +774,8 @@ def create(str wrapper, Backend target):
     b.s.step, b.s.layer = 0, -1
     b.reset()
     b.set_tolerance(DEFAULT_TOLERANCE)
+    for entry, tolerance in getattr(target, "tolerances", {}).items():   # e.g. fp16 entries
+        b.set_tolerance(tolerance, entry)
     b.keepalive = (target, b.oracle)
 
     cdef BackendTable* t = &b.table
