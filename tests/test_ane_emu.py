@@ -46,7 +46,8 @@ def test_loss_scaling_keeps_a_small_gradient_from_underflowing():
         dinp = np.zeros((BT, C), np.float32)
         emulator.matmul_dinp(dinp, dout, weight, BT, C, OC)
         if loss_scale:
-            assert emulator.scale_of(dout) == 2.0 ** 38
+            scale = emulator.scale_of(dout)
+            assert np.log2(scale) % 1 == 0 and 128 < np.abs(dout).max() * scale <= 256
             np.testing.assert_allclose(dinp, want, atol=2e-3 * np.abs(want).max())
         else:
             assert not dinp.any()
