@@ -91,7 +91,10 @@ def test_train_py_on_ane_emu_tracks_the_cpu_losses(tmp_path):
               "-i", tmp_path / "train_*.bin", "-j", tmp_path / "train_*.bin", "-m", 0, "-s", 0,
               "-x", 5, "-l", 3e-3]
     cpu = step_losses(run_train(*common, "--backend", "cpu", "-o", tmp_path / "cpu"))
-    ane = step_losses(run_train(*common, "--backend", "ane-emu", "-o", tmp_path / "ane"))
+    # under check: every call of the whole run is also compared with the CPU's, at its tolerance
+    stdout = run_train(*common, "--backend", "check:ane-emu", "-o", tmp_path / "ane")
+    assert re.search(r"^check:ane-emu: \d+ outputs compared, all within tolerance$", stdout, re.M)
+    ane = step_losses(stdout)
     assert sorted(cpu) == sorted(ane) == [1, 2, 3, 4, 5]
     cpu, ane = (np.array([float(s[k]) for k in sorted(s)]) for s in (cpu, ane))
     assert cpu[-1] < cpu[0] - 0.1                   # it learns, so the steps matter
