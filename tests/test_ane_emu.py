@@ -99,3 +99,36 @@ def test_train_py_on_ane_emu_tracks_the_cpu_losses(tmp_path):
     cpu, ane = (np.array([float(s[k]) for k in sorted(s)]) for s in (cpu, ane))
     assert cpu[-1] < cpu[0] - 0.1                   # it learns, so the steps matter
     np.testing.assert_allclose(ane, cpu, rtol=1e-3)
+
+
+def test_check_names_a_planted_fault_in_an_ane_program(monkeypatch):
+    """The planted fault: a causal mask that also hides the diagonal - a program the Builder
+    accepts and the interpreter runs - is named by check:ane-emu, and nothing else is."""
+    from accel.ane import mil
+    monkeypatch.setattr(mil, "causal_mask", lambda S, G: np.where(
+        np.arange(S)[None, :] >= (np.arange(G * S) % S)[:, None], mil.MASK_VALUE, 0).astype(
+        np.float16))
+    backend = get_backend("check:ane-emu")
+    run_every_llama_entry(backend)
+    report = backend.report()
+    assert report["first"]["entry"] == "attention_gqa_forward"
+    assert {name for name, e in report["entries"].items() if e["mismatches"]} == {
+        "attention_gqa_forward", "attention_gqa_backward"}
+
+
+def test_dynamic_programs_take_their_weights_as_inputs():
+    """Dynamic: no weight is a constant (one build serves every update); static: all are."""
+    from accel.ane import mil
+    d = mil.Dims(C=8, NH=2, NKV=1, hs=4, H=6, S=3)
+    rng = np.random.default_rng(0)
+    w = {n: rng.standard_normal(s) for n, s in dict(wq=(8, 8), wk=(4, 8), wv=(4, 8), wo=(8, 8),
+                                                  w1=(6, 8), w3=(6, 8), w2=(8, 6)).items()}
+
+    def const_elements(program):
+        return sum(np.size(op.outputs[0].val) for op in program.functions["main"].operations
+                   if op.op_type == "const" and op.outputs[0].dtype == mil.types.fp16)
+    dynamic, static = mil.programs(d, "dynamic"), mil.programs(d, "static", w)
+    for piece in ("qkv_forward", "wo_forward", "ffn_forward", "ffn_backward", "wo_backward",
+                  "qkv_backward"):
+        assert const_elements(dynamic[piece]) < 10, piece            # fp16 scalars only
+        assert const_elements(static[piece]) >= min(np.size(v) for v in w.values()), piece
