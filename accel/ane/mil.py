@@ -33,12 +33,20 @@ Dimension letters: C channels (dim), NH query heads, NKV key/value heads (NKV di
 head h reads kv head h // G, G = NH / NKV), hs head size, QD = NH*hs, KVD = NKV*hs, H the FFN's
 hidden size, S positions (the spatial axis), N elements.
 """
+import logging
 from dataclasses import dataclass
 
 import numpy as np
-import coremltools as ct
-from coremltools.converters.mil import Builder as mb
-from coremltools.converters.mil.mil import Function, Program, types
+
+# coremltools logs at import what this Linux use does not need: that torch is newer than it was
+# tested with, and that the Core ML runtime (macOS only) is missing
+_logger = logging.getLogger("coremltools")
+_level = _logger.level
+_logger.setLevel(logging.ERROR)
+import coremltools as ct  # noqa: E402
+from coremltools.converters.mil import Builder as mb  # noqa: E402
+from coremltools.converters.mil.mil import Function, Program, types  # noqa: E402
+_logger.setLevel(_level)
 
 OPSET = ct.target.iOS17
 FP16 = np.float16

@@ -15,11 +15,10 @@ Constant fp16/fp32 tensors of more than INLINE_LIMIT elements (weights, the caus
 the weight blob (accel/ane/blob.py) and are referenced as BLOBFILE(path, offset); everything else
 is written inline.  Arguments are printed sorted by name; fp values as C99 hex floats (exact).
 """
-import coremltools as ct
 import numpy as np
-from coremltools.converters.mil.mil import types
 
 from accel.ane import blob
+from accel.ane.mil import ct, types   # coremltools, imported quietly there
 
 INLINE_LIMIT = 10          # coremltools keeps consts of up to 10 elements in the program too
 WEIGHTS_PATH = "@model_path/weights/weight.bin"
