@@ -13,7 +13,7 @@ import pytest
 if __name__ == "__main__":   # --regenerate-golden, run from anywhere
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-pytest.importorskip("coremltools")
+pytest.importorskip("accel.ane.mil")   # coremltools, imported quietly there
 
 from accel.ane import blob, interp, mil, milt  # noqa: E402
 from kernels import attention_gqa, matmul, swiglu  # noqa: E402
@@ -91,7 +91,7 @@ def cpu_pieces(d, a, w):
                            a["v"].reshape(1, d.S, d.NKV, d.hs), att)
     return {
         "qkv_forward": [linear(x, w["wq"]), linear(x, w["wk"]), linear(x, w["wv"])],
-        "attention_forward": [out, att],
+        "attention_forward": [out, att[0]],
         "wo_forward": [linear(a["q"], w["wo"])],
         "ffn_forward": [linear(gated.reshape(h1.shape), w["w2"])],
         "ffn_backward": [linear_dx(dh1, w["w1"]) + linear_dx(dh3, w["w3"]), dh1, dh3],
@@ -103,7 +103,7 @@ def cpu_pieces(d, a, w):
     }
 
 
-def ane_inputs(piece, pipeline, a, w):
+def ane_input(piece, pipeline, a, w):
     acts = dict(a)
     if piece == "wo_forward":
         acts["x"] = a["q"]                       # wo reads the attention's output, QD channels
@@ -120,10 +120,12 @@ def test_every_piece_matches_the_cpu_kernels(d, pipeline):
     programs = mil.programs(d, pipeline, w)
     assert set(programs) == set(want)
     for piece, program in programs.items():
-        outputs = list(interp.run(program, **ane_inputs(piece, pipeline, a, w)).values())
+        function = program.functions["main"]
+        assert list(function.inputs) == ["x"] and [v.name for v in function.outputs] == ["out"]
+        out = interp.run(program, x=ane_input(piece, pipeline, a, w))["out"]
+        outputs = mil.unpack(piece, d, out)
         assert len(outputs) == len(want[piece]), piece
         for got, expected in zip(outputs, want[piece]):
-            got = mil.from_ane(got) if got.shape[0] == 1 and got.shape[2] == 1 else got
             assert got.shape == expected.shape, (piece, got.shape, expected.shape)
             assert rel_error(got, expected) < TOLERANCE, (piece, rel_error(got, expected))
 
@@ -135,12 +137,10 @@ def test_the_elementwise_swiglu_programs():
     out, da, db = np.zeros(N, np.float32), np.zeros(N, np.float32), np.zeros(N, np.float32)
     swiglu.forward(out, a, b)
     swiglu.backward(da, db, dout, a, b)
-    shaped = {n: v.reshape(1, 1, 1, N) for n, v in dict(a=a, b=b, dout=dout).items()}
-    got = interp.run(mil.swiglu_forward(N), a=shaped["a"], b=shaped["b"])
-    assert rel_error(got["out"].ravel(), out) < TOLERANCE
-    got = interp.run(mil.swiglu_backward(N), **shaped)
-    assert rel_error(got["da"].ravel(), da) < TOLERANCE
-    assert rel_error(got["db"].ravel(), db) < TOLERANCE
+    got = interp.run(mil.swiglu_forward(N), x=np.stack([a, b])[None, :, None, :])["out"]
+    assert rel_error(got.ravel(), out) < TOLERANCE
+    got = interp.run(mil.swiglu_backward(N), x=np.stack([a, b, dout])[None, :, None, :])["out"]
+    assert rel_error(got[0, 0, 0], da) < TOLERANCE and rel_error(got[0, 1, 0], db) < TOLERANCE
 
 
 def test_dims_from_a_llama_preset():
@@ -149,6 +149,8 @@ def test_dims_from_a_llama_preset():
     assert (d.C, d.NH, d.NKV, d.hs, d.H, d.S, d.KVD) == (2048, 32, 4, 64, 5632, 64, 256)
     program = mil.qkv_forward(mil.Dims.from_config(PRESETS["stories15M"]))
     assert tuple(program.functions["main"].inputs["x"].shape) == (1, 288, 1, 256 + 3 * 288)
+    program = mil.qkv_backward(mil.Dims.from_config(PRESETS["llama-1b"], S=64))
+    assert tuple(program.functions["main"].inputs["x"].shape) == (1, 2048 + 2 * 256, 1, 64 + 2048)
     with pytest.raises(ValueError, match="does not divide"):
         mil.attention_forward(mil.Dims(C=12, NH=3, NKV=2, hs=4, H=5, S=3))
 

@@ -46,16 +46,15 @@ class Emulator:
         self.builds = 0
 
     def program(self, piece, *dims):
+        """mil.piece(*dims), built on its first use only."""
         key = (piece, dims)
         if key not in self.programs:
-            build = getattr(self.mil, piece)
-            self.programs[key] = build(self.mil.Dims(*dims)) if piece.startswith("attention") \
-                else build(*dims)
+            self.programs[key] = getattr(self.mil, piece)(*dims)
             self.builds += 1
         return self.programs[key]
 
-    def run(self, piece, dims, **inputs):
-        return self.interp.run(self.program(piece, *dims), **inputs)
+    def run(self, piece, dims, x):
+        return self.interp.run(self.program(piece, *dims), x=x)["out"]
 
     def scale_of(self, dout):
         """The power of two the gradient dout is multiplied by before it becomes fp16."""
@@ -69,8 +68,7 @@ class Emulator:
     def matmul_forward(self, out, inp, weight, bias, int BT, int C, int OC):
         """out (BT, OC) = inp (BT, C) @ weight (OC, C)^T (+ bias on the CPU)."""
         mil = self.mil
-        x = self.run("linear_forward", (C, OC, BT), x=mil.pack(inp.T, weight.T))["out"]
-        out[:] = mil.from_ane(x)
+        out[:] = mil.from_ane(self.run("linear_forward", (C, OC, BT), mil.pack(inp.T, weight.T)))
         if bias is not None:
             out += bias
 
@@ -78,45 +76,39 @@ class Emulator:
         """dinp (BT, C) += dout (BT, OC) @ weight (OC, C)."""
         mil = self.mil
         scale = self.scale_of(dout)
-        dx = self.run("linear_backward", (C, OC, BT), dout=mil.pack(dout.T * scale, weight))["dx"]
+        dx = self.run("linear_backward", (C, OC, BT), mil.pack(dout.T * scale, weight))
         dinp += mil.from_ane(dx) / scale
 
     def attention_forward(self, out, att, q, k, v, int B, int T, int NH, int NKV, int hs):
         """out (B,T,NH*hs), att (B,NH,T,T) from q (B,T,NH*hs), k, v (B,T,NKV*hs): one sequence
         per program run."""
         mil = self.mil
-        dims = (NH * hs, NH, NKV, hs, 1, T)
+        d = mil.Dims(NH * hs, NH, NKV, hs, 1, T)
         for b in range(B):
-            r = self.run("attention_forward", dims, q=mil.to_ane(q[b]), k=mil.to_ane(k[b]),
-                         v=mil.to_ane(v[b]))
-            out[b] = mil.from_ane(r["out"])
-            att[b] = r["att"][0]
+            y = self.run("attention_forward", (d,), mil.stack(q[b], k[b], v[b]))
+            out[b], att[b] = mil.unpack("attention_forward", d, y)
 
     def attention_backward(self, dq, dk, dv, dout, q, k, v, int B, int T, int NH, int NKV,
                            int hs):
         mil = self.mil
-        dims = (NH * hs, NH, NKV, hs, 1, T)
+        d = mil.Dims(NH * hs, NH, NKV, hs, 1, T)
         for b in range(B):
             scale = self.scale_of(dout[b])
-            r = self.run("attention_backward", dims, q=mil.to_ane(q[b]), k=mil.to_ane(k[b]),
-                         v=mil.to_ane(v[b]), dout=mil.to_ane(dout[b] * scale))
-            dq[b] += mil.from_ane(r["dq"]) / scale
-            dk[b] += mil.from_ane(r["dk"]) / scale
-            dv[b] += mil.from_ane(r["dv"]) / scale
+            y = self.run("attention_backward", (d,), mil.stack(q[b], k[b], v[b], dout[b] * scale))
+            grads = mil.unpack("attention_backward", d, y)
+            for total, part in zip((dq[b], dk[b], dv[b]), grads):
+                total += part / scale
 
     def swiglu_forward(self, out, a, b):
-        N = a.size
-        shaped = dict(a=a.reshape(1, 1, 1, N), b=b.reshape(1, 1, 1, N))
-        out[:] = self.run("swiglu_forward", (N,), **shaped)["out"].ravel()
+        x = np.stack([a, b])[None, :, None, :]
+        out[:] = self.run("swiglu_forward", (a.size,), x).ravel()
 
     def swiglu_backward(self, da, db, dout, a, b):
-        N = a.size
         scale = self.scale_of(dout)
-        shaped = dict(a=a.reshape(1, 1, 1, N), b=b.reshape(1, 1, 1, N),
-                      dout=(dout * scale).reshape(1, 1, 1, N))
-        r = self.run("swiglu_backward", (N,), **shaped)
-        da += r["da"].ravel().astype(np.float32) / scale
-        db += r["db"].ravel().astype(np.float32) / scale
+        x = np.stack([a, b, dout * scale])[None, :, None, :]
+        y = self.run("swiglu_backward", (a.size,), x).astype(np.float32)
+        da += y[0, 0, 0] / scale
+        db += y[0, 1, 0] / scale
 
 
 # --- the C entries: views of the table's pointers, then the Emulator with the GIL ---------------

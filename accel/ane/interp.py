@@ -158,6 +158,13 @@ def op_conv(op, env):
     return fp16(out)
 
 
+def op_concat(op, env):
+    if bool(param(op, "interleave", env, False)):
+        raise InterpreterError(f"concat {op.name!r}: interleave is not supported")
+    return np.concatenate([value_of(v, env) for v in op.inputs["values"]],
+                          axis=int(param(op, "axis", env)))
+
+
 def op_slice_by_index(op, env):
     """x[begin:end:stride] per axis, refusing any bound outside the tensor."""
     x = param(op, "x", env)
@@ -188,5 +195,5 @@ OPS = {
     "identity": op_identity, "cast": op_cast, "sigmoid": op_sigmoid, "silu": op_silu,
     "softmax": op_softmax, "reduce_sum": op_reduce_sum, "reshape": op_reshape,
     "transpose": op_transpose, "matmul": op_matmul, "conv": op_conv,
-    "slice_by_index": op_slice_by_index,
+    "slice_by_index": op_slice_by_index, "concat": op_concat,
 }

@@ -16,17 +16,22 @@ Two pipelines, the same arithmetic:
   static   the weights are constants (1x1 convolutions), baked into the program: it must be
            recompiled after every update.
 
+Every program takes one input "x" and gives one output "out" (the anchor's finding: the ANE's
+private path rejects a second dynamic input; several results are concatenated along the
+channels, several activations stacked along the channels or packed along the spatial axis).
+
 The pieces (forward, then the input gradients dx; the weight gradients stay on the CPU):
-  qkv_forward        x -> q, k, v                    (x: the RMSNorm'd residual stream)
-  attention_forward  q, k, v -> out, att             (explicit additive causal mask, GQA)
+  qkv_forward        x -> q | k | v                  (x: the RMSNorm'd residual stream)
+  attention_forward  q | k | v -> y | att            (explicit additive causal mask, GQA)
   linear_forward     x -> W x                        (the output projection wo, any linear)
   ffn_forward        x -> w2 (silu(w1 x) * w3 x)     (SwiGLU FFN)
-  swiglu_forward     a, b -> silu(a) * b             (elementwise, for the backend table)
-  ffn_backward       x, dout -> dx, dh1, dh3         (h1 = w1 x, h3 = w3 x recomputed)
+  swiglu_forward     a; b -> silu(a) * b             (elementwise, for the backend table)
+  ffn_backward       x, dout -> dx | dh1 | dh3       (h1 = w1 x, h3 = w3 x recomputed)
   linear_backward    dout -> W^T dout
-  attention_backward q, k, v, dout -> dq, dk, dv     (softmax recomputed from q and k)
-  qkv_backward       dq, dk, dv -> dx
-  swiglu_backward    a, b, dout -> da, db
+  attention_backward q | k | v | dout -> dq | dk | dv (softmax recomputed from q and k)
+  qkv_backward       dq | dk | dv -> dx
+  swiglu_backward    a; b; dout -> da; db
+feeds() builds a program's input from CPU-layout arrays, unpack() splits its output.
 RoPE is applied on the CPU between qkv_forward and attention_forward, as the model's table does.
 
 Dimension letters: C channels (dim), NH query heads, NKV key/value heads (NKV divides NH, query
@@ -111,6 +116,12 @@ def columns(x, start, width, name):
                              name=name)
 
 
+def rows(x, start, count, name):
+    """x[:, start:start+count] of a [1, C, 1, W] tensor (a part stacked along the channels)."""
+    _, _, _, W = x.shape
+    return mb.slice_by_index(x=x, begin=[0, start, 0, 0], end=[1, start + count, 1, W], name=name)
+
+
 def as_matrix(x, name):
     """[1, C, 1, S] -> (C, S)."""
     return mb.reshape(x=x, shape=[x.shape[1], x.shape[3]], name=name)
@@ -176,40 +187,37 @@ def scores_softmax(q3, k3, d):
 # --- forward ---------------------------------------------------------------------------------
 
 def qkv_forward(d, pipeline="dynamic", wq=None, wk=None, wv=None):
-    """x [1,C,1,S] -> q [1,QD,1,S], k, v [1,KVD,1,S].  Dynamic input: "x" [1, C, 1, S+QD+2KVD]
-    = x | wq^T | wk^T | wv^T; static: x [1, C, 1, S] with wq (QD,C), wk, wv (KVD,C) constants."""
+    """x [1,C,1,S] -> out [1,QD+2KVD,1,S] = q | k | v (channels), one matmul by the stacked
+    wqkv = [wq; wk; wv] (QD+2KVD, C).  Dynamic input "x" [1, C, 1, S+QD+2KVD] = x | wqkv^T;
+    static: x [1, C, 1, S], wqkv a constant."""
     d.check()
+    N = d.QD + 2 * d.KVD
     if pipeline == "static":
-        def body(x):
-            return [static_linear(x, w, n) for w, n in ((wq, "q"), (wk, "k"), (wv, "v"))]
-        return build({"x": (1, d.C, 1, d.S)}, body)
+        return build({"x": (1, d.C, 1, d.S)},
+                     lambda x: static_linear(x, np.concatenate([wq, wk, wv]), "out"))
 
     def body(x):
         xs = as_matrix(columns(x, 0, d.S, "x_in"), "x2")
-        out, start = [], d.S
-        for n, width in (("q", d.QD), ("k", d.KVD), ("v", d.KVD)):
-            w = as_matrix(columns(x, start, width, "w" + n), "w" + n + "2")
-            out.append(as_ane(dynamic_linear(xs, w, n + "2", True), n))
-            start += width
-        return out
-    return build({"x": (1, d.C, 1, d.S + d.QD + 2 * d.KVD)}, body)
+        w = as_matrix(columns(x, d.S, N, "wqkv"), "wqkv2")
+        return as_ane(dynamic_linear(xs, w, "qkv2", True), "out")
+    return build({"x": (1, d.C, 1, d.S + N)}, body)
 
 
 def attention_forward(d):
-    """q [1,QD,1,S], k, v [1,KVD,1,S] -> out [1,QD,1,S], att [1,NH,S,S] (the probabilities).
-    No weights: the same program in both pipelines."""
+    """x [1,QD+2KVD,1,S] = q | k | v (channels, RoPE applied) -> out [1,QD+NH*S,1,S] = y | att,
+    y the heads' outputs (QD channels), att the probabilities (channel h*S+i, position j: head
+    h, query i, key j).  No weights: the same program in both pipelines."""
     d.check()
 
-    def body(q, k, v):
-        q3 = grouped(heads(as_matrix(q, "q2"), d.NH, d.hs, "qh"), d, "qg")
-        k3 = heads(as_matrix(k, "k2"), d.NKV, d.hs, "kh")
-        v3 = heads(as_matrix(v, "v2"), d.NKV, d.hs, "vh")
+    def body(x):
+        q3 = grouped(heads(as_matrix(rows(x, 0, d.QD, "q"), "q2"), d.NH, d.hs, "qh"), d, "qg")
+        k3 = heads(as_matrix(rows(x, d.QD, d.KVD, "k"), "k2"), d.NKV, d.hs, "kh")
+        v3 = heads(as_matrix(rows(x, d.QD + d.KVD, d.KVD, "v"), "v2"), d.NKV, d.hs, "vh")
         probs = scores_softmax(q3, k3, d)
-        y = mb.matmul(x=probs, y=v3, name="y3")
-        out = as_ane(ungrouped(y, d, "y2"), "out")
-        att = mb.reshape(x=probs, shape=[1, d.NH, d.S, d.S], name="att")
-        return [out, att]
-    return build({"q": (1, d.QD, 1, d.S), "k": (1, d.KVD, 1, d.S), "v": (1, d.KVD, 1, d.S)}, body)
+        y = as_ane(ungrouped(mb.matmul(x=probs, y=v3, name="y3"), d, "y2"), "y")
+        att = mb.reshape(x=probs, shape=[1, d.NH * d.S, 1, d.S], name="att")
+        return mb.concat(values=[y, att], axis=1, name="out")
+    return build({"x": (1, d.QD + 2 * d.KVD, 1, d.S)}, body)
 
 
 def linear_forward(Cin, OC, S, pipeline="dynamic", weight=None):
@@ -226,7 +234,7 @@ def linear_forward(Cin, OC, S, pipeline="dynamic", weight=None):
 
 
 def ffn_forward(d, pipeline="dynamic", w1=None, w3=None, w2=None):
-    """x [1,C,1,S] -> w2 (silu(w1 x) * (w3 x)) [1,C,1,S]; w1, w3 (H,C), w2 (C,H).
+    """x [1,C,1,S] -> out = w2 (silu(w1 x) * (w3 x)) [1,C,1,S]; w1, w3 (H,C), w2 (C,H).
     Dynamic input "x" [1, C, 1, S+3H] = x | w1^T | w3^T | w2."""
     d.check()
     if pipeline == "static":
@@ -248,25 +256,27 @@ def ffn_forward(d, pipeline="dynamic", w1=None, w3=None, w2=None):
 
 
 def swiglu_forward(N):
-    """a, b [1,1,1,N] -> silu(a) * b (elementwise: any layout will do)."""
-    return build({"a": (1, 1, 1, N), "b": (1, 1, 1, N)},
-                 lambda a, b: mb.mul(x=silu(a, "silu"), y=b, name="out"))
+    """x [1,2,1,N] = a; b (channels) -> out [1,1,1,N] = silu(a) * b (elementwise)."""
+    def body(x):
+        a, b = rows(x, 0, 1, "a"), rows(x, 1, 1, "b")
+        return mb.mul(x=silu(a, "silu"), y=b, name="out")
+    return build({"x": (1, 2, 1, N)}, body)
 
 
 # --- backward: the input gradients -----------------------------------------------------------
 
 def linear_backward(Cin, OC, S, pipeline="dynamic", weight=None):
-    """dout [1,OC,1,S] -> dx = W^T dout [1,Cin,1,S].  Dynamic input "dout" [1, OC, 1, S+Cin] =
+    """dout [1,OC,1,S] -> dx = W^T dout [1,Cin,1,S].  Dynamic input "x" [1, OC, 1, S+Cin] =
     dout | W; static: W^T (Cin, OC) a constant."""
     if pipeline == "static":
-        return build({"dout": (1, OC, 1, S)},
-                     lambda dout: static_linear(dout, np.ascontiguousarray(weight.T), "dx"))
+        return build({"x": (1, OC, 1, S)},
+                     lambda x: static_linear(x, np.ascontiguousarray(weight.T), "out"))
 
-    def body(dout):
-        g = as_matrix(columns(dout, 0, S, "dout_in"), "dout2")
-        w = as_matrix(columns(dout, S, Cin, "w"), "w2")
-        return as_ane(dynamic_linear(g, w, "dx2", True), "dx")
-    return build({"dout": (1, OC, 1, S + Cin)}, body)
+    def body(x):
+        g = as_matrix(columns(x, 0, S, "dout_in"), "dout2")
+        w = as_matrix(columns(x, S, Cin, "w"), "w2")
+        return as_ane(dynamic_linear(g, w, "dx2", True), "out")
+    return build({"x": (1, OC, 1, S + Cin)}, body)
 
 
 def silu_backward(h1, h3, dgated, name):
@@ -282,23 +292,22 @@ def silu_backward(h1, h3, dgated, name):
 
 
 def ffn_backward(d, pipeline="dynamic", w1=None, w3=None, w2=None):
-    """x, dout [1,C,1,S] -> dx [1,C,1,S], dh1, dh3 [1,H,1,S] (for the CPU's weight gradients).
-    Dynamic input "x" [1, C, 1, 2S+3H] = x | dout | w1^T | w3^T | w2."""
+    """x, dout -> out [1,C+2H,1,S] = dx | dh1 | dh3 (dh1, dh3 for the CPU's weight gradients;
+    h1 = w1 x, h3 = w3 x recomputed).  Dynamic input "x" [1, C, 1, 2S+3H] = x | dout | w1^T |
+    w3^T | w2; static: [1, C, 1, 2S] = x | dout, the weights constants."""
     d.check()
-    if pipeline == "static":
-        def body(x, dout):
-            h1, h3 = static_linear(x, w1, "h1"), static_linear(x, w3, "h3")
-            dgated = static_linear(dout, np.ascontiguousarray(w2.T), "dgated")
+    S, H = d.S, d.H
+
+    def body(x):
+        xs, g = columns(x, 0, S, "x_in"), columns(x, S, S, "dout_in")
+        if pipeline == "static":
+            h1, h3 = static_linear(xs, w1, "h1"), static_linear(xs, w3, "h3")
+            dgated = static_linear(g, np.ascontiguousarray(w2.T), "dgated")
             dh1, dh3 = silu_backward(h1, h3, dgated, "g")
             dx = mb.add(x=static_linear(dh1, np.ascontiguousarray(w1.T), "dx1"),
                         y=static_linear(dh3, np.ascontiguousarray(w3.T), "dx3"), name="dx")
-            return [dx, mb.identity(x=dh1, name="dh1"), mb.identity(x=dh3, name="dh3")]
-        return build({"x": (1, d.C, 1, d.S), "dout": (1, d.C, 1, d.S)}, body)
-
-    def body(x):
-        S, H = d.S, d.H
-        xs = as_matrix(columns(x, 0, S, "x_in"), "x2")
-        g = as_matrix(columns(x, S, S, "dout_in"), "dout2")
+            return mb.concat(values=[dx, dh1, dh3], axis=1, name="out")
+        xs, g = as_matrix(xs, "x2"), as_matrix(g, "dout2")
         w1t = as_matrix(columns(x, 2 * S, H, "w1t"), "w1t2")
         w3t = as_matrix(columns(x, 2 * S + H, H, "w3t"), "w3t2")
         w2m = as_matrix(columns(x, 2 * S + 2 * H, H, "w2"), "w22")
@@ -307,21 +316,24 @@ def ffn_backward(d, pipeline="dynamic", w1=None, w3=None, w2=None):
         dh1, dh3 = silu_backward(h1, h3, dgated, "g")
         dx = mb.add(x=dynamic_linear(dh1, w1t, "dx1", False),
                     y=dynamic_linear(dh3, w3t, "dx3", False), name="dx2")
-        return [as_ane(dx, "dx"), as_ane(dh1, "dh1"), as_ane(dh3, "dh3")]
-    return build({"x": (1, d.C, 1, 2 * d.S + 3 * d.H)}, body)
+        return mb.concat(values=[as_ane(dx, "dx"), as_ane(dh1, "dh1a"), as_ane(dh3, "dh3a")],
+                         axis=1, name="out")
+    width = 2 * S + (3 * H if pipeline == "dynamic" else 0)
+    return build({"x": (1, d.C, 1, width)}, body)
 
 
 def attention_backward(d):
-    """q [1,QD,1,S], k, v [1,KVD,1,S], dout [1,QD,1,S] -> dq [1,QD,1,S], dk, dv [1,KVD,1,S].
+    """x [1,2QD+2KVD,1,S] = q | k | v | dout (channels) -> out [1,QD+2KVD,1,S] = dq | dk | dv.
     The softmax is recomputed from q and k (nothing of the forward is kept on the ANE)."""
     d.check()
     scale = FP16(1.0 / np.sqrt(d.hs))
 
-    def body(q, k, v, dout):
-        q3 = grouped(heads(as_matrix(q, "q2"), d.NH, d.hs, "qh"), d, "qg")
-        k3 = heads(as_matrix(k, "k2"), d.NKV, d.hs, "kh")
-        v3 = heads(as_matrix(v, "v2"), d.NKV, d.hs, "vh")
-        g3 = grouped(heads(as_matrix(dout, "dout2"), d.NH, d.hs, "dh"), d, "dg")
+    def body(x):
+        q3 = grouped(heads(as_matrix(rows(x, 0, d.QD, "q"), "q2"), d.NH, d.hs, "qh"), d, "qg")
+        k3 = heads(as_matrix(rows(x, d.QD, d.KVD, "k"), "k2"), d.NKV, d.hs, "kh")
+        v3 = heads(as_matrix(rows(x, d.QD + d.KVD, d.KVD, "v"), "v2"), d.NKV, d.hs, "vh")
+        g = as_matrix(rows(x, d.QD + 2 * d.KVD, d.QD, "dout"), "dout2")
+        g3 = grouped(heads(g, d.NH, d.hs, "dh"), d, "dg")
         probs = scores_softmax(q3, k3, d)                                   # (NKV, G*S, S)
         dv3 = mb.matmul(x=probs, y=g3, transpose_x=True, name="dv3")        # (NKV, S, hs)
         dprobs = mb.matmul(x=g3, y=v3, transpose_y=True, name="dprobs")     # (NKV, G*S, S)
@@ -335,50 +347,38 @@ def attention_backward(d):
         def kv_channels(x, name):
             x = mb.transpose(x=x, perm=[0, 2, 1], name=name + "_t")
             return as_ane(mb.reshape(x=x, shape=[d.KVD, d.S], name=name + "2"), name)
-        return [as_ane(ungrouped(dq3, d, "dq2"), "dq"), kv_channels(dk3, "dk"),
-                kv_channels(dv3, "dv")]
-    shapes = {"q": (1, d.QD, 1, d.S), "k": (1, d.KVD, 1, d.S), "v": (1, d.KVD, 1, d.S),
-              "dout": (1, d.QD, 1, d.S)}
-    return build(shapes, body)
+        return mb.concat(values=[as_ane(ungrouped(dq3, d, "dq2"), "dq"), kv_channels(dk3, "dk"),
+                                 kv_channels(dv3, "dv")], axis=1, name="out")
+    return build({"x": (1, 2 * d.QD + 2 * d.KVD, 1, d.S)}, body)
 
 
 def qkv_backward(d, pipeline="dynamic", wq=None, wk=None, wv=None):
-    """dq [1,QD,1,S], dk, dv [1,KVD,1,S] -> dx = wq^T dq + wk^T dk + wv^T dv [1,C,1,S].
-    Dynamic inputs (two: the channel counts differ) "dq" [1, QD, 1, S+C] = dq | wq and
-    "dkv" [1, KVD, 1, 2S+2C] = dk | dv | wk | wv."""
+    """x [1,QD+2KVD,1,S] = dq | dk | dv (channels) -> dx = wqkv^T (dq|dk|dv) [1,C,1,S], one
+    matmul by the stacked wqkv (QD+2KVD, C).  Dynamic input "x" [1, QD+2KVD, 1, S+C] =
+    (dq|dk|dv) | wqkv; static: wqkv^T a constant."""
     d.check()
+    N = d.QD + 2 * d.KVD
     if pipeline == "static":
-        def body(dq, dk, dv):
-            parts = [static_linear(g, np.ascontiguousarray(w.T), "dx" + n)
-                     for g, w, n in ((dq, wq, "q"), (dk, wk, "k"), (dv, wv, "v"))]
-            return mb.add(x=mb.add(x=parts[0], y=parts[1], name="dx_qk"), y=parts[2], name="dx")
-        return build({"dq": (1, d.QD, 1, d.S), "dk": (1, d.KVD, 1, d.S),
-                      "dv": (1, d.KVD, 1, d.S)}, body)
+        return build({"x": (1, N, 1, d.S)}, lambda x: static_linear(
+            x, np.ascontiguousarray(np.concatenate([wq, wk, wv]).T), "out"))
 
-    def body(dq, dkv):
-        S, C = d.S, d.C
-        gq = as_matrix(columns(dq, 0, S, "dq_in"), "dq2")
-        wqm = as_matrix(columns(dq, S, C, "wq"), "wq2")
-        gk = as_matrix(columns(dkv, 0, S, "dk_in"), "dk2")
-        gv = as_matrix(columns(dkv, S, S, "dv_in"), "dv2")
-        wkm = as_matrix(columns(dkv, 2 * S, C, "wk"), "wk2")
-        wvm = as_matrix(columns(dkv, 2 * S + C, C, "wv"), "wv2")
-        parts = [dynamic_linear(g, w, "dx" + n, True)
-                 for g, w, n in ((gq, wqm, "q"), (gk, wkm, "k"), (gv, wvm, "v"))]
-        dx = mb.add(x=mb.add(x=parts[0], y=parts[1], name="dx_qk"), y=parts[2], name="dx2")
-        return as_ane(dx, "dx")
-    return build({"dq": (1, d.QD, 1, d.S + d.C), "dkv": (1, d.KVD, 1, 2 * d.S + 2 * d.C)}, body)
+    def body(x):
+        g = as_matrix(columns(x, 0, d.S, "dqkv"), "dqkv2")
+        w = as_matrix(columns(x, d.S, d.C, "wqkv"), "wqkv2")
+        return as_ane(dynamic_linear(g, w, "dx2", True), "out")
+    return build({"x": (1, N, 1, d.S + d.C)}, body)
 
 
 def swiglu_backward(N):
-    """a, b, dout [1,1,1,N] -> da, db of out = silu(a) * b."""
-    def body(a, b, dout):
-        da, db = silu_backward(a, b, dout, "g")
-        return [mb.identity(x=da, name="da"), mb.identity(x=db, name="db")]
-    return build({"a": (1, 1, 1, N), "b": (1, 1, 1, N), "dout": (1, 1, 1, N)}, body)
+    """x [1,3,1,N] = a; b; dout (channels) -> out [1,2,1,N] = da; db of silu(a) * b."""
+    def body(x):
+        a, b, g = rows(x, 0, 1, "a"), rows(x, 1, 1, "b"), rows(x, 2, 1, "dout")
+        da, db = silu_backward(a, b, g, "g")
+        return mb.concat(values=[da, db], axis=1, name="out")
+    return build({"x": (1, 3, 1, N)}, body)
 
 
-# --- packing the dynamic pipeline's inputs ----------------------------------------------------
+# --- packing inputs, unpacking outputs ------------------------------------------------------
 
 def to_ane(x):
     """(S, C) rows (a (B, T, C) tensor flattened) -> [1, C, 1, S] fp16."""
@@ -394,6 +394,19 @@ def pack(*parts):
     """Concatenate (C, W_i) matrices along the spatial axis into one [1, C, 1, sum W_i] fp16."""
     return np.concatenate([np.asarray(p, np.float32) for p in parts], axis=1).astype(FP16)[
         None, :, None, :]
+
+
+def stack(*parts):
+    """(S, C_i) row-major activations -> [1, sum C_i, 1, S] fp16, concatenated along channels."""
+    return to_ane(np.concatenate([np.asarray(p, np.float32) for p in parts], axis=1))
+
+
+def split(out, *channels):
+    """A [1, sum C_i, 1, S] output -> [(S, C_i) float32], the parts along its channels."""
+    full = from_ane(out)
+    edges = np.cumsum((0,) + channels)
+    assert edges[-1] == full.shape[1], (channels, full.shape)
+    return [full[:, a:b] for a, b in zip(edges[:-1], edges[1:])]
 
 
 def programs(d, pipeline="dynamic", weights=None):
@@ -413,28 +426,43 @@ def programs(d, pipeline="dynamic", weights=None):
 
 
 def feeds(piece, pipeline, a, w=None):
-    """The inputs of piece's program from CPU-layout arrays: activations a {name: (S, channels)}
+    """The input "x" of piece's program from CPU-layout arrays: activations a {name: (S, channels)}
     (x, dout, q, k, v, dq, dk, dv), weights w {name: (out, in)}."""
     w = w or {}
     T = {name: np.asarray(value, np.float32).T for name, value in a.items()}
     dynamic = pipeline == "dynamic"
     if piece == "qkv_forward":
-        return {"x": pack(T["x"], w["wq"].T, w["wk"].T, w["wv"].T) if dynamic else to_ane(a["x"])}
-    if piece in ("attention_forward", "attention_backward"):
-        names = ("q", "k", "v") + (("dout",) if piece == "attention_backward" else ())
-        return {n: to_ane(a[n]) for n in names}
+        wqkv = np.concatenate([w["wq"], w["wk"], w["wv"]]) if dynamic else None
+        return pack(T["x"], wqkv.T) if dynamic else to_ane(a["x"])
+    if piece == "attention_forward":
+        return stack(a["q"], a["k"], a["v"])
+    if piece == "attention_backward":
+        return stack(a["q"], a["k"], a["v"], a["dout"])
     if piece == "wo_forward":
-        return {"x": pack(T["x"], w["wo"].T) if dynamic else to_ane(a["x"])}
+        return pack(T["x"], w["wo"].T) if dynamic else to_ane(a["x"])
     if piece == "ffn_forward":
-        return {"x": pack(T["x"], w["w1"].T, w["w3"].T, w["w2"]) if dynamic else to_ane(a["x"])}
+        return pack(T["x"], w["w1"].T, w["w3"].T, w["w2"]) if dynamic else to_ane(a["x"])
     if piece == "ffn_backward":
-        if dynamic:
-            return {"x": pack(T["x"], T["dout"], w["w1"].T, w["w3"].T, w["w2"])}
-        return {"x": to_ane(a["x"]), "dout": to_ane(a["dout"])}
+        return (pack(T["x"], T["dout"], w["w1"].T, w["w3"].T, w["w2"]) if dynamic
+                else pack(T["x"], T["dout"]))
     if piece == "wo_backward":
-        return {"dout": pack(T["dout"], w["wo"]) if dynamic else to_ane(a["dout"])}
+        return pack(T["dout"], w["wo"]) if dynamic else to_ane(a["dout"])
     if piece == "qkv_backward":
-        if dynamic:
-            return {"dq": pack(T["dq"], w["wq"]), "dkv": pack(T["dk"], T["dv"], w["wk"], w["wv"])}
-        return {n: to_ane(a[n]) for n in ("dq", "dk", "dv")}
+        dqkv = np.concatenate([T["dq"], T["dk"], T["dv"]])
+        return pack(dqkv, np.concatenate([w["wq"], w["wk"], w["wv"]])) if dynamic else pack(dqkv)
     raise ValueError(f"no piece {piece!r}")
+
+
+def unpack(piece, d, out):
+    """piece's output [1, C, 1, S] -> its parts in CPU layout: [(S, channels) ...], attention's
+    probabilities as (NH, S, S)."""
+    if piece == "qkv_forward":
+        return split(out, d.QD, d.KVD, d.KVD)
+    if piece == "attention_forward":
+        y, att = split(out, d.QD, d.NH * d.S)
+        return [y, np.ascontiguousarray(att.T.reshape(d.NH, d.S, d.S))]
+    if piece == "attention_backward":
+        return split(out, d.QD, d.KVD, d.KVD)
+    if piece == "ffn_backward":
+        return split(out, d.C, d.H, d.H)
+    return [from_ane(out)]
