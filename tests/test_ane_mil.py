@@ -143,6 +143,17 @@ def test_the_elementwise_swiglu_programs():
     assert rel_error(got[0, 0, 0], da) < TOLERANCE and rel_error(got[0, 1, 0], db) < TOLERANCE
 
 
+def test_every_preset_builds_and_type_checks():
+    """The Builder checks every op's types and shapes at the presets' real sizes (stories15M to
+    llama-7b, GQA in llama-1b), in the dynamic pipeline (the static one needs the weights)."""
+    from llmc_io import PRESETS
+    for name, config in PRESETS.items():
+        d = mil.Dims.from_config(config, S=64)
+        for piece, program in mil.programs(d).items():
+            out = program.functions["main"].outputs[0]
+            assert out.shape[0] == 1 and out.shape[2] == 1 and out.shape[3] == 64, (name, piece)
+
+
 def test_dims_from_a_llama_preset():
     from llmc_io import PRESETS
     d = mil.Dims.from_config(PRESETS["llama-1b"], S=64)
