@@ -231,6 +231,15 @@ def test_mil_text_points_at_its_blobs(tmp_path):
     assert milt.hex_float(0.5) == "0x1p-1" and milt.hex_float(-3.0) == "-0x1.8p+1"
 
 
+def test_milt_writes_every_piece_of_a_preset(tmp_path, capsys):
+    milt.main(["stories15M", str(tmp_path), "-t", "32"])
+    pieces = sorted(p.name for p in tmp_path.iterdir())
+    assert pieces == sorted(mil.programs(mil.Dims(C=8, NH=2, NKV=1, hs=4, H=8, S=3)))
+    text = (tmp_path / "qkv_forward" / "model.mil").read_text()
+    assert "func main<ios17>(tensor<fp16, [1, 288, 1, 896]> x)" in text   # 32 + 3 * 288
+    assert len(capsys.readouterr().out.splitlines()) == len(pieces)
+
+
 # --- weight blobs ----------------------------------------------------------------------------
 
 def blob_arrays():
