@@ -85,7 +85,7 @@ def cpu_pieces(d, a, w):
     dh1, dh3 = dh1.reshape(h1.shape), dh3.reshape(h1.shape)
     out, att = cpu_attention(d, a["q"], a["k"], a["v"])
     dq = np.zeros((1, d.S, d.NH, d.hs), np.float32)
-    dk, dv = np.zeros((1, d.S, d.NKV, d.hs), np.float32), np.zeros((1, d.S, d.NKV, d.hs), np.float32)
+    dk, dv = (np.zeros((1, d.S, d.NKV, d.hs), np.float32) for _ in range(2))
     attention_gqa.backward(dq, dk, dv, a["datt"].reshape(1, d.S, d.NH, d.hs),
                            a["q"].reshape(1, d.S, d.NH, d.hs), a["k"].reshape(1, d.S, d.NKV, d.hs),
                            a["v"].reshape(1, d.S, d.NKV, d.hs), att)

@@ -149,7 +149,8 @@ def silu(x, name):
 
 
 def causal_mask(S, G):
-    """The additive causal mask of G query heads' rows stacked: (G*S, S), row r is position r % S."""
+    """The additive causal mask of G query heads' rows stacked: (G*S, S), row r at position
+    r % S."""
     rows = np.arange(G * S) % S
     return np.where(np.arange(S)[None, :] > rows[:, None], MASK_VALUE, 0.0).astype(FP16)
 
