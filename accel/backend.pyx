@@ -11,7 +11,7 @@ A backend module (accel/cpu.pyx, later accel/hip, accel/metal, ...) has a functi
 that returns a Backend over its table; `register_backend` adds it under a name.  The table is
 validated when the Backend is made: a missing entry is refused, by name.
 """
-import importlib
+import importlib.util
 import os
 import sys
 
@@ -384,6 +384,10 @@ register_backend("metal", "accel.metal.metal", "Metal on Apple GPUs",
 register_backend("metal-emu", "accel.metal.emulated", "accel/metal's kernels on the CPU emulator of MSL",
                  "the Metal emulator runs on Linux" if not sys.platform.startswith("linux") else
                  lambda: _not_built("metal/build/libmetal_emu.so", "metal-emu"))
+register_backend("ane-emu", "accel.ane.emulated",
+                 "the ANE's MIL programs run by a NumPy interpreter on Linux (slow; tests)",
+                 lambda: None if importlib.util.find_spec("coremltools") else
+                 "ane-emu needs coremltools (pip install -r requirements.txt)")
 register_backend("ane", "accel.ane", "the Apple Neural Engine (Llama; accel/ane/README.md)",
                  "the Neural Engine needs macOS (here: train.py --backend ane --dry-run plans it)"
                  if sys.platform != "darwin" else
