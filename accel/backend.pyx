@@ -388,12 +388,11 @@ register_backend("ane-emu", "accel.ane.emulated",
                  "the ANE's MIL programs run by a NumPy interpreter on Linux (slow; tests)",
                  lambda: None if importlib.util.find_spec("coremltools") else
                  "ane-emu needs coremltools (pip install -r requirements.txt)")
-register_backend("ane", "accel.ane", "the Apple Neural Engine (Llama; accel/ane/README.md)",
-                 "the Neural Engine needs macOS (here: train.py --backend ane --dry-run plans it)"
-                 if sys.platform != "darwin" else
-                 lambda: _not_built("ane/build/libane_private.dylib", "ane-private") or
-                 "its runtimes are built but not yet wired into the training loop "
-                 "(accel/ane/README.md)")
+register_backend("ane", "accel.ane.device", "the Apple Neural Engine through Core ML (Llama; accel/ane/README.md)",
+                 "the Neural Engine needs macOS (here: ane-emu runs the same programs, and "
+                 "train.py --backend ane --dry-run plans a run)" if sys.platform != "darwin" else
+                 lambda: None if importlib.util.find_spec("coremltools") else
+                 "ane needs coremltools (pip install -r requirements.txt)")
 
 
 def backend_names():

@@ -132,3 +132,48 @@ def test_dynamic_programs_take_their_weights_as_inputs():
                   "qkv_backward"):
         assert const_elements(dynamic[piece]) < 10, piece            # fp16 scalars only
         assert const_elements(static[piece]) >= min(np.size(v) for v in w.values()), piece
+
+
+def test_growing_prompts_compile_a_few_shapes_and_the_budget_is_one_line():
+    """Sampling runs forward on prompts of 1, 2, ... tokens: the programs are built for lengths
+    rounded up to powers of two (at least 32), so 40 lengths make two sets of programs, and
+    each result is what the CPU gives at the real length.  On a runtime whose compile budget
+    runs out (the ANE's ~119 per process) the entry fails in one line saying so."""
+    from accel.ane import runtime
+    from train_llama2 import Llama2
+    config = llmc_io.LlamaConfig.from_name("d1", vocab_size=40, max_seq_len=48)
+    backend = get_backend("ane-emu")
+    model = Llama2.random(config, seed=0, backend=backend)
+    reference = Llama2.random(config, seed=0)
+    tokens = np.random.default_rng(1).integers(0, 40, (1, 40))
+    emulator = emulated.emulator_of(backend)
+    for t in range(1, 41):
+        model.forward(tokens[:, :t])
+        reference.forward(tokens[:, :t])
+        np.testing.assert_allclose(model.probs, reference.probs, atol=2e-3)
+        if t == 1:
+            first = set(emulator.kernels)
+    # the matmul and attention programs: once for 32 rows, once for 64; SwiGLU's (elementwise
+    # over rows x hidden): one per power of two from 1 x hidden to 40 x hidden
+    swiglu = lambda keys: {key for key in keys if key[0].startswith("swiglu")}  # noqa: E731
+    rest = len(first - swiglu(first))
+    assert rest > 0 and len(set(emulator.kernels) - swiglu(emulator.kernels)) == 2 * rest
+    lengths = {emulated.padded(t * config.hidden_dim) for t in range(1, 41)}
+    assert {dims[0] for _, dims in swiglu(emulator.kernels)} == lengths and len(lengths) <= 7
+    assert [emulated.padded(n) for n in (1, 32, 33, 64, 65, 1000)] == [32, 32, 64, 64, 128, 1024]
+
+    class Budgeted(runtime.InterpreterRuntime):
+        def __init__(self):
+            super().__init__(runtime.CompileBudget(limit=4, headroom=1))
+            self.enforce_budget = True
+    small = emulated.create(runtime=Budgeted())
+    model = Llama2.random(config, seed=0, backend=small)
+    with pytest.raises(BackendError, match=r"compile 4 would pass the budget of .*restart the "
+                                           r"process") as e:
+        model.forward(tokens[:, :8])
+    assert "\n" not in str(e.value)
+
+
+def test_ane_needs_macos_here():
+    with pytest.raises(BackendError, match="the Neural Engine needs macOS"):
+        get_backend("ane")

@@ -1,7 +1,10 @@
 """
-The ane-emu backend: the Apple Neural Engine's share of a Llama training step, as the anchor
-splits it, run on Linux by the NumPy interpreter (accel/ane/interp.py) over the very MIL
-programs of accel/ane/mil.py (dynamic pipeline: weights are inputs, one build per shape).
+The ANE backends: the Apple Neural Engine's share of a Llama training step, as the anchor
+splits it, as the very MIL programs of accel/ane/mil.py (dynamic pipeline: weights are inputs,
+one compile per shape) on one of accel/ane/runtime.py's runtimes:
+
+  ane-emu   Linux: the NumPy interpreter (accel/ane/interp.py, InterpreterRuntime)
+  ane       macOS: Core ML with CPU_AND_NE compute units (CoreMLRuntime) - written, UNRUN
 
   on the (emulated) ANE, fp16:  matmul_forward, matmul_backward's dinp, attention_gqa_forward
                                 and _backward (dq, dk, dv; the softmax recomputed from q and k),
@@ -11,7 +14,9 @@ programs of accel/ane/mil.py (dynamic pipeline: weights are inputs, one build pe
                                 dbias), memory - and GPT-2's own layers
 
 The table is the CPU backend's with those entries replaced; each replacement takes the GIL and
-calls the Emulator (ctx).  A failure inside one is reported by last_error as one line.
+calls the Emulator (ctx), which compiles each program once through its runtime and runs it
+there.  A failure inside one (a runtime's error, a compile past the budget) is reported by
+last_error as one line.
 
 Loss scaling against fp16 underflow: every dx entry multiplies its incoming gradient by a
 power of two before casting it to fp16 and divides the results by it after casting back
@@ -35,26 +40,44 @@ TOLERANCES = {"matmul_forward": 4e-3, "matmul_backward": 4e-3, "attention_gqa_fo
               "attention_gqa_backward": 8e-3, "swiglu_forward": 4e-3, "swiglu_backward": 4e-3}
 
 
+def padded(n):
+    """The length a program is built for: n rounded up to a power of two, at least 32.  The
+    ANE compiles about 119 programs per process and each shape is a program, so the spatial
+    axis (rows of a matmul, a sequence's positions, SwiGLU's elements) comes in a few sizes
+    whatever the run asks for (training, evaluation, sampling's growing prompts); the padding
+    is zeros, sliced off after, and attention is causal, so real rows never see it."""
+    return max(32, 1 << (n - 1).bit_length())
+
+
+def pad_rows(x, n):
+    """(S, ...) -> (n, ...): zero rows after x's."""
+    out = np.zeros((n,) + x.shape[1:], np.float32)
+    out[:len(x)] = x
+    return out
+
+
 class Emulator:
-    """Programs built once per shape, run by the interpreter; counts the builds ("compiles")."""
+    """The ANE's entries: programs built and compiled once per shape on a runtime
+    (accel/ane/runtime.py; the interpreter unless told), run there."""
 
-    def __init__(self, loss_scale=True):
-        from accel.ane import interp, mil
-        self.mil, self.interp = mil, interp
+    def __init__(self, loss_scale=True, runtime=None):
+        from accel.ane import mil
+        from accel.ane.runtime import InterpreterRuntime
+        self.mil = mil
+        self.runtime = runtime if runtime is not None else InterpreterRuntime()
         self.loss_scale = loss_scale
-        self.programs = {}
-        self.builds = 0
+        self.kernels = {}
 
-    def program(self, piece, *dims):
-        """mil.piece(*dims), built on its first use only."""
-        key = (piece, dims)
-        if key not in self.programs:
-            self.programs[key] = getattr(self.mil, piece)(*dims)
-            self.builds += 1
-        return self.programs[key]
+    @property
+    def builds(self):
+        """Programs compiled so far (one per piece and shape)."""
+        return len(self.kernels)
 
     def run(self, piece, dims, x):
-        return self.interp.run(self.program(piece, *dims), x=x)["out"]
+        key = (piece, dims)
+        if key not in self.kernels:
+            self.kernels[key] = self.runtime.compile(getattr(self.mil, piece)(*dims))
+        return self.runtime.run(self.kernels[key], {"x": x})["out"]
 
     def scale_of(self, dout):
         """The power of two the gradient dout is multiplied by before it becomes fp16."""
@@ -67,48 +90,52 @@ class Emulator:
 
     def matmul_forward(self, out, inp, weight, bias, int BT, int C, int OC):
         """out (BT, OC) = inp (BT, C) @ weight (OC, C)^T (+ bias on the CPU)."""
-        mil = self.mil
-        out[:] = mil.from_ane(self.run("linear_forward", (C, OC, BT), mil.pack(inp.T, weight.T)))
+        mil, S = self.mil, padded(BT)
+        y = self.run("linear_forward", (C, OC, S), mil.pack(pad_rows(inp, S).T, weight.T))
+        out[:] = mil.from_ane(y)[:BT]
         if bias is not None:
             out += bias
 
     def matmul_dinp(self, dinp, dout, weight, int BT, int C, int OC):
         """dinp (BT, C) += dout (BT, OC) @ weight (OC, C)."""
-        mil = self.mil
+        mil, S = self.mil, padded(BT)
         scale = self.scale_of(dout)
-        dx = self.run("linear_backward", (C, OC, BT), mil.pack(dout.T * scale, weight))
-        dinp += mil.from_ane(dx) / scale
+        dx = self.run("linear_backward", (C, OC, S), mil.pack(pad_rows(dout, S).T * scale, weight))
+        dinp += mil.from_ane(dx)[:BT] / scale
 
     def attention_forward(self, out, att, q, k, v, int B, int T, int NH, int NKV, int hs):
         """out (B,T,NH*hs), att (B,NH,T,T) from q (B,T,NH*hs), k, v (B,T,NKV*hs): one sequence
         per program run."""
-        mil = self.mil
-        d = mil.Dims(NH * hs, NH, NKV, hs, 1, T)
+        mil, S = self.mil, padded(T)
+        d = mil.Dims(NH * hs, NH, NKV, hs, 1, S)
         for b in range(B):
-            y = self.run("attention_forward", (d,), mil.stack(q[b], k[b], v[b]))
-            out[b], att[b] = mil.unpack("attention_forward", d, y)
+            x = mil.stack(*(pad_rows(part, S) for part in (q[b], k[b], v[b])))
+            y, probs = mil.unpack("attention_forward", d, self.run("attention_forward", (d,), x))
+            out[b], att[b] = y[:T], probs[:, :T, :T]
 
     def attention_backward(self, dq, dk, dv, dout, q, k, v, int B, int T, int NH, int NKV,
                            int hs):
-        mil = self.mil
-        d = mil.Dims(NH * hs, NH, NKV, hs, 1, T)
+        mil, S = self.mil, padded(T)
+        d = mil.Dims(NH * hs, NH, NKV, hs, 1, S)
         for b in range(B):
             scale = self.scale_of(dout[b])
-            y = self.run("attention_backward", (d,), mil.stack(q[b], k[b], v[b], dout[b] * scale))
-            grads = mil.unpack("attention_backward", d, y)
+            x = mil.stack(*(pad_rows(part, S) for part in (q[b], k[b], v[b], dout[b] * scale)))
+            grads = mil.unpack("attention_backward", d, self.run("attention_backward", (d,), x))
             for total, part in zip((dq[b], dk[b], dv[b]), grads):
-                total += part / scale
+                total += part[:T] / scale
 
     def swiglu_forward(self, out, a, b):
-        x = np.stack([a, b])[None, :, None, :]
-        out[:] = self.run("swiglu_forward", (a.size,), x).ravel()
+        n = padded(a.size)
+        x = np.stack([pad_rows(a, n), pad_rows(b, n)])[None, :, None, :]
+        out[:] = self.run("swiglu_forward", (n,), x).ravel()[:a.size]
 
     def swiglu_backward(self, da, db, dout, a, b):
+        n = padded(a.size)
         scale = self.scale_of(dout)
-        x = np.stack([a, b, dout * scale])[None, :, None, :]
-        y = self.run("swiglu_backward", (a.size,), x).astype(np.float32)
-        da += y[0, 0, 0] / scale
-        db += y[0, 1, 0] / scale
+        x = np.stack([pad_rows(a, n), pad_rows(b, n), pad_rows(dout * scale, n)])[None, :, None, :]
+        y = self.run("swiglu_backward", (n,), x).astype(np.float32)
+        da += y[0, 0, 0, :a.size] / scale
+        db += y[0, 1, 0, :a.size] / scale
 
 
 # --- the C entries: views of the table's pointers, then the Emulator with the GIL ---------------
@@ -227,12 +254,13 @@ cdef class EmulatedBackend(Backend):
     cdef readonly dict tolerances
 
 
-def create(loss_scale=True):
-    """The ane-emu backend (families llama and gpt2: GPT-2's own layers run on the CPU)."""
+def create(loss_scale=True, runtime=None, name="ane-emu"):
+    """The ane-emu backend, or with runtime=CoreMLRuntime() the ane one (families llama and
+    gpt2: GPT-2's own layers run on the CPU)."""
     global cpu_table
     cdef Backend host = cpu.create(flash=False)
-    emulator = Emulator(loss_scale)
-    cdef EmulatedBackend backend = EmulatedBackend("ane-emu", True, ("gpt2", "llama"),
+    emulator = Emulator(loss_scale, runtime)
+    cdef EmulatedBackend backend = EmulatedBackend(name, True, ("gpt2", "llama"),
                                                    (host, emulator))
     backend.tolerances = dict(TOLERANCES)
     cpu_table = host.table

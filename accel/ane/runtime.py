@@ -7,6 +7,8 @@ The ANE runtime wrapper: one interface over the three ways a MIL program (a core
     runtime.compile_count, runtime.budget                 compiles so far in this process
     runtime.needs_restart(n)                               would n more compiles pass the budget
 
+    InterpreterRuntime   Linux: accel/ane/interp.py runs the program itself in fp16 (what the
+                         ane-emu backend runs on; no compile limit)
     MockRuntime          Linux, the tests: counts compiles and fails past `limit` as the ANE
                          compiler does (about 119 per process); runs a kernel with a tiny NumPy
                          evaluator of a few MIL ops, or only records the call
@@ -31,7 +33,8 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = ["ANE_LIMIT", "ANE_HEADROOM", "ANE_INNER_MULTIPLE", "BudgetExceeded", "CompileBudget",
-           "CompileLimitError", "CoreMLRuntime", "Kernel", "MockRuntime", "NumpyProgram",
+           "CompileLimitError", "CoreMLRuntime", "InterpreterRuntime", "Kernel", "MockRuntime",
+           "NumpyProgram",
            "PrivateANERuntime",
            "RuntimeUnavailable", "inner_dims", "misaligned_inner_dims"]
 
@@ -166,6 +169,26 @@ class Runtime:
 
     def _run(self, kernel, inputs):
         raise NotImplementedError
+
+
+# ----------------------------------------------------------------------------
+# the interpreter: Linux, the ane-emu backend
+
+class InterpreterRuntime(Runtime):
+    """The NumPy interpreter of accel/ane/interp.py as a runtime: compile keeps the program,
+    run interprets it (fp16 storage, as the ANE). Counts compiles but has no limit."""
+    name = "interp"
+
+    def __init__(self, budget=None):
+        super().__init__(budget, enforce_budget=False)
+        from accel.ane import interp
+        self.interp = interp
+
+    def _compile(self, program, weights):
+        return program
+
+    def _run(self, kernel, inputs):
+        return self.interp.run(kernel.handle, **inputs)
 
 
 # ----------------------------------------------------------------------------
