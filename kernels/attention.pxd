@@ -1,4 +1,4 @@
-from libc.math cimport INFINITY
+from kernels.rowmax cimport row_max
 from kernels.vexp cimport vexpf
 
 # Causal multi-head self-attention.  NH heads, head size hs = C / NH.
@@ -21,9 +21,7 @@ cdef inline void softmax_rows(float* preatt, float* att, int t0, int t1, int T) 
     for t in range(t0, t1):
         pre_t = preatt + t * T
         att_t = att + t * T
-        maxval = -INFINITY
-        for t2 in range(t + 1):
-            maxval = max(maxval, pre_t[t2])
+        maxval = row_max(pre_t, t + 1)
         expsum = 0.0
         for t2 in range(t + 1):
             e = vexpf(pre_t[t2] - maxval)

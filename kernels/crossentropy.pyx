@@ -2,11 +2,13 @@
 #   probs (B,T,Vp) = softmax(logits) over the first V entries, 0 in the padding
 #   losses (B,T) = -log probs[target];  dlogits (B,T,Vp) += (probs - onehot(target)) * dlosses
 # The softmax is ~V exponentials per position (12.9M at B=4, T=64): with libm's expf that is
-# one call per element; kernels.vexp's exp vectorises.  The max, the exp-and-sum and the scale
-# are three unit-stride sweeps of a row; the sum uses several float accumulators (vector lanes),
+# one call per element; kernels.vexp's exp vectorises, and so does kernels.rowmax's maximum
+# (a plain max loop is one dependent compare per element).  The max, the exp-and-sum and the
+# scale are three unit-stride sweeps of a row; the sum uses several float accumulators (vector lanes),
 # which keeps its error at the level of a pairwise sum.  Each thread takes whole rows.
 from cython.parallel cimport prange
-from libc.math cimport logf, INFINITY
+from libc.math cimport logf
+from kernels.rowmax cimport row_max
 from kernels.vexp cimport vexpf
 
 include "kernels/_crossentropy_wrappers.pxi"
@@ -14,9 +16,7 @@ include "kernels/_crossentropy_wrappers.pxi"
 
 cdef inline void softmax_row(float* probs_bt, const float* logits_bt, int V, int Vp) noexcept nogil:
     cdef Py_ssize_t i
-    cdef float maxval = -INFINITY, total = 0.0, e, scale
-    for i in range(V):
-        maxval = max(maxval, logits_bt[i])
+    cdef float maxval = row_max(logits_bt, V), total = 0.0, e, scale
     for i in range(V):
         e = vexpf(logits_bt[i] - maxval)
         probs_bt[i] = e

@@ -15,8 +15,9 @@
 # query tile adds into the k and v gradients of every key block before it.
 # Variant 3 over variant 2 (64 x 64 tiles; dev/BENCHMARKS.md section 6): GCC does not vectorise
 # a max reduction without -ffinite-math-only (never used here), so variant 2's row maximum was
-# one serial chain of compares; here it runs in 16 independent lanes, which GCC keeps in
-# registers, 16 compares in flight; and tiles of 128 x 256, a quarter of the sgemm calls.
+# one serial chain of compares; here it is kernels.rowmax's, in 16 independent lanes, which
+# GCC keeps in registers, 16 compares in flight; and tiles of 128 x 256, a quarter of the
+# sgemm calls.
 # The scratch tiles (128 KB each, two in backward) live on the thread's stack.  The exponentials
 # use kernels.vexp's vectorisable exp; OpenBLAS is held to one thread (kernels.parallel's
 # blas_single_threaded), as every kernel that calls it from OpenMP's threads.
@@ -25,6 +26,7 @@ from libc.math cimport logf, sqrtf, INFINITY
 
 from kernels.cblas cimport CblasNoTrans, CblasRowMajor, CblasTrans, scipy_cblas_sgemm
 from kernels.parallel cimport blas_single_threaded
+from kernels.rowmax cimport row_max
 from kernels.vexp cimport vexpf
 
 include "kernels/_flash_attention_wrappers.pxi"
@@ -32,26 +34,6 @@ include "kernels/_flash_attention_wrappers.pxi"
 cdef enum:
     BQ = 128   # query rows per tile
     BK = 256   # keys per block
-    LANES = 16 # the row maximum's independent compare chains
-
-
-cdef inline float row_max(const float* x, int n, float start) noexcept nogil:
-    # max(start, x[0..n)) in LANES independent lanes
-    cdef float lanes[LANES]
-    cdef float best
-    cdef int c, i, chunk, full = n - n % LANES
-    for i in range(LANES):
-        lanes[i] = start
-    for chunk in range(n // LANES):
-        c = chunk * LANES
-        for i in range(LANES):
-            lanes[i] = x[c + i] if x[c + i] > lanes[i] else lanes[i]
-    best = start
-    for i in range(LANES):
-        best = lanes[i] if lanes[i] > best else best
-    for c in range(full, n):
-        best = x[c] if x[c] > best else best
-    return best
 
 
 cdef inline int visible(int t, int j0, int cols) noexcept nogil:
@@ -92,7 +74,7 @@ cdef void forward_tile(float* out, float* lse, const float* inp, int b, int h, i
         for r in range(rows):
             row = S + r * BK
             n = visible(i0 + r, j0, cols)
-            new_max = row_max(row, n, m[r])
+            new_max = max(m[r], row_max(row, n))
             total = 0.0
             for c in range(n):
                 e = vexpf(row[c] - new_max)

@@ -1,8 +1,8 @@
 # The largest of n floats, vectorised.  GCC does not vectorise a float max reduction without
 # -ffinite-math-only (NaNs make the order matter), so a plain loop is one dependent compare per
 # element; LANES independent running maxima make it an elementwise vector max instead, folded
-# at the end.  (kernels/classifier uses it; the row maxima of kernels/crossentropy's and
-# kernels/attention.pxd's softmaxes are plain loops still.)
+# at the end.  Every softmax of kernels/ takes its row maximum from here (classifier,
+# crossentropy, attention.pxd's softmax_rows, flash_attention's online softmax).
 from libc.math cimport INFINITY
 
 cdef enum:
