@@ -46,6 +46,7 @@ from llmc.checkpoint import checkpoint_paths, find_max_step, resume, write_check
 from llmc.dataloader import DataError, DataLoader
 from llmc.logger import Console, Logger, note, plot_losses
 from llmc.recompute import parse_policy
+from llmc.report import Efficiency
 from llmc.sampler import generate
 from llmc.schedulers import SCHEDULERS, get_scheduler
 from llmc.tokenizer import GPT2_VOCAB_SIZE, TokenizerError, load_tokenizer
@@ -149,6 +150,16 @@ def parse_args(argv):
     p.add_argument("--dry-run", action="store_true",
                    help="print the plan of a step of the model at -b, -t, --recompute (memory, "
                         "FLOPs, time estimate) without allocating it, and exit")
+    p.add_argument("--json-log", metavar="FILE", nargs="?", const="", default=None,
+                   help="a JSON line per step (ms, tokens/s, TFLOPS against the peak, compile "
+                        "time, kernel groups) and per val loss, and an efficiency report at the "
+                        "end (llmc/report.py); without FILE: -o DIR's log.jsonl")
+    p.add_argument("--profile-groups", action="store_true",
+                   help="time every kernel call (the backend under profile:) for the time per "
+                        "kernel group in the report; costs two clock reads a call")
+    p.add_argument("--peak-tflops", metavar="FLOAT", type=float, default=None,
+                   help="the device's peak TFLOPS for the report (default: the backend's, or "
+                        "the CPU's sgemm rate measured at the start)")
     args = p.parse_args(argv)
 
     def require(ok, flag, value, requirement):
@@ -194,6 +205,14 @@ def parse_args(argv):
         p.error("argument -n: checkpoints need an output dir: add -o DIR")
     if args.resume and args.output_dir is None:
         p.error("argument -y: resuming needs the output dir of the run: add -o DIR")
+    if args.json_log == "":
+        if args.output_dir is None:
+            p.error("argument --json-log: without FILE it writes -o DIR's log.jsonl: add -o DIR")
+        args.json_log = os.path.join(args.output_dir, "log.jsonl")
+    require(args.peak_tflops is None or (math.isfinite(args.peak_tflops) and
+            args.peak_tflops > 0), "--peak-tflops", args.peak_tflops, "must be a number > 0")
+    if args.profile_groups and not args.backend.startswith("profile:"):
+        args.backend = f"profile:{args.backend}"
     return args
 
 
@@ -426,7 +445,17 @@ def main(argv=None):
     console.print(f"batch_size B={B} * seq_len T={T}{processes} and total_batch_size="
                   f"{total_batch_size} => grad_accum_steps={grad_accum_steps}")
 
-    logger = Logger(args.output_dir if rank == 0 else None, append=resume_step is not None)
+    logger = Logger(args.output_dir if rank == 0 else None, append=resume_step is not None,
+                    json_path=args.json_log if rank == 0 else None)
+    efficiency = None
+    if args.json_log is not None or args.profile_groups or args.peak_tflops is not None:
+        efficiency = Efficiency(model, B, T, total_batch_size, num_processes, args.peak_tflops)
+        logger.log_json("run", max_steps=num_steps, B=B, T=T, grad_accum_steps=grad_accum_steps,
+                        num_processes=num_processes, family=args.family, init=init_desc,
+                        num_parameters=model.num_parameters, vocab_size=config.vocab_size,
+                        backend=model.backend.name, recompute=model.recompute,
+                        train_data=args.train_data, output_dir=args.output_dir,
+                        **efficiency.header())
     options = (dict(decay_steps=args.cos_decay_steps, restart_mult=args.cos_decay_restart)
                if args.lr_schedule == "cosine-restarts" else {})
     lr_scheduler = get_scheduler(args.lr_schedule, args.lr, args.warmup, num_steps,
@@ -469,6 +498,8 @@ def main(argv=None):
             break
 
         # --------------- one step of training -----------------
+        if efficiency is not None:
+            efficiency.begin()
         start = time.perf_counter()
         collective_s = dist.collective_time_s
         model.zero_grad()
@@ -503,7 +534,8 @@ def main(argv=None):
         console.status(f"step {step + 1:4d}/{num_steps} | loss {loss:.6f} | norm {grad_norm:.4f} "
                        f"| lr {lr:.2e} | {elapsed_s * 1000:.2f} ms | "
                        f"{shown_tokens_per_second:.0f} tok/s")
-        logger.log_train(step, loss, lr, grad_norm)
+        logger.log_train(step, loss, lr, grad_norm,
+                         **(efficiency.end(elapsed_s) if efficiency is not None else {}))
         if first_step:  # everything is allocated by now: say how much, as llm.c does
             console.print(memory_line(model.memory()))
         first_step = False
@@ -513,6 +545,11 @@ def main(argv=None):
         if num_processes > 1:  # MPI's part of it, waiting for the slowest rank included
             console.print(f"of it in MPI collectives: {total_collective_s / timed_steps * 1000:f} "
                           f"ms ({100 * total_collective_s / total_time_s:.1f}%)")
+    if efficiency is not None:
+        summary = efficiency.summary()
+        logger.log_json("report", **summary)
+        console.print("efficiency report (llmc/report.py):")
+        console.table(efficiency.table_rows(summary))
     if hasattr(model.backend, "summary"):  # check: and profile: say what they saw
         console.print(model.backend.summary())
     if args.output_dir is not None and rank == 0:
