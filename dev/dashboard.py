@@ -79,16 +79,20 @@ class LogFollower:
 
 
 def sample_checkpoint(model_path, head, gen_tokens):
-    """The text train.py samples from the model file at model_path (its family and data's
-    tokenizer from the run's "run" record): its llmc/sampler.generate, seed 1337."""
+    """The text train.py samples from the model file at model_path (its family, data's
+    tokenizer and vocabulary compaction from the run's "run" record): its
+    llmc/sampler.generate, seed 1337."""
     import train
     from llmc.logger import Console as TextConsole
     from llmc.sampler import generate
     args = types.SimpleNamespace(family=head.get("family", "gpt2"),
                                  train_data=head.get("train_data", ""))
+    from llmc.vocab import MAP_NAME, VocabMap
     model = train.model_class(args).from_checkpoint(model_path, "cpu")
+    vocab_map = (VocabMap.load(os.path.join(os.path.dirname(model_path), MAP_NAME))
+                 if head.get("compact_vocab") else None)
     out = io.StringIO()
-    generate(model, train.load_sample_tokenizer(args), gen_tokens, TextConsole(out))
+    generate(model, train.load_sample_tokenizer(args, vocab_map), gen_tokens, TextConsole(out))
     return out.getvalue().split("---\n", 1)[1].rsplit("\n---", 1)[0]
 
 
