@@ -148,9 +148,6 @@ def parse_args(argv):
                    help="activation checkpointing: all (keep every layer's activations), "
                         "every-N, sqrt, boundary, none (keep fewer, recompute them in backward: "
                         "less memory, more time; llmc/recompute.py)")
-    p.add_argument("--dry-run", action="store_true",
-                   help="print the plan of a step of the model at -b, -t, --recompute (memory, "
-                        "FLOPs, time estimate) without allocating it, and exit")
     p.add_argument("--compact-vocab", action="store_true",
                    help="a new random model's vocabulary is only the token ids of the training "
                         "data, renumbered (the map: -o DIR's vocab_map.bin). It changes the "
@@ -166,6 +163,9 @@ def parse_args(argv):
     p.add_argument("--peak-tflops", metavar="FLOAT", type=float, default=None,
                    help="the device's peak TFLOPS for the report (default: the backend's, or "
                         "the CPU's sgemm rate measured at the start)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the plan of a step of the model at -b, -t, --recompute (memory, "
+                        "FLOPs, time estimate) without allocating it, and exit")
     args = p.parse_args(argv)
 
     def require(ok, flag, value, requirement):
