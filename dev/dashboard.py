@@ -2,7 +2,8 @@
 A live terminal dashboard of a training run (rich): it follows the run's JSON log (train.py
 --json-log, llmc/report.py) as tail -f does, or starts the run itself.
 
-    python dev/dashboard.py OUT_DIR             follow OUT_DIR/log.jsonl (or a JSON log FILE)
+    python dev/dashboard.py OUT_DIR             follow OUT_DIR/log.jsonl (or a JSON log FILE;
+                                                it waits for a run that has not started yet)
     python dev/dashboard.py --run -- -e d2 -x 100 -n 20 [train.py's flags]
                                                 start train.py with --json-log (into its -o DIR,
                                                 a new temporary one without -o), follow it; its
@@ -126,6 +127,8 @@ class Dashboard:
 
     def _check_checkpoint(self):
         from llmc.checkpoint import checkpoint_paths, find_max_step
+        if self.gen_tokens == 0:
+            return False
         step = find_max_step(self.run_dir)
         if step is None or step == self.sample_step or self.sampling is not None:
             return False
@@ -200,6 +203,7 @@ class Dashboard:
                         f"sample of the checkpoint at step {self.sample_step}")
         sample = (self.sample if self.sample is not None else
                   "(sampling ...)" if self.sample_step is not None else
+                  "(no samples: -g 0)" if self.gen_tokens == 0 else
                   "(no checkpoint yet: train.py -n N writes them)")
         return Panel(Group(stats, curves, Panel(sample, title=sample_title)), title=title,
                      width=width)
@@ -251,7 +255,8 @@ def main(argv=None, console=None):
     p.add_argument("run", nargs="?", help=f"the run's output dir (its {LOG_NAME}) or JSON log")
     p.add_argument("--run", dest="start", action="store_true",
                    help="start train.py with the flags after --, and follow it")
-    p.add_argument("-g", dest="gen_tokens", type=int, default=64, help="tokens per sample")
+    p.add_argument("-g", dest="gen_tokens", type=int, default=64,
+                   help="tokens per sample (0: no samples; they take CPU time beside the run)")
     p.add_argument("--interval", type=float, default=0.5, help="seconds between polls")
     argv = sys.argv[1:] if argv is None else list(argv)
     train_args = []
@@ -268,8 +273,9 @@ def main(argv=None, console=None):
         console.print(f"started train.py (pid {process.pid}), following {log_path}")
     else:
         log_path = os.path.join(args.run, LOG_NAME) if os.path.isdir(args.run) else args.run
-        if not os.path.exists(log_path):
-            p.error(f"{log_path}: no such file (train.py --json-log writes it)")
+        if not os.path.isdir(os.path.dirname(os.path.abspath(log_path))):   # else: wait for it
+            p.error(f"{log_path}: no such directory (train.py -o DIR --json-log writes "
+                    f"DIR/{LOG_NAME})")
     dashboard = Dashboard(log_path, args.gen_tokens)
     try:
         follow(dashboard, console, process, args.interval)

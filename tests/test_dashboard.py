@@ -77,6 +77,8 @@ def test_follows_a_growing_log(tmp_path):
     cut = data.index(b'"type": "train"', data.index(b'"type": "train"') + 1) + 5  # mid-line
     follower = dashboard.LogFollower(str(log))
     assert follower.poll() == []   # not written yet
+    waiting = dashboard.Dashboard(str(log), gen_tokens=0)
+    assert not waiting.poll() and "waiting for the first step" in text_of(waiting.render())
     log.write_bytes(data[:cut])
     first = follower.poll()
     assert [r["type"] for r in first] == ["run", "val", "train"]   # the partial line waits
@@ -139,7 +141,7 @@ def test_run_mode(tmp_path, shards):
 
 def test_bad_input(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
-        dashboard.main([str(tmp_path / "nothing")])
+        dashboard.main([str(tmp_path / "no" / "log.jsonl")])
     assert e.value.code == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "no such file" in err
+    assert err.count("\n") == 1 and "no such directory" in err
