@@ -23,6 +23,7 @@ __all__ = ["MAP_NAME", "VocabMap"]
 
 MAP_NAME = "vocab_map.bin"
 NUM_IDS = 2 ** 16   # token shards hold uint16 ids
+CHUNK = 1 << 24     # tokens counted at once (128 MiB as int64)
 
 
 class VocabMap:
@@ -45,7 +46,9 @@ class VocabMap:
         """The ids in these shards (one pass, a count per id), and the extra ones."""
         seen = np.zeros(NUM_IDS, dtype=bool)
         for path in paths:
-            seen |= np.bincount(shard_tokens(path), minlength=NUM_IDS) > 0
+            tokens = shard_tokens(path)
+            for start in range(0, len(tokens), CHUNK):   # bincount widens to int64: in chunks
+                seen |= np.bincount(tokens[start:start + CHUNK], minlength=NUM_IDS) > 0
         seen[list(extra)] = True
         return cls(np.flatnonzero(seen))
 
@@ -63,7 +66,9 @@ class VocabMap:
     def check_shards(self, paths):
         """Every token of these shards is in the map, else the DataError of the first that is not."""
         for path in paths:
-            self.compact(np.asarray(shard_tokens(path)), path)
+            tokens = shard_tokens(path)
+            for start in range(0, len(tokens), CHUNK):
+                self.compact(np.asarray(tokens[start:start + CHUNK]), path, start)
 
     def save(self, path):
         llmc_io.write_shard(path, self.ids)

@@ -65,9 +65,16 @@ def run_train(*args, status=0):
     return run
 
 
-def test_map_round_trip(corpus, tmp_path):
+@pytest.mark.parametrize("chunk", [7, 1 << 24])   # shards are read in chunks of CHUNK tokens
+def test_map_round_trip(corpus, tmp_path, monkeypatch, chunk):
+    from llmc import vocab
+    monkeypatch.setattr(vocab, "CHUNK", chunk)
     m = VocabMap.from_shards([corpus.dir / "train_000.bin"], extra=[SP_BOS])
     assert np.array_equal(m.ids, corpus.ids) and len(m) == 31
+    val = llmc_io.read_shard(corpus.dir / "val_000.bin")
+    last = int(np.flatnonzero(val == val[-1])[0])   # the first place of the val data's last id
+    with pytest.raises(DataError, match=rf"val_000.bin: token id {val[-1]} at position {last} "):
+        VocabMap(np.setdiff1d(corpus.ids, val[-1])).check_shards([corpus.dir / "val_000.bin"])
     m.save(tmp_path / MAP_NAME)
     loaded = VocabMap.load(tmp_path / MAP_NAME)
     assert np.array_equal(loaded.ids, m.ids) and np.array_equal(loaded.index, m.index)
