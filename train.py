@@ -28,8 +28,13 @@ Llama preset: stories15M, stories42M, stories110M, llama-1b, llama-7b), or --fam
 data's tokenizer's (--vocab-size overrides it). --lr-schedule cosine-restarts is llama.cpp's
 cosine decay with warm restarts.
 
+--json-log writes each step's cost as a JSON line (ms, tokens/s, TFLOPS against the peak,
+compile time, kernel groups with --profile-groups) and ends with an efficiency report
+(llmc/report.py); dev/dashboard.py follows it live. --compact-vocab gives a new model only the
+token ids of the training data (llmc/vocab.py; it changes the objective).
+
 The pieces live in llmc/, as llm.c's: dataloader, tokenizer, sampler, schedulers, logger,
-checkpoint, default_data; the file formats in llmc_io.py; the models in train_gpt2.pyx and
+checkpoint, default_data, report, vocab; the file formats in llmc_io.py; the models in train_gpt2.pyx and
 train_llama2.pyx.
 """
 import argparse
