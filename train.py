@@ -34,8 +34,8 @@ compile time, kernel groups with --profile-groups) and ends with an efficiency r
 token ids of the training data (llmc/vocab.py; it changes the objective).
 
 The pieces live in llmc/, as llm.c's: dataloader, tokenizer, sampler, schedulers, logger,
-checkpoint, default_data, report, vocab; the file formats in llmc_io.py; the models in train_gpt2.pyx and
-train_llama2.pyx.
+checkpoint, default_data, report, vocab; the file formats in llmc_io.py; the models in
+train_gpt2.pyx and train_llama2.pyx.
 """
 import argparse
 import glob
