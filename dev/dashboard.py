@@ -167,7 +167,8 @@ class Dashboard:
         curves.add_column(width=22)
         curves.add_column()
         if last is not None:
-            curves.add_row(f"loss {last['loss']:.4f}", sparkline([self.losses[s] for s in steps], spark))
+            curves.add_row(f"loss {last['loss']:.4f}",
+                           sparkline([self.losses[s] for s in steps], spark))
         if self.val_losses:
             val_steps = sorted(self.val_losses)
             curves.add_row(f"val loss {self.val_losses[val_steps[-1]]:.4f}",

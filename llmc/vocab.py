@@ -64,7 +64,7 @@ class VocabMap:
         return out
 
     def check_shards(self, paths):
-        """Every token of these shards is in the map, else the DataError of the first that is not."""
+        """Every token of these shards is in the map, else the DataError of the first not."""
         for path in paths:
             tokens = shard_tokens(path)
             for start in range(0, len(tokens), CHUNK):

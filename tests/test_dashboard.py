@@ -127,7 +127,8 @@ def test_sample_is_train_py_sample(tmp_path, shards):
 def test_run_mode(tmp_path, shards):
     out = tmp_path / "out"
     console = Console(record=True, file=io.StringIO(), width=100)
-    status = dashboard.main(["--run", "--interval", "0.05", "-g", "8", "--", "-e", "d1", "-b", 2, "-t", 16,
+    status = dashboard.main(["--run", "--interval", "0.05", "-g", "8",
+                             "--", "-e", "d1", "-b", 2, "-t", 16,
                              *shards, "-m", 0, "-s", 0, "-x", 2, "-n", 2, "-o", out], console)
     assert status == 0
     text = console.export_text()

@@ -49,7 +49,8 @@ def corpus(tmp_path_factory):
     index = {t: k for k, t in enumerate(ids)}
     llmc_io.write_shard(remapped / "train_000.bin", [index[t] for t in train])
     llmc_io.write_shard(remapped / "val_000.bin", [index[t] for t in val])
-    return types.SimpleNamespace(dir=d, ids=ids, tokenizer=Tokenizer.from_llama2c(d / "tokenizer.bin"),
+    return types.SimpleNamespace(dir=d, ids=ids,
+                                 tokenizer=Tokenizer.from_llama2c(d / "tokenizer.bin"),
                                  flags=["--family", "llama", "-e", "d1", "-b", 2, "-t", 16,
                                         "-m", 2, "-v", 2, "-g", 8],
                                  data=["-i", d / "train_000.bin", "-j", d / "val_000.bin"],
@@ -95,7 +96,8 @@ def test_training_equals_remapped_shards(corpus, tmp_path):
     plain = run_train(*corpus.flags, *corpus.remapped, "-x", 3, "-s", 0, "-n", 3,
                       "-o", tmp_path / "plain", "--vocab-size", 31).stdout
     assert "| vocab_size V          | 31 " in compact and "31 ids of the data" in compact
-    assert STEP_LOSS.findall(compact) == STEP_LOSS.findall(plain) and len(STEP_LOSS.findall(plain)) == 3
+    assert STEP_LOSS.findall(compact) == STEP_LOSS.findall(plain)
+    assert len(STEP_LOSS.findall(plain)) == 3
     assert VAL_LOSS.findall(compact) == VAL_LOSS.findall(plain)
     model = "model_00000003.bin"
     assert (tmp_path / "compact" / model).read_bytes() == (tmp_path / "plain" / model).read_bytes()
@@ -136,7 +138,8 @@ def test_errors(corpus, tmp_path):
     llmc_io.write_shard(tmp_path / "val_000.bin", [int(corpus.ids[1])] * 150 + [unseen] * 40)
     err = run_train(*corpus.flags, "-i", corpus.dir / "train_000.bin", "-j",
                     tmp_path / "val_000.bin", "-x", 1, "--compact-vocab", status=1).stderr
-    assert err == (f"train.py: error: {tmp_path / 'val_000.bin'}: token id {unseen} at position 150 "
+    assert err == (f"train.py: error: {tmp_path / 'val_000.bin'}: token id {unseen} at "
+                   f"position 150 "
                    f"is not in the compacted vocabulary (the 31 ids of the training data, "
                    f"--compact-vocab)\n")
     err = run_train(*corpus.flags, *corpus.data, "--compact-vocab", "--vocab-size", 31,
