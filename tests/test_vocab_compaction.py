@@ -113,6 +113,7 @@ def test_training_equals_remapped_shards(corpus, tmp_path):
     assert SAMPLE.findall(compact)[-1] == text
 
     # the dashboard samples the checkpoint through the saved map too
+    pytest.importorskip("rich")
     sys.path.insert(0, ROOT)
     from dev import dashboard
     d = dashboard.Dashboard(str(tmp_path / "compact" / "log.jsonl"), gen_tokens=8,
