@@ -28,9 +28,14 @@ Llama preset: stories15M, stories42M, stories110M, llama-1b, llama-7b), or --fam
 data's tokenizer's (--vocab-size overrides it). --lr-schedule cosine-restarts is llama.cpp's
 cosine decay with warm restarts.
 
+--json-log writes each step's cost as a JSON line (ms, tokens/s, TFLOPS against the peak,
+compile time, kernel groups with --profile-groups) and ends with an efficiency report
+(llmc/report.py); dev/dashboard.py follows it live. --compact-vocab gives a new model only the
+token ids of the training data (llmc/vocab.py; it changes the objective).
+
 The pieces live in llmc/, as llm.c's: dataloader, tokenizer, sampler, schedulers, logger,
-checkpoint, default_data; the file formats in llmc_io.py; the models in train_gpt2.pyx and
-train_llama2.pyx.
+checkpoint, default_data, report, vocab; the file formats in llmc_io.py; the models in
+train_gpt2.pyx and train_llama2.pyx.
 """
 import argparse
 import glob
@@ -46,9 +51,11 @@ from llmc.checkpoint import checkpoint_paths, find_max_step, resume, write_check
 from llmc.dataloader import DataError, DataLoader
 from llmc.logger import Console, Logger, note, plot_losses
 from llmc.recompute import parse_policy
+from llmc.report import Efficiency
 from llmc.sampler import generate
 from llmc.schedulers import SCHEDULERS, get_scheduler
 from llmc.tokenizer import GPT2_VOCAB_SIZE, TokenizerError, load_tokenizer
+from llmc.vocab import MAP_NAME, VocabMap
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # the defaults live in the repository, wherever train.py is run from
@@ -146,6 +153,21 @@ def parse_args(argv):
                    help="activation checkpointing: all (keep every layer's activations), "
                         "every-N, sqrt, boundary, none (keep fewer, recompute them in backward: "
                         "less memory, more time; llmc/recompute.py)")
+    p.add_argument("--compact-vocab", action="store_true",
+                   help="a new random model's vocabulary is only the token ids of the training "
+                        "data, renumbered (the map: -o DIR's vocab_map.bin). It changes the "
+                        "objective: an unseen token can never be predicted, and the loss is not "
+                        "comparable with a full vocabulary's (llmc/vocab.py)")
+    p.add_argument("--json-log", metavar="FILE", nargs="?", const="", default=None,
+                   help="a JSON line per step (ms, tokens/s, TFLOPS against the peak, compile "
+                        "time, kernel groups) and per val loss, and an efficiency report at the "
+                        "end (llmc/report.py); without FILE: -o DIR's log.jsonl")
+    p.add_argument("--profile-groups", action="store_true",
+                   help="time every kernel call (the backend under profile:) for the time per "
+                        "kernel group in the report; costs two clock reads a call")
+    p.add_argument("--peak-tflops", metavar="FLOAT", type=float, default=None,
+                   help="the device's peak TFLOPS for the report (default: the backend's, or "
+                        "the CPU's sgemm rate measured at the start)")
     p.add_argument("--dry-run", action="store_true",
                    help="print the plan of a step of the model at -b, -t, --recompute (memory, "
                         "FLOPs, time estimate) without allocating it, and exit")
@@ -186,6 +208,8 @@ def parse_args(argv):
         p.error(f"argument --recompute: {e}")
     require(args.vocab_size is None or args.vocab_size >= 1, "--vocab-size", args.vocab_size,
             "must be at least 1")
+    if args.compact_vocab and args.vocab_size is not None:
+        p.error("argument --compact-vocab: the vocabulary is the data's ids: drop --vocab-size")
     require(args.cos_decay_steps >= 1, "--cos-decay-steps", args.cos_decay_steps,
             "must be at least 1")
     require(math.isfinite(args.cos_decay_restart) and args.cos_decay_restart >= 1,
@@ -199,6 +223,14 @@ def parse_args(argv):
         p.error("argument -n: checkpoints need an output dir: add -o DIR")
     if args.resume and args.output_dir is None:
         p.error("argument -y: resuming needs the output dir of the run: add -o DIR")
+    if args.json_log == "":
+        if args.output_dir is None:
+            p.error("argument --json-log: without FILE it writes -o DIR's log.jsonl: add -o DIR")
+        args.json_log = os.path.join(args.output_dir, "log.jsonl")
+    require(args.peak_tflops is None or (math.isfinite(args.peak_tflops) and
+            args.peak_tflops > 0), "--peak-tflops", args.peak_tflops, "must be a number > 0")
+    if args.profile_groups and not args.backend.startswith("profile:"):
+        args.backend = f"profile:{args.backend}"
     return args
 
 
@@ -336,15 +368,58 @@ def config_rows(config):
             ("channels C", config.channels)]
 
 
-def load_sample_tokenizer(args):
+def load_sample_tokenizer(args, vocab_map=None):
     """The tokenizer of the samples: the data's (a tokenizer.bin beside its shards), llm.c's
     gpt2_tokenizer.bin if present, else tiktoken's GPT-2; None (the samples print as token
-    ids) when none can be had."""
+    ids) when none can be had. With --compact-vocab's map, one of the compact ids that
+    decodes through the map (printing the original ids when there is no tokenizer)."""
     try:
-        return load_tokenizer(data_tokenizer(args))
+        tokenizer = load_tokenizer(data_tokenizer(args))
     except (TokenizerError, llmc_io.FormatError) as e:
         note(f"no tokenizer, printing token ids ({e})")
+        tokenizer = None
+    return tokenizer if vocab_map is None else vocab_map.tokenizer(tokenizer)
+
+
+def sample_start_token(args):
+    """The token samples start from: the eot of the data's tokenizer file (llama2.c's BOS),
+    GPT-2's <|endoftext|> without one."""
+    path = data_tokenizer(args)
+    if not os.path.exists(path):
+        return llmc_io.GPT2_EOT_TOKEN
+    try:
+        return load_tokenizer(path).eot_token
+    except (TokenizerError, llmc_io.FormatError) as e:
+        raise TrainError(f"the data's tokenizer: {e}") from None
+
+
+def compact_vocabulary(args, resume_step, rank=0):
+    """--compact-vocab's map (llmc/vocab.py): a resumed run's saved one, else the ids of the
+    training data and the samples' first token, saved as -o DIR's vocab_map.bin; it sets the
+    new model's vocabulary. None without the flag."""
+    saved = None if args.output_dir is None else os.path.join(args.output_dir, MAP_NAME)
+    if resume_step is not None:
+        has_map = os.path.exists(saved)
+        if has_map != args.compact_vocab:
+            how = "with" if has_map else "without"
+            raise TrainError(f"-y 1: {args.output_dir} was trained {how} --compact-vocab, "
+                             f"resume it {how} it")
+        return VocabMap.load(saved) if has_map else None
+    if not args.compact_vocab:
         return None
+    init = args.init or (DEFAULT_MODEL if args.family == "gpt2" else DEFAULT_LLAMA)
+    if os.path.exists(init):
+        raise TrainError(f"--compact-vocab: {init} is a model file with its own vocabulary; "
+                         f"compaction needs a new random model (-e dN or a Llama preset)")
+    default_data.prepare(args.train_data, args.val_data)
+    shards = sorted(glob.glob(args.train_data))
+    if not shards:
+        raise DataError(f"{args.train_data}: no file matches this pattern")
+    vocab_map = VocabMap.from_shards(shards, extra=[sample_start_token(args)])
+    if saved is not None and rank == 0:
+        vocab_map.save(saved)
+    args.vocab_size = len(vocab_map)
+    return vocab_map
 
 
 def memory_line(memory):
@@ -388,7 +463,8 @@ def main(argv=None):
             if resume_step is None:
                 note(f"no checkpoint in {args.output_dir} to resume from, starting afresh")
 
-    # the model
+    # the model (its vocabulary the data's ids with --compact-vocab)
+    vocab_map = compact_vocabulary(args, resume_step, rank)
     resume_model_path = (None if resume_step is None else
                          checkpoint_paths(args.output_dir, resume_step)[0])
     model, init_desc = load_model(args, resume_model_path)
@@ -400,7 +476,7 @@ def main(argv=None):
         raise TrainError(f"-g {args.gen_tokens} exceeds the model's max sequence length "
                          f"{config.max_seq_len}")
     if (args.sample_every > 0 and data_tokenizer(args) == DEFAULT_TOKENIZER
-            and config.vocab_size <= llmc_io.GPT2_EOT_TOKEN):
+            and config.vocab_size <= llmc_io.GPT2_EOT_TOKEN and vocab_map is None):
         raise TrainError(f"-s {args.sample_every}: samples start from GPT-2's <|endoftext|> "
                          f"({llmc_io.GPT2_EOT_TOKEN}), outside the model's vocabulary of "
                          f"{config.vocab_size}: add -s 0")
@@ -408,9 +484,11 @@ def main(argv=None):
     # the data
     default_data.prepare(args.train_data, args.val_data)
     train_loader = DataLoader(args.train_data, B, T, shuffle=True, vocab_size=config.vocab_size,
-                              process_rank=rank, num_processes=num_processes)
+                              process_rank=rank, num_processes=num_processes, token_map=vocab_map)
     val_loader = DataLoader(args.val_data, B, T, shuffle=False, vocab_size=config.vocab_size,
-                            process_rank=rank, num_processes=num_processes)
+                            process_rank=rank, num_processes=num_processes, token_map=vocab_map)
+    if vocab_map is not None:   # now, not at the first val loss that reads the token
+        vocab_map.check_shards(val_loader.files)
     num_steps = args.max_steps
     if num_steps == -1:  # one epoch
         num_steps = train_loader.num_tokens // total_batch_size
@@ -433,6 +511,8 @@ def main(argv=None):
         ("val_loss_every", args.val_every), ("val_max_steps", val_batches),
         ("sample_every", args.sample_every), ("genT", args.gen_tokens), None,
         ("model family", args.family), ("weight init method", init_desc), *config_rows(config),
+        ("vocab compaction", "off" if vocab_map is None else
+         f"{len(vocab_map)} ids of the data (--compact-vocab)"),
         ("num_parameters", model.num_parameters),
         ("backend", model.backend.name), ("recompute", model.recompute), None,
         ("train tokens", train_loader.num_tokens), ("val tokens", val_loader.num_tokens), None,
@@ -442,7 +522,18 @@ def main(argv=None):
     console.print(f"batch_size B={B} * seq_len T={T}{processes} and total_batch_size="
                   f"{total_batch_size} => grad_accum_steps={grad_accum_steps}")
 
-    logger = Logger(args.output_dir if rank == 0 else None, append=resume_step is not None)
+    logger = Logger(args.output_dir if rank == 0 else None, append=resume_step is not None,
+                    json_path=args.json_log if rank == 0 else None)
+    efficiency = None
+    if args.json_log is not None or args.profile_groups or args.peak_tflops is not None:
+        efficiency = Efficiency(model, B, T, total_batch_size, num_processes, args.peak_tflops)
+        logger.log_json("run", max_steps=num_steps, B=B, T=T, grad_accum_steps=grad_accum_steps,
+                        num_processes=num_processes, family=args.family, init=init_desc,
+                        num_parameters=model.num_parameters, vocab_size=config.vocab_size,
+                        backend=model.backend.name, recompute=model.recompute,
+                        train_data=args.train_data, output_dir=args.output_dir,
+                        compact_vocab=vocab_map is not None,
+                        **efficiency.header())
     options = (dict(decay_steps=args.cos_decay_steps, restart_mult=args.cos_decay_restart)
                if args.lr_schedule == "cosine-restarts" else {})
     lr_scheduler = get_scheduler(args.lr_schedule, args.lr, args.warmup, num_steps,
@@ -471,7 +562,7 @@ def main(argv=None):
                 and not resuming and rank == 0):
             if not tokenizer_loaded:
                 console.write("")  # its notes go below the last step line
-                tokenizer, tokenizer_loaded = load_sample_tokenizer(args), True
+                tokenizer, tokenizer_loaded = load_sample_tokenizer(args, vocab_map), True
             generate(model, tokenizer, args.gen_tokens, console)
 
         if (args.checkpoint_every > 0 and not resuming and
@@ -485,6 +576,8 @@ def main(argv=None):
             break
 
         # --------------- one step of training -----------------
+        if efficiency is not None:
+            efficiency.begin()
         start = time.perf_counter()
         collective_s = dist.collective_time_s
         model.zero_grad()
@@ -519,7 +612,8 @@ def main(argv=None):
         console.status(f"step {step + 1:4d}/{num_steps} | loss {loss:.6f} | norm {grad_norm:.4f} "
                        f"| lr {lr:.2e} | {elapsed_s * 1000:.2f} ms | "
                        f"{shown_tokens_per_second:.0f} tok/s")
-        logger.log_train(step, loss, lr, grad_norm)
+        logger.log_train(step, loss, lr, grad_norm,
+                         **(efficiency.end(elapsed_s) if efficiency is not None else {}))
         if first_step:  # everything is allocated by now: say how much, as llm.c does
             console.print(memory_line(model.memory()))
         first_step = False
@@ -529,6 +623,11 @@ def main(argv=None):
         if num_processes > 1:  # MPI's part of it, waiting for the slowest rank included
             console.print(f"of it in MPI collectives: {total_collective_s / timed_steps * 1000:f} "
                           f"ms ({100 * total_collective_s / total_time_s:.1f}%)")
+    if efficiency is not None:
+        summary = efficiency.summary()
+        logger.log_json("report", **summary)
+        console.print("efficiency report (llmc/report.py):")
+        console.table(efficiency.table_rows(summary))
     if hasattr(model.backend, "summary"):  # check: and profile: say what they saw
         console.print(model.backend.summary())
     if args.output_dir is not None and rank == 0:

@@ -101,7 +101,8 @@ class DataLoader:
     """Batches of (B, T) inputs and targets, int32, from the shards matching `pattern`: this
     process's part (process_rank of num_processes) of each sample."""
 
-    def __init__(self, pattern, B, T, shuffle, vocab_size=None, process_rank=0, num_processes=1):
+    def __init__(self, pattern, B, T, shuffle, vocab_size=None, process_rank=0, num_processes=1,
+                 token_map=None):
         if not 0 <= process_rank < num_processes:
             raise ValueError(f"process_rank {process_rank} is not one of {num_processes}")
         self.B, self.T = B, T
@@ -109,6 +110,7 @@ class DataLoader:
         self.sample_size = num_processes * B * T  # tokens of one sample, all processes' parts
         self.shuffle = shuffle
         self.vocab_size = vocab_size  # token ids must be below it (checked per batch)
+        self.token_map = token_map  # --compact-vocab: llmc/vocab.py's VocabMap, applied per batch
         self.files = sorted(glob.glob(pattern))
         if not self.files:
             what = "no file matches this pattern" if glob.has_magic(pattern) else "no such file"
@@ -174,6 +176,8 @@ class DataLoader:
         BT = self.B * self.T
         start = idx * self.sample_size + self.process_rank * BT
         buf = np.array(self.tokens[start:start + BT + 1], dtype=np.int32)
+        if self.token_map is not None:
+            buf = self.token_map.compact(buf, self.current_path, start)
         if self.vocab_size is not None:
             top = int(buf.max())
             if top >= self.vocab_size:

@@ -1,7 +1,9 @@
 """
 What a training run writes: the Console (stdout, with a live step line on a terminal), notes on
-stderr, llm.c's main.log (llmc/logger.h) and the loss plot of it, loss.png.
+stderr, llm.c's main.log (llmc/logger.h) and the loss plot of it, loss.png; with --json-log the
+same records and more as JSON lines (llmc/report.py says which).
 """
+import json
 import os
 import re
 import sys
@@ -50,23 +52,36 @@ class Console:
 
 
 class Logger:
-    """DIR/main.log in llm.c's format: "s:STEP trl:LOSS lr:LR norm:NORM", "s:STEP tel:LOSS"."""
+    """DIR/main.log in llm.c's format: "s:STEP trl:LOSS lr:LR norm:NORM", "s:STEP tel:LOSS";
+    and the JSON log at json_path, one object a line (llmc/report.py)."""
 
-    def __init__(self, output_dir, append):
+    def __init__(self, output_dir, append, json_path=None):
         self.path = None if output_dir is None else os.path.join(output_dir, "main.log")
-        if self.path and not append:
-            open(self.path, "w").close()
+        self.json_path = json_path
+        for path in (self.path, json_path):
+            if path and not append:
+                open(path, "w").close()
 
-    def _log(self, line):
-        if self.path:
-            with open(self.path, "a") as f:
+    @staticmethod
+    def _append(path, line):
+        if path:
+            with open(path, "a") as f:
                 f.write(line + "\n")
 
-    def log_train(self, step, loss, lr, norm):
+    def _log(self, line):
+        self._append(self.path, line)
+
+    def log_json(self, kind, **fields):
+        """One line of the JSON log: {"type": kind, **fields}."""
+        self._append(self.json_path, json.dumps(dict(type=kind, **fields)))
+
+    def log_train(self, step, loss, lr, norm, **metrics):
         self._log(f"s:{step} trl:{loss:.4f} lr:{lr:.6f} norm:{norm:.2f}")
+        self.log_json("train", step=step, loss=loss, lr=lr, norm=norm, **metrics)
 
     def log_val(self, step, loss):
         self._log(f"s:{step} tel:{loss:.4f}")
+        self.log_json("val", step=step, loss=loss)
 
 
 def read_log(path):

@@ -1,0 +1,298 @@
+"""
+A live terminal dashboard of a training run (rich): it follows the run's JSON log (train.py
+--json-log, llmc/report.py) as tail -f does, or starts the run itself.
+
+    python dev/dashboard.py OUT_DIR             follow OUT_DIR/log.jsonl (or a JSON log FILE;
+                                                it waits for a run that has not started yet)
+    python dev/dashboard.py --run -- -e d2 -x 100 -n 20 [train.py's flags]
+                                                start train.py with --json-log (into its -o DIR,
+                                                a new temporary one without -o), follow it; its
+                                                console output goes to DIR/train.out
+
+It shows the loss and the val loss as sparklines (the whole run, squeezed to the width), the
+step time and throughput (each step's, the mean after the first, TFLOPS against the peak,
+compile share, the kernel groups with --profile-groups), and a sample decoded from the newest
+checkpoint in the run's dir (train.py -n N writes them), made by train.py's own sampling
+(llmc/sampler.generate, seed 1337: a checkpoint always gives the same sample) in a thread.
+It stops when the run's end-of-run report arrives (or, with --run, the run ends); Ctrl-C
+stops following (and the run it started).
+"""
+import argparse
+import io
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import types
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from rich.console import Console, Group  # noqa: E402
+from rich.live import Live  # noqa: E402
+from rich.panel import Panel  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+LOG_NAME = "log.jsonl"   # train.py --json-log's file in -o DIR
+BLOCKS = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values, width):
+    """values squeezed to at most width characters (the mean of each bucket), as blocks from
+    the lowest value (▁) to the highest (█)."""
+    values = [v for v in values if v == v]   # NaN losses leave a gap in the data, not the line
+    if not values:
+        return ""
+    if len(values) > width:
+        buckets = [values[i * len(values) // width:(i + 1) * len(values) // width]
+                   for i in range(width)]
+        values = [sum(b) / len(b) for b in buckets]
+    lo, hi = min(values), max(values)
+    scale = (len(BLOCKS) - 1) / (hi - lo) if hi > lo else 0.0
+    return "".join(BLOCKS[round((v - lo) * scale)] for v in values)
+
+
+class LogFollower:
+    """The records of a JSON log as they are written: poll() returns the lines completed since
+    the last poll (a line still being written waits for its newline)."""
+
+    def __init__(self, path):
+        self.path = path
+        self.offset = 0
+        self.partial = b""
+
+    def poll(self):
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except FileNotFoundError:   # the run has not started writing yet
+            return []
+        self.offset += len(data)
+        lines = (self.partial + data).split(b"\n")
+        self.partial = lines.pop()
+        return [json.loads(line) for line in lines if line.strip()]
+
+
+def sample_checkpoint(model_path, head, gen_tokens):
+    """The text train.py samples from the model file at model_path (its family, data's
+    tokenizer and vocabulary compaction from the run's "run" record): its
+    llmc/sampler.generate, seed 1337."""
+    import train
+    from llmc.logger import Console as TextConsole
+    from llmc.sampler import generate
+    args = types.SimpleNamespace(family=head.get("family", "gpt2"),
+                                 train_data=head.get("train_data", ""))
+    from llmc.vocab import MAP_NAME, VocabMap
+    model = train.model_class(args).from_checkpoint(model_path, "cpu")
+    vocab_map = (VocabMap.load(os.path.join(os.path.dirname(model_path), MAP_NAME))
+                 if head.get("compact_vocab") else None)
+    out = io.StringIO()
+    generate(model, train.load_sample_tokenizer(args, vocab_map), gen_tokens, TextConsole(out))
+    return out.getvalue().split("---\n", 1)[1].rsplit("\n---", 1)[0]
+
+
+class Dashboard:
+    """What the dashboard knows of a run, from its JSON log at log_path (poll()) and the
+    checkpoints in the log's directory; render() draws it."""
+
+    def __init__(self, log_path, gen_tokens=64, background=True):
+        self.follower = LogFollower(log_path)
+        self.run_dir = os.path.dirname(os.path.abspath(log_path))
+        self.gen_tokens, self.background = gen_tokens, background
+        self.head, self.report, self.last = {}, None, None
+        self.losses, self.val_losses, self.step_ms = {}, {}, {}
+        self.sample_step, self.sample, self.sampling = None, None, None
+
+    def poll(self):
+        """Read the new records; start sampling a new checkpoint. True if anything changed."""
+        records = self.follower.poll()
+        for r in records:
+            if r["type"] == "run":
+                self.head, self.report = r, None
+            elif r["type"] == "train":
+                self.losses[r["step"]] = r["loss"]
+                self.step_ms[r["step"]] = r["ms"]
+                self.last = r
+            elif r["type"] == "val":
+                self.val_losses[r["step"]] = r["loss"]
+            elif r["type"] == "report":
+                self.report = r
+        return bool(records) | self._check_checkpoint()
+
+    def _check_checkpoint(self):
+        from llmc.checkpoint import checkpoint_paths, find_max_step
+        if self.gen_tokens == 0:
+            return False
+        step = find_max_step(self.run_dir)
+        if step is None or step == self.sample_step or self.sampling is not None:
+            return False
+        self.sample_step = step
+        path = checkpoint_paths(self.run_dir, step)[0]
+
+        def work():
+            try:
+                self.sample = sample_checkpoint(path, self.head, self.gen_tokens)
+            except Exception as e:   # a checkpoint deleted by -nk meanwhile, a missing build
+                self.sample = f"(no sample: {type(e).__name__}: {e})"
+            self.sampling = None
+        if self.background:
+            self.sampling = threading.Thread(target=work, daemon=True)
+            self.sampling.start()
+        else:
+            work()
+        return True
+
+    def wait_for_sample(self):
+        thread = self.sampling
+        if thread is not None:
+            thread.join()
+
+    def done(self):
+        return self.report is not None
+
+    def render(self, width=100):
+        head, last = self.head, self.last
+        spark = max(10, width - 30)
+        steps = sorted(self.losses)
+        total = head.get("max_steps", "?")
+        title = (f"{head.get('family', '?')} {head.get('init', '')} on {head.get('backend', '?')}"
+                 f", B={head.get('B', '?')} T={head.get('T', '?')}")
+        curves = Table.grid(padding=(0, 1))
+        curves.add_column(width=22)
+        curves.add_column()
+        if last is not None:
+            curves.add_row(f"loss {last['loss']:.4f}",
+                           sparkline([self.losses[s] for s in steps], spark))
+        if self.val_losses:
+            val_steps = sorted(self.val_losses)
+            curves.add_row(f"val loss {self.val_losses[val_steps[-1]]:.4f}",
+                           sparkline([self.val_losses[s] for s in val_steps], spark))
+        if last is not None:
+            curves.add_row(f"ms/step {last['ms']:.1f}",
+                           sparkline([self.step_ms[s] for s in steps[1:]], spark))
+
+        stats = Table.grid(padding=(0, 2))
+        if last is not None:
+            done = last["step"] + 1
+            timed = [self.step_ms[s] for s in steps[1:]] or [last["ms"]]
+            mean_ms = sum(timed) / len(timed)
+            peak = ("" if last.get("peak_percent") is None else
+                    f" ({last['peak_percent']:.1f}% of peak)")
+            stats.add_row(f"step {done}/{total}", f"lr {last['lr']:.2e}",
+                          f"norm {last['norm']:.3f}")
+            stats.add_row(f"{last['tokens_per_s']:,.0f} tok/s",
+                          f"mean {mean_ms:.1f} ms/step", f"{last['tflops']:.4g} TFLOPS{peak}")
+            stats.add_row(f"compile {100 * last['compile_share']:.1f}%",
+                          *[f"{g} {100 * t / last['ms']:.0f}%"
+                            for g, t in last.get("groups_ms", {}).items()][:2])
+            if len(last.get("groups_ms", {})) > 2:
+                stats.add_row("", *[f"{g} {100 * t / last['ms']:.0f}%"
+                                    for g, t in last["groups_ms"].items()][2:4])
+        else:
+            stats.add_row("waiting for the first step ...")
+        if self.report is not None:
+            stats.add_row("finished", f"mean {self.report['mean_ms']:.1f} ms/step",
+                          f"{self.report['tokens_per_s']:,.0f} tok/s")
+
+        sample_title = ("sample" if self.sample_step is None else
+                        f"sample of the checkpoint at step {self.sample_step}")
+        sample = (self.sample if self.sample is not None else
+                  "(sampling ...)" if self.sample_step is not None else
+                  "(no samples: -g 0)" if self.gen_tokens == 0 else
+                  "(no checkpoint yet: train.py -n N writes them)")
+        return Panel(Group(stats, curves, Panel(sample, title=sample_title)), title=title,
+                     width=width)
+
+
+def follow(dashboard, console, process=None, interval=0.5):
+    """Redraw the dashboard as the log grows until the run reports its end (or process ends)."""
+    with Live(dashboard.render(console.width), console=console, auto_refresh=False) as live:
+        while True:
+            changed = dashboard.poll()
+            finished = dashboard.done() or (process is not None and process.poll() is not None)
+            if finished:   # the last lines, and a sample of the last checkpoint
+                dashboard.wait_for_sample()
+                dashboard.poll()
+                dashboard.wait_for_sample()
+            if changed or finished:
+                live.update(dashboard.render(console.width), refresh=True)
+            if finished:
+                return
+            time.sleep(interval)
+
+
+def start_run(train_args):
+    """Start train.py with these flags (and --json-log into its -o DIR); (process, log path)."""
+    train_args = [str(a) for a in train_args]
+    if train_args[:1] == ["train.py"] or train_args[:1] and train_args[0].endswith("/train.py"):
+        train_args = train_args[1:]
+    if "-o" not in train_args:
+        train_args = [*train_args, "-o", tempfile.mkdtemp(prefix="llmpyx-run-")]
+    out_dir = train_args[train_args.index("-o") + 1]
+    os.makedirs(out_dir, exist_ok=True)
+    if "--json-log" not in train_args:
+        train_args = [*train_args, "--json-log", os.path.join(out_dir, LOG_NAME)]
+    log_path = train_args[train_args.index("--json-log") + 1]
+    with open(os.path.join(out_dir, "train.out"), "w") as out:
+        process = subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py"), *train_args],
+                                   stdout=out, stderr=subprocess.STDOUT)
+    return process, log_path
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, as train.py's
+        sys.stderr.write(f"{self.prog}: error: {message} (see --help)\n")
+        sys.exit(2)
+
+
+def main(argv=None, console=None):
+    p = Parser(prog="dashboard.py", description="Live dashboard of a train.py run (its JSON log).")
+    p.add_argument("run", nargs="?", help=f"the run's output dir (its {LOG_NAME}) or JSON log")
+    p.add_argument("--run", dest="start", action="store_true",
+                   help="start train.py with the flags after --, and follow it")
+    p.add_argument("-g", dest="gen_tokens", type=int, default=64,
+                   help="tokens per sample (0: no samples; they take CPU time beside the run)")
+    p.add_argument("--interval", type=float, default=0.5, help="seconds between polls")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    train_args = []
+    if "--" in argv:
+        at = argv.index("--")
+        argv, train_args = argv[:at], argv[at + 1:]
+    args = p.parse_args(argv)
+    if args.start == (args.run is not None):
+        p.error("give a run's dir or JSON log, or --run -- TRAIN_FLAGS")
+    console = console or Console()
+    process = None
+    if args.start:
+        process, log_path = start_run(train_args)
+        console.print(f"started train.py (pid {process.pid}), following {log_path}")
+    else:
+        log_path = os.path.join(args.run, LOG_NAME) if os.path.isdir(args.run) else args.run
+        if not os.path.isdir(os.path.dirname(os.path.abspath(log_path))):   # else: wait for it
+            p.error(f"{log_path}: no such directory (train.py -o DIR --json-log writes "
+                    f"DIR/{LOG_NAME})")
+    dashboard = Dashboard(log_path, args.gen_tokens)
+    try:
+        follow(dashboard, console, process, args.interval)
+    except KeyboardInterrupt:
+        if process is not None:
+            process.terminate()
+            process.wait()
+        return 130
+    if process is not None:
+        status = process.wait()
+        if status != 0:
+            console.print(f"train.py ended with status {status}: see "
+                          f"{os.path.join(os.path.dirname(log_path), 'train.out')}")
+        return status
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,151 @@
+"""
+The efficiency report (llmc/report.py): train.py --json-log on a small random GPT-2 (d2) writes
+JSON lines that parse and add up (tokens/s from the batch and ms/step, TFLOPS from
+llmc/plan.py's FLOPs, the kernel groups and "other" summing to the step time, the losses those
+of main.log), and the end-of-run report is their mean; the compile-time hook and the peak.
+"""
+import json
+import math
+import os
+import subprocess
+import sys
+import types
+
+import numpy as np
+import pytest
+
+import llmc_io
+from llmc.plan import flops_plan
+from llmc.report import Efficiency, device_peak
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    d = tmp_path_factory.mktemp("data")
+    rng = np.random.default_rng(0)
+    llmc_io.write_shard(d / "train_000.bin", rng.integers(0, 50257, 6000))
+    llmc_io.write_shard(d / "val_000.bin", rng.integers(0, 50257, 2000))
+    return types.SimpleNamespace(train=str(d / "train_000.bin"), val=str(d / "val_000.bin"))
+
+
+def run_train(*args, status=0):
+    run = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), *map(str, args)],
+                         capture_output=True, text=True, timeout=600,
+                         env=dict(os.environ, LLMPYX_CACHE_DIR="/nonexistent-llmpyx-cache"))
+    assert run.returncode == status, run.stderr
+    assert "Traceback" not in run.stderr
+    return run
+
+
+def read_records(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f]
+
+
+def close(a, b):
+    return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9)
+
+
+def test_json_log_adds_up(data, tmp_path):
+    B, T, total = 2, 32, 128   # grad_accum 2: tokens/s must count both micro-batches
+    out = tmp_path / "out"
+    run = run_train("-e", "d2", "-b", B, "-t", T, "-d", total, "-i", data.train, "-j", data.val,
+                    "-m", 1, "-v", 2, "-s", 0, "-x", 3, "-o", out, "--json-log",
+                    "--profile-groups")
+    records = read_records(out / "log.jsonl")
+    kinds = [r["type"] for r in records]
+    assert kinds == ["run", "val", "train", "train", "val", "train", "val", "report"]
+    head, train, val, report = records[0], records[2:-1], records[1:-1], records[-1]
+    train = [r for r in train if r["type"] == "train"]
+    val = [r for r in val if r["type"] == "val"]
+    assert [r["step"] for r in train] == [0, 1, 2] and [r["step"] for r in val] == [0, 2, 3]
+
+    # the FLOPs are llmc/plan.py's: forward + backward of total/(B*T) micro-batches
+    from train_gpt2 import GPT2
+    config = llmc_io.GPT2Config.from_depth(2, vocab_size=50257)
+    per_batch = flops_plan(GPT2, config, B, T)
+    assert head["flops_per_step"] == (per_batch["forward"] + per_batch["backward"]) * 2
+    assert head["tokens_per_step"] == total and head["backend"] == "profile:cpu"
+    assert head["peak_tflops"] > 0 and head["max_steps"] == 3
+
+    for r in train:
+        assert close(r["tokens_per_s"], total * 1000 / r["ms"])
+        assert close(r["tflops"], head["flops_per_step"] / r["ms"] / 1e9)
+        assert close(r["peak_percent"], 100 * r["tflops"] / head["peak_tflops"])
+        assert r["compile_ms"] == 0 and r["compile_share"] == 0   # the CPU compiles nothing
+        groups = r["groups_ms"]
+        assert {"core", "gpt2", "other"} <= set(groups) <= {"core", "gpt2", "flash", "other"}
+        assert all(t > 0 for g, t in groups.items() if g != "other")
+        assert close(sum(groups.values()), r["ms"])
+        assert 0 <= groups["other"] < r["ms"]   # the kernels ran within the step
+
+    # the losses are main.log's (which rounds them)
+    with open(out / "main.log") as f:
+        logged = [line.split() for line in f]
+    trl = {int(w[0][2:]): float(w[1][4:]) for w in logged if w[1].startswith("trl:")}
+    tel = {int(w[0][2:]): float(w[1][4:]) for w in logged if w[1].startswith("tel:")}
+    assert trl == {r["step"]: round(r["loss"], 4) for r in train}
+    assert tel == {r["step"]: round(r["loss"], 4) for r in val}
+
+    # the report: means over the steps after the first
+    timed = train[1:]
+    mean_ms = sum(r["ms"] for r in timed) / len(timed)
+    assert report["steps"] == 3 and report["timed_steps"] == 2
+    assert close(report["mean_ms"], mean_ms)
+    assert close(report["tokens_per_s"], total * 1000 / mean_ms)
+    assert close(sum(report["group_share"].values()), 1.0)
+    assert "efficiency report" in run.stdout and "mean ms/step" in run.stdout
+    assert f"| mean ms/step          | {mean_ms:.2f}" in run.stdout
+
+
+def test_json_log_to_file_and_peak_flag(data, tmp_path):
+    path = tmp_path / "run.jsonl"
+    run_train("-e", "d1", "-b", 2, "-t", 16, "-i", data.train, "-j", data.val, "-m", 0,
+              "-s", 0, "-x", 1, "--json-log", path, "--peak-tflops", 2.5)
+    head, step, report = read_records(path)
+    assert head["peak_tflops"] == 2.5 and head["peak_source"] == "--peak-tflops"
+    assert "groups_ms" not in step and not head["profile_groups"]   # no --profile-groups
+    assert close(step["peak_percent"], 100 * step["tflops"] / 2.5)
+    assert report["steps"] == report["timed_steps"] == 1   # one step: it is its own mean
+
+
+def test_json_log_needs_a_file_or_dir(data):
+    run = run_train("-e", "d1", "--json-log", status=2)
+    assert run.stderr.count("\n") == 1 and "add -o DIR" in run.stderr
+
+
+class FakeFamily:
+    """A model class for flops_plan: one layer of 1 GFLOP a token."""
+    @classmethod
+    def num_layers_of(cls, config):
+        return 1
+
+    @classmethod
+    def flops_per_token(cls, config, T):
+        return dict(layer_matmul=1e9, layer_attention=0.0, head_matmul=0.0)
+
+
+def test_compile_hook_and_peak():
+    # an ANE-like backend, wrapped by an instrument: its compile_seconds and peak_tflops count
+    target = types.SimpleNamespace(name="ane", host_visible=False, compile_seconds=0.0,
+                                   peak_tflops=10.0, target=None)
+    backend = types.SimpleNamespace(name="check:ane", host_visible=False, target=target)
+    model = FakeFamily()
+    model.backend, model.config, model.recompute = backend, None, "all"
+    e = Efficiency(model, B=1, T=4, total_batch_size=4)
+    assert e.flops_per_step == 3 * 4e9 and e.peak_tflops == 10.0
+    for compile_s in (0.05, 0.0):   # the first step compiles for 50 ms of its 200
+        e.begin()
+        target.compile_seconds += compile_s
+        r = e.end(0.2)
+        assert close(r["compile_ms"], compile_s * 1e3)
+        assert close(r["compile_share"], compile_s / 0.2)
+    s = e.summary()
+    assert close(s["compile_share"], 0.05 / 0.4) and close(s["mean_ms"], 200)
+    assert close(s["tflops"], 12e9 / 0.2 / 1e12) and close(s["peak_percent"], 100 * 0.06 / 10)
+    assert device_peak(target, None) == (10.0, "ane's peak_tflops")
+    gpu = types.SimpleNamespace(name="gpu", host_visible=False, target=None)
+    assert device_peak(gpu)[0] is None
