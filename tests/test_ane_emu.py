@@ -3,6 +3,7 @@ The ane-emu backend (accel/ane/emulated.pyx): every entry through check:ane-emu 
 tolerances, loss scaling against fp16 underflow, programs built once per shape, a failure as one
 line, and train.py on a tiny Llama tracking the CPU run's losses.
 """
+import json
 import re
 
 import numpy as np
@@ -92,8 +93,12 @@ def test_train_py_on_ane_emu_tracks_the_cpu_losses(tmp_path):
               "-x", 5, "-l", 3e-3]
     cpu = step_losses(run_train(*common, "--backend", "cpu", "-o", tmp_path / "cpu"))
     # under check: every call of the whole run is also compared with the CPU's, at its tolerance
-    stdout = run_train(*common, "--backend", "check:ane-emu", "-o", tmp_path / "ane")
+    stdout = run_train(*common, "--backend", "check:ane-emu", "-o", tmp_path / "ane", "--json-log")
     assert re.search(r"^check:ane-emu: \d+ outputs compared, all within tolerance$", stdout, re.M)
+    # the efficiency report's compile share: the programs are built in the first step only
+    lines = [json.loads(line) for line in open(tmp_path / "ane" / "log.jsonl")]
+    compile_ms = [line["compile_ms"] for line in lines if line["type"] == "train"]
+    assert len(compile_ms) == 5 and compile_ms[0] > 0 and compile_ms[1:] == [0.0] * 4
     ane = step_losses(stdout)
     assert sorted(cpu) == sorted(ane) == [1, 2, 3, 4, 5]
     cpu, ane = (np.array([float(s[k]) for k in sorted(s)]) for s in (cpu, ane))

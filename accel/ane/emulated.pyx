@@ -27,6 +27,7 @@ smallest subnormal (6e-8) long before training ends.  Emulator(loss_scale=False)
 (the test that shows the underflow).
 """
 import math
+import time
 
 import numpy as np
 
@@ -67,6 +68,7 @@ class Emulator:
         self.runtime = runtime if runtime is not None else InterpreterRuntime()
         self.loss_scale = loss_scale
         self.kernels = {}
+        self.compile_seconds = 0.0   # building and compiling programs (llmc/report.py reads it)
 
     @property
     def builds(self):
@@ -76,7 +78,9 @@ class Emulator:
     def run(self, piece, dims, x):
         key = (piece, dims)
         if key not in self.kernels:
+            start = time.perf_counter()
             self.kernels[key] = self.runtime.compile(getattr(self.mil, piece)(*dims))
+            self.compile_seconds += time.perf_counter() - start
         return self.runtime.run(self.kernels[key], {"x": x})["out"]
 
     def scale_of(self, dout):
@@ -250,8 +254,13 @@ cdef void ane_swiglu_backward(void* ctx, float* da, float* db, const float* dout
 
 
 cdef class EmulatedBackend(Backend):
-    """A Backend with the tolerances check:ane-emu compares its fp16 entries at."""
+    """A Backend with the tolerances check:ane-emu compares its fp16 entries at, and the time
+    its programs took to build and compile (the efficiency report's compile share)."""
     cdef readonly dict tolerances
+
+    @property
+    def compile_seconds(self):
+        return (<object>self.table.ctx).compile_seconds
 
 
 def create(loss_scale=True, runtime=None, name="ane-emu"):
