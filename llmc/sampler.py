@@ -43,7 +43,7 @@ def generate(model, tokenizer, gen_tokens, console):
     rng = XorShift(SAMPLE_SEED)
     eot = tokenizer.eot_token if tokenizer is not None else llmc_io.GPT2_EOT_TOKEN
     tokens = [eot]
-    piece = tokenizer.stream_decoder() if tokenizer is not None else (lambda t: f"{t} ")
+    piece = tokenizer.stream_decoder(after=eot) if tokenizer is not None else (lambda t: f"{t} ")
     V = model.config.vocab_size
     console.print("generating:\n---")
     for t in range(1, gen_tokens):

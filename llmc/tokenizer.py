@@ -234,12 +234,14 @@ class Tokenizer:
         return b"".join(self._bytes(i, prev) for prev, i in zip([None] + ids, ids)) \
             .decode("utf-8", errors="replace")
 
-    def stream_decoder(self):
+    def stream_decoder(self, after=None):
         """A function token id -> the text it completes, for printing tokens as they come:
         bytes of a character split across tokens are held until it is whole, and control
-        characters other than newline and tab are dropped (llm.c's safe_printf)."""
+        characters other than newline and tab are dropped (llm.c's safe_printf).  `after` is
+        the token already there (a sample's start token, not printed), so that the first
+        word after SentencePiece's BOS loses its space as in decode."""
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        previous = [None]
+        previous = [after]
 
         def piece(token_id):
             text = decoder.decode(self._bytes(token_id, previous[0]))

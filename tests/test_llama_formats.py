@@ -186,6 +186,8 @@ def test_trained_vocabulary_decodes_as_sentencepiece(vocabulary):
     assert tok.decode([sp.bos_id()] + ids) == sp.decode(ids) == sample
     stream = tok.stream_decoder()
     assert "".join(stream(i) for i in [sp.bos_id()] + ids) == sample
+    stream = tok.stream_decoder(after=sp.bos_id())   # a sample: BOS there, not printed
+    assert "".join(stream(i) for i in ids) == sample
 
 
 def test_data_script_writes_shards_and_tokenizer(vocabulary, tmp_path):
