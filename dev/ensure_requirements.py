@@ -9,7 +9,8 @@ names what is missing in one line and runs `python -m pip install -r FILE` with 
 interpreter, so a fresh virtual environment needs no manual pip step.  Without pip, or when pip
 fails (a system Python that forbids it, no index), it stops with the command to run.
 Versions are compared on their numeric release (2.13.0+cpu is 2.13.0); a line this does not
-parse (an environment marker, a URL) only needs its name installed.
+parse (a URL) only needs its name installed.  A line with an environment marker
+(`name==1.0; sys_platform == "darwin"`) counts only where its marker holds, as pip does.
 """
 import importlib.metadata
 import importlib.util
@@ -35,9 +36,25 @@ def release(version):
     return tuple(parts)
 
 
+def applies(marker):
+    """Whether an environment marker holds here (pip's own packaging evaluates it)."""
+    try:
+        from packaging.markers import Marker
+    except ImportError:
+        try:
+            from pip._vendor.packaging.markers import Marker
+        except ImportError:   # nothing to evaluate it with: ask for the package
+            return True
+    return Marker(marker).evaluate()
+
+
 def unmet(line):
-    """Why a requirement line is not met ('missing', 'have 1.2'), or None when it is."""
-    name, _, spec = REQUIREMENT.match(line).groups()
+    """Why a requirement line is not met ('missing', 'have 1.2'), or None when it is (or
+    when its environment marker does not hold here)."""
+    line, _, marker = line.partition(";")
+    if marker.strip() and not applies(marker.strip()):
+        return None
+    name, _, spec = REQUIREMENT.match(line.strip()).groups()
     try:
         have = importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError:
