@@ -2,7 +2,8 @@
 A NumPy interpreter for the MIL programs of accel/ane/mil.py: it runs the very Program object
 the Builder made, op by op, in the order of its main block, with fp16 storage (every op reads
 fp16 tensors, computes in float32 - as the ANE accumulates wider than it stores - and rounds its
-result to fp16).
+result to fp16).  run(..., storage=np.float32) keeps every result in float32 instead: the data
+flow of a program without the ANE's rounding (accel/ane/runtime.py's MockRuntime).
 
 Elementwise binary ops use coremltools' own NumPy operator (op.get_operator()); the others that
 our programs use are written here (coremltools infers values only for constant inputs).  Every
@@ -19,10 +20,23 @@ class InterpreterError(ValueError):
     pass
 
 
-def run(program, **inputs):
-    """Run program's main function on inputs {name: array} -> {output name: fp16 array}."""
+class Values(dict):
+    """The values of a program's variables by name, stored at one precision."""
+
+    def __init__(self, storage):
+        super().__init__()
+        self.storage = np.dtype(storage)
+
+    def store(self, x):
+        """x computed in float32, rounded to the storage precision."""
+        return np.asarray(x, np.float32).astype(self.storage)
+
+
+def run(program, storage=FP16, **inputs):
+    """Run program's main function on inputs {name: array} -> {output name: array}, every value
+    stored at `storage` (fp16, as the ANE; float32 for the data flow alone)."""
     function = program.functions["main"]
-    env = {}
+    env = Values(storage)
     for name, var in function.inputs.items():
         if name not in inputs:
             raise InterpreterError(f"missing input {name!r} (the program takes "
@@ -31,25 +45,26 @@ def run(program, **inputs):
         if value.shape != tuple(var.shape):
             raise InterpreterError(f"input {name!r} has shape {value.shape}, the program wants "
                                    f"{tuple(var.shape)}")
-        env[name] = value.astype(FP16)
+        env[name] = value.astype(env.storage)
     extra = set(inputs) - set(function.inputs)
     if extra:
         raise InterpreterError(f"unknown inputs {sorted(extra)}")
     for op in function.operations:
         results = evaluate(op, env)
         for var, value in zip(op.outputs, results):
-            check_type(op, var, value)
+            check_type(op, var, value, env.storage)
             env[var.name] = value
     return {var.name: env[var.name] for var in function.outputs}
 
 
-def check_type(op, var, value):
+def check_type(op, var, value, storage):
     want = tuple(var.shape) if hasattr(var, "shape") and var.shape is not None else ()
     if np.shape(value) != want:
         raise InterpreterError(f"{op.op_type} {op.name!r} gave shape {np.shape(value)}, the "
                                f"Builder inferred {want}")
-    if np.asarray(value).dtype.kind == "f" and np.asarray(value).dtype != FP16:
-        raise InterpreterError(f"{op.op_type} {op.name!r} gave {np.asarray(value).dtype}, not fp16")
+    if np.asarray(value).dtype.kind == "f" and np.asarray(value).dtype != storage:
+        raise InterpreterError(f"{op.op_type} {op.name!r} gave {np.asarray(value).dtype}, not "
+                               f"{storage}")
 
 
 def value_of(var, env):
@@ -58,7 +73,7 @@ def value_of(var, env):
     if var.val is None:
         raise InterpreterError(f"{var.name!r} has no value yet (ops out of order?)")
     value = np.asarray(var.val)
-    return value.astype(FP16) if value.dtype.kind == "f" else value
+    return value.astype(env.storage) if value.dtype.kind == "f" else value
 
 
 def param(op, name, env, default=None):
@@ -66,19 +81,15 @@ def param(op, name, env, default=None):
     return default if var is None else value_of(var, env)
 
 
-def fp16(x):
-    return np.asarray(x, np.float32).astype(FP16)
-
-
 def evaluate(op, env):
     """The op's outputs (a list) from its inputs' values in env."""
     kind = op.op_type
     if kind == "const":
-        return [value_of(op.outputs[0], {})]
+        return [value_of(op.outputs[0], env)]
     if kind in ELEMENTWISE_BINARY:
         x = np.asarray(param(op, "x", env), np.float32)
         y = np.asarray(param(op, "y", env), np.float32)
-        return [fp16(op.get_operator()(x, y))]
+        return [env.store(op.get_operator()(x, y))]
     if kind not in OPS:
         raise InterpreterError(f"op {kind} ({op.name!r}) is not supported by the interpreter")
     return [OPS[kind](op, env)]
@@ -94,31 +105,31 @@ def op_identity(op, env):
 def op_cast(op, env):
     if op.inputs["dtype"].val != "fp16":
         raise InterpreterError(f"cast {op.name!r} to {op.inputs['dtype'].val}: only fp16 here")
-    return fp16(param(op, "x", env))
+    return env.store(np.asarray(param(op, "x", env), np.float32).astype(FP16))
 
 
 def op_sigmoid(op, env):
     x = np.asarray(param(op, "x", env), np.float32)
-    return fp16(1.0 / (1.0 + np.exp(-x)))
+    return env.store(1.0 / (1.0 + np.exp(-x)))
 
 
 def op_silu(op, env):
     x = np.asarray(param(op, "x", env), np.float32)
-    return fp16(x / (1.0 + np.exp(-x)))
+    return env.store(x / (1.0 + np.exp(-x)))
 
 
 def op_softmax(op, env):
     x = np.asarray(param(op, "x", env), np.float32)
     axis = int(param(op, "axis", env, -1))
     e = np.exp(x - x.max(axis=axis, keepdims=True))
-    return fp16(e / e.sum(axis=axis, keepdims=True))
+    return env.store(e / e.sum(axis=axis, keepdims=True))
 
 
 def op_reduce_sum(op, env):
     x = np.asarray(param(op, "x", env), np.float32)
     axes = param(op, "axes", env)
     axes = None if axes is None else tuple(int(a) for a in np.atleast_1d(axes))
-    return fp16(x.sum(axis=axes, keepdims=bool(param(op, "keep_dims", env, False))))
+    return env.store(x.sum(axis=axes, keepdims=bool(param(op, "keep_dims", env, False))))
 
 
 def op_reshape(op, env):
@@ -137,7 +148,7 @@ def op_matmul(op, env):
         x = np.swapaxes(x, -1, -2)
     if bool(param(op, "transpose_y", env, False)):
         y = np.swapaxes(y, -1, -2)
-    return fp16(np.matmul(x, y))
+    return env.store(np.matmul(x, y))
 
 
 def op_conv(op, env):
@@ -155,7 +166,7 @@ def op_conv(op, env):
     bias = param(op, "bias", env)
     if bias is not None:
         out = out + np.asarray(bias, np.float32)[None, :, None, None]
-    return fp16(out)
+    return env.store(out)
 
 
 def op_concat(op, env):

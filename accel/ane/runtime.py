@@ -10,8 +10,8 @@ The ANE runtime wrapper: one interface over the three ways a MIL program (a core
     InterpreterRuntime   Linux: accel/ane/interp.py runs the program itself in fp16 (what the
                          ane-emu backend runs on; no compile limit)
     MockRuntime          Linux, the tests: counts compiles and fails past `limit` as the ANE
-                         compiler does (about 119 per process); runs a kernel with a tiny NumPy
-                         evaluator of a few MIL ops, or only records the call
+                         compiler does (about 119 per process); runs a kernel with the
+                         interpreter in float32 (the data flow), or only records the call
     CoreMLRuntime        the supported path: coremltools.convert to an ML Program with
                          compute_units CPU_AND_NE, MLModel.predict (predict needs macOS; the
                          conversion and the saved .mlpackage work on Linux too)
@@ -194,67 +194,12 @@ class InterpreterRuntime(Runtime):
 # ----------------------------------------------------------------------------
 # the mock: Linux, the tests
 
-def _param(op, name, env, default=None):
-    var = op.inputs.get(name)
-    if var is None:
-        return default
-    return env[var.name] if var.name in env else var.val
-
-
-def _evaluate(program, inputs):
-    """Run the program's ops in NumPy (float32), the few the tests use: enough to check a
-    schedule's data flow, not the ANE's numerics (accel/ane/interp.py does those)."""
-    env = {name: np.asarray(value, dtype=np.float32) for name, value in inputs.items()}
-    for op in _function(program).operations:
-        p = lambda name, default=None: _param(op, name, env, default)  # noqa: E731
-        t = op.op_type
-        if t == "const":   # strings and ints too (pad_type, strides): kept as they are
-            env[op.outputs[0].name] = op.outputs[0].val
-            continue
-        if t == "conv":   # 1x1, stride 1, one group: the ANE's linear layer
-            w = p("weight").astype(np.float32)
-            if w.shape[2:] != (1, 1) or int(p("groups", 1)) != 1:
-                raise NotImplementedError(f"mock: conv {op.name} is not a 1x1 single-group conv")
-            out = np.einsum("oc,bchw->bohw", w[:, :, 0, 0], p("x"))
-            if p("bias") is not None:
-                out = out + p("bias").reshape(1, -1, 1, 1)
-        elif t == "matmul":
-            x, y = p("x"), p("y")
-            if p("transpose_x", False):
-                x = np.swapaxes(x, -1, -2)
-            if p("transpose_y", False):
-                y = np.swapaxes(y, -1, -2)
-            out = np.matmul(x, y)
-        elif t == "linear":
-            out = p("x") @ p("weight").T + (0 if p("bias") is None else p("bias"))
-        elif t in ("add", "sub", "mul", "real_div"):
-            out = {"add": np.add, "sub": np.subtract, "mul": np.multiply,
-                   "real_div": np.divide}[t](p("x"), p("y"))
-        elif t == "sigmoid":
-            out = 1 / (1 + np.exp(-p("x")))
-        elif t == "silu":
-            out = p("x") / (1 + np.exp(-p("x")))
-        elif t == "relu":
-            out = np.maximum(p("x"), 0)
-        elif t == "reshape":
-            out = p("x").reshape(tuple(int(d) for d in p("shape")))
-        elif t == "transpose":
-            out = np.transpose(p("x"), tuple(int(d) for d in p("perm")))
-        elif t in ("cast", "identity"):
-            out = p("x")
-        else:
-            raise NotImplementedError(f"mock: no evaluator for op {t} ({op.name}); "
-                                      f"MockRuntime(evaluate=False) only records calls")
-        env[op.outputs[0].name] = np.asarray(out, dtype=np.float32)
-    return env
-
-
 class MockRuntime(Runtime):
     """Compiles nothing: counts, and fails like the ANE compiler past `limit` compiles (the
     budget's limit unless given), so a schedule that ignores the budget (enforce_budget=False:
     the wrapper does not refuse first) fails here as on a Mac.
-    run() evaluates the program in NumPy (evaluate=True) or returns zeros of the outputs'
-    shapes; every call is recorded in `calls` as (kind, kernel index, program name)."""
+    run() evaluates the program with accel/ane/interp.py in float32 (evaluate=True: the data
+    flow without the ANE's fp16 rounding) or returns zeros of the outputs' shapes; every call is recorded in `calls` as (kind, kernel index, program name)."""
     name = "mock"
 
     def __init__(self, budget=None, limit=None, evaluate=True, enforce_budget=True):
@@ -276,8 +221,8 @@ class MockRuntime(Runtime):
             return {name: np.zeros(shape, np.float32) for name, shape in kernel.outputs.items()}
         if isinstance(kernel.program, NumpyProgram):
             return kernel.program.function(**inputs)
-        env = _evaluate(kernel.program, inputs)
-        return {name: env[name] for name in kernel.outputs}
+        from accel.ane import interp
+        return interp.run(kernel.program, storage=np.float32, **inputs)
 
 
 def _program_name(program):
