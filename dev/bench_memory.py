@@ -17,7 +17,6 @@ noisy neighbour hurts all alike.
 import argparse
 import json
 import os
-import subprocess
 import sys
 
 import numpy as np
@@ -27,7 +26,7 @@ ROOT = os.path.dirname(HERE)
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from dev.bench_step import batch, config_for, llmpyx_steps, peak_rss_bytes  # noqa: E402
+from dev.bench_step import batch, config_for, json_worker, llmpyx_steps, peak_rss_bytes  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -61,14 +60,10 @@ def worker(args):
 
 
 def run_worker(policy, args):
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", policy, "-e", str(args.depth),
-           "-b", str(args.batch), "-t", str(args.seq), "--steps", str(args.steps),
-           "--warmup", str(args.warmup)] + (["--model", args.model] if args.model else [])
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
-    if proc.returncode != 0:
-        raise RuntimeError(f"dev/bench_memory.py: the {policy} worker failed:\n{proc.stderr.strip()}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    argv = ["--worker", policy, "-e", str(args.depth), "-b", str(args.batch), "-t", str(args.seq),
+            "--steps", str(args.steps), "--warmup", str(args.warmup)]
+    argv += ["--model", args.model] if args.model else []
+    return json_worker(__file__, argv, dict(os.environ, OMP_NUM_THREADS=str(args.threads)))
 
 
 def main(argv=None):

@@ -216,21 +216,30 @@ def worker_profile(args):
 # ----------------------------------------------------------------------------
 # the parent: run the workers, print the table
 
-def run_worker(kind, args, params_path=None):
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", kind, "-e", str(args.depth),
-           "-b", str(args.batch), "-t", str(args.seq), "--threads", str(args.threads),
-           "--steps", str(args.steps), "--warmup", str(args.warmup), "--backend", args.backend,
-           "--recompute", args.recompute]
-    if params_path:
-        cmd += ["--params", params_path]
-    if args.model:
-        cmd += ["--model", args.model]
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
+def json_worker(script, argv, env=None):
+    """Run `python script argv` in its own process, the repository importable, and return the
+    JSON object its last line of output prints; a worker that fails is one RuntimeError with
+    its stderr (the benchmarks' workers: bench_step, bench_memory, gpu/bench_gpu)."""
+    env = dict(os.environ if env is None else env)
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
+    proc = subprocess.run([sys.executable, os.path.abspath(script), *argv], env=env,
+                          capture_output=True, text=True, cwd=ROOT)
     if proc.returncode != 0:
-        raise RuntimeError(f"dev/bench_step.py: the {kind} worker failed:\n{proc.stderr.strip()}")
+        name = os.path.relpath(os.path.abspath(script), ROOT)
+        raise RuntimeError(f"{name}: the {argv[argv.index('--worker') + 1]} worker failed:\n"
+                           f"{proc.stderr.strip()}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def run_worker(kind, args, params_path=None):
+    argv = ["--worker", kind, "-e", str(args.depth), "-b", str(args.batch), "-t", str(args.seq),
+            "--threads", str(args.threads), "--steps", str(args.steps), "--warmup",
+            str(args.warmup), "--backend", args.backend, "--recompute", args.recompute]
+    if params_path:
+        argv += ["--params", params_path]
+    if args.model:
+        argv += ["--model", args.model]
+    return json_worker(__file__, argv, dict(os.environ, OMP_NUM_THREADS=str(args.threads)))
 
 
 def have_torch():

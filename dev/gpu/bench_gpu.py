@@ -19,7 +19,6 @@ llm.pyx / torch.compile, and the first and last losses of each (same start: they
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,7 +30,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from dev.bench_step import ADAMW, batch, summarize  # noqa: E402
+from dev.bench_step import ADAMW, batch, json_worker, summarize  # noqa: E402
 from llmc_io import GPT2Config  # noqa: E402
 
 
@@ -107,14 +106,13 @@ def worker_torch(args):
 
 
 def run_worker(kind, args, params):
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", kind, "-e", str(args.depth), "-b", str(args.batch),
-           "-t", str(args.seq), "--steps", str(args.steps), "--warmup", str(args.warmup),
-           "--backend", args.backend, "--torch-device", args.torch_device, "--params", params]
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
-    if done.returncode != 0:
-        raise SystemExit(f"dev/gpu/bench_gpu.py: the {kind} worker failed:\n{done.stderr.strip()}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    argv = ["--worker", kind, "-e", str(args.depth), "-b", str(args.batch), "-t", str(args.seq),
+            "--steps", str(args.steps), "--warmup", str(args.warmup), "--backend", args.backend,
+            "--torch-device", args.torch_device, "--params", params]
+    try:
+        return json_worker(__file__, argv)
+    except RuntimeError as e:
+        raise SystemExit(str(e)) from None
 
 
 def main(argv=None):
