@@ -81,6 +81,7 @@ class Efficiency:
             total_batch_size // (B * T))
         peak, self.peak_source = device_peak(self.backend, peak_tflops)
         self.peak_tflops = None if peak is None else peak * num_processes
+        self.groups = list(ENTRY_GROUPS)
         self.group_of = {entry: group for group, entries in ENTRY_GROUPS.items()
                          for entry in entries}
         self.profiled = _profiled_seconds(self.backend) is not None
@@ -111,7 +112,7 @@ class Efficiency:
                       100 * tflops / self.peak_tflops,
                       compile_ms=compile_ms, compile_share=compile_ms / ms)
         if self.profiled:
-            groups = dict.fromkeys(["core", "gpt2", "llama", "flash"], 0.0)
+            groups = dict.fromkeys(self.groups, 0.0)
             start = self._entries_start
             for entry, seconds in _profiled_seconds(self.backend).items():
                 groups[self.group_of[entry]] += (seconds - start.get(entry, 0.0)) * 1e3

@@ -315,9 +315,8 @@ def memory(plan):
     from train_llama2 import Llama2
     config, B, T = plan.config, plan.B, plan.T
     whole = memory_plan(Llama2, config, B, T, plan.policy)
-    one = replace(config, n_layers=1)
-    layer_params = (memory_plan(Llama2, replace(config, n_layers=2), B, T, "all")["params"] -
-                    memory_plan(Llama2, one, B, T, "all")["params"])
+    layer_params = 4 * (replace(config, n_layers=2).num_parameters() -
+                        replace(config, n_layers=1).num_parameters())   # fp32 bytes
     layer_weights = sum(shape[1] * shape[2] for name, shape in config.param_shapes()
                         if len(shape) == 3)   # (L, rows, cols): one layer's matrices, not norms
     state_between = whole["params"] + whole["adamw"]
