@@ -26,10 +26,9 @@ import llmc_io  # noqa: E402
 def export(model_path, tokenizer_path, output):
     config, params = llmc_io.read_llama_model(model_path)
     if tokenizer_path == "gpt2":
-        from llmc.tokenizer import gpt2_encoding
-        enc = gpt2_encoding()
-        vocab = llmc_io.gpt2_gguf_vocab([enc.decode_single_token_bytes(i) for i in range(enc.n_vocab)],
-                                        enc.eot_token, config.vocab_size)
+        from llmc.tokenizer import Tokenizer, gpt2_encoding
+        gpt2 = Tokenizer.from_encoding(gpt2_encoding())
+        vocab = llmc_io.gpt2_gguf_vocab(gpt2.token_bytes, gpt2.eot_token, config.vocab_size)
     else:
         vocab = llmc_io.gguf_vocab(tokenizer_path, config.vocab_size)
     llmc_io.write_gguf(output, config, params, vocab,
