@@ -274,6 +274,12 @@ def random_config(args, init):
 def model_class(args):
     """The model class of args.family, or a TrainError saying to build it."""
     try:
+        import kernels.blas   # first, so that LLMPYX_BLAS's errors are not taken for a missing build
+    except ModuleNotFoundError as e:
+        raise TrainError(f"the model is not built ({e}): run `make train_gpt2` first") from None
+    except ImportError as e:   # LLMPYX_BLAS names a library that is not there
+        raise TrainError(str(e)) from None
+    try:
         from train_gpt2 import GPT2
         from train_llama2 import Llama2
     except ImportError as e:
@@ -514,7 +520,8 @@ def main(argv=None):
         ("vocab compaction", "off" if vocab_map is None else
          f"{len(vocab_map)} ids of the data (--compact-vocab)"),
         ("num_parameters", model.num_parameters),
-        ("backend", model.backend.name), ("recompute", model.recompute), None,
+        ("backend", model.backend.name), ("CPU GEMMs", sys.modules["kernels.blas"].LIBRARY),
+        ("recompute", model.recompute), None,
         ("train tokens", train_loader.num_tokens), ("val tokens", val_loader.num_tokens), None,
         ("num_processes", num_processes), ("zero_stage", dist.zero_stage),
     ])

@@ -372,7 +372,7 @@ def _not_built(library, target):
     return None if os.path.exists(os.path.join(_ACCEL, library)) else f"not built: run `make {target}`"
 
 
-register_backend("cpu", "accel.cpu", "the Cython kernels of kernels/, OpenMP and OpenBLAS")
+register_backend("cpu", "accel.cpu", "the Cython kernels of kernels/, OpenMP, and OpenBLAS or MKL")
 register_backend("hip", "accel.hip.device",
                  "HIP on AMD or NVIDIA GPUs (hip-emu where only the emulated build exists)",
                  lambda: _hip.unavailable("hip"))

@@ -744,9 +744,9 @@ def limit_threads(n):
 
 def measure_machine(quick=False):
     """(sgemm GFLOP/s, DRAM GB/s) on the current thread settings, best of a few."""
+    from llmc.plan import measure_gflops
     machine = load("dev.cpu.machine")
-    n = 1024 if quick else 2048
-    gflops = 2.0 * n ** 3 / machine.sgemm_seconds(n, 3) / 1e9
+    gflops = measure_gflops(1024 if quick else 2048, 3)
     floats = 1 << (20 if quick else 26)    # 4 x 256 MiB: far past the 32 MiB L3
     gbs = 28.0 * floats / machine.bandwidth_seconds(floats, 3) / 1e9
     return gflops, gbs
@@ -874,7 +874,7 @@ def main(argv=None):
         peak = (0.0, 0.0)
         if not args.check_only:
             peak = measure_machine(quick=args.shapes == "small")
-            print(f"machine: sgemm {peak[0]:.1f} GFLOP/s (2048^3, scipy-openblas32), DRAM "
+            print(f"machine: sgemm {peak[0]:.1f} GFLOP/s (kernels.matmul 2048^3), DRAM "
                   f"{peak[1]:.1f} GB/s (4-read/3-write pass), {args.threads} threads")
         failed = []
         for k in kernels:

@@ -18,12 +18,13 @@ interleaved A B A B so that a noisy neighbour hurts both alike.
                                                       or a Llama dN
 
 Prints ms/step (median, min-max), tokens/s, the ratio llm.pyx / PyTorch, the model FLOPs
-achieved against this machine's measured sgemm peak (scipy-openblas32, 2048^3, same threads),
+achieved against this machine's measured sgemm peak (kernels.matmul at 2048^3, on the library
+the kernels use, kernels/blas.pyx, and the same threads),
 the step against GEMM-only (its matmul FLOPs at that sgemm rate: the time of a step that did
 nothing else), peak RSS of each side's process and their ratio, and the losses of both sides
 (same parameters, same batch: they must agree).
 The training path runs as it would from the shell with OMP_NUM_THREADS=--threads: nothing
-here changes its BLAS thread settings (the peak sgemm runs OpenBLAS on --threads threads).
+here changes its BLAS thread settings.
 Other environment variables (OMP_WAIT_POLICY, OPENBLAS_NUM_THREADS, ...) pass through.
 """
 import argparse
@@ -117,28 +118,10 @@ def batch(config, B, T, seed=1234):
 # workers: each prints one JSON line
 
 def worker_peak(args):
-    """The sgemm peak on --threads OpenBLAS threads."""
-    try:
-        from threadpoolctl import threadpool_limits
-        threadpool_limits(limits=args.threads)   # this process only measures
-    except ImportError:
-        pass
-    try:
-        from dev.cpu import machine
-        seconds = machine.sgemm_seconds(2048, 5)
-        source = "scipy-openblas32 sgemm 2048^3"
-    except ImportError:   # dev/cpu not built: NumPy's OpenBLAS is the same library family
-        a = np.random.default_rng(0).standard_normal((2048, 2048)).astype(np.float32)
-        a @ a
-        seconds = min(_timed(lambda: a @ a) for _ in range(5))
-        source = "numpy float32 matmul 2048^3"
-    return dict(gflops=2.0 * 2048 ** 3 / seconds / 1e9, source=source)
-
-
-def _timed(fn):
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
+    """The sgemm rate of kernels.matmul (its library, split over --threads OpenMP threads)."""
+    from kernels import blas
+    from llmc.plan import measure_gflops
+    return dict(gflops=measure_gflops(2048, 5), source=f"kernels.matmul 2048^3 on {blas.LIBRARY}")
 
 
 def llmpyx_steps(model, x, y, first_t, steps):

@@ -1,4 +1,4 @@
-# attention (promoted from dev/cpu/attention_3.pyx): the per-head products through OpenBLAS, on OpenMP's threads.
+# attention (promoted from dev/cpu/attention_3.pyx): the per-head products through kernels.blas, on OpenMP's threads.
 #   inp (B,T,3C) = q, k, v;  preatt, att (B,NH,T,T);  out (B,T,C);  NH heads of hs = C/NH
 # One thread per (b, h) head, as variant 2, but each head's four kinds of products are
 # single-threaded sgemm calls on strided views of inp/dinp (row stride 3C, no copies):
@@ -9,13 +9,13 @@
 # few entries above the diagonal inside the diagonal block, which the softmax then sets to
 # zero; backward takes its diagonal blocks through a small TB x TB buffer, so that it adds
 # nothing above the diagonal of datt and dpreatt (llm.c's kernels never touch those).
-# OpenBLAS's thread count is process-wide and must be 1 for calls from OpenMP threads: the
-# kernels set it (kernels.parallel's blas_single_threaded).  The softmax uses kernels.vexp's
-# vectorisable exp.
+# The BLAS must run single-threaded for calls from OpenMP threads: the kernels see to it
+# (kernels.parallel's blas_single_threaded).  The softmax uses kernels.vexp's vectorisable exp.
 from cython.parallel cimport prange
 from libc.math cimport sqrtf
 
-from kernels.cblas cimport CblasNoTrans, CblasRowMajor, CblasTrans, scipy_cblas_sgemm
+from kernels.cblas cimport CblasNoTrans, CblasRowMajor, CblasTrans
+from kernels.blas cimport sgemm
 from kernels.parallel cimport blas_single_threaded
 
 include "kernels/_attention_wrappers.pxi"
@@ -41,12 +41,12 @@ cdef void forward_head(float* out, float* preatt, float* att, const float* inp,
         rows = min(<int>TB, T - t0)
         cols = t0 + rows
         # preatt[t0:t0+rows, :cols] = scale q[t0:t0+rows] k[:cols]^T
-        scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cols, hs, scale,
-                          q + <Py_ssize_t>t0 * C3, C3, k, C3, 0.0, pre_bh + <Py_ssize_t>t0 * T, T)
+        sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cols, hs, scale,
+              q + <Py_ssize_t>t0 * C3, C3, k, C3, 0.0, pre_bh + <Py_ssize_t>t0 * T, T)
         softmax_rows(pre_bh, att_bh, t0, t0 + rows, T)
         # out[t0:t0+rows] = att[t0:t0+rows, :cols] v[:cols]
-        scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hs, cols, 1.0,
-                          att_bh + <Py_ssize_t>t0 * T, T, v, C3, 0.0, out_bh + <Py_ssize_t>t0 * C, C)
+        sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hs, cols, 1.0,
+              att_bh + <Py_ssize_t>t0 * T, T, v, C3, 0.0, out_bh + <Py_ssize_t>t0 * C, C)
         t0 += TB
 
 
@@ -89,10 +89,10 @@ cdef void backward_head(float* dinp, float* dpreatt, float* datt, const float* d
         # out = att v:  datt[t0:, :t0+rows] += dout[t0:] v^T, the diagonal block through `diag`
         # so that nothing is added above the diagonal
         if t0 > 0:
-            scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, t0, hs, 1.0,
-                              dout_bh + <Py_ssize_t>t0 * C, C, v, C3, 1.0, datt_bh + <Py_ssize_t>t0 * T, T)
-        scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, rows, hs, 1.0,
-                          dout_bh + <Py_ssize_t>t0 * C, C, v + <Py_ssize_t>t0 * C3, C3, 0.0, diag, TB)
+            sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, t0, hs, 1.0,
+                  dout_bh + <Py_ssize_t>t0 * C, C, v, C3, 1.0, datt_bh + <Py_ssize_t>t0 * T, T)
+        sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, rows, hs, 1.0,
+              dout_bh + <Py_ssize_t>t0 * C, C, v + <Py_ssize_t>t0 * C3, C3, 0.0, diag, TB)
         for i in range(rows):
             datt_t = datt_bh + <Py_ssize_t>(t0 + i) * T + t0
             for j in range(i + 1):
@@ -100,11 +100,11 @@ cdef void backward_head(float* dinp, float* dpreatt, float* datt, const float* d
         # dv[:t0+rows] += att[t0:, :t0+rows]^T dout[t0:], the diagonal block's lower triangle
         # through `diag` (att above the diagonal is never read)
         if t0 > 0:
-            scipy_cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, t0, hs, rows, 1.0,
-                              att_bh + <Py_ssize_t>t0 * T, T, dout_bh + <Py_ssize_t>t0 * C, C, 1.0, dv, C3)
+            sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, t0, hs, rows, 1.0,
+                  att_bh + <Py_ssize_t>t0 * T, T, dout_bh + <Py_ssize_t>t0 * C, C, 1.0, dv, C3)
         lower_triangle(diag, att_bh + <Py_ssize_t>t0 * T + t0, T, rows)
-        scipy_cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, rows, hs, rows, 1.0,
-                          diag, TB, dout_bh + <Py_ssize_t>t0 * C, C, 1.0, dv + <Py_ssize_t>t0 * C3, C3)
+        sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, rows, hs, rows, 1.0,
+              diag, TB, dout_bh + <Py_ssize_t>t0 * C, C, 1.0, dv + <Py_ssize_t>t0 * C3, C3)
         # softmax: dpreatt[t2] += att[t2] (datt[t2] - sum_t3 att[t3] datt[t3]),  t2 <= t
         for t in range(t0, t0 + rows):
             att_t = att_bh + t * T
@@ -118,15 +118,15 @@ cdef void backward_head(float* dinp, float* dpreatt, float* datt, const float* d
         # preatt = scale q k^T:  dq[t0:] += scale dpreatt[t0:, :] k,  dk += scale dpreatt^T q[t0:],
         # columns below t0 straight from dpreatt, the diagonal block from its lower triangle
         if t0 > 0:
-            scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hs, t0, scale,
-                              dpre_bh + <Py_ssize_t>t0 * T, T, k, C3, 1.0, dq + <Py_ssize_t>t0 * C3, C3)
-            scipy_cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, t0, hs, rows, scale,
-                              dpre_bh + <Py_ssize_t>t0 * T, T, q + <Py_ssize_t>t0 * C3, C3, 1.0, dk, C3)
+            sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hs, t0, scale,
+                  dpre_bh + <Py_ssize_t>t0 * T, T, k, C3, 1.0, dq + <Py_ssize_t>t0 * C3, C3)
+            sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, t0, hs, rows, scale,
+                  dpre_bh + <Py_ssize_t>t0 * T, T, q + <Py_ssize_t>t0 * C3, C3, 1.0, dk, C3)
         lower_triangle(diag, dpre_bh + <Py_ssize_t>t0 * T + t0, T, rows)
-        scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hs, rows, scale,
-                          diag, TB, k + <Py_ssize_t>t0 * C3, C3, 1.0, dq + <Py_ssize_t>t0 * C3, C3)
-        scipy_cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, rows, hs, rows, scale,
-                          diag, TB, q + <Py_ssize_t>t0 * C3, C3, 1.0, dk + <Py_ssize_t>t0 * C3, C3)
+        sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hs, rows, scale,
+              diag, TB, k + <Py_ssize_t>t0 * C3, C3, 1.0, dq + <Py_ssize_t>t0 * C3, C3)
+        sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, rows, hs, rows, scale,
+              diag, TB, q + <Py_ssize_t>t0 * C3, C3, 1.0, dk + <Py_ssize_t>t0 * C3, C3)
         t0 += TB
 
 

@@ -5,7 +5,7 @@
 #   att[b,h,t,:] = softmax over t2 <= t of  q[b,t,h] . k[b,t2,h'] / sqrt(hs);  zero for t2 > t
 #   out[b,t,h] = sum_t2 att[b,h,t,t2] v[b,t2,h']
 # The design of kernels/attention.pyx (the GPT-2 kernel): one OpenMP task per (b, h) head,
-# whose products are single-threaded OpenBLAS sgemm calls on strided views of q, k, v (row
+# whose products are single-threaded sgemm calls (kernels.blas) on strided views of q, k, v (row
 # strides NH*hs and NKV*hs, no copies), in blocks of TB rows so that row block i only
 # multiplies columns 0 .. (i+1)TB (the causal mask skips about half the square at large T):
 #   forward   att = softmax(scale q k^T),  out = att v
@@ -17,13 +17,14 @@
 # keep one task per query head (all B*NH of them in parallel, even at NKV = 1), each head
 # adds into its own (T,hs) rows of a scratch buffer, and a second pass sums each group's rows
 # into dk, dv in a fixed order (the result does not depend on the number of threads).
-# OpenBLAS's thread count is process-wide and must be 1 for calls from OpenMP threads: the
-# kernels set it, as kernels/matmul does.  The softmax uses kernels.vexp's vectorisable exp.
+# The BLAS must run single-threaded for calls from OpenMP threads: the kernels see to it, as
+# kernels/matmul does.  The softmax uses kernels.vexp's vectorisable exp.
 from cython.parallel cimport prange, threadid
 from libc.math cimport sqrtf
 from libc.stdlib cimport calloc, free, malloc
 
-from kernels.cblas cimport CblasNoTrans, CblasRowMajor, CblasTrans, scipy_cblas_sgemm
+from kernels.cblas cimport CblasNoTrans, CblasRowMajor, CblasTrans
+from kernels.blas cimport sgemm
 from kernels.attention cimport softmax_rows
 from kernels.parallel cimport blas_single_threaded, max_threads
 
@@ -46,14 +47,14 @@ cdef void forward_head(float* out, float* att, const float* q, const float* k, c
         rows = min(<int>TB, T - t0)
         cols = t0 + rows
         # att[t0:t0+rows, :cols] = scale q[t0:t0+rows] k[:cols]^T, then softmax in place
-        scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cols, hs, scale,
-                          q_bh + <Py_ssize_t>t0 * ldq, ldq, k_bh, ldkv, 0.0,
-                          att_bh + <Py_ssize_t>t0 * T, T)
+        sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cols, hs, scale,
+              q_bh + <Py_ssize_t>t0 * ldq, ldq, k_bh, ldkv, 0.0,
+              att_bh + <Py_ssize_t>t0 * T, T)
         softmax_rows(att_bh, att_bh, t0, t0 + rows, T)  # in place
         # out[t0:t0+rows] = att[t0:t0+rows, :cols] v[:cols]
-        scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hs, cols, 1.0,
-                          att_bh + <Py_ssize_t>t0 * T, T, v_bh, ldkv, 0.0,
-                          out_bh + <Py_ssize_t>t0 * ldq, ldq)
+        sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hs, cols, 1.0,
+              att_bh + <Py_ssize_t>t0 * T, T, v_bh, ldkv, 0.0,
+              out_bh + <Py_ssize_t>t0 * ldq, ldq)
         t0 += TB
 
 
@@ -81,11 +82,11 @@ cdef void backward_head(float* dq, float* dk_bh, float* dv_bh, int lddkv, float*
         cols = t0 + rows
         # out = att v:  S = dout[t0:] v[:cols]^T (the gradient of att's rows),
         # dv[:cols] += att[t0:, :cols]^T dout[t0:] (att is zero above the diagonal)
-        scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cols, hs, 1.0,
-                          dout_bh + <Py_ssize_t>t0 * ldq, ldq, v_bh, ldkv, 0.0, scores, T)
-        scipy_cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, cols, hs, rows, 1.0,
-                          att_bh + <Py_ssize_t>t0 * T, T, dout_bh + <Py_ssize_t>t0 * ldq, ldq,
-                          1.0, dv_bh, lddkv)
+        sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cols, hs, 1.0,
+              dout_bh + <Py_ssize_t>t0 * ldq, ldq, v_bh, ldkv, 0.0, scores, T)
+        sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, cols, hs, rows, 1.0,
+              att_bh + <Py_ssize_t>t0 * T, T, dout_bh + <Py_ssize_t>t0 * ldq, ldq,
+              1.0, dv_bh, lddkv)
         # softmax: S[t2] = att[t2] (S[t2] - sum_t3 att[t3] S[t3]) for t2 <= t, zero above
         for i in range(rows):
             t = t0 + i
@@ -99,10 +100,10 @@ cdef void backward_head(float* dq, float* dk_bh, float* dv_bh, int lddkv, float*
             for t2 in range(t + 1, cols):
                 s_i[t2] = 0.0
         # att = softmax(scale q k^T):  dq[t0:] += scale S k[:cols],  dk[:cols] += scale S^T q[t0:]
-        scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hs, cols, scale,
-                          scores, T, k_bh, ldkv, 1.0, dq_bh + <Py_ssize_t>t0 * ldq, ldq)
-        scipy_cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, cols, hs, rows, scale,
-                          scores, T, q_bh + <Py_ssize_t>t0 * ldq, ldq, 1.0, dk_bh, lddkv)
+        sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hs, cols, scale,
+              scores, T, k_bh, ldkv, 1.0, dq_bh + <Py_ssize_t>t0 * ldq, ldq)
+        sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, cols, hs, rows, scale,
+              scores, T, q_bh + <Py_ssize_t>t0 * ldq, ldq, 1.0, dk_bh, lddkv)
         t0 += TB
 
 

@@ -1,5 +1,5 @@
 # flash_attention (promoted from dev/cpu/flash_attention_3.pyx): tiles of queries x keys, their
-# products through OpenBLAS, the softmax never stored.
+# products through kernels.blas's sgemm, the softmax never stored.
 #   inp (B,T,3C) = q, k, v;  out (B,T,C);  lse (B,NH,T);  NH heads of hs = C/NH
 # dev/cpu/flash_attention_1's algorithm on tiles of BQ query rows x BK keys, so that each
 # product is one single-threaded sgemm on strided views of inp, out and dinp (row stride 3C or
@@ -19,12 +19,13 @@
 # GCC keeps in registers, 16 compares in flight; and tiles of 128 x 256, a quarter of the
 # sgemm calls.
 # The scratch tiles (128 KB each, two in backward) live on the thread's stack.  The exponentials
-# use kernels.vexp's vectorisable exp; OpenBLAS is held to one thread (kernels.parallel's
-# blas_single_threaded), as every kernel that calls it from OpenMP's threads.
+# use kernels.vexp's vectorisable exp; the BLAS is held to one thread (kernels.parallel's
+# blas_single_threaded), as in every kernel that calls it from OpenMP's threads.
 from cython.parallel cimport prange
 from libc.math cimport logf, sqrtf, INFINITY
 
-from kernels.cblas cimport CblasNoTrans, CblasRowMajor, CblasTrans, scipy_cblas_sgemm
+from kernels.cblas cimport CblasNoTrans, CblasRowMajor, CblasTrans
+from kernels.blas cimport sgemm
 from kernels.parallel cimport blas_single_threaded
 from kernels.rowmax cimport row_max
 from kernels.vexp cimport vexpf
@@ -69,8 +70,8 @@ cdef void forward_tile(float* out, float* lse, const float* inp, int b, int h, i
     while j0 < i0 + rows:
         cols = min(<int>BK, i0 + rows - j0)
         # S (rows, cols) = scale Q[i0:] K[j0:]^T
-        scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cols, hs, scale,
-                          q + <Py_ssize_t>i0 * C3, C3, k + <Py_ssize_t>j0 * C3, C3, 0.0, S, BK)
+        sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cols, hs, scale,
+              q + <Py_ssize_t>i0 * C3, C3, k + <Py_ssize_t>j0 * C3, C3, 0.0, S, BK)
         for r in range(rows):
             row = S + r * BK
             n = visible(i0 + r, j0, cols)
@@ -91,8 +92,8 @@ cdef void forward_tile(float* out, float* lse, const float* inp, int b, int h, i
                 m[r] = new_max
             l[r] = l[r] + total
         # out[i0:] += P V[j0:]
-        scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hs, cols, 1.0,
-                          S, BK, v + <Py_ssize_t>j0 * C3, C3, 1.0, out_i, C)
+        sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hs, cols, 1.0,
+              S, BK, v + <Py_ssize_t>j0 * C3, C3, 1.0, out_i, C)
         j0 += BK
     for r in range(rows):
         o = out_i + <Py_ssize_t>r * C
@@ -140,8 +141,8 @@ cdef void backward_head(float* dinp, const float* dout, const float* inp, const 
         while j0 < i0 + rows:
             cols = min(<int>BK, i0 + rows - j0)
             # P = exp(scale Q K^T - lse), 0 where the key is in the future
-            scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cols, hs, scale,
-                              q + <Py_ssize_t>i0 * C3, C3, k + <Py_ssize_t>j0 * C3, C3, 0.0, P, BK)
+            sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cols, hs, scale,
+                  q + <Py_ssize_t>i0 * C3, C3, k + <Py_ssize_t>j0 * C3, C3, 0.0, P, BK)
             for r in range(rows):
                 p_r = P + r * BK
                 n = visible(i0 + r, j0, cols)
@@ -151,21 +152,21 @@ cdef void backward_head(float* dinp, const float* dout, const float* inp, const 
                 for c in range(n, cols):
                     p_r[c] = 0.0
             # dV[j0:] += P^T dO[i0:]
-            scipy_cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, cols, hs, rows, 1.0,
-                              P, BK, dout_bh + <Py_ssize_t>i0 * C, C, 1.0, dv + <Py_ssize_t>j0 * C3, C3)
+            sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, cols, hs, rows, 1.0,
+                  P, BK, dout_bh + <Py_ssize_t>i0 * C, C, 1.0, dv + <Py_ssize_t>j0 * C3, C3)
             # dP = dO[i0:] V[j0:]^T, then dS = P (dP - D)
-            scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cols, hs, 1.0,
-                              dout_bh + <Py_ssize_t>i0 * C, C, v + <Py_ssize_t>j0 * C3, C3, 0.0, dS, BK)
+            sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cols, hs, 1.0,
+                  dout_bh + <Py_ssize_t>i0 * C, C, v + <Py_ssize_t>j0 * C3, C3, 0.0, dS, BK)
             for r in range(rows):
                 p_r = P + r * BK
                 ds_r = dS + r * BK
                 for c in range(cols):
                     ds_r[c] = p_r[c] * (ds_r[c] - D[r])
             # dQ[i0:] += scale dS K[j0:];  dK[j0:] += scale dS^T Q[i0:]
-            scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hs, cols, scale,
-                              dS, BK, k + <Py_ssize_t>j0 * C3, C3, 1.0, dq + <Py_ssize_t>i0 * C3, C3)
-            scipy_cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, cols, hs, rows, scale,
-                              dS, BK, q + <Py_ssize_t>i0 * C3, C3, 1.0, dk + <Py_ssize_t>j0 * C3, C3)
+            sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hs, cols, scale,
+                  dS, BK, k + <Py_ssize_t>j0 * C3, C3, 1.0, dq + <Py_ssize_t>i0 * C3, C3)
+            sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, cols, hs, rows, scale,
+                  dS, BK, q + <Py_ssize_t>i0 * C3, C3, 1.0, dk + <Py_ssize_t>j0 * C3, C3)
             j0 += BK
         i0 += BQ
 

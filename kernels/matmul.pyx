@@ -4,14 +4,15 @@
 #   dinp (B,T,C)   += dout @ weight
 #   dweight (OC,C) += dout^T @ inp        (summed over the B*T rows)
 #   dbias (OC,)    += dout summed over the B*T rows
-# The GEMMs go to OpenBLAS (scipy-openblas32, row-major views of the same buffers), run
-# single-threaded inside our own OpenMP threads, each on its own block of output columns: one
-# thread pool, so OpenBLAS's threads never compete for the cores with OpenMP's spinning ones.
-# OpenBLAS's thread count is process-wide and anything may reset it (threadpoolctl, another
-# module), so each call checks it (cheap) and sets it back to 1.
+# The GEMMs go to kernels.blas's sgemm (OpenBLAS or MKL, row-major views of the same buffers),
+# run single-threaded inside our own OpenMP threads, each on its own block of output columns:
+# one thread pool, so the library's threads never compete for the cores with OpenMP's spinning
+# ones.  OpenBLAS's thread count is process-wide and anything may reset it (threadpoolctl,
+# another module), so each call checks it (cheap) and sets it back to 1.
 from cython.parallel cimport prange
 
-from kernels.cblas cimport CblasNoTrans, CblasRowMajor, CblasTrans, scipy_cblas_sgemm
+from kernels.cblas cimport CblasNoTrans, CblasRowMajor, CblasTrans
+from kernels.blas cimport sgemm
 from kernels.parallel cimport blas_single_threaded, max_threads
 
 include "kernels/_matmul_wrappers.pxi"
@@ -55,9 +56,9 @@ cdef void matmul_forward(float* out, const float* inp, const float* weight, cons
             beta = 1.0
         # out[:, o0:o1] (BT, o1-o0) = inp (BT,C) @ weight[o0:o1] (o1-o0, C)^T
         if o1 > o0:
-            scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, BT, o1 - o0, C,
-                              1.0, inp, leading_dim(C), weight + <Py_ssize_t>o0 * C, leading_dim(C),
-                              beta, out + o0, leading_dim(OC))
+            sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, BT, o1 - o0, C,
+                  1.0, inp, leading_dim(C), weight + <Py_ssize_t>o0 * C, leading_dim(C),
+                  beta, out + o0, leading_dim(OC))
 
 
 cdef void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
@@ -71,16 +72,16 @@ cdef void matmul_backward(float* dinp, float* dweight, float* dbias, const float
         c0 = block_start(part, parts, C)
         c1 = block_start(part + 1, parts, C)
         if c1 > c0:
-            scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, BT, c1 - c0, OC,
-                              1.0, dout, leading_dim(OC), weight + c0, leading_dim(C),
-                              1.0, dinp + c0, leading_dim(C))
+            sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, BT, c1 - c0, OC,
+                  1.0, dout, leading_dim(OC), weight + c0, leading_dim(C),
+                  1.0, dinp + c0, leading_dim(C))
         # dweight[o0:o1] (o1-o0, C) += dout[:, o0:o1]^T (o1-o0, BT) @ inp (BT,C)
         o0 = block_start(part, parts, OC)
         o1 = block_start(part + 1, parts, OC)
         if o1 > o0:
-            scipy_cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, o1 - o0, C, BT,
-                              1.0, dout + o0, leading_dim(OC), inp, leading_dim(C),
-                              1.0, dweight + <Py_ssize_t>o0 * C, leading_dim(C))
+            sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, o1 - o0, C, BT,
+                  1.0, dout + o0, leading_dim(OC), inp, leading_dim(C),
+                  1.0, dweight + <Py_ssize_t>o0 * C, leading_dim(C))
             if dbias != NULL:
                 # dbias[o0:o1] += dout[:, o0:o1] summed over rows: contiguous, vectorised
                 for bt in range(BT):

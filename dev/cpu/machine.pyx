@@ -1,5 +1,5 @@
-# The machine's measured ceilings, for dev/ab.py and dev/bench_step.py to rate kernels against:
-#   sgemm_seconds   one n x n x n OpenBLAS sgemm (scipy-openblas32, the library the kernels use)
+# The machine's DRAM bandwidth, for dev/ab.py to rate the memory-bound kernels against (the sgemm
+# peak is llmc.plan.measure_gflops, kernels.matmul's own rate):
 #   bandwidth_seconds  one pass over four float arrays reading all and writing three (AdamW's
 #                   traffic) on the OpenMP threads: the DRAM bandwidth a streaming kernel can get
 # Not a kernel variant: dev/ab.py does not list it.
@@ -7,34 +7,11 @@ from cython.parallel cimport prange
 from libc.stdlib cimport malloc, free
 from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
 
-from kernels.cblas cimport CblasNoTrans, CblasRowMajor, scipy_cblas_sgemm
-
 
 cdef double now() noexcept nogil:
     cdef timespec ts
     clock_gettime(CLOCK_MONOTONIC, &ts)
     return ts.tv_sec + 1e-9 * ts.tv_nsec
-
-
-def sgemm_seconds(int n, int repeats=3):
-    """Best-of-`repeats` seconds for one (n,n) @ (n,n) sgemm (2 n^3 flops)."""
-    cdef Py_ssize_t size = <Py_ssize_t>n * n
-    cdef float* a = <float*>malloc(3 * size * sizeof(float))
-    cdef Py_ssize_t i
-    cdef double best = 1e300, t0
-    if a == NULL:
-        raise MemoryError(f"machine.sgemm_seconds: no memory for three {n}x{n} matrices")
-    with nogil:
-        for i in range(3 * size):
-            a[i] = ((i * 7919) % 1000) * 1e-3 - 0.5
-        for i in range(repeats + 1):   # the first call is a warm-up
-            t0 = now()
-            scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n,
-                              1.0, a, n, a + size, n, 0.0, a + 2 * size, n)
-            if i > 0:
-                best = min(best, now() - t0)
-    free(a)
-    return best
 
 
 def bandwidth_seconds(Py_ssize_t n, int repeats=5):

@@ -7,7 +7,8 @@
 # two more passes over out (the bias fill, GELU's read) from further away.
 from cython.parallel cimport prange
 
-from kernels.cblas cimport CblasNoTrans, CblasRowMajor, CblasTrans, scipy_cblas_sgemm
+from kernels.cblas cimport CblasNoTrans, CblasRowMajor, CblasTrans
+from kernels.blas cimport sgemm
 from kernels.parallel cimport blas_single_threaded, max_threads
 from kernels.vexp cimport vexpf
 
@@ -43,8 +44,8 @@ cdef void matmul_gelu_forward(float* out, float* out_gelu, const float* inp, con
         while c0 < o1:
             c1 = min(o1, c0 + NC)
             # out[:, c0:c1] = inp (BT,C) @ weight[c0:c1] (c1-c0, C)^T
-            scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, BT, c1 - c0, C,
-                              1.0, inp, C, weight + <Py_ssize_t>c0 * C, C, 0.0, out + c0, OC)
+            sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, BT, c1 - c0, C,
+                  1.0, inp, C, weight + <Py_ssize_t>c0 * C, C, 0.0, out + c0, OC)
             for bt in range(BT):
                 out_bt = out + bt * OC
                 gelu_bt = out_gelu + bt * OC

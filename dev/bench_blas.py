@@ -1,0 +1,138 @@
+"""
+dev/bench_blas.py: which GEMM library should the kernels call on this machine?
+
+Times kernels.matmul's forward and backward at a model's matmul shapes once on each library
+kernels/blas.pyx can load (LLMPYX_BLAS=openblas and =mkl), each in its own process, the two
+interleaved round by round, and prints GFLOP/s (best and median call) and MKL's speed relative
+to OpenBLAS's. What `LLMPYX_BLAS=auto` picks (MKL on Intel CPUs) rests on this table
+(dev/BENCHMARKS.md section 9).
+
+    python dev/bench_blas.py                          GPT-2 d12 at B=4, T=64
+    python dev/bench_blas.py -t 1024
+    python dev/bench_blas.py --model stories15M -t 256
+"""
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from dev.bench_step import json_worker  # noqa: E402
+
+LIBRARIES = ("openblas", "mkl")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    p.add_argument("-e", "--depth", type=int, default=12, help="GPT-2 depth dN")
+    p.add_argument("--model", default=None, help="a Llama preset (stories15M, ...) instead")
+    p.add_argument("-b", "--batch", type=int, default=4)
+    p.add_argument("-t", "--seq", type=int, default=64)
+    p.add_argument("--threads", type=int, default=2, help="OMP_NUM_THREADS")
+    p.add_argument("--calls", type=int, default=10, help="timed calls per shape and round")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--worker", choices=LIBRARIES, help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def shapes(args):
+    """The model's distinct matmul shapes (C, OC), each with its count per step."""
+    import llmc_io
+    if args.model:
+        cfg = llmc_io.LlamaConfig.from_name(args.model)
+        C, H, kv = cfg.dim, cfg.hidden_dim, cfg.n_kv_heads * (cfg.dim // cfg.n_heads)
+        layer = [(C, C), (C, kv), (C, kv), (C, C), (C, H), (C, H), (H, C)]
+        head, L = (C, cfg.vocab_size), cfg.n_layers
+    else:
+        cfg = llmc_io.GPT2Config.from_depth(args.depth)
+        C = cfg.channels
+        layer = [(C, 3 * C), (C, C), (C, 4 * C), (4 * C, C)]
+        head, L = (C, cfg.padded_vocab_size), cfg.num_layers
+    counts = {}
+    for s in layer:
+        counts[s] = counts.get(s, 0) + L
+    counts[head] = counts.get(head, 0) + 1
+    return counts
+
+
+def worker(args):
+    """{"library": ..., "C,OC": [forward seconds..., backward seconds...]} for one round."""
+    from kernels import blas, matmul
+    rng = np.random.default_rng(0)
+    BT = args.batch * args.seq
+    result = {"library": blas.LIBRARY}
+    for C, OC in shapes(args):
+        inp = rng.standard_normal((1, BT, C), dtype=np.float32)
+        weight = rng.standard_normal((OC, C), dtype=np.float32) * 0.02
+        out = np.empty((1, BT, OC), np.float32)
+        dout = rng.standard_normal((1, BT, OC), dtype=np.float32)
+        dinp, dweight = np.zeros_like(inp), np.zeros_like(weight)
+        fwd, bwd = [], []
+        for i in range(args.calls + 1):   # the first call of each is a warm-up
+            t0 = time.perf_counter()
+            matmul.forward(out, inp, weight)
+            t1 = time.perf_counter()
+            matmul.backward(dinp, dweight, None, dout, inp, weight)
+            t2 = time.perf_counter()
+            if i:
+                fwd.append(t1 - t0)
+                bwd.append(t2 - t1)
+        result[f"{C},{OC}"] = [fwd, bwd]
+    return result
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.worker:
+        import json
+        print(json.dumps(worker(args)))
+        return 0
+    argv = ["-e", str(args.depth), "-b", str(args.batch), "-t", str(args.seq),
+            "--calls", str(args.calls)] + (["--model", args.model] if args.model else [])
+    times = {lib: {} for lib in LIBRARIES}
+    names = {}
+    for _ in range(args.rounds):
+        for lib in LIBRARIES:
+            env = dict(os.environ, LLMPYX_BLAS=lib, OMP_NUM_THREADS=str(args.threads))
+            try:
+                got = json_worker(__file__, argv + ["--worker", lib], env)
+            except RuntimeError as e:
+                if lib == "mkl" and "no usable libmkl_rt" in str(e):
+                    sys.exit("dev/bench_blas.py: MKL is not installed here (pip install mkl)")
+                raise
+            names[lib] = got.pop("library")
+            for shape, (fwd, bwd) in got.items():
+                t = times[lib].setdefault(shape, ([], []))
+                t[0].extend(fwd)
+                t[1].extend(bwd)
+    BT = args.batch * args.seq
+    print(f"kernels.matmul at {args.model or f'd{args.depth}'}'s shapes, B*T={BT}, "
+          f"{args.threads} threads, {args.calls} calls x {args.rounds} rounds per library: "
+          f"{names['openblas']} vs {names['mkl']}")
+    print("GFLOP/s, best | median call; MKL/OpenBLAS: the ratio of the median times (<1: MKL faster)")
+    print(f"{'C':>6} {'OC':>6} {'per step':>8}   {'pass':8} {'OpenBLAS':>13} {'MKL':>13} {'MKL/OpenBLAS':>13}")
+    total = {lib: 0.0 for lib in LIBRARIES}
+    for shape, count in shapes(args).items():
+        C, OC = shape
+        key = f"{C},{OC}"
+        for p, (name, flops) in enumerate((("forward", 2.0 * BT * C * OC), ("backward", 4.0 * BT * C * OC))):
+            cols = []
+            med = {}
+            for lib in LIBRARIES:
+                t = np.array(times[lib][key][p])
+                med[lib] = float(np.median(t))
+                total[lib] += count * med[lib]
+                cols.append(f"{flops / t.min() / 1e9:5.0f} | {flops / med[lib] / 1e9:5.0f}")
+            print(f"{C:6d} {OC:6d} {count:8d}   {name:8} {cols[0]:>13} {cols[1]:>13} "
+                  f"{med['mkl'] / med['openblas']:13.3f}")
+    print(f"a step's matmuls at the median times: OpenBLAS {total['openblas'] * 1e3:.1f} ms, "
+          f"MKL {total['mkl'] * 1e3:.1f} ms (MKL/OpenBLAS {total['mkl'] / total['openblas']:.3f})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
