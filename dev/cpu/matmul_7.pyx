@@ -10,28 +10,10 @@ from cython.parallel cimport prange
 
 from kernels.cblas cimport CBLAS_TRANSPOSE, CblasNoTrans, CblasRowMajor, CblasTrans
 from kernels.blas cimport sgemm
+from kernels.matmul cimport block_start, leading_dim
 from kernels.parallel cimport blas_single_threaded, max_threads
 
 include "kernels/_matmul_wrappers.pxi"
-
-# blocks start on 64-byte boundaries (columns) or on multiples of 16 rows
-cdef enum:
-    FLOATS_PER_CACHE_LINE = 16
-
-
-cdef inline int leading_dim(int n) noexcept nogil:
-    # BLAS wants a leading dimension >= 1 even when the matrix is empty
-    return n if n > 0 else 1
-
-
-cdef inline int block_start(int part, int parts, int n) noexcept nogil:
-    # start of block `part` of `parts` near-equal blocks of n (block_start(parts) == n)
-    cdef Py_ssize_t start
-    if part >= parts:
-        return n
-    start = (<Py_ssize_t>n * part // parts) // FLOATS_PER_CACHE_LINE * FLOATS_PER_CACHE_LINE
-    return <int>start
-
 
 cdef inline void gemm_part(int part, int parts, CBLAS_TRANSPOSE trans_a, CBLAS_TRANSPOSE trans_b,
                            int M, int N, int K, const float* A, int lda, const float* B, int ldb,

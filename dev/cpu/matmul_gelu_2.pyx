@@ -9,6 +9,7 @@ from cython.parallel cimport prange
 
 from kernels.cblas cimport CblasNoTrans, CblasRowMajor, CblasTrans
 from kernels.blas cimport sgemm
+from kernels.matmul cimport block_start
 from kernels.parallel cimport blas_single_threaded, max_threads
 from kernels.vexp cimport vexpf
 
@@ -16,17 +17,9 @@ include "kernels/_matmul_gelu_wrappers.pxi"
 
 cdef enum:
     NC = 256                     # columns per chunk: 256 KB of out at B*T = 256
-    FLOATS_PER_CACHE_LINE = 16
 
 cdef float GELU_SCALING_FACTOR = 0.7978845608028654   # sqrt(2/pi)
 cdef float GELU_CUBIC = 0.044715
-
-
-cdef inline int block_start(int part, int parts, int n) noexcept nogil:
-    # start of block `part` of `parts` near-equal blocks of n columns, on cache-line boundaries
-    if part >= parts:
-        return n
-    return <int>((<Py_ssize_t>n * part // parts) // FLOATS_PER_CACHE_LINE * FLOATS_PER_CACHE_LINE)
 
 
 cdef void matmul_gelu_forward(float* out, float* out_gelu, const float* inp, const float* weight,
