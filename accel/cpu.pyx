@@ -22,7 +22,8 @@ from kernels.rope cimport rope_forward, rope_backward
 from kernels.swiglu cimport swiglu_forward, swiglu_backward
 from kernels.attention_gqa cimport attention_gqa_forward, attention_gqa_backward
 from kernels.classifier cimport classifier_forward, classifier_backward
-from libc.string cimport memcpy, memset
+from kernels.zero cimport zero_bytes
+from libc.string cimport memcpy
 from posix.mman cimport mmap, munmap, madvise, MAP_FAILED, MAP_PRIVATE, MAP_ANONYMOUS, PROT_READ, PROT_WRITE
 
 cdef extern from "<sys/mman.h>" nogil:
@@ -46,7 +47,7 @@ cdef void cpu_free(void* ctx, void* ptr, size_t nbytes) noexcept nogil:
     munmap(ptr, nbytes)
 
 cdef void cpu_zero(void* ctx, void* ptr, size_t nbytes) noexcept nogil:
-    memset(ptr, 0, nbytes)
+    zero_bytes(ptr, nbytes)
 
 cdef void cpu_copy(void* ctx, void* dst, const void* src, size_t nbytes) noexcept nogil:
     memcpy(dst, src, nbytes)
