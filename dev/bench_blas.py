@@ -101,7 +101,7 @@ def main(argv=None):
             try:
                 got = json_worker(__file__, argv + ["--worker", lib], env)
             except RuntimeError as e:
-                if lib == "mkl" and "no usable libmkl_rt" in str(e):
+                if lib == "mkl" and "no libmkl_rt was found" in str(e):
                     sys.exit("dev/bench_blas.py: MKL is not installed here (pip install mkl)")
                 raise
             names[lib] = got.pop("library")

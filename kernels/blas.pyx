@@ -52,8 +52,8 @@ def _mkl_paths():
     return [os.path.join(d, n) for d in dirs for n in names] + list(names)
 
 
-cdef str load_mkl():
-    """Point sgemm at MKL's; its version string, or None where libmkl_rt is not found."""
+cdef tuple load_mkl():
+    """Point sgemm at MKL's: (its version, None), or (None, why not) with sgemm left alone."""
     global selected_sgemm
     cdef void* handle = NULL
     cdef char version[200]
@@ -64,23 +64,24 @@ cdef str load_mkl():
         if handle != NULL:
             break
     if handle == NULL:
-        return None
+        return None, "no libmkl_rt was found (pip install mkl)"
     cdef sgemm_fn mkl_sgemm = <sgemm_fn>dlsym(handle, b"cblas_sgemm")
     cdef set_layer_fn set_threading = <set_layer_fn>dlsym(handle, b"MKL_Set_Threading_Layer")
     cdef set_layer_fn set_interface = <set_layer_fn>dlsym(handle, b"MKL_Set_Interface_Layer")
     cdef version_fn get_version = <version_fn>dlsym(handle, b"MKL_Get_Version_String")
     if mkl_sgemm == NULL or set_threading == NULL or set_interface == NULL or get_version == NULL:
-        return None
-    # before MKL's first call: they choose the libraries libmkl_rt dispatches to
+        return None, "the libmkl_rt found lacks cblas_sgemm or MKL's service functions"
+    # before MKL's first call: they choose the libraries libmkl_rt dispatches to; each returns
+    # the layer in force, another one where MKL already ran in this process
     if set_interface(MKL_INTERFACE_LP64) != MKL_INTERFACE_LP64:
-        raise ImportError("kernels.blas: MKL is already set to 64-bit ints in this process "
-                          "(MKL_INTERFACE_LAYER?); run with LLMPYX_BLAS=openblas")
-    set_threading(MKL_THREADING_SEQUENTIAL)
+        return None, "MKL already runs with 64-bit ints in this process"
+    if set_threading(MKL_THREADING_SEQUENTIAL) != MKL_THREADING_SEQUENTIAL:
+        return None, "MKL already runs with threads of its own in this process"
     get_version(version, sizeof(version))
     selected_sgemm = mkl_sgemm
     # "Intel(R) oneAPI Math Kernel Library Version 2026.2-Product Build ..." -> "2026.2"
     found = re.search(r"Version ([0-9][0-9.]*)", version.decode(errors="replace"))
-    return found.group(1) if found else "version unknown"
+    return (found.group(1) if found else "version unknown"), None
 
 
 cdef str choose():
@@ -88,12 +89,12 @@ cdef str choose():
     if choice not in ("auto", "openblas", "mkl"):
         raise ImportError(f"kernels.blas: LLMPYX_BLAS={choice!r}: expected openblas, mkl or auto")
     if choice == "mkl" or (choice == "auto" and _intel_cpu()):
-        version = load_mkl()
+        version, problem = load_mkl()
         if version is not None:
             return f"MKL {version} (sequential)"
         if choice == "mkl":
-            raise ImportError("kernels.blas: LLMPYX_BLAS=mkl but no usable libmkl_rt was found "
-                              "(pip install mkl), or use LLMPYX_BLAS=openblas")
+            raise ImportError(f"kernels.blas: LLMPYX_BLAS=mkl, but {problem}; "
+                              "or use LLMPYX_BLAS=openblas")
     return "OpenBLAS (scipy-openblas32)"
 
 

@@ -50,7 +50,7 @@ def test_openblas_is_always_there_and_right():
 
 def test_mkl_when_installed_is_right():
     done = run("mkl")
-    if done.returncode != 0 and "no usable libmkl_rt" in done.stderr:
+    if done.returncode != 0 and "no libmkl_rt was found" in done.stderr:
         pytest.skip("MKL is not installed here (requirements.txt installs it on x86_64 Linux)")
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().startswith("MKL ") and "(sequential)" in done.stdout
@@ -80,3 +80,28 @@ def test_train_py_reports_a_bad_choice_in_one_line(tmp_path):
     assert done.returncode == 1
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("train.py: error: kernels.blas: LLMPYX_BLAS=")
+
+
+THREADED_FIRST = r"""
+import ctypes, os, sys
+mkl = ctypes.CDLL(os.path.join(sys.prefix, "lib", "libmkl_rt.so.3"))
+mkl.MKL_Set_Threading_Layer(0)   # MKL_THREADING_INTEL: threads of its own
+x = (ctypes.c_double * 4)(1, 2, 3, 4)
+mkl.cblas_ddot(4, x, 1, x, 1)    # MKL has run: its layers are fixed for the process
+from kernels import blas
+print(blas.LIBRARY)
+"""
+
+
+def test_mkl_already_threaded_in_the_process_is_not_used():
+    """MKL running its own threads inside our OpenMP threads would oversubscribe the cores:
+    auto falls back to OpenBLAS, LLMPYX_BLAS=mkl says why in one line."""
+    if not os.path.exists(os.path.join(sys.prefix, "lib", "libmkl_rt.so.3")):
+        pytest.skip("the mkl wheel is not installed in this environment")
+    done = run("auto", THREADED_FIRST)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "OpenBLAS (scipy-openblas32)"
+    done = run("mkl", THREADED_FIRST)
+    assert done.returncode != 0
+    assert done.stderr.strip().splitlines()[-1].endswith(
+        "MKL already runs with threads of its own in this process; or use LLMPYX_BLAS=openblas")
