@@ -2,8 +2,9 @@
 #   LLMPYX_BLAS=openblas   scipy-openblas32's sgemm (linked into every extension; always there)
 #   LLMPYX_BLAS=mkl        Intel's oneMKL (libmkl_rt from the `mkl` wheel), its sequential layer
 #   unset or auto          MKL on an Intel CPU where libmkl_rt is installed, else OpenBLAS
-# Why two: on the step's shapes, called single-threaded from our two OpenMP threads, MKL runs
-# 10-20% faster than OpenBLAS on Intel's cores and slower on AMD's (dev/BENCHMARKS.md section 9).
+# Why two: on the step's shapes, called single-threaded from our two OpenMP threads, MKL ran
+# 10-20% faster than OpenBLAS on an Intel Xeon (dev/BENCHMARKS.md section 9); on the AMD Zen 4,
+# PyTorch's MKL was the slower library (section 8), so AMD keeps OpenBLAS.
 # Both take the same row-major CBLAS arguments with 32-bit ints (MKL's LP64 interface layer).
 import os
 import re
