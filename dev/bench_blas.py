@@ -21,7 +21,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from dev.bench_step import json_worker  # noqa: E402
+from dev.bench_step import config_for, json_worker, matmul_shapes  # noqa: E402
 
 LIBRARIES = ("openblas", "mkl")
 
@@ -39,33 +39,13 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def shapes(args):
-    """The model's distinct matmul shapes (C, OC), each with its count per step."""
-    import llmc_io
-    if args.model:
-        cfg = llmc_io.LlamaConfig.from_name(args.model)
-        C, H, kv = cfg.dim, cfg.hidden_dim, cfg.n_kv_heads * (cfg.dim // cfg.n_heads)
-        layer = [(C, C), (C, kv), (C, kv), (C, C), (C, H), (C, H), (H, C)]
-        head, L = (C, cfg.vocab_size), cfg.n_layers
-    else:
-        cfg = llmc_io.GPT2Config.from_depth(args.depth)
-        C = cfg.channels
-        layer = [(C, 3 * C), (C, C), (C, 4 * C), (4 * C, C)]
-        head, L = (C, cfg.padded_vocab_size), cfg.num_layers
-    counts = {}
-    for s in layer:
-        counts[s] = counts.get(s, 0) + L
-    counts[head] = counts.get(head, 0) + 1
-    return counts
-
-
 def worker(args):
     """{"library": ..., "C,OC": [forward seconds..., backward seconds...]} for one round."""
     from kernels import blas, matmul
     rng = np.random.default_rng(0)
     BT = args.batch * args.seq
     result = {"library": blas.LIBRARY}
-    for C, OC in shapes(args):
+    for C, OC in matmul_shapes(config_for(args)):
         inp = rng.standard_normal((1, BT, C), dtype=np.float32)
         weight = rng.standard_normal((OC, C), dtype=np.float32) * 0.02
         out = np.empty((1, BT, OC), np.float32)
@@ -116,7 +96,7 @@ def main(argv=None):
     print("GFLOP/s, best | median call; MKL/OpenBLAS: the ratio of the median times (<1: MKL faster)")
     print(f"{'C':>6} {'OC':>6} {'per step':>8}   {'pass':8} {'OpenBLAS':>13} {'MKL':>13} {'MKL/OpenBLAS':>13}")
     total = {lib: 0.0 for lib in LIBRARIES}
-    for shape, count in shapes(args).items():
+    for shape, count in matmul_shapes(config_for(args)).items():
         C, OC = shape
         key = f"{C},{OC}"
         for p, (name, flops) in enumerate((("forward", 2.0 * BT * C * OC), ("backward", 4.0 * BT * C * OC))):

@@ -88,17 +88,29 @@ def model_class(args):
     return GPT2, train_gpt2_torch
 
 
+def matmul_shapes(config):
+    """{(C, OC): how many per step} of the model's matmuls (inp (.., C) @ weight (OC, C)^T)."""
+    if hasattr(config, "n_layers"):   # Llama: q, k, v, o, then w1, w3, w2, then the head
+        C, H, kv_dim = config.dim, config.hidden_dim, config.n_kv_heads * config.head_size
+        layer, head, L = [(C, C), (C, kv_dim), (C, kv_dim), (C, C), (C, H), (C, H), (H, C)], \
+            (C, config.vocab_size), config.n_layers
+    else:                             # GPT-2: qkv, attproj, fc, fcproj, then the head
+        C = config.channels
+        layer, head, L = [(C, 3 * C), (C, C), (C, 4 * C), (4 * C, C)], \
+            (C, config.padded_vocab_size), config.num_layers
+    counts = {}
+    for shape in layer:
+        counts[shape] = counts.get(shape, 0) + L
+    counts[head] = counts.get(head, 0) + 1
+    return counts
+
+
 def model_flops(config, B, T):
     """(matmul, attention) FLOPs of one training step: every matmul's 2*B*T*C*OC forward, and
     twice that backward; attention's causal half of q.k and att.v, likewise."""
-    if hasattr(config, "n_layers"):   # Llama: q, k, v, o, then w1, w3, w2, then the head
-        C, L, H, V = config.dim, config.n_layers, config.hidden_dim, config.vocab_size
-        kv_dim = config.n_kv_heads * config.head_size
-        matmul = 3 * 2.0 * B * T * (L * (2 * C * C + 2 * C * kv_dim + 3 * C * H) + C * V)
-        attention = 3 * 2.0 * B * T * (T + 1) * C * L
-        return matmul, attention
-    C, L, Vp = config.channels, config.num_layers, config.padded_vocab_size
-    matmul = 3 * 2.0 * B * T * (L * 12 * C * C + C * Vp)
+    matmul = 3 * 2.0 * B * T * sum(n * C * OC for (C, OC), n in matmul_shapes(config).items())
+    L, C = (config.n_layers, config.dim) if hasattr(config, "n_layers") else \
+        (config.num_layers, config.channels)
     attention = 3 * 2.0 * B * T * (T + 1) * C * L
     return matmul, attention
 
