@@ -48,7 +48,7 @@ import time
 import llmc_io
 from llmc import default_data, distributed
 from llmc.checkpoint import checkpoint_paths, find_max_step, resume, write_checkpoint
-from llmc.dataloader import DataError, DataLoader
+from llmc.dataloader import DataError, DataLoader, shard_files
 from llmc.logger import Console, Logger, note, plot_losses
 from llmc.recompute import parse_policy
 from llmc.report import Efficiency
@@ -417,11 +417,7 @@ def compact_vocabulary(args, resume_step, rank=0):
     if os.path.exists(init):
         raise TrainError(f"--compact-vocab: {init} is a model file with its own vocabulary; "
                          f"compaction needs a new random model (-e dN or a Llama preset)")
-    default_data.prepare(args.train_data, args.val_data)
-    shards = sorted(glob.glob(args.train_data))
-    if not shards:
-        raise DataError(f"{args.train_data}: no file matches this pattern")
-    vocab_map = VocabMap.from_shards(shards, extra=[sample_start_token(args)])
+    vocab_map = VocabMap.from_shards(shard_files(args.train_data), extra=[sample_start_token(args)])
     if saved is not None and rank == 0:
         vocab_map.save(saved)
     args.vocab_size = len(vocab_map)
@@ -469,6 +465,10 @@ def main(argv=None):
             if resume_step is None:
                 note(f"no checkpoint in {args.output_dir} to resume from, starting afresh")
 
+    # the data's shards (tinyshakespeare's prepared if they are the default and missing): the
+    # model's vocabulary comes from them with --compact-vocab, or from their tokenizer.bin
+    default_data.prepare(args.train_data, args.val_data)
+
     # the model (its vocabulary the data's ids with --compact-vocab)
     vocab_map = compact_vocabulary(args, resume_step, rank)
     resume_model_path = (None if resume_step is None else
@@ -488,7 +488,6 @@ def main(argv=None):
                          f"{config.vocab_size}: add -s 0")
 
     # the data
-    default_data.prepare(args.train_data, args.val_data)
     train_loader = DataLoader(args.train_data, B, T, shuffle=True, vocab_size=config.vocab_size,
                               process_rank=rank, num_processes=num_processes, token_map=vocab_map)
     val_loader = DataLoader(args.val_data, B, T, shuffle=False, vocab_size=config.vocab_size,

@@ -88,6 +88,15 @@ def random_permutation(indices, rng):
 # ----------------------------------------------------------------------------
 # shards
 
+def shard_files(pattern):
+    """The shards of a glob pattern, sorted by name; DataError when there are none."""
+    files = sorted(glob.glob(pattern))
+    if not files:
+        what = "no file matches this pattern" if glob.has_magic(pattern) else "no such file"
+        raise DataError(f"{pattern}: {what}")
+    return files
+
+
 def shard_tokens(path):
     """The tokens of the shard at path, a read-only uint16 memmap (llmc_io.read_shard checks
     its header and size). Raises DataError."""
@@ -111,10 +120,7 @@ class DataLoader:
         self.shuffle = shuffle
         self.vocab_size = vocab_size  # token ids must be below it (checked per batch)
         self.token_map = token_map  # --compact-vocab: llmc/vocab.py's VocabMap, applied per batch
-        self.files = sorted(glob.glob(pattern))
-        if not self.files:
-            what = "no file matches this pattern" if glob.has_magic(pattern) else "no such file"
-            raise DataError(f"{pattern}: {what}")
+        self.files = shard_files(pattern)
         # validate every shard up front, so a bad one fails now and not hours into training
         self.shard_num_tokens = []
         for path in self.files:
