@@ -51,7 +51,7 @@ from llmc.checkpoint import checkpoint_paths, find_max_step, resume, write_check
 from llmc.dataloader import DataError, DataLoader, shard_files
 from llmc.logger import Console, Logger, note, plot_losses
 from llmc.recompute import parse_policy
-from llmc.report import Efficiency
+from llmc.report import LOG_NAME, Efficiency
 from llmc.sampler import generate
 from llmc.schedulers import SCHEDULERS, get_scheduler
 from llmc.tokenizer import GPT2_VOCAB_SIZE, TokenizerError, load_tokenizer
@@ -161,7 +161,7 @@ def parse_args(argv):
     p.add_argument("--json-log", metavar="FILE", nargs="?", const="", default=None,
                    help="a JSON line per step (ms, tokens/s, TFLOPS against the peak, compile "
                         "time, kernel groups) and per val loss, and an efficiency report at the "
-                        "end (llmc/report.py); without FILE: -o DIR's log.jsonl")
+                        f"end (llmc/report.py); without FILE: -o DIR's {LOG_NAME}")
     p.add_argument("--profile-groups", action="store_true",
                    help="time every kernel call (the backend under profile:) for the time per "
                         "kernel group in the report; costs two clock reads a call")
@@ -225,8 +225,9 @@ def parse_args(argv):
         p.error("argument -y: resuming needs the output dir of the run: add -o DIR")
     if args.json_log == "":
         if args.output_dir is None:
-            p.error("argument --json-log: without FILE it writes -o DIR's log.jsonl: add -o DIR")
-        args.json_log = os.path.join(args.output_dir, "log.jsonl")
+            p.error(f"argument --json-log: without FILE it writes -o DIR's {LOG_NAME}: "
+                    f"add -o DIR")
+        args.json_log = os.path.join(args.output_dir, LOG_NAME)
     require(args.peak_tflops is None or (math.isfinite(args.peak_tflops) and
             args.peak_tflops > 0), "--peak-tflops", args.peak_tflops, "must be a number > 0")
     if args.profile_groups and not args.backend.startswith("profile:"):

@@ -38,7 +38,8 @@ from rich.live import Live  # noqa: E402
 from rich.panel import Panel  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-LOG_NAME = "log.jsonl"   # train.py --json-log's file in -o DIR
+from llmc.report import LOG_NAME  # noqa: E402   train.py --json-log's file in -o DIR
+
 BLOCKS = "▁▂▃▄▅▆▇█"
 
 

@@ -33,7 +33,9 @@ CPU): below the noise here (a d1 at B=1 T=16, 46 calls a step: the fastest step 
 the steps are slower there.
 "other" is the rest of the step: Python, the data loader, the collectives.
 """
-__all__ = ["Efficiency", "device_peak"]
+__all__ = ["Efficiency", "LOG_NAME", "device_peak"]
+
+LOG_NAME = "log.jsonl"   # train.py --json-log's file in -o DIR when no FILE is given
 
 
 def _backend_attribute(backend, name):
@@ -84,9 +86,8 @@ class Efficiency:
         self.groups = list(ENTRY_GROUPS)
         self.group_of = {entry: group for group, entries in ENTRY_GROUPS.items()
                          for entry in entries}
-        self.profiled = _profiled_seconds(self.backend) is not None
+        self.profiled = self.backend.name.startswith("profile:")
         self.steps = []
-        self.begin()
 
     def header(self):
         """The fields of the JSON log's "run" line that this report adds."""
