@@ -238,8 +238,10 @@ def start_run(train_args):
     out_dir = train_args[train_args.index("-o") + 1]
     os.makedirs(out_dir, exist_ok=True)
     if "--json-log" not in train_args:
-        train_args = [*train_args, "--json-log", os.path.join(out_dir, LOG_NAME)]
-    log_path = train_args[train_args.index("--json-log") + 1]
+        train_args = [*train_args, "--json-log"]
+    after = train_args[train_args.index("--json-log") + 1:]
+    # a bare --json-log (train.py's own default: -o DIR's log) is followed by a flag or nothing
+    log_path = after[0] if after and not after[0].startswith("-") else os.path.join(out_dir, LOG_NAME)
     with open(os.path.join(out_dir, "train.out"), "w") as out:
         process = subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py"), *train_args],
                                    stdout=out, stderr=subprocess.STDOUT)

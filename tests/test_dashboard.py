@@ -146,3 +146,13 @@ def test_bad_input(tmp_path, capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no such directory" in err
+
+
+def test_a_bare_json_log_follows_the_runs_own_log(tmp_path, monkeypatch):
+    """--run with train.py's bare --json-log (its -o DIR's log) does not take the next flag for
+    the log's path."""
+    started = []
+    monkeypatch.setattr(dashboard.subprocess, "Popen", lambda argv, **kw: started.append(argv))
+    _, log_path = dashboard.start_run(["-e", "d2", "--json-log", "-x", "3", "-o", str(tmp_path)])
+    assert log_path == str(tmp_path / dashboard.LOG_NAME)
+    assert started[0][2:] == ["-e", "d2", "--json-log", "-x", "3", "-o", str(tmp_path)]
