@@ -4,7 +4,7 @@ cdef void matmul_forward(float* out, const float* inp, const float* weight, cons
 # out (B,T,OC); inp (B,T,C); weight (OC,C); bias (OC,) or NULL
 cdef void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                           const float* inp, const float* weight, int B, int T, int C, int OC) noexcept nogil
-# dinp (B,T,C), dweight (OC,C), dbias (OC,) or NULL: all += ...;  dout (B,T,OC)
+# dinp (B,T,C) or NULL (not wanted), dweight (OC,C), dbias (OC,) or NULL: all += ...;  dout (B,T,OC)
 
 
 # Shared with the lab's matmul variants (dev/cpu): blocks of columns start on 64-byte

@@ -53,7 +53,7 @@ cdef void matmul_backward(float* dinp, float* dweight, float* dbias, const float
         # dinp[:, c0:c1] (BT, c1-c0) += dout (BT,OC) @ weight[:, c0:c1] (OC, c1-c0)
         c0 = block_start(part, parts, C)
         c1 = block_start(part + 1, parts, C)
-        if c1 > c0:
+        if c1 > c0 and dinp != NULL:
             sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, BT, c1 - c0, OC,
                   1.0, dout, leading_dim(OC), weight + c0, leading_dim(C),
                   1.0, dinp + c0, leading_dim(C))

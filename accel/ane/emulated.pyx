@@ -194,10 +194,8 @@ cdef void ane_matmul_backward(void* ctx, float* dinp, float* dweight, float* dbi
     cdef Py_ssize_t BT = <Py_ssize_t>B * T
     with gil:
         try:
-            # the weight gradients on the CPU: its kernel, with a scratch dinp thrown away
-            scratch = np.zeros((BT, C), np.float32)
-            cpu_table.matmul_backward(ctx, <float*><Py_ssize_t>scratch.ctypes.data, dweight,
-                                      dbias, dout, inp, weight, B, T, C, OC)
+            # the weight gradients on the CPU: its kernel, without its dinp (NULL)
+            cpu_table.matmul_backward(ctx, NULL, dweight, dbias, dout, inp, weight, B, T, C, OC)
             (<object>ctx).matmul_dinp(view(dinp, BT * C, (BT, C)), view(dout, BT * OC, (BT, OC)),
                                       view(weight, <Py_ssize_t>OC * C, (OC, C)), BT, C, OC)
         except BaseException as e:
