@@ -44,20 +44,20 @@ def offsets(sizes):
 
 def layout(arrays):
     """The file's bytes for these arrays and each one's metadata offset (what BLOBFILE names)."""
-    out = bytearray(FILE_HEADER.pack(len(arrays), VERSION))
-    offsets = []
+    arrays = [np.ascontiguousarray(array) for array in arrays]
     for array in arrays:
-        array = np.ascontiguousarray(array)
         if array.dtype not in BLOB_TYPES:
             raise BlobError(f"no blob data type for {array.dtype} (there are: "
                             f"{', '.join(str(t) for t in BLOB_TYPES)})")
-        out.extend(bytes(aligned(len(out)) - len(out)))
-        offsets.append(len(out))
-        data_offset = aligned(len(out) + METADATA.size)
+    where = offsets([array.nbytes for array in arrays])
+    out = bytearray(FILE_HEADER.pack(len(arrays), VERSION))
+    for array, offset in zip(arrays, where):
+        out.extend(bytes(offset - len(out)))
+        data_offset = aligned(offset + METADATA.size)
         out.extend(METADATA.pack(SENTINEL, BLOB_TYPES[array.dtype], array.nbytes, data_offset))
         out.extend(bytes(data_offset - len(out)))
         out.extend(array.tobytes())
-    return bytes(out), offsets
+    return bytes(out), where
 
 
 def write(path, arrays):

@@ -73,8 +73,8 @@ def argument(value):
 
 
 def to_text(program, weights_path=WEIGHTS_PATH):
-    """(MIL text of program's main function, [arrays for the blob file in offset order],
-    [their offsets]); blob.write(path, arrays) writes the file the text points at."""
+    """(MIL text of program's main function, [arrays for the blob file in offset order]);
+    blob.write(path, arrays) writes the file the text points at."""
     function = program.functions["main"]
     target = ct.target(function.opset_version).name.lower()
     arrays, lines = [], []
@@ -107,12 +107,12 @@ def to_text(program, weights_path=WEIGHTS_PATH):
             "{", f"    func main<{target}>({inputs}) {{"]
     text += ["        " + line for line in lines]
     text += [f"    }} -> ({outputs});", "}", ""]
-    return "\n".join(text), arrays, blob.offsets([a.nbytes for a in arrays])
+    return "\n".join(text), arrays
 
 
 def save(program, directory):
     """directory/model.mil and directory/weights/weight.bin, as the private path loads them."""
-    text, arrays, _ = to_text(program)
+    text, arrays = to_text(program)
     os.makedirs(os.path.join(directory, "weights"), exist_ok=True)
     with open(os.path.join(directory, "model.mil"), "w") as f:
         f.write(text)

@@ -308,12 +308,9 @@ class PrivateANERuntime(Runtime):
                              f"{ANE_INNER_MULTIPLE} (the ANE returns zeros): pad it "
                              f"(accel/ane/plan.py) or use the coreml runtime")
         if weights is None:   # the program's MIL text and BLOBFILE (accel/ane/milt.py)
-            import tempfile
-            from accel.ane import milt
-            with tempfile.TemporaryDirectory() as directory:
-                text = milt.save(program, directory)
-                with open(os.path.join(directory, "weights", "weight.bin"), "rb") as f:
-                    weights = (text, f.read())
+            from accel.ane import blob, milt
+            text, arrays = milt.to_text(program)
+            weights = (text, blob.layout(arrays)[0])
         text, blob = weights
         inputs, outputs = _signature(program)
         return self.lib.compile(text, blob, inputs, outputs)
