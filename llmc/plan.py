@@ -80,7 +80,7 @@ def measure_gflops(n=1024, repeats=3):
     return 2.0 * n ** 3 / best / 1e9
 
 
-def _bytes(n):
+def format_bytes(n):
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if n < 1024 or unit == "TiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -107,15 +107,15 @@ def format_plan(family, config, name, B, T, policy="all", backend="cpu", gflops=
         f"dry run: {name} ({config.describe()}), B={B} T={T}, recompute {plan.policy}",
         f"parameters: {config.num_parameters():,}",
         "memory (float32):",
-        f"  parameters            {_bytes(memory['params']):>12}",
-        f"  gradients             {_bytes(memory['grads']):>12}",
-        f"  AdamW m + v           {_bytes(memory['adamw']):>12}",
-        f"  activations           {_bytes(memory['activations']):>12}   ({plan.slots} layers' "
+        f"  parameters            {format_bytes(memory['params']):>12}",
+        f"  gradients             {format_bytes(memory['grads']):>12}",
+        f"  AdamW m + v           {format_bytes(memory['adamw']):>12}",
+        f"  activations           {format_bytes(memory['activations']):>12}   ({plan.slots} layers' "
         f"internals, {plan.outputs} layer outputs kept of {plan.num_layers})",
-        f"  activation gradients  {_bytes(memory['activation_grads']):>12}   (the head's, one "
+        f"  activation gradients  {format_bytes(memory['activation_grads']):>12}   (the head's, one "
         f"layer's, two streams)",
-        f"  tokens                {_bytes(memory['tokens']):>12}",
-        f"  total                 {_bytes(sum(memory.values())):>12}   (+ the Python process, "
+        f"  tokens                {format_bytes(memory['tokens']):>12}",
+        f"  total                 {format_bytes(sum(memory.values())):>12}   (+ the Python process, "
         f"about 0.1-0.2 GiB)",
         f"FLOPs: forward {flops['forward_per_token'] / 1e6:,.1f} M per token = L * (matmuls "
         f"{f['layer_matmul'] / 1e6:,.2f} M + attention {f['layer_attention'] / 1e6:,.2f} M) + "
@@ -132,6 +132,6 @@ def format_plan(family, config, name, B, T, policy="all", backend="cpu", gflops=
     for p in dict.fromkeys(x for x in policies if x):   # d1..d4: sqrt may equal every-2
         m, fl = memory_plan(family, config, B, T, p, backend), flops_plan(family, config, B, T, p)
         mark = "  <-" if p == plan.policy else ""
-        lines.append(f"  {p:<20} {_bytes(m['activations'] + m['activation_grads']):>12}"
+        lines.append(f"  {p:<20} {format_bytes(m['activations'] + m['activation_grads']):>12}"
                      f"   {fl['step'] / 1e9:10,.2f} G{mark}")
     return "\n".join(lines)

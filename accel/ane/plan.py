@@ -37,6 +37,7 @@ from dataclasses import dataclass, field, fields, replace
 
 from accel.ane.runtime import ANE_INNER_MULTIPLE, ANE_LIMIT, CompileBudget
 from llmc import recompute
+from llmc.plan import FLOAT, format_bytes, memory_plan
 
 __all__ = ["FORWARD", "BACKWARD", "PIPELINES", "Phase", "PlanError", "Plan", "Process",
            "format_plan", "inner_sizes", "kernel_id", "make_plan", "place", "step_fits"]
@@ -48,7 +49,7 @@ FORWARD = (("qkv_forward", True), ("attention_forward", False), ("wo_forward", T
 BACKWARD = (("ffn_backward", True), ("wo_backward", True), ("attention_backward", False),
             ("qkv_backward", True))
 SECONDS_PER_COMPILE = 0.105   # the anchor's M-series figure: 7.6 s for 72 kernels
-FLOAT, HALF = 4, 2
+HALF = 2   # bytes of an fp16
 
 
 class PlanError(ValueError):
@@ -187,7 +188,6 @@ class Plan:
     config: object
     pipeline: str
     budget: CompileBudget
-    policy: str
     B: int
     T: int
     accum: int
@@ -196,6 +196,11 @@ class Plan:
     events: list                 # place() of `steps_simulated` steps
     steps_simulated: int
     memory: dict = field(default_factory=dict)
+
+    @property
+    def policy(self):
+        """The activation checkpoint policy (llmc/recompute.py), as the RecomputePlan has it."""
+        return self.rplan.policy
 
     @property
     def restarts(self):
@@ -284,7 +289,7 @@ def make_plan(model, pipeline="static", budget=None, policy="all", B=1, T=None, 
     try:
         budget = budget if isinstance(budget, CompileBudget) else CompileBudget.for_limit(
             ANE_LIMIT if budget is None else budget)
-        policy = recompute.parse_policy(policy)
+        rplan = recompute.RecomputePlan(policy, config.n_layers)
     except ValueError as e:
         raise PlanError(f"ANE plan: {e}") from None
     T = config.max_seq_len if T is None else T
@@ -294,13 +299,12 @@ def make_plan(model, pipeline="static", budget=None, policy="all", B=1, T=None, 
     if T > config.max_seq_len:
         raise PlanError(f"ANE plan: T={T} exceeds the model's max sequence length "
                         f"{config.max_seq_len}")
-    rplan = recompute.RecomputePlan(policy, config.n_layers)
     phases = step_phases(pipeline, rplan, accum)
     if steps is None:   # enough to see the first restart and the steady state after it: a
         # static step compiles at least 6 kernels (one layer's), a dynamic one is steady by its 2nd
         steps = budget.usable // 6 + 2 if pipeline == "static" else 2
     events = place(pipeline, phases, budget, steps)
-    return Plan(config, pipeline, budget, policy, B, T, accum, rplan, phases, events, steps)
+    return Plan(config, pipeline, budget, B, T, accum, rplan, phases, events, steps)
 
 
 # ----------------------------------------------------------------------------
@@ -311,11 +315,10 @@ def memory(plan):
     policy), one layer's parameters, the fp16 weights each process's kernels hold, and the
     state file a restart writes (between steps; inside a step also the gradients and the kept
     activations)."""
-    from llmc.plan import memory_plan
     from train_llama2 import Llama2
     config, B, T = plan.config, plan.B, plan.T
     whole = memory_plan(Llama2, config, B, T, plan.policy)
-    layer_params = 4 * (replace(config, n_layers=2).num_parameters() -
+    layer_params = FLOAT * (replace(config, n_layers=2).num_parameters() -
                         replace(config, n_layers=1).num_parameters())   # fp32 bytes
     layer_weights = sum(shape[1] * shape[2] for name, shape in config.param_shapes()
                         if len(shape) == 3)   # (L, rows, cols): one layer's matrices, not norms
@@ -323,13 +326,6 @@ def memory(plan):
     return dict(whole=whole, layer_params=layer_params, layer_matrix_elements=layer_weights,
                 state_between_steps=state_between,
                 state_inside_step=state_between + whole["grads"] + whole["activations"])
-
-
-def _bytes(n):
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
 
 
 def _layers(first, last):
@@ -376,9 +372,9 @@ def format_plan(plan, name=""):
                   for l in range(min(a, b), max(a, b) + 1)}
         weights = HALF * mem["layer_matrix_elements"] * len(layers) * (
             2 if plan.pipeline == "static" else 0)
-        extra = (f"; {_bytes(4 * mem['layer_params'] * len(layers))} of its layers' fp32 "
+        extra = (f"; {format_bytes(4 * mem['layer_params'] * len(layers))} of its layers' fp32 "
                  f"parameters, gradients, AdamW m, v" if layers else "")
-        extra += f", {_bytes(weights)} fp16 weights baked in" if weights else ""
+        extra += f", {format_bytes(weights)} fp16 weights baked in" if weights else ""
         carried = " (the previous step's last process)" if (
             number == 1 and plan.restarts and plan.continues_process()) else ""
         lines.append(f"  process {number}{carried}: {compiles:3d} compiles: {what}{extra}")
@@ -396,14 +392,14 @@ def format_plan(plan, name=""):
     w = mem["whole"]
     lines += [
         "memory on the CPU (float32, llmc/plan.py):",
-        f"  parameters {_bytes(w['params'])}, gradients {_bytes(w['grads'])}, AdamW m + v "
-        f"{_bytes(w['adamw'])}, activations {_bytes(w['activations'])} (recompute "
-        f"{plan.policy}), activation gradients {_bytes(w['activation_grads'])}",
-        f"  one layer's parameters {_bytes(mem['layer_params'])}; its fp16 copy for the ANE "
-        f"{_bytes(HALF * mem['layer_matrix_elements'])} (static: in each of 2 kernels)",
-        f"state file of a restart: {_bytes(mem['state_between_steps'])} between steps "
+        f"  parameters {format_bytes(w['params'])}, gradients {format_bytes(w['grads'])}, AdamW m + v "
+        f"{format_bytes(w['adamw'])}, activations {format_bytes(w['activations'])} (recompute "
+        f"{plan.policy}), activation gradients {format_bytes(w['activation_grads'])}",
+        f"  one layer's parameters {format_bytes(mem['layer_params'])}; its fp16 copy for the ANE "
+        f"{format_bytes(HALF * mem['layer_matrix_elements'])} (static: in each of 2 kernels)",
+        f"state file of a restart: {format_bytes(mem['state_between_steps'])} between steps "
         f"(weights, AdamW m and v, step, data position, RNG), "
-        f"{_bytes(mem['state_inside_step'])} inside one",
+        f"{format_bytes(mem['state_inside_step'])} inside one",
     ]
     bad = {k: v for k, v in inner_sizes(c, plan.T).items() if v % ANE_INNER_MULTIPLE}
     if bad:
