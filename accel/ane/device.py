@@ -10,9 +10,9 @@ import os
 from accel.ane import emulated, runtime
 
 
-def create(loss_scale=True):
+def create():
     if os.environ.get("LLMPYX_ANE_RUNTIME", "coreml") == "private":
         chosen = runtime.PrivateANERuntime(check_against=runtime.CoreMLRuntime())
     else:
         chosen = runtime.CoreMLRuntime()
-    return emulated.create(loss_scale, chosen, name="ane")
+    return emulated.create(chosen, name="ane")

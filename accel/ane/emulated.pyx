@@ -261,12 +261,12 @@ cdef class EmulatedBackend(Backend):
         return (<object>self.table.ctx).compile_seconds
 
 
-def create(loss_scale=True, runtime=None, name="ane-emu"):
+def create(runtime=None, name="ane-emu"):
     """The ane-emu backend, or with runtime=CoreMLRuntime() the ane one (families llama and
     gpt2: GPT-2's own layers run on the CPU)."""
     global cpu_table
     cdef Backend host = cpu.create(flash=False)
-    emulator = Emulator(loss_scale, runtime)
+    emulator = Emulator(runtime=runtime)
     cdef EmulatedBackend backend = EmulatedBackend(name, True, ("gpt2", "llama"),
                                                    (host, emulator))
     backend.tolerances = dict(TOLERANCES)

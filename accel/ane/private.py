@@ -38,10 +38,10 @@ class Library:
                                       sizes(inputs), len(outputs), sizes(outputs), err, ERR)
         if not handle:
             raise RuntimeError(f"ane-private: {err.value.decode()}")
-        return (handle, list(inputs), dict(outputs))
+        return handle, list(inputs)
 
     def run(self, kernel, inputs, output_shapes):
-        handle, names, _ = kernel
+        handle, names = kernel
         ins = [np.ascontiguousarray(inputs[name], np.float16) for name in names]
         outs = {name: np.empty(shape, np.float16) for name, shape in output_shapes.items()}
         in_p = (ctypes.c_void_p * len(ins))(*[a.ctypes.data for a in ins])
