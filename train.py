@@ -466,6 +466,8 @@ def main(argv=None):
             if resume_step is None:
                 note(f"no checkpoint in {args.output_dir} to resume from, starting afresh")
 
+    model_class(args)   # a missing build or a bad LLMPYX_BLAS fails now, not after the data
+
     # the data's shards (tinyshakespeare's prepared if they are the default and missing): the
     # model's vocabulary comes from them with --compact-vocab, or from their tokenizer.bin
     default_data.prepare(args.train_data, args.val_data)
