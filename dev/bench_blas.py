@@ -5,11 +5,15 @@ Times kernels.matmul's forward and backward at a model's matmul shapes once on e
 kernels/blas.pyx can load (LLMPYX_BLAS=openblas and =mkl), each in its own process, the two
 interleaved round by round, and prints GFLOP/s (best and median call) and MKL's speed relative
 to OpenBLAS's. What `LLMPYX_BLAS=auto` picks (MKL on Intel CPUs) rests on this table
-(dev/BENCHMARKS.md section 9).
+(dev/BENCHMARKS.md section 9).  With --variant N it compares kernels.matmul with the lab's
+dev/cpu/matmul_N instead, the same way, on the library in use: at a model's own shapes, and
+round by round, which dev/ab.py's one pass over fixed shapes is too noisy for when the
+difference is a few percent.
 
     python dev/bench_blas.py                          GPT-2 d12 at B=4, T=64
     python dev/bench_blas.py -t 1024
     python dev/bench_blas.py --model stories15M -t 256
+    python dev/bench_blas.py --variant 8 --rounds 8   kernels.matmul vs dev/cpu/matmul_8
 """
 import argparse
 import os
@@ -35,16 +39,22 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=2, help="OMP_NUM_THREADS")
     p.add_argument("--calls", type=int, default=10, help="timed calls per shape and round")
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--worker", choices=LIBRARIES, help=argparse.SUPPRESS)
+    p.add_argument("--variant", type=int, help="compare kernels.matmul with dev/cpu/matmul_N "
+                   "(on the library LLMPYX_BLAS picks) instead of the two libraries")
+    p.add_argument("--worker", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
 
 def worker(args):
-    """{"library": ..., "C,OC": [forward seconds..., backward seconds...]} for one round."""
-    from kernels import blas, matmul
+    """{"name": ..., "C,OC": [forward seconds..., backward seconds...]} for one round of the
+    side args.worker: a library (kernels.matmul on it) or a matmul module's name."""
+    import importlib
+    from kernels import blas
+    module = "kernels.matmul" if args.worker in LIBRARIES else args.worker
+    matmul = importlib.import_module(module)
     rng = np.random.default_rng(0)
     BT = args.batch * args.seq
-    result = {"library": blas.LIBRARY}
+    result = {"name": blas.LIBRARY if args.worker in LIBRARIES else f"{module} on {blas.LIBRARY}"}
     for C, OC in matmul_shapes(config_for(args)):
         inp = rng.standard_normal((1, BT, C), dtype=np.float32)
         weight = rng.standard_normal((OC, C), dtype=np.float32) * 0.02
@@ -73,44 +83,55 @@ def main(argv=None):
         return 0
     argv = ["-e", str(args.depth), "-b", str(args.batch), "-t", str(args.seq),
             "--calls", str(args.calls)] + (["--model", args.model] if args.model else [])
-    times = {lib: {} for lib in LIBRARIES}
+    if args.variant is None:
+        sides, labels = LIBRARIES, ("OpenBLAS", "MKL")
+    else:
+        sides, labels = ("kernels.matmul", f"dev.cpu.matmul_{args.variant}"), \
+            ("kernels", f"matmul_{args.variant}")
+    times = {side: {} for side in sides}
     names = {}
     for _ in range(args.rounds):
-        for lib in LIBRARIES:
-            env = dict(os.environ, LLMPYX_BLAS=lib, OMP_NUM_THREADS=str(args.threads))
+        for side in sides:
+            env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
+            if args.variant is None:
+                env["LLMPYX_BLAS"] = side
             try:
-                got = json_worker(__file__, argv + ["--worker", lib], env)
+                got = json_worker(__file__, argv + ["--worker", side], env)
             except RuntimeError as e:
-                if lib == "mkl" and "no libmkl_rt was found" in str(e):
+                if side == "mkl" and "no libmkl_rt was found" in str(e):
                     sys.exit("dev/bench_blas.py: MKL is not installed here (pip install mkl)")
+                if "No module named 'dev.cpu.matmul_" in str(e):
+                    sys.exit(f"dev/bench_blas.py: {side} is not built: make dev (dev/README.md)")
                 raise
-            names[lib] = got.pop("library")
+            names[side] = got.pop("name")
             for shape, (fwd, bwd) in got.items():
-                t = times[lib].setdefault(shape, ([], []))
+                t = times[side].setdefault(shape, ([], []))
                 t[0].extend(fwd)
                 t[1].extend(bwd)
     BT = args.batch * args.seq
+    ratio = f"{labels[1]}/{labels[0]}"
     print(f"kernels.matmul at {args.model or f'd{args.depth}'}'s shapes, B*T={BT}, "
-          f"{args.threads} threads, {args.calls} calls x {args.rounds} rounds per library: "
-          f"{names['openblas']} vs {names['mkl']}")
-    print("GFLOP/s, best | median call; MKL/OpenBLAS: the ratio of the median times (<1: MKL faster)")
-    print(f"{'C':>6} {'OC':>6} {'per step':>8}   {'pass':8} {'OpenBLAS':>13} {'MKL':>13} {'MKL/OpenBLAS':>13}")
-    total = {lib: 0.0 for lib in LIBRARIES}
+          f"{args.threads} threads, {args.calls} calls x {args.rounds} rounds per side: "
+          f"{names[sides[0]]} vs {names[sides[1]]}")
+    print(f"GFLOP/s, best | median call; {ratio}: the ratio of the median times "
+          f"(<1: {labels[1]} faster)")
+    print(f"{'C':>6} {'OC':>6} {'per step':>8}   {'pass':8} {labels[0]:>13} {labels[1]:>13} {ratio:>16}")
+    total = {side: 0.0 for side in sides}
     for shape, count in matmul_shapes(config_for(args)).items():
         C, OC = shape
         key = f"{C},{OC}"
         for p, (name, flops) in enumerate((("forward", 2.0 * BT * C * OC), ("backward", 4.0 * BT * C * OC))):
             cols = []
             med = {}
-            for lib in LIBRARIES:
-                t = np.array(times[lib][key][p])
-                med[lib] = float(np.median(t))
-                total[lib] += count * med[lib]
-                cols.append(f"{flops / t.min() / 1e9:5.0f} | {flops / med[lib] / 1e9:5.0f}")
+            for side in sides:
+                t = np.array(times[side][key][p])
+                med[side] = float(np.median(t))
+                total[side] += count * med[side]
+                cols.append(f"{flops / t.min() / 1e9:5.0f} | {flops / med[side] / 1e9:5.0f}")
             print(f"{C:6d} {OC:6d} {count:8d}   {name:8} {cols[0]:>13} {cols[1]:>13} "
-                  f"{med['mkl'] / med['openblas']:13.3f}")
-    print(f"a step's matmuls at the median times: OpenBLAS {total['openblas'] * 1e3:.1f} ms, "
-          f"MKL {total['mkl'] * 1e3:.1f} ms (MKL/OpenBLAS {total['mkl'] / total['openblas']:.3f})")
+                  f"{med[sides[1]] / med[sides[0]]:16.3f}")
+    print(f"a step's matmuls at the median times: {labels[0]} {total[sides[0]] * 1e3:.1f} ms, "
+          f"{labels[1]} {total[sides[1]] * 1e3:.1f} ms ({ratio} {total[sides[1]] / total[sides[0]]:.3f})")
     return 0
 
 
