@@ -45,28 +45,11 @@ cdef void matmul_forward(float* out, const float* inp, const float* weight, cons
 
 cdef void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                           const float* inp, const float* weight, int B, int T, int C, int OC) noexcept nogil:
-    cdef int BT = B * T, parts = max_threads(), part, c0, c1, o0, o1
-    cdef Py_ssize_t bt, o
-    cdef const float* dout_bt
+    cdef int BT = B * T, parts = max_threads(), part
     blas_single_threaded()
     for part in prange(parts, schedule="static", num_threads=parts):
-        # dinp[:, c0:c1] (BT, c1-c0) += dout (BT,OC) @ weight[:, c0:c1] (OC, c1-c0)
-        c0 = block_start(part, parts, C)
-        c1 = block_start(part + 1, parts, C)
-        if c1 > c0 and dinp != NULL:
-            sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, BT, c1 - c0, OC,
-                  1.0, dout, leading_dim(OC), weight + c0, leading_dim(C),
-                  1.0, dinp + c0, leading_dim(C))
-        # dweight[o0:o1] (o1-o0, C) += dout[:, o0:o1]^T (o1-o0, BT) @ inp (BT,C)
-        o0 = block_start(part, parts, OC)
-        o1 = block_start(part + 1, parts, OC)
-        if o1 > o0:
-            sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, o1 - o0, C, BT,
-                  1.0, dout + o0, leading_dim(OC), inp, leading_dim(C),
-                  1.0, dweight + <Py_ssize_t>o0 * C, leading_dim(C))
-            if dbias != NULL:
-                # dbias[o0:o1] += dout[:, o0:o1] summed over rows: contiguous, vectorised
-                for bt in range(BT):
-                    dout_bt = dout + bt * OC
-                    for o in range(o0, o1):
-                        dbias[o] = dbias[o] + dout_bt[o]
+        if dinp != NULL:
+            dinp_block(dinp, dout, weight, BT, C, OC,
+                       block_start(part, parts, C), block_start(part + 1, parts, C))
+        dweight_block(dweight, dbias, dout, inp, BT, C, OC,
+                      block_start(part, parts, OC), block_start(part + 1, parts, OC))
