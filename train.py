@@ -275,7 +275,7 @@ def random_config(args, init):
 def model_class(args):
     """The model class of args.family, or a TrainError saying to build it."""
     try:
-        import kernels.blas   # first, so that LLMPYX_BLAS's errors are not taken for a missing build
+        import kernels.blas   # first: LLMPYX_BLAS's errors are not a missing build
     except ModuleNotFoundError as e:
         raise TrainError(f"the model is not built ({e}): run `make train_gpt2` first") from None
     except ImportError as e:   # LLMPYX_BLAS names a library that is not there
@@ -311,10 +311,9 @@ def model_source(args):
     return init, config
 
 
-def load_model(args, resume_path):
-    """(model, how it was initialised)."""
+def load_model(args, Model, resume_path):
+    """(model of class Model, how it was initialised)."""
     from accel.backend import BackendError
-    Model = model_class(args)
     try:
         if resume_path is not None:
             return (Model.from_checkpoint(resume_path, args.backend, args.recompute),
@@ -466,7 +465,8 @@ def main(argv=None):
             if resume_step is None:
                 note(f"no checkpoint in {args.output_dir} to resume from, starting afresh")
 
-    model_class(args)   # a missing build or a bad LLMPYX_BLAS fails now, not after the data
+    Model = model_class(args)   # a missing build or a bad LLMPYX_BLAS fails now, not after the data
+    from kernels.blas import LIBRARY as cpu_gemms
 
     # the data's shards (tinyshakespeare's prepared if they are the default and missing): the
     # model's vocabulary comes from them with --compact-vocab, or from their tokenizer.bin
@@ -476,7 +476,7 @@ def main(argv=None):
     vocab_map = compact_vocabulary(args, resume_step, rank)
     resume_model_path = (None if resume_step is None else
                          checkpoint_paths(args.output_dir, resume_step)[0])
-    model, init_desc = load_model(args, resume_model_path)
+    model, init_desc = load_model(args, Model, resume_model_path)
     dist.set_zero_stage(args.zero_stage, model)
     config = model.config
     if T > config.max_seq_len:
@@ -522,7 +522,7 @@ def main(argv=None):
         ("vocab compaction", "off" if vocab_map is None else
          f"{len(vocab_map)} ids of the data (--compact-vocab)"),
         ("num_parameters", model.num_parameters),
-        ("backend", model.backend.name), ("CPU GEMMs", sys.modules["kernels.blas"].LIBRARY),
+        ("backend", model.backend.name), ("CPU GEMMs", cpu_gemms),
         ("recompute", model.recompute), None,
         ("train tokens", train_loader.num_tokens), ("val tokens", val_loader.num_tokens), None,
         ("num_processes", num_processes), ("zero_stage", dist.zero_stage),

@@ -16,6 +16,7 @@ difference is a few percent.
     python dev/bench_blas.py --variant 8 --rounds 8   kernels.matmul vs dev/cpu/matmul_8
 """
 import argparse
+import importlib.util
 import os
 import sys
 import time
@@ -48,7 +49,6 @@ def parse_args(argv=None):
 def worker(args):
     """{"name": ..., "C,OC": [forward seconds..., backward seconds...]} for one round of the
     side args.worker: a library (kernels.matmul on it) or a matmul module's name."""
-    import importlib
     from kernels import blas
     module = "kernels.matmul" if args.worker in LIBRARIES else args.worker
     matmul = importlib.import_module(module)
@@ -88,6 +88,8 @@ def main(argv=None):
     else:
         sides, labels = ("kernels.matmul", f"dev.cpu.matmul_{args.variant}"), \
             ("kernels", f"matmul_{args.variant}")
+        if importlib.util.find_spec(sides[1]) is None:
+            sys.exit(f"dev/bench_blas.py: {sides[1]} is not built: make dev (dev/README.md)")
     times = {side: {} for side in sides}
     names = {}
     for _ in range(args.rounds):
@@ -100,8 +102,6 @@ def main(argv=None):
             except RuntimeError as e:
                 if side == "mkl" and "no libmkl_rt was found" in str(e):
                     sys.exit("dev/bench_blas.py: MKL is not installed here (pip install mkl)")
-                if "No module named 'dev.cpu.matmul_" in str(e):
-                    sys.exit(f"dev/bench_blas.py: {side} is not built: make dev (dev/README.md)")
                 raise
             names[side] = got.pop("name")
             for shape, (fwd, bwd) in got.items():
@@ -115,12 +115,14 @@ def main(argv=None):
           f"{names[sides[0]]} vs {names[sides[1]]}")
     print(f"GFLOP/s, best | median call; {ratio}: the ratio of the median times "
           f"(<1: {labels[1]} faster)")
-    print(f"{'C':>6} {'OC':>6} {'per step':>8}   {'pass':8} {labels[0]:>13} {labels[1]:>13} {ratio:>16}")
+    print(f"{'C':>6} {'OC':>6} {'per step':>8}   {'pass':8} {labels[0]:>13} {labels[1]:>13} "
+          f"{ratio:>16}")
     total = {side: 0.0 for side in sides}
     for shape, count in matmul_shapes(config_for(args)).items():
         C, OC = shape
         key = f"{C},{OC}"
-        for p, (name, flops) in enumerate((("forward", 2.0 * BT * C * OC), ("backward", 4.0 * BT * C * OC))):
+        passes = (("forward", 2.0 * BT * C * OC), ("backward", 4.0 * BT * C * OC))
+        for p, (name, flops) in enumerate(passes):
             cols = []
             med = {}
             for side in sides:
@@ -130,8 +132,9 @@ def main(argv=None):
                 cols.append(f"{flops / t.min() / 1e9:5.0f} | {flops / med[side] / 1e9:5.0f}")
             print(f"{C:6d} {OC:6d} {count:8d}   {name:8} {cols[0]:>13} {cols[1]:>13} "
                   f"{med[sides[1]] / med[sides[0]]:16.3f}")
-    print(f"a step's matmuls at the median times: {labels[0]} {total[sides[0]] * 1e3:.1f} ms, "
-          f"{labels[1]} {total[sides[1]] * 1e3:.1f} ms ({ratio} {total[sides[1]] / total[sides[0]]:.3f})")
+    first, second = total[sides[0]], total[sides[1]]
+    print(f"a step's matmuls at the median times: {labels[0]} {first * 1e3:.1f} ms, "
+          f"{labels[1]} {second * 1e3:.1f} ms ({ratio} {second / first:.3f})")
     return 0
 
 

@@ -1,4 +1,5 @@
-# Linear layer: out = inp @ weight^T + bias.  OC output channels.
+# Linear layer: out = inp @ weight^T + bias.  OC output channels.  (The sgemm and CBLAS names
+# below are also kernels/matmul.pyx's.)
 from kernels.blas cimport sgemm
 from kernels.cblas cimport CblasNoTrans, CblasRowMajor, CblasTrans
 

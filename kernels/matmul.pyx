@@ -11,8 +11,6 @@
 # another module), so each call checks it (cheap) and sets it back to 1.
 from cython.parallel cimport prange
 
-from kernels.cblas cimport CblasNoTrans, CblasRowMajor, CblasTrans
-from kernels.blas cimport sgemm
 from kernels.parallel cimport blas_single_threaded, max_threads
 
 include "kernels/_matmul_wrappers.pxi"

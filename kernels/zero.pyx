@@ -1,6 +1,6 @@
 # zero (promoted from dev/cpu/zero_2.pyx): the CPU backend's `zero`, the buffer cut into one
 # page-aligned block per OpenMP thread, each block one memset.  zero_grad clears 0.5 GB for
-# GPT-2 124M and the activation gradients as much again at B=4, T=64: one core's stores do not
+# GPT-2 124M each step, and backward each layer's activation gradients: one core's stores do not
 # fill the memory bus (on the Intel machine 10.5 GB/s from one thread, 20 from two; on the
 # Zen 4 even, dev/BENCHMARKS.md section 9); below PARALLEL_MIN_BYTES the fork-join costs more
 # than it saves.

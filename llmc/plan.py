@@ -110,13 +110,13 @@ def format_plan(family, config, name, B, T, policy="all", backend="cpu", gflops=
         f"  parameters            {format_bytes(memory['params']):>12}",
         f"  gradients             {format_bytes(memory['grads']):>12}",
         f"  AdamW m + v           {format_bytes(memory['adamw']):>12}",
-        f"  activations           {format_bytes(memory['activations']):>12}   ({plan.slots} layers' "
-        f"internals, {plan.outputs} layer outputs kept of {plan.num_layers})",
-        f"  activation gradients  {format_bytes(memory['activation_grads']):>12}   (the head's, one "
-        f"layer's, two streams)",
+        f"  activations           {format_bytes(memory['activations']):>12}   ({plan.slots} "
+        f"layers' internals, {plan.outputs} layer outputs kept of {plan.num_layers})",
+        f"  activation gradients  {format_bytes(memory['activation_grads']):>12}   (the head's, "
+        f"one layer's, two streams)",
         f"  tokens                {format_bytes(memory['tokens']):>12}",
-        f"  total                 {format_bytes(sum(memory.values())):>12}   (+ the Python process, "
-        f"about 0.1-0.2 GiB)",
+        f"  total                 {format_bytes(sum(memory.values())):>12}   (+ the Python "
+        f"process, about 0.1-0.2 GiB)",
         f"FLOPs: forward {flops['forward_per_token'] / 1e6:,.1f} M per token = L * (matmuls "
         f"{f['layer_matmul'] / 1e6:,.2f} M + attention {f['layer_attention'] / 1e6:,.2f} M) + "
         f"head {f['head_matmul'] / 1e6:,.2f} M",

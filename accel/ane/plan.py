@@ -392,9 +392,9 @@ def format_plan(plan, name=""):
     w = mem["whole"]
     lines += [
         "memory on the CPU (float32, llmc/plan.py):",
-        f"  parameters {format_bytes(w['params'])}, gradients {format_bytes(w['grads'])}, AdamW m + v "
-        f"{format_bytes(w['adamw'])}, activations {format_bytes(w['activations'])} (recompute "
-        f"{plan.policy}), activation gradients {format_bytes(w['activation_grads'])}",
+        f"  parameters {format_bytes(w['params'])}, gradients {format_bytes(w['grads'])}, "
+        f"AdamW m + v {format_bytes(w['adamw'])}, activations {format_bytes(w['activations'])} "
+        f"(recompute {plan.policy}), activation gradients {format_bytes(w['activation_grads'])}",
         f"  one layer's parameters {format_bytes(mem['layer_params'])}; its fp16 copy for the ANE "
         f"{format_bytes(HALF * mem['layer_matrix_elements'])} (static: in each of 2 kernels)",
         f"state file of a restart: {format_bytes(mem['state_between_steps'])} between steps "
