@@ -8,12 +8,16 @@ to OpenBLAS's. What `LLMPYX_BLAS=auto` picks (MKL on Intel CPUs) rests on this t
 (dev/BENCHMARKS.md section 9).  With --variant N it compares kernels.matmul with the lab's
 dev/cpu/matmul_N instead, the same way, on the library in use: at a model's own shapes, and
 round by round, which dev/ab.py's one pass over fixed shapes is too noisy for when the
-difference is a few percent.
+difference is a few percent.  With --cold it compares kernels.matmul with itself, hot (the
+operands in the caches from the call before) against cold (a pass over twice the last-level
+cache before each call, so the operands come from DRAM as the step's mostly do): what the
+step's GEMMs lose to the memory bus that a hot 2048^3 peak does not show.
 
     python dev/bench_blas.py                          GPT-2 d12 at B=4, T=64
     python dev/bench_blas.py -t 1024
     python dev/bench_blas.py --model stories15M -t 256
     python dev/bench_blas.py --variant 8 --rounds 8   kernels.matmul vs dev/cpu/matmul_8
+    python dev/bench_blas.py --model stories110M -t 256 --cold   hot vs cold caches
 """
 import argparse
 import importlib.util
@@ -29,6 +33,7 @@ sys.path.insert(0, ROOT)
 from dev.bench_step import config_for, json_worker, matmul_shapes  # noqa: E402
 
 LIBRARIES = ("openblas", "mkl")
+CACHES = ("hot", "cold")
 
 
 def parse_args(argv=None):
@@ -42,19 +47,42 @@ def parse_args(argv=None):
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--variant", type=int, help="compare kernels.matmul with dev/cpu/matmul_N "
                    "(on the library LLMPYX_BLAS picks) instead of the two libraries")
+    p.add_argument("--cold", action="store_true", help="compare kernels.matmul with hot and "
+                   "with cold caches (on the library LLMPYX_BLAS picks) instead")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
 
+def last_level_cache_bytes():
+    """The largest cache Linux reports for CPU 0 (256 MiB when it reports none)."""
+    sizes = [256 << 20]
+    base = "/sys/devices/system/cpu/cpu0/cache"
+    for index in os.listdir(base) if os.path.isdir(base) else []:
+        try:
+            with open(os.path.join(base, index, "size")) as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        if text.endswith("K") and text[:-1].isdigit():
+            sizes.append(int(text[:-1]) << 10)
+        elif text.endswith("M") and text[:-1].isdigit():
+            sizes.append(int(text[:-1]) << 20)
+    return max(sizes)
+
+
 def worker(args):
     """{"name": ..., "C,OC": [forward seconds..., backward seconds...]} for one round of the
-    side args.worker: a library (kernels.matmul on it) or a matmul module's name."""
+    side args.worker: a library (kernels.matmul on it), "hot" or "cold" (kernels.matmul on the
+    library in use) or a matmul module's name."""
     from kernels import blas
-    module = "kernels.matmul" if args.worker in LIBRARIES else args.worker
+    module = args.worker if args.worker not in LIBRARIES + CACHES else "kernels.matmul"
     matmul = importlib.import_module(module)
     rng = np.random.default_rng(0)
     BT = args.batch * args.seq
-    result = {"name": blas.LIBRARY if args.worker in LIBRARIES else f"{module} on {blas.LIBRARY}"}
+    result = {"name": {"hot": f"hot ({blas.LIBRARY})", "cold": "cold"}.get(
+        args.worker, blas.LIBRARY if args.worker in LIBRARIES else f"{module} on {blas.LIBRARY}")}
+    flush = np.zeros(2 * last_level_cache_bytes() // 4, np.float32) if args.worker == "cold" \
+        else None
     for C, OC in matmul_shapes(config_for(args)):
         inp = rng.standard_normal((1, BT, C), dtype=np.float32)
         weight = rng.standard_normal((OC, C), dtype=np.float32) * 0.02
@@ -63,14 +91,19 @@ def worker(args):
         dinp, dweight = np.zeros_like(inp), np.zeros_like(weight)
         fwd, bwd = [], []
         for i in range(args.calls + 1):   # the first call of each is a warm-up
+            if flush is not None:
+                flush += 1.0
             t0 = time.perf_counter()
             matmul.forward(out, inp, weight)
             t1 = time.perf_counter()
-            matmul.backward(dinp, dweight, None, dout, inp, weight)
+            if flush is not None:
+                flush += 1.0
             t2 = time.perf_counter()
+            matmul.backward(dinp, dweight, None, dout, inp, weight)
+            t3 = time.perf_counter()
             if i:
                 fwd.append(t1 - t0)
-                bwd.append(t2 - t1)
+                bwd.append(t3 - t2)
         result[f"{C},{OC}"] = [fwd, bwd]
     return result
 
@@ -83,7 +116,11 @@ def main(argv=None):
         return 0
     argv = ["-e", str(args.depth), "-b", str(args.batch), "-t", str(args.seq),
             "--calls", str(args.calls)] + (["--model", args.model] if args.model else [])
-    if args.variant is None:
+    if args.cold and args.variant is not None:
+        sys.exit("dev/bench_blas.py: choose one comparison, --cold or --variant")
+    if args.cold:
+        sides, labels = CACHES, CACHES
+    elif args.variant is None:
         sides, labels = LIBRARIES, ("OpenBLAS", "MKL")
     else:
         sides, labels = ("kernels.matmul", f"dev.cpu.matmul_{args.variant}"), \
@@ -95,7 +132,7 @@ def main(argv=None):
     for _ in range(args.rounds):
         for side in sides:
             env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
-            if args.variant is None:
+            if args.variant is None and not args.cold:
                 env["LLMPYX_BLAS"] = side
             try:
                 got = json_worker(__file__, argv + ["--worker", side], env)
