@@ -55,7 +55,7 @@ def parse_args(argv=None):
 
 def last_level_cache_bytes():
     """The largest cache Linux reports for CPU 0 (256 MiB when it reports none)."""
-    sizes = [256 << 20]
+    sizes = []
     base = "/sys/devices/system/cpu/cpu0/cache"
     for index in os.listdir(base) if os.path.isdir(base) else []:
         try:
@@ -67,7 +67,7 @@ def last_level_cache_bytes():
             sizes.append(int(text[:-1]) << 10)
         elif text.endswith("M") and text[:-1].isdigit():
             sizes.append(int(text[:-1]) << 20)
-    return max(sizes)
+    return max(sizes) if sizes else 256 << 20
 
 
 def worker(args):
