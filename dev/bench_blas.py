@@ -20,6 +20,7 @@ step's GEMMs lose to the memory bus that a hot 2048^3 peak does not show.
     python dev/bench_blas.py --model stories110M -t 256 --cold   hot vs cold caches
 """
 import argparse
+import glob
 import importlib.util
 import os
 import sys
@@ -45,10 +46,12 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=2, help="OMP_NUM_THREADS")
     p.add_argument("--calls", type=int, default=10, help="timed calls per shape and round")
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--variant", type=int, help="compare kernels.matmul with dev/cpu/matmul_N "
-                   "(on the library LLMPYX_BLAS picks) instead of the two libraries")
-    p.add_argument("--cold", action="store_true", help="compare kernels.matmul with hot and "
-                   "with cold caches (on the library LLMPYX_BLAS picks) instead")
+    other = p.add_mutually_exclusive_group()
+    other.add_argument("--variant", type=int, help="compare kernels.matmul with "
+                       "dev/cpu/matmul_N (on the library LLMPYX_BLAS picks) instead of the two "
+                       "libraries")
+    other.add_argument("--cold", action="store_true", help="compare kernels.matmul with hot "
+                       "and with cold caches (on the library LLMPYX_BLAS picks) instead")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -56,18 +59,13 @@ def parse_args(argv=None):
 def last_level_cache_bytes():
     """The largest cache Linux reports for CPU 0 (256 MiB when it reports none)."""
     sizes = []
-    base = "/sys/devices/system/cpu/cpu0/cache"
-    for index in os.listdir(base) if os.path.isdir(base) else []:
-        try:
-            with open(os.path.join(base, index, "size")) as f:
-                text = f.read().strip()
-        except OSError:
-            continue
-        if text.endswith("K") and text[:-1].isdigit():
-            sizes.append(int(text[:-1]) << 10)
-        elif text.endswith("M") and text[:-1].isdigit():
-            sizes.append(int(text[:-1]) << 20)
-    return max(sizes) if sizes else 256 << 20
+    for path in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*/size"):
+        with open(path) as f:
+            text = f.read().strip()   # "2048K", "260M"
+        unit = {"K": 1 << 10, "M": 1 << 20}.get(text[-1:])
+        if unit and text[:-1].isdigit():
+            sizes.append(int(text[:-1]) * unit)
+    return max(sizes, default=256 << 20)
 
 
 def worker(args):
@@ -79,8 +77,13 @@ def worker(args):
     matmul = importlib.import_module(module)
     rng = np.random.default_rng(0)
     BT = args.batch * args.seq
-    result = {"name": {"hot": f"hot ({blas.LIBRARY})", "cold": "cold"}.get(
-        args.worker, blas.LIBRARY if args.worker in LIBRARIES else f"{module} on {blas.LIBRARY}")}
+    if args.worker in LIBRARIES:
+        name = blas.LIBRARY
+    elif args.worker in CACHES:
+        name = f"hot ({blas.LIBRARY})" if args.worker == "hot" else "cold"
+    else:
+        name = f"{module} on {blas.LIBRARY}"
+    result = {"name": name}
     flush = np.zeros(2 * last_level_cache_bytes() // 4, np.float32) if args.worker == "cold" \
         else None
     for C, OC in matmul_shapes(config_for(args)):
@@ -116,8 +119,6 @@ def main(argv=None):
         return 0
     argv = ["-e", str(args.depth), "-b", str(args.batch), "-t", str(args.seq),
             "--calls", str(args.calls)] + (["--model", args.model] if args.model else [])
-    if args.cold and args.variant is not None:
-        sys.exit("dev/bench_blas.py: choose one comparison, --cold or --variant")
     if args.cold:
         sides, labels = CACHES, CACHES
     elif args.variant is None:
@@ -132,7 +133,7 @@ def main(argv=None):
     for _ in range(args.rounds):
         for side in sides:
             env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
-            if args.variant is None and not args.cold:
+            if side in LIBRARIES:
                 env["LLMPYX_BLAS"] = side
             try:
                 got = json_worker(__file__, argv + ["--worker", side], env)
