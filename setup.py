@@ -96,7 +96,16 @@ def product_sources():
     return sources
 
 
+def generate_table_code():
+    """accel/codegen.py: the backend table's struct, wrappers and adapters from accel/spec.py."""
+    sys.path.insert(0, os.path.join(HERE, "accel"))
+    import codegen
+    sys.path.pop(0)
+    codegen.main()
+
+
 def extensions():
+    generate_table_code()
     omp_compile, omp_link = openmp_flags()
     cflags = compile_flags() + omp_compile
     blas_lib_dir = scipy_openblas32.get_lib_dir()

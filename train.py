@@ -637,7 +637,7 @@ def main(argv=None):
         logger.log_json("report", **summary)
         console.print("efficiency report (llmc/report.py):")
         console.table(efficiency.table_rows(summary))
-    if hasattr(model.backend, "summary"):  # check: and profile: say what they saw
+    if model.backend.summary() is not None:  # check: and profile: say what they saw
         console.print(model.backend.summary())
     if args.output_dir is not None and rank == 0:
         path = plot_losses(args.output_dir)

@@ -109,6 +109,7 @@ def activation_shapes(config, int B, int T, bint flash=True):
 cdef class GPT2(Model):
     """GPT-2 with llm.c's memory layout.  See the module docstring for the dimension letters."""
     FAMILY = "gpt2"
+    ENTRY_GROUPS = ("core", "linear", "gpt2")   # its kernels (accel/spec.py); flash when the backend has it
     # the matrices: weight decay applies to them alone with decay_2d_only (llm.c's CUDA trainer)
     MATRICES = frozenset(("wte", "wpe", "qkvw", "attprojw", "fcw", "fcprojw"))
     # the activations whose gradients no backward kernel takes: none are allocated

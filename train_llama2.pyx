@@ -107,6 +107,7 @@ def activation_shapes(config, int B, int T):
 cdef class Llama2(Model):
     """Llama 2 with one buffer per kind, as llm.c.  See the module docstring for the letters."""
     FAMILY = "llama"
+    ENTRY_GROUPS = ("core", "linear", "llama")   # its kernels (accel/spec.py)
     # the matrices: weight decay applies to them alone with decay_2d_only (not the norms)
     MATRICES = frozenset(("tok_embeddings", "wq", "wk", "wv", "wo", "w1", "w2", "w3", "output"))
     # the activations whose gradients no backward kernel takes: none are allocated

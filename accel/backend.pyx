@@ -16,6 +16,7 @@ import os
 import sys
 
 import accel.hip as _hip
+from accel.spec import ENTRY_GROUPS, GROUPS, ORDER
 
 import numpy as np
 
@@ -30,89 +31,47 @@ class BackendError(RuntimeError):
     """A backend that cannot be had or cannot serve a model; the message is one line."""
 
 
-# ----------------------------------------------------------------------------
-# the table's entries, by group (the order of accel/backend.pxd)
+# the struct is the context and then one pointer per entry, in the spec's order
+assert sizeof(BackendTable) == (1 + len(ORDER)) * sizeof(void*), "accel/_table.pxi is stale"
+
+
+cdef void** entry_slots(BackendTable* t) noexcept:
+    """The table's entries as an array, in accel/spec.py's order."""
+    return <void**>&t.ctx + 1
+
 
 cdef list missing_entries(BackendTable* t, tuple groups):
     """The names of the entries of these groups that t leaves NULL."""
-    entries = [
-        ("core", "alloc", t.alloc != NULL),
-        ("core", "free", t.free != NULL),
-        ("core", "zero", t.zero != NULL),
-        ("core", "copy_to_backend", t.copy_to_backend != NULL),
-        ("core", "copy_to_host", t.copy_to_host != NULL),
-        ("core", "synchronize", t.synchronize != NULL),
-        ("core", "last_error", t.last_error != NULL),
-        ("core", "mark", t.mark != NULL),
-        ("core", "fill", t.fill != NULL),
-        ("core", "mean", t.mean != NULL),
-        ("core", "adamw_update", t.adamw_update != NULL),
-        ("core", "global_norm_squared", t.global_norm_squared != NULL),
-        ("gpt2", "encoder_forward", t.encoder_forward != NULL),
-        ("gpt2", "encoder_backward", t.encoder_backward != NULL),
-        ("gpt2", "layernorm_forward", t.layernorm_forward != NULL),
-        ("gpt2", "layernorm_backward", t.layernorm_backward != NULL),
-        ("gpt2", "matmul_forward", t.matmul_forward != NULL),
-        ("gpt2", "matmul_backward", t.matmul_backward != NULL),
-        ("gpt2", "attention_forward", t.attention_forward != NULL),
-        ("gpt2", "attention_backward", t.attention_backward != NULL),
-        ("gpt2", "gelu_forward", t.gelu_forward != NULL),
-        ("gpt2", "gelu_backward", t.gelu_backward != NULL),
-        ("gpt2", "residual_forward", t.residual_forward != NULL),
-        ("gpt2", "residual_backward", t.residual_backward != NULL),
-        ("gpt2", "softmax_forward", t.softmax_forward != NULL),
-        ("gpt2", "crossentropy_forward", t.crossentropy_forward != NULL),
-        ("gpt2", "crossentropy_softmax_backward", t.crossentropy_softmax_backward != NULL),
-        ("llama", "embedding_forward", t.embedding_forward != NULL),
-        ("llama", "embedding_backward", t.embedding_backward != NULL),
-        ("llama", "rmsnorm_forward", t.rmsnorm_forward != NULL),
-        ("llama", "rmsnorm_backward", t.rmsnorm_backward != NULL),
-        ("llama", "rope_forward", t.rope_forward != NULL),
-        ("llama", "rope_backward", t.rope_backward != NULL),
-        ("llama", "swiglu_forward", t.swiglu_forward != NULL),
-        ("llama", "swiglu_backward", t.swiglu_backward != NULL),
-        ("llama", "attention_gqa_forward", t.attention_gqa_forward != NULL),
-        ("llama", "attention_gqa_backward", t.attention_gqa_backward != NULL),
-        ("llama", "classifier_forward", t.classifier_forward != NULL),
-        ("llama", "classifier_backward", t.classifier_backward != NULL),
-        ("flash", "flash_attention_forward", t.flash_attention_forward != NULL),
-        ("flash", "flash_attention_backward", t.flash_attention_backward != NULL),
-    ]
-    return [name for group, name, present in entries if group in groups and not present]
+    cdef void** slots = entry_slots(t)
+    return [name for i, name in enumerate(ORDER)
+            if slots[i] == NULL and any(name in ENTRY_GROUPS[g] for g in groups)]
 
 
-cdef BackendTable _empty_table
-ENTRY_GROUPS = {group: missing_entries(&_empty_table, (group,))
-                for group in ("core", "gpt2", "llama", "flash")}
-# the groups a model family runs on, where it is more than its own: Llama's projections and
-# residual connections are gpt2's entries (matmul without bias, residual)
-FAMILY_GROUPS = {"llama": ("gpt2", "llama")}
-
-
-def family_groups(tuple families):
-    """The entry groups a backend running these model families must fill, core first."""
-    groups = ["core"]
-    for family in families:
-        groups += [g for g in FAMILY_GROUPS.get(family, (family,)) if g not in groups]
-    return tuple(groups)
+def _with_core(groups):
+    return ("core",) + tuple(g for g in groups if g != "core")
 
 
 cdef class Backend:
-    """A context and its table.  Made by a backend module's create(), checked on the spot."""
+    """A context and its table.  Made by a backend module's create(), checked on the spot.
 
-    def __init__(self, str name, bint host_visible, tuple families, keepalive=None):
+    Optional features, with their defaults here, which a backend overrides where it has them:
+    tolerances (check:'s relative tolerance by entry, where the backend computes in lower
+    precision), peak_tflops, compile_seconds (time spent compiling programs), summary()."""
+
+    def __init__(self, str name, bint host_visible, tuple groups, keepalive=None):
         self.name = name
         self.host_visible = host_visible
-        self.families = families
+        self.groups = _with_core(groups)
         self.keepalive = keepalive
+        self.tolerances = {}
 
     cdef void validate(self) except *:
-        """Refuse a table that lacks an entry of the core or of a family it claims."""
-        unknown = [f for f in self.families if f not in ENTRY_GROUPS]
+        """Refuse a table that lacks an entry of a group it claims."""
+        unknown = [g for g in self.groups if g not in GROUPS]
         if unknown:
-            raise BackendError(f"backend '{self.name}': unknown model family {unknown[0]!r} "
-                               f"(known: {', '.join(g for g in ENTRY_GROUPS if g != 'core')})")
-        missing = missing_entries(&self.table, family_groups(self.families))
+            raise BackendError(f"backend '{self.name}': unknown entry group {unknown[0]!r} "
+                               f"(known: {', '.join(GROUPS)})")
+        missing = missing_entries(&self.table, self.groups)
         if missing:
             raise BackendError(f"backend '{self.name}': its table has no entry '{missing[0]}'"
                                + (f" (nor {len(missing) - 1} more)" if len(missing) > 1 else ""))
@@ -120,30 +79,38 @@ cdef class Backend:
     def _without_entry(self, str entry):
         """A copy of this backend with one entry left out (tests of the validation); raises
         BackendError as a backend module's create() would."""
-        names = [name for group in ENTRY_GROUPS.values() for name in group]   # the table's order
-        assert sizeof(BackendTable) == (1 + len(names)) * sizeof(void*)
-        cdef Backend copy = Backend(self.name, self.host_visible, self.families, self)
+        cdef Backend copy = Backend(self.name, self.host_visible, self.groups, self)
         copy.table = self.table
-        (<void**>&copy.table.alloc)[names.index(entry)] = NULL
+        entry_slots(&copy.table)[ORDER.index(entry)] = NULL
         copy.validate()
         return copy
 
-    def _with_families(self, tuple families):
-        """A copy of this backend claiming only these model families (tests of
-        Model's refusal of a backend without its family)."""
-        cdef Backend copy = Backend(self.name, self.host_visible, families, self)
+    def _with_groups(self, tuple groups):
+        """A copy of this backend claiming only these entry groups (tests of a model's
+        refusal of a backend without its kernels)."""
+        cdef Backend copy = Backend(self.name, self.host_visible, groups, self)
         copy.table = self.table
         copy.validate()
         return copy
 
-    def supports(self, str family):
-        return family in self.families
+    def supports(self, str group):
+        """Whether the table fills this entry group (flash: the model uses it when there)."""
+        return group in self.groups
 
-    def require(self, str family):
-        """Raise BackendError unless this backend has the kernels of this model family."""
-        if family not in self.families:
-            raise BackendError(f"backend '{self.name}' has no {family} kernels (it runs: "
-                               f"{', '.join(self.families) or 'no model'})")
+    def require(self, tuple groups, str who):
+        """Raise BackendError unless this backend fills these entry groups, which `who` (a
+        model family) needs."""
+        missing = [g for g in groups if g not in self.groups]
+        if missing:
+            raise BackendError(f"backend '{self.name}' has no {missing[0]} kernels, which the {who} "
+                               f"family needs (it fills: {', '.join(self.groups)})")
+
+    peak_tflops = None
+    compile_seconds = 0.0
+
+    def summary(self):
+        """One line on what a wrapper saw (check:, profile:); None for a plain backend."""
+        return None
 
     def alloc(self, Py_ssize_t nbytes):
         """A zeroed Buffer of nbytes on this backend."""
@@ -161,108 +128,38 @@ cdef class Backend:
 
     def call(self, str entry, *args):
         """Run one entry of the table from Python (tests, dev/ab.py): a Buffer or None for each
-        pointer, numbers for the rest, in the entry's order without ctx.  Returns what the entry
-        returns (mean, global_norm_squared), else None."""
-        cdef BackendTable* t = &self.table
-        cdef void* c = t.ctx
-        for group, names in ENTRY_GROUPS.items():
-            if group != "core" and entry in names:
-                self.require(group)   # its entries may be NULL
-        a = args
-        try:
-            if entry == "fill":
-                t.fill(c, f(a[0]), a[1], a[2])
-            elif entry == "mean":
-                return t.mean(c, f(a[0]), a[1])
-            elif entry == "adamw_update":
-                t.adamw_update(c, f(a[0]), f(a[1]), f(a[2]), f(a[3]), a[4], a[5], a[6], a[7], a[8],
-                               a[9], a[10], a[11])
-            elif entry == "global_norm_squared":
-                return t.global_norm_squared(c, f(a[0]), a[1])
-            elif entry == "encoder_forward":
-                t.encoder_forward(c, f(a[0]), i(a[1]), f(a[2]), f(a[3]), a[4], a[5], a[6])
-            elif entry == "encoder_backward":
-                t.encoder_backward(c, f(a[0]), f(a[1]), f(a[2]), i(a[3]), a[4], a[5], a[6], a[7])
-            elif entry == "layernorm_forward":
-                t.layernorm_forward(c, f(a[0]), f(a[1]), f(a[2]), f(a[3]), f(a[4]), f(a[5]),
-                                    a[6], a[7], a[8])
-            elif entry == "layernorm_backward":
-                t.layernorm_backward(c, f(a[0]), f(a[1]), f(a[2]), f(a[3]), f(a[4]), f(a[5]),
-                                     f(a[6]), f(a[7]), a[8], a[9], a[10])
-            elif entry == "matmul_forward":
-                t.matmul_forward(c, f(a[0]), f(a[1]), f(a[2]), f(a[3]), a[4], a[5], a[6], a[7])
-            elif entry == "matmul_backward":
-                t.matmul_backward(c, f(a[0]), f(a[1]), f(a[2]), f(a[3]), f(a[4]), f(a[5]),
-                                  a[6], a[7], a[8], a[9])
-            elif entry == "attention_forward":
-                t.attention_forward(c, f(a[0]), f(a[1]), f(a[2]), f(a[3]), a[4], a[5], a[6], a[7])
-            elif entry == "attention_backward":
-                t.attention_backward(c, f(a[0]), f(a[1]), f(a[2]), f(a[3]), f(a[4]), f(a[5]),
-                                     a[6], a[7], a[8], a[9])
-            elif entry == "gelu_forward":
-                t.gelu_forward(c, f(a[0]), f(a[1]), a[2])
-            elif entry == "gelu_backward":
-                t.gelu_backward(c, f(a[0]), f(a[1]), f(a[2]), a[3])
-            elif entry == "residual_forward":
-                t.residual_forward(c, f(a[0]), f(a[1]), f(a[2]), a[3])
-            elif entry == "residual_backward":
-                t.residual_backward(c, f(a[0]), f(a[1]), f(a[2]), a[3])
-            elif entry == "softmax_forward":
-                t.softmax_forward(c, f(a[0]), f(a[1]), a[2], a[3], a[4], a[5])
-            elif entry == "crossentropy_forward":
-                t.crossentropy_forward(c, f(a[0]), f(a[1]), i(a[2]), a[3], a[4], a[5])
-            elif entry == "crossentropy_softmax_backward":
-                t.crossentropy_softmax_backward(c, f(a[0]), f(a[1]), f(a[2]), i(a[3]), a[4], a[5],
-                                                a[6], a[7])
-            elif entry == "embedding_forward":
-                t.embedding_forward(c, f(a[0]), i(a[1]), f(a[2]), a[3], a[4], a[5])
-            elif entry == "embedding_backward":
-                t.embedding_backward(c, f(a[0]), f(a[1]), i(a[2]), a[3], a[4], a[5], a[6])
-            elif entry == "rmsnorm_forward":
-                t.rmsnorm_forward(c, f(a[0]), f(a[1]), f(a[2]), f(a[3]), a[4], a[5], a[6], a[7])
-            elif entry == "rmsnorm_backward":
-                t.rmsnorm_backward(c, f(a[0]), f(a[1]), f(a[2]), f(a[3]), f(a[4]), f(a[5]),
-                                   a[6], a[7], a[8])
-            elif entry == "rope_forward":
-                t.rope_forward(c, f(a[0]), f(a[1]), f(a[2]), f(a[3]), a[4], a[5], a[6], a[7])
-            elif entry == "rope_backward":
-                t.rope_backward(c, f(a[0]), f(a[1]), f(a[2]), f(a[3]), a[4], a[5], a[6], a[7])
-            elif entry == "swiglu_forward":
-                t.swiglu_forward(c, f(a[0]), f(a[1]), f(a[2]), a[3])
-            elif entry == "swiglu_backward":
-                t.swiglu_backward(c, f(a[0]), f(a[1]), f(a[2]), f(a[3]), f(a[4]), a[5])
-            elif entry == "attention_gqa_forward":
-                t.attention_gqa_forward(c, f(a[0]), f(a[1]), f(a[2]), f(a[3]), f(a[4]),
-                                        a[5], a[6], a[7], a[8], a[9])
-            elif entry == "attention_gqa_backward":
-                t.attention_gqa_backward(c, f(a[0]), f(a[1]), f(a[2]), f(a[3]), f(a[4]), f(a[5]),
-                                         f(a[6]), f(a[7]), a[8], a[9], a[10], a[11], a[12])
-            elif entry == "classifier_forward":
-                t.classifier_forward(c, f(a[0]), f(a[1]), f(a[2]), i(a[3]), a[4], a[5], a[6])
-            elif entry == "classifier_backward":
-                t.classifier_backward(c, f(a[0]), f(a[1]), f(a[2]), f(a[3]), i(a[4]), a[5], a[6],
-                                      a[7])
-            elif entry == "flash_attention_forward":
-                t.flash_attention_forward(c, f(a[0]), f(a[1]), f(a[2]), a[3], a[4], a[5], a[6])
-            elif entry == "flash_attention_backward":
-                t.flash_attention_backward(c, f(a[0]), f(a[1]), f(a[2]), f(a[3]), f(a[4]), a[5],
-                                           a[6], a[7], a[8])
-            else:
-                raise ValueError(f"no kernel entry {entry!r} (memory goes through Buffer)")
-        except IndexError:
-            raise TypeError(f"{entry}: too few arguments ({len(args)})") from None
-        self.check_error()
+        pointer, numbers for the rest, in the entry's order without ctx (accel/spec.py).
+        Returns what the entry returns (mean, global_norm_squared), else None."""
+        if entry in ORDER:
+            group = next(g for g, names in ENTRY_GROUPS.items() if entry in names)
+            if group not in self.groups:   # its entries may be NULL
+                raise BackendError(f"backend '{self.name}' has no {group} kernels ({entry})")
+        return call_entry(self, entry, args)
 
     def __repr__(self):
         return f"<Backend {self.name}>"
 
 
-cdef float* f(buffer) except? NULL:
-    return NULL if buffer is None else <float*>(<Buffer?>buffer).ptr
+cdef void* pointer(str entry, str name, value, bint optional, Py_ssize_t nbytes) except? NULL:
+    """A Buffer's pointer for an entry's argument, or NULL for None where the entry allows it;
+    a Buffer shorter than what the entry touches (nbytes, 0 if unknown) is refused."""
+    if value is None:
+        if not optional:
+            raise ValueError(f"{entry}: argument '{name}' cannot be None")
+        return NULL
+    cdef Buffer buffer = <Buffer?>value
+    if <Py_ssize_t>buffer.nbytes < nbytes:
+        raise ValueError(f"{entry}: argument '{name}' has {buffer.nbytes} bytes, the call "
+                         f"touches {nbytes}")
+    return buffer.ptr
 
 
-cdef int* i(buffer) except? NULL:
-    return NULL if buffer is None else <int*>(<Buffer?>buffer).ptr
+cdef void arity(str entry, tuple args, int count) except *:
+    if len(args) != count:
+        raise TypeError(f"{entry}: takes {count} arguments after ctx ({len(args)} given)")
+
+
+include "accel/_call.pxi"
 
 
 cdef class Buffer:

@@ -2,7 +2,8 @@
 The model-generic core: what every model family shares, written once.
 
 A family (GPT-2 in train_gpt2.pyx) subclasses Model and gives
-    FAMILY                      the backend kernels it needs ("gpt2")
+    FAMILY                      its name ("gpt2")
+    ENTRY_GROUPS                the backend's entry groups it runs on (accel/spec.py)
     MATRICES                    the parameter tensors weight decay applies to (decay_2d_only)
     NO_GRAD                     the activations no backward kernel needs a gradient of
     config.param_shapes()       its parameters, [(name, shape)] in file order
@@ -69,6 +70,7 @@ cdef inline int* ints(Buffer buffer) noexcept:
 
 cdef class Model:
     FAMILY = None
+    ENTRY_GROUPS = ()
     MATRICES = frozenset()
     NO_GRAD = frozenset()
 
@@ -77,7 +79,7 @@ cdef class Model:
         accel.backend.get_backend, or a Backend), keeping activations by a recompute policy
         (llmc.recompute.POLICIES)."""
         self.backend = get_backend(backend)
-        self.backend.require(self.FAMILY)
+        self.backend.require(self.ENTRY_GROUPS, self.FAMILY)
         self.b = self.backend.table
         self.config = config
         self.param_layout = Layout(config.param_shapes())

@@ -38,23 +38,12 @@ __all__ = ["Efficiency", "LOG_NAME", "device_peak"]
 LOG_NAME = "log.jsonl"   # train.py --json-log's file in -o DIR when no FILE is given
 
 
-def _backend_attribute(backend, name):
-    """The backend's attribute, or that of the backend a check:/profile:/guard: wraps; None."""
-    while backend is not None:
-        value = getattr(backend, name, None)
-        if value is not None:
-            return value
-        backend = getattr(backend, "target", None)
-    return None
-
-
 def device_peak(backend, peak_tflops=None):
     """(peak TFLOPS of one process, where the number comes from), or (None, why not)."""
     if peak_tflops is not None:
         return float(peak_tflops), "--peak-tflops"
-    hook = _backend_attribute(backend, "peak_tflops")
-    if hook is not None:
-        return float(hook), f"{backend.name}'s peak_tflops"
+    if backend.peak_tflops is not None:
+        return float(backend.peak_tflops), f"{backend.name}'s peak_tflops"
     if backend.host_visible:
         from llmc.plan import measure_gflops
         return measure_gflops() / 1e3, "kernels.matmul's sgemm, measured now"
@@ -96,7 +85,7 @@ class Efficiency:
                     profile_groups=self.profiled)
 
     def _compile_seconds(self):
-        return float(_backend_attribute(self.backend, "compile_seconds") or 0.0)
+        return float(self.backend.compile_seconds)
 
     def begin(self):
         """Before a step: where the compile and kernel clocks stand."""

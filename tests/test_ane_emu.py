@@ -13,8 +13,7 @@ pytest.importorskip("accel.ane.mil")   # coremltools, imported quietly there
 
 import llmc_io  # noqa: E402
 from accel.backend import BackendError, get_backend  # noqa: E402
-from test_backend import run_every_entry  # noqa: E402
-from test_llama_model import run_every_llama_entry  # noqa: E402
+from entries import run_every_entry  # noqa: E402
 from test_train import run_train, step_losses  # noqa: E402
 
 emulated = pytest.importorskip("accel.ane.emulated")
@@ -24,7 +23,6 @@ ANE_ENTRIES = sorted(emulated.TOLERANCES)
 def test_every_entry_passes_check_ane_emu():
     backend = get_backend("check:ane-emu")
     run_every_entry(backend)
-    run_every_llama_entry(backend)
     report = backend.report()
     assert report["mismatches"] == 0, backend.summary()
     assert all(report["entries"][name]["compared"] > 0 for name in ANE_ENTRIES)
@@ -114,7 +112,7 @@ def test_check_names_a_planted_fault_in_an_ane_program(monkeypatch):
         np.arange(S)[None, :] >= (np.arange(G * S) % S)[:, None], mil.MASK_VALUE, 0).astype(
         np.float16))
     backend = get_backend("check:ane-emu")
-    run_every_llama_entry(backend)
+    run_every_entry(backend, groups=("llama",))
     report = backend.report()
     assert report["first"]["entry"] == "attention_gqa_forward"
     assert {name for name, e in report["entries"].items() if e["mismatches"]} == {

@@ -7,8 +7,11 @@ import sys
 import numpy as np
 import pytest
 
-from accel import cpu, instrument
-from accel.backend import ENTRY_GROUPS, Backend, BackendError, backend_names, get_backend
+from accel import instrument
+from accel.backend import Backend, BackendError, backend_names, get_backend
+from accel.spec import ENTRIES, ORDER
+from entries import run_every_entry
+from faults import FAULTS, LLAMA_FAULTS, faulty_cpu
 from llmc_io import GPT2Config, read_checkpoint, read_debug_state
 from train_gpt2 import GPT2
 
@@ -43,94 +46,48 @@ def test_unknown_wrapper_and_bad_inner_backend():
 
 def test_every_missing_entry_is_refused_by_name():
     backend = get_backend("cpu")
-    for entry in ENTRY_GROUPS["core"] + ENTRY_GROUPS["gpt2"] + ENTRY_GROUPS["flash"]:
+    for entry in ORDER:
         with pytest.raises(BackendError, match=f"its table has no entry '{entry}'"):
             backend._without_entry(entry)
 
 
-def test_model_refuses_a_backend_without_its_family():
-    with pytest.raises(BackendError, match="has no gpt2 kernels"):
+def test_model_refuses_a_backend_without_its_kernels():
+    with pytest.raises(BackendError, match="has no linear kernels, which the gpt2 family needs"):
         GPT2(GPT2Config.from_depth(1, max_seq_len=8, vocab_size=16),
              backend=Backend("memory-only", True, ()))
 
 
-# --- every entry through check:, at odd shapes -----------------------------------------------
-
-def run_every_entry(backend, seed=0):
-    """Call each kernel entry of the table once on random data of odd sizes."""
-    rng = np.random.default_rng(seed)
-    B, T, C, NH, V, Vp, maxT = 3, 7, 20, 4, 37, 40, 9
-    OC = 3 * C
-
-    def buf(*shape, scale=1.0):
-        b = backend.alloc(4 * int(np.prod(shape)))
-        b.load((rng.standard_normal(shape) * scale).astype(np.float32))
-        return b
-
-    def tokens(high):
-        b = backend.alloc(4 * B * T)
-        b.load(rng.integers(0, high, (B, T)).astype(np.int32))
-        return b
-
-    inp, tgt = tokens(V), tokens(V)
-    out = buf(B, T, C)
-    backend.call("encoder_forward", out, inp, buf(Vp, C), buf(maxT, C), B, T, C)
-    backend.call("encoder_backward", buf(Vp, C), buf(maxT, C), buf(B, T, C), inp, B, T, C, Vp)
-    backend.call("layernorm_forward", buf(B, T, C), buf(B, T), buf(B, T), buf(B, T, C), buf(C),
-                 buf(C), B, T, C)
-    backend.call("layernorm_backward", buf(B, T, C), buf(C), buf(C), buf(B, T, C), buf(B, T, C),
-                 buf(C), buf(B, T), buf(B, T, scale=0.1), B, T, C)
-    backend.call("matmul_forward", buf(B, T, OC), buf(B, T, C), buf(OC, C), buf(OC), B, T, C, OC)
-    backend.call("matmul_forward", buf(B, T, OC), buf(B, T, C), buf(OC, C), None, B, T, C, OC)
-    backend.call("matmul_backward", buf(B, T, C), buf(OC, C), buf(OC), buf(B, T, OC),
-                 buf(B, T, C), buf(OC, C), B, T, C, OC)
-    att = backend.alloc(4 * B * NH * T * T)
-    qkv = buf(B, T, 3 * C)
-    backend.call("attention_forward", buf(B, T, C), backend.alloc(4 * B * NH * T * T), att, qkv,
-                 B, T, C, NH)
-    backend.call("attention_backward", buf(B, T, 3 * C), backend.alloc(4 * B * NH * T * T),
-                 backend.alloc(4 * B * NH * T * T), buf(B, T, C), qkv, att, B, T, C, NH)
-    if backend.supports("flash"):
-        atty, lse = backend.alloc(4 * B * T * C), backend.alloc(4 * B * NH * T)
-        backend.call("flash_attention_forward", atty, lse, qkv, B, T, C, NH)
-        backend.call("flash_attention_backward", buf(B, T, 3 * C), buf(B, T, C), qkv, atty, lse,
-                     B, T, C, NH)
-    N = B * T * 4 * C
-    backend.call("gelu_forward", buf(N), buf(N), N)
-    backend.call("gelu_backward", buf(N), buf(N), buf(N), N)
-    backend.call("residual_forward", buf(N), buf(N), buf(N), N)
-    backend.call("residual_backward", buf(N), buf(N), buf(N), N)
-    logits, probs = buf(B, T, Vp), buf(B, T, Vp)
-    backend.call("softmax_forward", probs, logits, B, T, V, Vp)
-    backend.call("crossentropy_forward", buf(B, T), probs, tgt, B, T, Vp)
-    backend.call("crossentropy_softmax_backward", buf(B, T, Vp), buf(B, T), probs, tgt, B, T, V, Vp)
-    n = 101
-    backend.call("fill", buf(n), 0.25, n)
-    assert np.isfinite(backend.call("mean", buf(n), n))
-    assert backend.call("global_norm_squared", buf(n), n) > 0
-    v = backend.alloc(4 * n)
-    v.load(rng.random(n).astype(np.float32))   # AdamW's second moments are never negative
-    backend.call("adamw_update", buf(n), buf(n), v, buf(n), n, 1e-3, 0.9, 0.999, 1e-8, 0.01, 1.0, 3)
-
+# --- every entry through check:, at odd shapes and at d12's widths ---------------------------
 
 def test_every_entry_passes_check_cpu():
     backend = get_backend("check:cpu")
     run_every_entry(backend)
     report = backend.report()
     assert report["mismatches"] == 0, backend.summary()
-    kernels = (set(ENTRY_GROUPS["gpt2"]) | set(ENTRY_GROUPS["flash"])
-               | {"fill", "mean", "adamw_update", "global_norm_squared"})
+    kernels = {e.name for e in ENTRIES if e.wrap}
     assert kernels <= set(report["entries"]), kernels - set(report["entries"])
     assert all(report["entries"][k]["compared"] > 0 for k in kernels)
 
 
-@pytest.mark.parametrize("fault", cpu.FAULTS)
+@pytest.mark.parametrize("fault", FAULTS + LLAMA_FAULTS)
 def test_check_names_a_planted_fault_in_one_call(fault):
-    backend = instrument.create("check", cpu.create(fault=fault))
+    backend = instrument.create("check", faulty_cpu(fault))
     run_every_entry(backend)
     report = backend.report()
     assert report["first"]["entry"] == fault
     assert {name for name, e in report["entries"].items() if e["mismatches"]} == {fault}
+
+
+def test_call_refuses_a_short_buffer_and_a_missing_pointer():
+    backend = get_backend("cpu")
+    B, T, C, OC = 2, 3, 4, 5
+    short, inp, weight = backend.alloc(4 * B * T * OC - 4), backend.alloc(4 * B * T * C), backend.alloc(4 * OC * C)
+    with pytest.raises(ValueError, match="matmul_forward: argument 'out' has 116 bytes, the call touches 120"):
+        backend.call("matmul_forward", short, inp, weight, None, B, T, C, OC)
+    with pytest.raises(ValueError, match="argument 'inp' cannot be None"):
+        backend.call("matmul_forward", backend.alloc(4 * B * T * OC), None, weight, None, B, T, C, OC)
+    with pytest.raises(TypeError, match="takes 8 arguments"):
+        backend.call("matmul_forward", inp, B, T)
 
 
 # --- the model on check:, guard: and profile: --------------------------------------------------
@@ -162,7 +119,7 @@ def test_check_cpu_model_matches_cpu_and_reports_nothing():
 
 @pytest.mark.parametrize("fault, layer", [("gelu_forward", 0), ("layernorm_backward", -1)])
 def test_check_names_the_broken_kernel_its_step_and_layer(fault, layer):
-    model, _, _ = fixture_step(instrument.create("check", cpu.create(fault=fault)))
+    model, _, _ = fixture_step(instrument.create("check", faulty_cpu(fault)))
     first = model.backend.report()["first"]
     assert (first["entry"], first["step"], first["layer"]) == (fault, 0, layer)
     assert first["rel_error"] > 0.1
@@ -172,7 +129,7 @@ def test_check_names_the_broken_kernel_its_step_and_layer(fault, layer):
 def test_check_carries_on_from_the_oracle():
     """A broken gelu_forward is replaced by the oracle's output, so the loss stays right."""
     _, cpu_losses, _ = fixture_step("cpu")
-    _, losses, _ = fixture_step(instrument.create("check", cpu.create(fault="gelu_forward")))
+    _, losses, _ = fixture_step(instrument.create("check", faulty_cpu("gelu_forward")))
     np.testing.assert_allclose(losses, cpu_losses, rtol=1e-6)
 
 

@@ -188,7 +188,7 @@ def test_gpt2_uses_flash_where_the_backend_has_it():
 
 def test_check_claims_only_what_the_oracle_has():
     backend = instrument.create("check", cpu.create(flash=False))
-    assert "gpt2" in backend.families and "flash" not in backend.families
+    assert "gpt2" in backend.groups and "flash" not in backend.groups
     model, _ = two_steps(backend, T=9)
     assert not model.flash and backend.report()["mismatches"] == 0
     model, _ = two_steps("check:cpu", T=9)

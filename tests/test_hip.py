@@ -18,9 +18,10 @@ import numpy as np
 import pytest
 
 from accel import instrument
-from accel.backend import ENTRY_GROUPS, BackendError, get_backend
+from accel.backend import BackendError, get_backend
+from accel.spec import BY_NAME, entries_of
 from llmc_io import GPT2Config
-from test_backend import run_every_entry
+from entries import run_every_entry
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -36,7 +37,7 @@ pytestmark = pytest.mark.skipif(shutil.which(CXX) is None or shutil.which("make"
 SCHEDULES = [("lockstep", 1), ("lockstep-reverse", 1), ("warp-ahead", 1), ("warp-ahead-reverse", 1),
              ("shuffled", 1), ("shuffled", 2)]
 WARP_SIZES = (32, 64)
-KERNELS = set(ENTRY_GROUPS["gpt2"]) | {"fill", "mean", "adamw_update", "global_norm_squared"}
+KERNELS = {name for name in entries_of(("core", "linear", "gpt2")) if BY_NAME[name].wrap}
 PLANTS = {"missing_barrier": "ACCEL_HIP_PLANT_MISSING_BARRIER", "warp32": "ACCEL_HIP_PLANT_WARP32"}
 
 
@@ -166,7 +167,7 @@ import sys
 from accel import instrument
 from accel.hip import device
 sys.path.insert(0, {tests!r})
-from test_backend import run_every_entry
+from entries import run_every_entry
 backend = instrument.create("check", device.load(sys.argv[1], "hip-emu"))
 run_every_entry(backend)
 print(backend.summary())

@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 
 import test_llama2
-from accel import cpu, instrument
+from accel import instrument
+from entries import run_every_entry
+from faults import LLAMA_FAULTS, faulty_cpu
 from accel.backend import ENTRY_GROUPS, BackendError, get_backend
 from llmc_io import LlamaConfig, param_views, read_debug_state, write_debug_state
 from train_llama2 import Llama2
@@ -149,52 +151,18 @@ def test_fixture_passes_on_wrapped_backends(backend):
 
 # --- the llama group of the backend table ------------------------------------------------------
 
-def run_every_llama_entry(backend, seed=0):
-    """Call each entry of the llama group once on random data of odd sizes."""
-    rng = np.random.default_rng(seed)
-    B, T, C, NH, NKV, hs, V, maxT = 3, 7, 20, 6, 2, 6, 37, 9
-
-    def buf(*shape, scale=1.0):
-        b = backend.alloc(4 * int(np.prod(shape)))
-        b.load((rng.standard_normal(shape) * scale).astype(np.float32))
-        return b
-
-    inp = backend.alloc(4 * B * T)
-    inp.load(rng.integers(0, V, (B, T)).astype(np.int32))
-    backend.call("embedding_forward", buf(B, T, C), inp, buf(V, C), B, T, C)
-    backend.call("embedding_backward", buf(V, C), buf(B, T, C), inp, B, T, C, V)
-    backend.call("rmsnorm_forward", buf(B, T, C), buf(B, T), buf(B, T, C), buf(C), 1e-5, B, T, C)
-    backend.call("rmsnorm_backward", buf(B, T, C), buf(C), buf(B, T, C), buf(B, T, C), buf(C),
-                 buf(B, T, scale=0.1), B, T, C)
-    cos, sin = buf(maxT, hs // 2), buf(maxT, hs // 2)
-    backend.call("rope_forward", buf(B, T, NH, hs), buf(B, T, NH, hs), cos, sin, B, T, NH, hs)
-    backend.call("rope_backward", buf(B, T, NKV, hs), buf(B, T, NKV, hs), cos, sin, B, T, NKV, hs)
-    N = B * T * 13
-    backend.call("swiglu_forward", buf(N), buf(N), buf(N), N)
-    backend.call("swiglu_backward", buf(N), buf(N), buf(N), buf(N), buf(N), N)
-    q, k, v = buf(B, T, NH, hs), buf(B, T, NKV, hs), buf(B, T, NKV, hs)
-    att = backend.alloc(4 * B * NH * T * T)
-    backend.call("attention_gqa_forward", buf(B, T, NH, hs), att, q, k, v, B, T, NH, NKV, hs)
-    backend.call("attention_gqa_backward", buf(B, T, NH, hs), buf(B, T, NKV, hs),
-                 buf(B, T, NKV, hs), buf(B, T, NH, hs), q, k, v, att, B, T, NH, NKV, hs)
-    logits, logsum = buf(B, T, V, scale=3.0), backend.alloc(4 * B * T)
-    backend.call("classifier_forward", buf(B, T), logsum, logits, inp, B, T, V)
-    backend.call("classifier_forward", None, logsum, logits, None, B, T, V)
-    backend.call("classifier_backward", buf(B, T, V), buf(B, T), logits, logsum, inp, B, T, V)
-
-
 def test_every_llama_entry_passes_check_cpu():
     backend = get_backend("check:cpu")
-    run_every_llama_entry(backend)
+    run_every_entry(backend, groups=("llama",))
     report = backend.report()
     assert report["mismatches"] == 0, backend.summary()
     assert all(report["entries"][name]["compared"] > 0 for name in ENTRY_GROUPS["llama"])
 
 
 def test_check_names_a_planted_fault_in_a_llama_entry():
-    for fault in cpu.LLAMA_FAULTS:
-        backend = instrument.create("check", cpu.create(fault=fault))
-        run_every_llama_entry(backend)
+    for fault in LLAMA_FAULTS:
+        backend = instrument.create("check", faulty_cpu(fault))
+        run_every_entry(backend, groups=("llama",))
         report = backend.report()
         assert report["first"]["entry"] == fault
         assert {name for name, e in report["entries"].items() if e["mismatches"]} == {fault}
@@ -202,7 +170,7 @@ def test_check_names_a_planted_fault_in_a_llama_entry():
 
 def test_check_names_the_broken_kernel_in_the_model_and_carries_on():
     x, y = batch(TINY_GQA, 3, 5)
-    model = Llama2.random(TINY_GQA, seed=0, backend=instrument.create("check", cpu.create(fault="rope_backward")))
+    model = Llama2.random(TINY_GQA, seed=0, backend=instrument.create("check", faulty_cpu("rope_backward")))
     reference = Llama2.random(TINY_GQA, seed=0)
     assert forward_backward(model, x, y) == forward_backward(reference, x, y)
     first = model.backend.report()["first"]
@@ -218,10 +186,11 @@ def test_every_missing_llama_entry_is_refused_by_name():
 
 
 def test_a_backend_without_the_llama_group_is_refused_in_one_line():
-    gpt2_only = get_backend("cpu")._with_families(("gpt2",))
+    gpt2_only = get_backend("cpu")._with_groups(("linear", "gpt2"))
     with pytest.raises(BackendError) as e:
         Llama2(TINY_MQA, backend=gpt2_only)
-    assert str(e.value) == "backend 'cpu' has no llama kernels (it runs: gpt2)"
+    assert str(e.value) == ("backend 'cpu' has no llama kernels, which the llama family needs "
+                            "(it fills: core, linear, gpt2)")
 
 
 @pytest.mark.parametrize("backend", ["check:cpu", "guard:cpu", "profile:cpu"])

@@ -17,15 +17,16 @@ import numpy as np
 import pytest
 
 from accel import instrument
-from accel.backend import BackendError, ENTRY_GROUPS, get_backend
-from test_backend import run_every_entry
+from accel.backend import BackendError, get_backend
+from accel.spec import BY_NAME, entries_of
+from entries import run_every_entry
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ROOT / "accel" / "metal" / "gpt2.metal"
 LIBRARY = ROOT / "accel" / "metal" / "build" / "libmetal_emu.so"
 SCHEDULES = [("lockstep", 1), ("lockstep-reverse", 1), ("warp-ahead", 1), ("warp-ahead-reverse", 1),
              ("shuffled", 1), ("shuffled", 2)]
-KERNELS = set(ENTRY_GROUPS["gpt2"]) | {"fill", "mean", "adamw_update", "global_norm_squared"}
+KERNELS = {name for name in entries_of(("core", "linear", "gpt2")) if BY_NAME[name].wrap}
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux") or shutil.which("g++") is None or shutil.which("make") is None,
@@ -179,7 +180,7 @@ import sys
 import numpy as np
 from accel.metal import metal
 sys.path.insert(0, "tests")
-from test_backend import run_every_entry
+from entries import run_every_entry
 backend = metal.create(sys.argv[1], "metal-emu")
 run_every_entry(backend)
 backend.synchronize()

@@ -254,7 +254,6 @@ cdef void ane_swiglu_backward(void* ctx, float* da, float* db, const float* dout
 cdef class EmulatedBackend(Backend):
     """A Backend with the tolerances check:ane-emu compares its fp16 entries at, and the time
     its programs took to build and compile (the efficiency report's compile share)."""
-    cdef readonly dict tolerances
 
     @property
     def compile_seconds(self):
@@ -267,7 +266,7 @@ def create(runtime=None, name="ane-emu"):
     global cpu_table
     cdef Backend host = cpu.create(flash=False)
     emulator = Emulator(runtime=runtime)
-    cdef EmulatedBackend backend = EmulatedBackend(name, True, ("gpt2", "llama"),
+    cdef EmulatedBackend backend = EmulatedBackend(name, True, ("linear", "gpt2", "llama"),
                                                    (host, emulator))
     backend.tolerances = dict(TOLERANCES)
     cpu_table = host.table

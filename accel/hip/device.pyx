@@ -18,7 +18,8 @@ from accel.backend cimport Backend, BackendTable
 
 import os
 
-from accel.backend import ENTRY_GROUPS, BackendError
+from accel.backend import BackendError
+from accel.spec import ORDER, entries_of
 from accel.hip import EMU_LIBRARY, GPU_LIBRARY, NOT_BUILT
 
 __all__ = ["HipBackend", "configure_emulator", "create", "create_emulated", "load"]
@@ -29,8 +30,8 @@ ctypedef const char* (*name_fn)(void* ctx) noexcept nogil
 ctypedef const char* (*configure_fn)(const char* schedule, unsigned long long seed,
                                      int warp_size, int compute_units) noexcept nogil
 
-# the table's entries in its order (accel/backend.pxd); the build's symbols are accel_hip_ENTRY
-TABLE_ENTRIES = ENTRY_GROUPS["core"] + ENTRY_GROUPS["gpt2"]
+# the entry groups gpt2.hip fills (accel/spec.py); the build's symbols are accel_hip_ENTRY
+GROUPS = ("core", "linear", "gpt2")
 
 
 cdef void* open_library(str path, str name) except NULL:
@@ -85,16 +86,14 @@ def load(str path, str name):
     cdef DeviceContext owner = DeviceContext()
     owner.ctx = ctx
     owner.destroy = <destroy_fn>symbol(handle, "accel_hip_destroy", path, name)
-    cdef HipBackend backend = HipBackend(name, False, ("gpt2",), owner)
+    cdef HipBackend backend = HipBackend(name, False, GROUPS, owner)
     backend.device = (<name_fn>symbol(handle, "accel_hip_device_name", path, name))(ctx).decode()
     backend.library = path
-    # the build fills the core and gpt2 groups, the table's first entries; the rest (llama,
-    # flash) stay NULL and the families say so
-    assert (1 + len(TABLE_ENTRIES)) * sizeof(void*) <= sizeof(BackendTable)
+    # the entries of the other groups (llama, flash) stay NULL, and GROUPS says so
     backend.table.ctx = ctx
-    cdef void** entries = <void**>&backend.table.alloc
-    for i, entry in enumerate(TABLE_ENTRIES):
-        entries[i] = symbol(handle, "accel_hip_" + entry, path, name)
+    cdef void** entries = <void**>&backend.table.ctx + 1   # the entries, in ORDER
+    for entry in entries_of(GROUPS):
+        entries[ORDER.index(entry)] = symbol(handle, "accel_hip_" + entry, path, name)
     backend.validate()
     return backend
 

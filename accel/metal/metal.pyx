@@ -471,7 +471,7 @@ def create(library=None, str name="metal"):
         raise BackendError(f"{library} is not built: run `make {'metal' if library.endswith('.dylib') else 'metal-emu'}`")
     kernels = MACOS_METALLIB if library.endswith(".dylib") and os.path.exists(MACOS_METALLIB) else SOURCE
     cdef Runtime runtime = open_runtime(library, kernels)
-    cdef Backend backend = Backend(name, False, ("gpt2",), runtime)
+    cdef Backend backend = Backend(name, False, ("linear", "gpt2"), runtime)
     cdef BackendTable* t = &backend.table
     t.ctx = runtime.ctx
     t.alloc = m_alloc

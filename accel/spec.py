@@ -1,0 +1,291 @@
+"""
+The backend table, declared once: every entry's name, group and arguments.  Everything that
+is mechanical about the table is made from this list (accel/codegen.py, run by setup.py):
+
+    accel/_table.pxi          the struct BackendTable (accel/backend.pxd)
+    accel/_call.pxi           Backend.call: one entry from Python (accel/backend.pyx)
+    accel/_wrappers.pxi       check:/profile:/guard:'s wrapper of each entry (accel/instrument.pyx)
+    accel/_cpu_table.pxi      the CPU backend's adapters (accel/cpu.pyx)
+
+and, read at run time: the table's validation and order (accel/backend.pyx), the symbols a GPU
+library exports (accel_<backend>_<entry>, accel/loader.pyx), check:'s tolerances (below), and
+the tests' call of every entry (tests/entries.py).
+
+An argument is one line: `<C type> <name>` for a number, and for a pointer
+
+    <C type> <name>[<elements>] <role> [~<reduction>] [causal] [init=<kind>]
+
+    elements   the length the entry reads or writes, an expression in the call's numbers (an
+               input's may use letters the call lacks, V, which the tests supply)
+    role       in (read), out (written), grad (a gradient the entry adds into), inout (read and
+               written: AdamW's state), host (host memory, for copies)
+    ~K         the output's reduction length (summands per element): check:'s error model
+    causal     (..., T, T) scores: only t2 <= t is compared (the rest is never written)
+    optional   may be NULL (a matmul without bias, the classifier's loss without targets)
+    init       how tests fill an input: normal (default), tokens (ids below V), positive,
+               small (normal / 10), rope (a cos or sin table), forward (what the entry's
+               forward writes from the inputs the two share: a backward's saved activations)
+
+Dimension letters: B batch, T time, C channels, OC output channels, NH heads, NKV key/value
+heads, hs head size, V vocabulary, Vp padded vocabulary (row stride of logits and wte), N or n
+elements.
+"""
+import math
+import re
+
+# Groups, by what their kernels are.  A model family names the groups it runs on (its
+# ENTRY_GROUPS); a backend says which it fills.  core is every backend's.
+GROUPS = {
+    "core": "memory, the loss's mean, AdamW and the gradient norm",
+    "linear": "matmul and the residual add, which every transformer here runs on",
+    "gpt2": "GPT-2's layers: token+position encoder, LayerNorm, GELU, attention with its "
+            "(B,NH,T,T) buffers, softmax and cross-entropy",
+    "llama": "the Llama family's layers: embedding, RMSNorm, RoPE, SwiGLU, grouped-query "
+             "attention, the classifier without a probability buffer",
+    "flash": "attention that keeps each row's log-sum-exp instead of (B,NH,T,T) buffers; a "
+             "model uses it when the backend has it",
+}
+
+
+class Arg:
+    """One argument of an entry (after ctx)."""
+    __slots__ = ("ctype", "name", "elements", "role", "reduction", "causal", "init", "optional")
+
+    def __init__(self, line):
+        m = re.fullmatch(r"(const )?(\w+)(\*?) (\w+)(?:\[([^\]]+)\])?((?: \S+)*)", line.strip())
+        if not m:
+            raise ValueError(f"accel/spec.py: cannot read the argument {line!r}")
+        const, base, star, self.name, self.elements, rest = m.groups()
+        self.ctype = f"{const or ''}{base}{star}"
+        self.role, self.reduction, self.causal, self.init = None, "1", False, "normal"
+        self.optional = False
+        words = rest.split()
+        if star:
+            self.role = words.pop(0) if words else None
+            if self.role not in ("in", "out", "grad", "inout", "host"):
+                raise ValueError(f"accel/spec.py: {line!r} needs a role")
+            for word in words:
+                if word.startswith("~"):
+                    self.reduction = word[1:]
+                elif word == "causal":
+                    self.causal = True
+                elif word == "optional":
+                    self.optional = True
+                elif word.startswith("init="):
+                    self.init = word[5:]
+                else:
+                    raise ValueError(f"accel/spec.py: {word!r} in {line!r}")
+        elif words:
+            raise ValueError(f"accel/spec.py: a number has no attributes: {line!r}")
+
+    @property
+    def pointer(self):
+        return self.ctype.endswith("*")
+
+    @property
+    def dtype(self):
+        """The NumPy dtype a pointer's elements have (None for void)."""
+        return {"float": "float32", "int": "int32"}.get(self.ctype.replace("const ", "").rstrip("*"))
+
+    @property
+    def written(self):
+        """Written by the entry, so compared by check:."""
+        return self.role in ("out", "grad", "inout")
+
+    @property
+    def declaration(self):
+        return f"{self.ctype} {self.name}"
+
+
+class Entry:
+    """One function pointer of the table: `returns name(void* ctx, args...)`."""
+
+    def __init__(self, name, group, args, returns="void", cpu="kernel", wrap=True, reduction="1"):
+        self.name, self.group, self.returns = name, group, returns
+        self.args = [Arg(a) for a in args]
+        self.cpu = cpu              # "kernel": kernels.<module>'s function of this name, with
+        #                             the same arguments; a string: that call; None: by hand
+        self.wrap = wrap            # check:/profile:/guard: wrap it from the spec (memory: by hand)
+        self.reduction = reduction  # a returned number's reduction length
+        if group not in GROUPS:
+            raise ValueError(f"accel/spec.py: {name}'s group {group!r} is not in GROUPS")
+
+    @property
+    def outputs(self):
+        return [a for a in self.args if a.pointer and a.written]
+
+    @property
+    def declaration(self):
+        """The C declaration of the table's field."""
+        args = ", ".join(["void* ctx"] + [a.declaration for a in self.args])
+        return f"{self.returns} (*{self.name})({args}) noexcept nogil"
+
+
+def E(name, group, *args, **kw):
+    return Entry(name, group, args, **kw)
+
+
+ENTRIES = [
+    # --- core: memory -------------------------------------------------------------------
+    E("alloc", "core", "size_t nbytes", returns="void*", cpu=None, wrap=False),  # zeroed; NULL: no memory
+    E("free", "core", "void* ptr[nbytes] in", "size_t nbytes", cpu=None, wrap=False),
+    E("zero", "core", "void* ptr[nbytes] out", "size_t nbytes", cpu=None, wrap=False),
+    E("copy_to_backend", "core", "void* dst[nbytes] out", "const void* host_src[nbytes] host",
+      "size_t nbytes", cpu=None, wrap=False),
+    E("copy_to_host", "core", "void* host_dst[nbytes] host", "const void* src[nbytes] in",
+      "size_t nbytes", cpu=None, wrap=False),
+    E("synchronize", "core", cpu=None, wrap=False),
+    E("last_error", "core", returns="const char*", cpu=None, wrap=False),   # NULL: all went well
+    E("mark", "core", "int step", "int layer", cpu=None, wrap=False),      # where the model is (-1: no layer)
+    # --- core: the loss's bookkeeping and the optimizer -------------------------------------
+    E("fill", "core", "float* out[n] out", "float value", "Py_ssize_t n", cpu=None),
+    E("mean", "core", "const float* x[n] in", "Py_ssize_t n", returns="float", cpu=None,
+      reduction="n"),                                                        # to the host
+    E("adamw_update", "core", "float* params[n] inout ~2", "float* m[n] inout ~2",
+      "float* v[n] inout ~2 init=positive", "const float* grads[n] in", "Py_ssize_t n",
+      "float lr", "float beta1", "float beta2", "float eps", "float weight_decay",
+      "float grad_scale", "int t", cpu="kernels.adamw"),
+    E("global_norm_squared", "core", "const float* x[n] in", "Py_ssize_t n", returns="double",
+      cpu="kernels.adamw", reduction="n"),                                   # to the host
+    # --- linear -------------------------------------------------------------------------
+    E("matmul_forward", "linear", "float* out[B*T*OC] out ~C", "const float* inp[B*T*C] in",
+      "const float* weight[OC*C] in", "const float* bias[OC] in optional", "int B", "int T", "int C",
+      "int OC", cpu="kernels.matmul"),
+    E("matmul_backward", "linear", "float* dinp[B*T*C] grad ~OC", "float* dweight[OC*C] grad ~B*T",
+      "float* dbias[OC] grad ~B*T", "const float* dout[B*T*OC] in", "const float* inp[B*T*C] in",
+      "const float* weight[OC*C] in", "int B", "int T", "int C", "int OC",
+      cpu="kernels.matmul"),
+    E("residual_forward", "linear", "float* out[N] out", "const float* inp1[N] in",
+      "const float* inp2[N] in", "Py_ssize_t N", cpu="kernels.residual"),
+    E("residual_backward", "linear", "float* dinp1[N] grad", "float* dinp2[N] grad",
+      "const float* dout[N] in", "Py_ssize_t N", cpu="kernels.residual"),
+    # --- gpt2 ---------------------------------------------------------------------------
+    E("encoder_forward", "gpt2", "float* out[B*T*C] out", "const int* inp[B*T] in init=tokens",
+      "const float* wte[V*C] in", "const float* wpe[T*C] in", "int B", "int T", "int C",
+      cpu="kernels.encoder"),
+    E("encoder_backward", "gpt2", "float* dwte[Vp*C] grad ~B*T", "float* dwpe[T*C] grad ~B",
+      "const float* dout[B*T*C] in", "const int* inp[B*T] in init=tokens", "int B", "int T",
+      "int C", "int Vp",
+      cpu="kernels.encoder: encoder_backward(dwte, dwpe, dout, inp, B, T, C)"),
+    E("layernorm_forward", "gpt2", "float* out[B*T*C] out ~C", "float* mean[B*T] out ~C",
+      "float* rstd[B*T] out ~C", "const float* inp[B*T*C] in", "const float* weight[C] in",
+      "const float* bias[C] in", "int B", "int T", "int C", cpu="kernels.layernorm"),
+    E("layernorm_backward", "gpt2", "float* dinp[B*T*C] grad ~C", "float* dweight[C] grad ~B*T",
+      "float* dbias[C] grad ~B*T", "const float* dout[B*T*C] in", "const float* inp[B*T*C] in",
+      "const float* weight[C] in", "const float* mean[B*T] in",
+      "const float* rstd[B*T] in init=small", "int B", "int T", "int C",
+      cpu="kernels.layernorm"),
+    E("attention_forward", "gpt2", "float* out[B*T*C] out ~T", "float* preatt[B*NH*T*T] out ~C/NH causal",
+      "float* att[B*NH*T*T] out ~T causal", "const float* inp[B*T*3*C] in", "int B", "int T",
+      "int C", "int NH", cpu="kernels.attention"),
+    E("attention_backward", "gpt2", "float* dinp[B*T*3*C] grad ~T", "float* dpreatt[B*NH*T*T] grad ~T causal",
+      "float* datt[B*NH*T*T] grad ~C/NH causal", "const float* dout[B*T*C] in",
+      "const float* inp[B*T*3*C] in", "const float* att[B*NH*T*T] in init=forward", "int B",
+      "int T", "int C", "int NH", cpu="kernels.attention"),
+    E("gelu_forward", "gpt2", "float* out[N] out", "const float* inp[N] in", "Py_ssize_t N",
+      cpu="kernels.gelu"),
+    E("gelu_backward", "gpt2", "float* dinp[N] grad", "const float* inp[N] in",
+      "const float* dout[N] in", "Py_ssize_t N", cpu="kernels.gelu"),
+    E("softmax_forward", "gpt2", "float* probs[B*T*Vp] out ~V", "const float* logits[B*T*Vp] in",
+      "int B", "int T", "int V", "int Vp", cpu="kernels.crossentropy"),
+    E("crossentropy_forward", "gpt2", "float* losses[B*T] out", "const float* probs[B*T*Vp] in init=positive",
+      "const int* targets[B*T] in init=tokens", "int B", "int T", "int Vp",
+      cpu="kernels.crossentropy"),
+    E("crossentropy_softmax_backward", "gpt2", "float* dlogits[B*T*Vp] grad",
+      "const float* dlosses[B*T] in", "const float* probs[B*T*Vp] in init=positive",
+      "const int* targets[B*T] in init=tokens", "int B", "int T", "int V", "int Vp",
+      cpu="kernels.crossentropy"),
+    # --- llama (letters as above, plus NKV key/value heads and hs the head size) -------------
+    E("embedding_forward", "llama", "float* out[B*T*C] out", "const int* inp[B*T] in init=tokens",
+      "const float* wte[V*C] in", "int B", "int T", "int C", cpu="kernels.embedding"),
+    E("embedding_backward", "llama", "float* dwte[V*C] grad ~B*T", "const float* dout[B*T*C] in",
+      "const int* inp[B*T] in init=tokens", "int B", "int T", "int C", "int V",
+      cpu="kernels.embedding: embedding_backward(dwte, dout, inp, B, T, C)"),
+    E("rmsnorm_forward", "llama", "float* out[B*T*C] out ~C", "float* rstd[B*T] out ~C",
+      "const float* inp[B*T*C] in", "const float* weight[C] in", "float eps", "int B", "int T",
+      "int C", cpu="kernels.rmsnorm"),
+    E("rmsnorm_backward", "llama", "float* dinp[B*T*C] grad ~C", "float* dweight[C] grad ~B*T",
+      "const float* dout[B*T*C] in", "const float* inp[B*T*C] in", "const float* weight[C] in",
+      "const float* rstd[B*T] in init=small", "int B", "int T", "int C", cpu="kernels.rmsnorm"),
+    E("rope_forward", "llama", "float* out[B*T*NH*hs] out ~2", "const float* inp[B*T*NH*hs] in",
+      "const float* freqs_cos[T*hs/2] in init=rope", "const float* freqs_sin[T*hs/2] in init=rope",
+      "int B", "int T", "int NH", "int hs", cpu="kernels.rope"),
+    E("rope_backward", "llama", "float* dinp[B*T*NH*hs] grad ~2", "const float* dout[B*T*NH*hs] in",
+      "const float* freqs_cos[T*hs/2] in init=rope", "const float* freqs_sin[T*hs/2] in init=rope",
+      "int B", "int T", "int NH", "int hs", cpu="kernels.rope"),
+    E("swiglu_forward", "llama", "float* out[N] out", "const float* a[N] in",
+      "const float* b[N] in", "Py_ssize_t N", cpu="kernels.swiglu"),
+    E("swiglu_backward", "llama", "float* da[N] grad", "float* db[N] grad",
+      "const float* dout[N] in", "const float* a[N] in", "const float* b[N] in",
+      "Py_ssize_t N", cpu="kernels.swiglu"),
+    E("attention_gqa_forward", "llama", "float* out[B*T*NH*hs] out ~T",
+      "float* att[B*NH*T*T] out ~hs causal", "const float* q[B*T*NH*hs] in",
+      "const float* k[B*T*NKV*hs] in", "const float* v[B*T*NKV*hs] in", "int B", "int T",
+      "int NH", "int NKV", "int hs", cpu="kernels.attention_gqa"),
+    E("attention_gqa_backward", "llama", "float* dq[B*T*NH*hs] grad ~T",
+      "float* dk[B*T*NKV*hs] grad ~T*NH/NKV", "float* dv[B*T*NKV*hs] grad ~T*NH/NKV",
+      "const float* dout[B*T*NH*hs] in", "const float* q[B*T*NH*hs] in",
+      "const float* k[B*T*NKV*hs] in", "const float* v[B*T*NKV*hs] in",
+      "const float* att[B*NH*T*T] in init=forward", "int B", "int T", "int NH", "int NKV",
+      "int hs", cpu=None),   # reports running out of scratch memory through last_error
+    E("classifier_forward", "llama", "float* losses[B*T] out ~V optional", "float* logsum[B*T] out ~V",
+      "const float* logits[B*T*V] in", "const int* targets[B*T] in init=tokens optional", "int B",
+      "int T", "int V", cpu="kernels.classifier"),
+    E("classifier_backward", "llama", "float* dlogits[B*T*V] grad", "const float* dlosses[B*T] in",
+      "const float* logits[B*T*V] in", "const float* logsum[B*T] in",
+      "const int* targets[B*T] in init=tokens", "int B", "int T", "int V",
+      cpu="kernels.classifier"),
+    # --- flash --------------------------------------------------------------------------
+    E("flash_attention_forward", "flash", "float* out[B*T*C] out ~T", "float* lse[B*NH*T] out ~T",
+      "const float* inp[B*T*3*C] in", "int B", "int T", "int C", "int NH",
+      cpu="kernels.flash_attention"),
+    E("flash_attention_backward", "flash", "float* dinp[B*T*3*C] grad ~T", "const float* dout[B*T*C] in",
+      "const float* inp[B*T*3*C] in", "const float* out[B*T*C] in init=forward",
+      "const float* lse[B*NH*T] in init=forward",
+      "int B", "int T", "int C", "int NH", cpu="kernels.flash_attention"),
+]
+
+BY_NAME = {e.name: e for e in ENTRIES}
+# the table's order: entries grouped as GROUPS lists them (the struct's fields, the symbols)
+ENTRY_GROUPS = {g: tuple(e.name for e in ENTRIES if e.group == g) for g in GROUPS}
+ORDER = tuple(name for names in ENTRY_GROUPS.values() for name in names)
+assert [e.name for e in ENTRIES] == list(ORDER), "accel/spec.py: keep ENTRIES in GROUPS' order"
+
+
+def entries_of(groups):
+    """The names of the entries of these groups, in the table's order."""
+    return tuple(name for name in ORDER if BY_NAME[name].group in groups)
+
+
+def symbols(prefix, groups):
+    """The symbols a GPU library exports for these groups: accel_<prefix>_<entry>."""
+    return tuple(f"accel_{prefix}_{name}" for name in entries_of(groups))
+
+
+# --- check:'s error model ------------------------------------------------------------------
+#
+# A backend and the CPU oracle add the same float32 numbers in different orders.  Summing K
+# terms in float32 errs by at most about K*u times the sum of their magnitudes (u = 2^-24, the
+# unit roundoff); in practice the errors of a random order add like a random walk, sqrt(K)*u,
+# and the sum of magnitudes is near the largest result.  check: compares each output's largest
+# error with its largest oracle magnitude, so an output of reduction length K is allowed
+#
+#     CHECK_UNITS * u * (1 + sqrt(K))   relative to max |oracle|
+#
+# A kernel that is wrong (a missing barrier, a wrong index, a dropped term, a store rounded to
+# bf16) errs by far more: a term of its own size, or 2^-9 of the output at the least.
+# CHECK_UNITS: the worst errors of hip-emu and metal-emu at d12's widths, under every schedule
+# and warp size, came to 2.2 units (GELU's backward, K=1; matmul's, K=768..3072, to 0.7); 16
+# leaves a factor of 7 above them and 100 below a bf16 store (tests/test_check_tolerance.py).
+UNIT_ROUNDOFF = 2.0 ** -24
+CHECK_UNITS = 16.0
+
+
+def tolerance(reduction_length):
+    """check:'s relative tolerance for an output whose elements each sum this many terms."""
+    return CHECK_UNITS * UNIT_ROUNDOFF * (1.0 + math.sqrt(max(reduction_length, 1)))
+
+
+def evaluate(expression, dims):
+    """The value of a shape expression in the dimension letters, e.g. ("B*T*C", {...})."""
+    return int(eval(expression, {"__builtins__": {}}, dict(dims)))

@@ -1,0 +1,68 @@
+"""
+Planted faults: deliberately wrong table entries, for the tests that prove check: finds them.
+
+    faulty_cpu("gelu_forward")    the CPU backend with that one entry wrong
+"""
+from accel.backend cimport Backend, BackendTable
+from kernels.layernorm cimport layernorm_backward
+from kernels.matmul cimport matmul_forward
+from kernels.rope cimport rope_forward
+from libc.stdint cimport uint32_t
+from libc.string cimport memcpy
+
+from accel import cpu
+
+
+cdef void faulty_gelu_forward(void* ctx, float* out, const float* inp, Py_ssize_t N) noexcept nogil:
+    memcpy(out, inp, N * sizeof(float))   # the identity instead of GELU
+
+cdef void faulty_layernorm_backward(void* ctx, float* dinp, float* dweight, float* dbias,
+                                    const float* dout, const float* inp, const float* weight,
+                                    const float* mean, const float* rstd, int B, int T, int C) noexcept nogil:
+    cdef float* scratch_dbias = dweight   # dbias lands in dweight: both wrong, dinp right
+    layernorm_backward(dinp, dweight, scratch_dbias, dout, inp, weight, mean, rstd, B, T, C)
+
+cdef void faulty_rope_backward(void* ctx, float* dinp, const float* dout, const float* freqs_cos,
+                               const float* freqs_sin, int B, int T, int NH, int hs) noexcept nogil:
+    rope_forward(dinp, dout, freqs_cos, freqs_sin, B, T, NH, hs)   # rotates forward, and overwrites
+
+cdef void faulty_flash_attention_backward(void* ctx, float* dinp, const float* dout,
+                                          const float* inp, const float* out, const float* lse,
+                                          int B, int T, int C, int NH) noexcept nogil:
+    pass   # adds nothing into dinp
+
+cdef void bf16_truncating_matmul_forward(void* ctx, float* out, const float* inp,
+                                         const float* weight, const float* bias,
+                                         int B, int T, int C, int OC) noexcept nogil:
+    matmul_forward(out, inp, weight, bias, B, T, C, OC)
+    cdef Py_ssize_t i
+    cdef uint32_t* bits = <uint32_t*>out
+    for i in range(<Py_ssize_t>B * T * OC):   # stored as bf16 by truncation: 2^-8 of each value
+        bits[i] &= <uint32_t>0xFFFF0000
+
+FAULTS = ("gelu_forward", "layernorm_backward",      # found by tests/test_backend.py
+          "flash_attention_backward")                # and tests/test_flash_attention.py
+LLAMA_FAULTS = ("rope_backward",)                    # found by tests/test_llama_model.py
+SUBTLE_FAULTS = ("matmul_forward",)                  # found at d12's widths by test_check_tolerance.py
+
+
+def faulty_cpu(str fault):
+    """The CPU backend with one entry (of FAULTS, LLAMA_FAULTS or SUBTLE_FAULTS) wrong."""
+    cdef Backend good = cpu.create()
+    cdef Backend backend = Backend(f"cpu-with-faulty-{fault}", True, good.groups, good)
+    backend.table = good.table
+    cdef BackendTable* t = &backend.table
+    if fault == "gelu_forward":
+        t.gelu_forward = faulty_gelu_forward
+    elif fault == "layernorm_backward":
+        t.layernorm_backward = faulty_layernorm_backward
+    elif fault == "rope_backward":
+        t.rope_backward = faulty_rope_backward
+    elif fault == "flash_attention_backward":
+        t.flash_attention_backward = faulty_flash_attention_backward
+    elif fault == "matmul_forward":
+        t.matmul_forward = bf16_truncating_matmul_forward
+    else:
+        raise ValueError(f"no planted fault for {fault!r} (there are: "
+                         f"{', '.join(FAULTS + LLAMA_FAULTS + SUBTLE_FAULTS)})")
+    return backend
