@@ -57,20 +57,25 @@ clean:
 	    while read -r f; do rm -f "$${f%.pyx}.c" "$$(dirname "$$f")"/*.so "$$(dirname "$$f")"/*.pyd; done
 
 # Metal on Linux: accel/metal/gpt2.metal rewritten for the CPU emulator of MSL (accel/emu) and
-# built with the emulator into the library that backend metal-emu loads. The tests build other
-# variants (planted faults) with METAL_SOURCE and METAL_EMU_LIB, and with ASAN=1 under
-# AddressSanitizer; the emulator's objects are shared (accel/metal/build/*.o).
+# built with the emulator and the host side (accel/metal/host.c) into the library that backend
+# metal-emu loads. The tests build other variants (planted faults) with METAL_SOURCE and
+# METAL_EMU_LIB, and with ASAN=1 under AddressSanitizer; the emulator's and the host side's
+# objects are shared (accel/metal/build/*.o).
 #   make metal-emu
-# On macOS: the Metal runtime and the compiled kernel library (needs Xcode's command-line tools).
+# On macOS: the Metal runtime with the same host side, and the compiled kernel library (needs
+# Xcode's command-line tools).
 #   make metal
 METAL_SOURCE ?= accel/metal/gpt2.metal
 METAL_EMU_LIB ?= accel/metal/build/libmetal_emu.so
 METAL_EMU_FLAGS = -std=c++17 -O2 -g -Wall -fPIC -fvisibility=hidden -I accel/emu/include
+METAL_HOST_FLAGS = -std=c11 -O2 -g -Wall -fPIC -fvisibility=hidden
 ifeq ($(ASAN),1)
 METAL_EMU_FLAGS += -fsanitize=address -fno-omit-frame-pointer
+METAL_HOST_FLAGS += -fsanitize=address -fno-omit-frame-pointer
 METAL_EMU_FLAVOR = .asan
 endif
-METAL_EMU_OBJECTS := accel/metal/build/emu_core$(METAL_EMU_FLAVOR).o accel/metal/build/msl_runtime$(METAL_EMU_FLAVOR).o
+METAL_EMU_OBJECTS := accel/metal/build/emu_core$(METAL_EMU_FLAVOR).o accel/metal/build/msl_runtime$(METAL_EMU_FLAVOR).o \
+    accel/metal/build/host$(METAL_EMU_FLAVOR).o
 
 .PHONY: metal-emu metal
 metal-emu: $(METAL_EMU_LIB)
@@ -82,6 +87,9 @@ accel/metal/build/msl_runtime$(METAL_EMU_FLAVOR).o: accel/emu/msl_runtime.cpp ac
         accel/emu/emu_core.h accel/metal/metal_runtime.h
 	mkdir -p $(dir $@)
 	$(CXX) $(METAL_EMU_FLAGS) -c $< -o $@
+accel/metal/build/host$(METAL_EMU_FLAVOR).o: accel/metal/host.c accel/metal/metal_runtime.h
+	mkdir -p $(dir $@)
+	$(CC) $(METAL_HOST_FLAGS) -c $< -o $@
 $(METAL_EMU_LIB): $(METAL_SOURCE) $(METAL_EMU_OBJECTS) accel/emu/msl_rewrite.py accel/emu/msl_emu.h
 	mkdir -p $(dir $@)
 	$(PYTHON) accel/emu/msl_rewrite.py $(METAL_SOURCE) -o $@.cpp
@@ -89,9 +97,10 @@ $(METAL_EMU_LIB): $(METAL_SOURCE) $(METAL_EMU_OBJECTS) accel/emu/msl_rewrite.py 
 
 metal: accel/metal/build/libmetal_runtime.dylib accel/metal/build/gpt2.metallib
 
-accel/metal/build/libmetal_runtime.dylib: accel/metal/metal_runtime.m accel/metal/metal_runtime.h
+accel/metal/build/libmetal_runtime.dylib: accel/metal/metal_runtime.m accel/metal/host.c accel/metal/metal_runtime.h
 	mkdir -p $(dir $@)
-	xcrun clang -fobjc-arc -O2 -Wall -dynamiclib -framework Metal -framework Foundation $< -o $@
+	xcrun clang -fobjc-arc -O2 -Wall -dynamiclib -framework Metal -framework Foundation \
+	    accel/metal/metal_runtime.m accel/metal/host.c -o $@
 
 accel/metal/build/gpt2.metallib: accel/metal/gpt2.metal
 	mkdir -p $(dir $@)

@@ -136,6 +136,24 @@ def test_unbuilt_library_is_one_line_saying_how_to_build(tmp_path):
         metal.create(str(tmp_path / "libmetal_emu.so"), "metal-emu")
 
 
+def test_a_library_that_cannot_serve_is_one_line_saying_why(tmp_path, features):
+    # the loader HIP shares (accel/loader.pyx): a file dlopen refuses, a library without the
+    # host side's symbols, a runtime whose kernels lack the table's (msl_features.metal's)
+    from accel.metal import metal
+    not_a_library = tmp_path / "libmetal_emu.so"
+    not_a_library.write_text("not an ELF file")
+    no_host_side = tmp_path / "no_host_side.so"
+    subprocess.run(["g++", "-shared", "-x", "c++", "/dev/null", "-o", str(no_host_side)], check=True)
+    cases = [(not_a_library, r"^backend 'metal-emu' is unavailable: cannot load .*libmetal_emu\.so: "),
+             (no_host_side, r"^backend 'metal-emu': .*no_host_side\.so has no accel_metal_destroy \(an old build\? "
+                            r"run `make metal-emu` again\)$"),
+             (features, r"^backend 'metal-emu' is unavailable: .*gpt2\.metal: no kernel 'fill'$")]
+    for library, message in cases:
+        with pytest.raises(BackendError, match=message) as error:
+            metal.create(str(library), "metal-emu")
+        assert "\n" not in str(error.value)
+
+
 # --- planted faults ----------------------------------------------------------------------------
 
 def test_removed_barrier_is_caught(tmp_path):

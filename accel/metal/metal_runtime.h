@@ -1,8 +1,8 @@
-/* accel/metal/metal_runtime.h — the C ABI between accel/metal's Cython wrapper and a Metal
- * runtime. Two implementations:
+/* accel/metal/metal_runtime.h — the C ABI between accel/metal's host side (host.c) and a Metal
+ * runtime. Two implementations, each linked with host.c into one shared library:
  *   metal_runtime.m             macOS: Metal itself (Objective-C), libmetal_runtime.dylib
  *   accel/emu/msl_runtime.cpp   Linux: the CPU emulator of MSL, libmetal_emu.so
- * The wrapper dlopen()s one of them and looks up these functions by name.
+ * accel/loader.pyx dlopen()s one of them and fills the backend table from host.c's functions.
  *
  * Memory is shared: metal_alloc returns a pointer the CPU can read and write (Metal's shared
  * storage mode), which is also how kernels' buffers are named: an argument is any pointer

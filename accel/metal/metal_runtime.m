@@ -1,5 +1,5 @@
 // accel/metal/metal_runtime.m — accel/metal/metal_runtime.h on Metal (macOS): the runtime the
-// `metal` backend loads (libmetal_runtime.dylib, built by `make metal`).
+// `metal` backend loads (libmetal_runtime.dylib, built with host.c by `make metal`).
 //
 // NOT YET RUN ON APPLE HARDWARE: written against Apple's documentation (accel/metal/README.md
 // lists each API called and what was checked), compiled nowhere yet. The emulator (accel/emu)
