@@ -12,6 +12,7 @@ from accel.ane import restart
 from accel.ane.plan import PlanError, format_plan, make_plan, memory
 from accel.ane.runtime import (BudgetExceeded, CompileBudget, CompileLimitError, MockRuntime,
                                NumpyProgram)
+from llmc.files import FormatError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -134,17 +135,17 @@ def test_state_round_trip_and_truncation(tmp_path):
         assert np.array_equal(back[name], a) and back[name].dtype == a.dtype
     raw = path.read_bytes()
     path.write_bytes(raw[:-4])
-    with pytest.raises(llmc_io.FormatError, match="truncated or damaged ANE state") as e:
+    with pytest.raises(FormatError, match="truncated or damaged ANE state") as e:
         restart.read_state(path)
     assert "\n" not in str(e.value)
     path.write_bytes(raw[:-5] + bytes([raw[-5] ^ 1]) + raw[-4:])
-    with pytest.raises(llmc_io.FormatError, match="CRC-32"):
+    with pytest.raises(FormatError, match="CRC-32"):
         restart.read_state(path)
     path.write_bytes(raw)
-    with pytest.raises(llmc_io.FormatError, match="ANE state of another run"):
+    with pytest.raises(FormatError, match="ANE state of another run"):
         restart.read_state(path, key="other")
     path.write_bytes(b"GPT2" + raw[4:])
-    with pytest.raises(llmc_io.FormatError, match="not an ANE state file"):
+    with pytest.raises(FormatError, match="not an ANE state file"):
         restart.read_state(path)
 
 
