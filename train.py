@@ -346,7 +346,7 @@ def dry_run(args):
         raise TrainError(f"-t {args.T} exceeds the model's max sequence length {config.max_seq_len}")
     family = {"gpt2": "GPT-2", "llama": "Llama 2"}[args.family]
     if args.backend == "ane":   # the ANE pipeline's plan against the compile budget
-        from accel.ane.plan import PlanError, format_plan as ane_plan, make_plan
+        from accel.ane.plan import PlanError, format_pipeline_plan, make_plan
         if args.family != "llama":
             raise TrainError("--backend ane trains Llama models: -e stories15M, ..., llama-7b")
         try:
@@ -355,7 +355,7 @@ def dry_run(args):
                              args.B, args.T, accum)
         except PlanError as e:
             raise TrainError(str(e)) from None
-        return print(ane_plan(plan, f"{family} {init}"))
+        return print(format_pipeline_plan(plan, Model, f"{family} {init}"))
     print(format_plan(Model, config, f"{family} {init}", args.B, args.T, args.recompute,
                       backend=args.backend))
 

@@ -31,6 +31,7 @@ import json
 import os
 import sys
 import zlib
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -166,6 +167,17 @@ def execute(plan, workload, runtime, state_path, steps, restart=exec_restart):
 # ----------------------------------------------------------------------------
 # the fake workload of the restart test
 
+@dataclass(frozen=True)
+class FakeConfig:
+    """The fake workload's model, as the planner reads one: its layers and sequence length."""
+    n_layers: int
+    max_seq_len: int
+    channels: int
+
+    def describe(self):
+        return f"fake workload: L={self.n_layers} C={self.channels} T={self.max_seq_len}"
+
+
 class FakeWorkload:
     """Layers of C channels on a stream of S positions; every weighted kernel of layer l is
     y = tanh(W_l x) with W_l baked in when it is compiled (a stale kernel gives other numbers),
@@ -180,6 +192,10 @@ class FakeWorkload:
         self.acts = np.zeros((layers + 1, C, S), np.float32)
         self.dstream = np.zeros((C, S), np.float32)
         self.rng, self.data_pos, self.t, self.C, self.S = rng, 0, 0, C, S
+
+    @property
+    def config(self):
+        return FakeConfig(len(self.W), self.S, self.C)
 
     def state(self):
         meta = dict(data_pos=self.data_pos, t=self.t, rng=self.rng.bit_generator.state)
@@ -247,10 +263,10 @@ def main(argv=None):
                    help="a runtime budget other than the plan's (the test of their agreement)")
     args = p.parse_args(argv)
     budget = CompileBudget(args.limit, args.headroom)
-    plan = make_plan(f"d{args.layers}", "static", budget, args.policy, T=16)
+    workload = FakeWorkload(args.layers)
+    plan = make_plan(workload.config, "static", budget, args.policy)
     runtime = MockRuntime(budget if args.runtime_headroom is None else
                           CompileBudget(args.limit, args.runtime_headroom))
-    workload = FakeWorkload(args.layers)
     try:
         number = execute(plan, workload, runtime, args.state, args.steps)
     except (FormatError, ValueError) as e:
