@@ -384,7 +384,7 @@ register_backend("metal", "accel.metal.metal", "Metal on Apple GPUs",
 register_backend("metal-emu", "accel.metal.emulated", "accel/metal's kernels on the CPU emulator of MSL",
                  "the Metal emulator runs on Linux" if not sys.platform.startswith("linux") else
                  lambda: _not_built("metal/build/libmetal_emu.so", "metal-emu"))
-register_backend("ane-emu", "accel.ane.emulated",
+register_backend("ane-emu", "accel.ane.table",
                  "the ANE's MIL programs run by a NumPy interpreter on Linux (slow; tests)",
                  lambda: None if importlib.util.find_spec("coremltools") else
                  "ane-emu needs coremltools (pip install -r requirements.txt)")
