@@ -183,6 +183,30 @@ def test_dry_run_every_preset(model, capsys):
             assert "schedule of a step" in text and "state file of a restart" in text
 
 
+def test_train_py_gets_the_ane_flags_check_and_plan_from_its_hooks(capsys):
+    """train.py names no backend (accel/hooks.py): --help lists the ANE's flags, --backend ane
+    refuses a bad --ane-budget in one line when the arguments are parsed (another backend
+    ignores the flag), a wrapped name has no hooks, and the ANE's dry run refuses GPT-2."""
+    import train
+    from accel.hooks import NO_HOOKS, backend_hooks
+    with pytest.raises(SystemExit):
+        train.parse_args(["--help"])
+    text = capsys.readouterr().out
+    assert "--ane-pipeline {static,dynamic}" in text and "--ane-budget INT" in text
+    with pytest.raises(SystemExit) as e:
+        train.parse_args(["--backend", "ane", "--ane-budget", "0"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "train.py: error: argument --ane-budget: compile budget: need limit >= 1 and 0 <= "
+        "headroom < limit, got limit 0, headroom 0 (see --help)"]
+    assert train.parse_args(["--backend", "ane", "--ane-budget", "10"]).ane_budget == \
+        CompileBudget(10, 5)
+    assert train.parse_args(["--backend", "cpu", "--ane-budget", "0"]).ane_budget == 0
+    assert backend_hooks("check:ane") is NO_HOOKS and backend_hooks("ane") is not NO_HOOKS
+    with pytest.raises(train.TrainError, match="--backend ane trains Llama models"):
+        train.main(["-e", "d2", "--backend", "ane", "--dry-run"])
+
+
 def test_private_path_shape_check_in_the_plan():
     from train_llama2 import Llama2
     plan = make_plan(llama("stories15M"), "static", None, "all", T=256)
