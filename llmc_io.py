@@ -32,10 +32,11 @@ half-written file behind.
 """
 import json
 import os
-import secrets
 from dataclasses import dataclass, fields, replace
 
 import numpy as np
+
+from llmc.files import FormatError, atomic_write  # noqa: F401 (every format's; re-exported)
 
 HEADER_INTS = 256
 HEADER_BYTES = HEADER_INTS * 4
@@ -67,18 +68,6 @@ FILE_KINDS = {
 LLMC_DEPTHS = {6: (384, 6), 12: (768, 12), 24: (1024, 16), 36: (1280, 20), 48: (1600, 25)}
 VOCAB_PAD_MULTIPLE = 128
 GPT2_EOT_TOKEN = 50256  # what llm.c assumes for a version-1 tokenizer of the 50257 GPT-2 tokens
-
-
-class FormatError(ValueError):
-    """A file that is not what it should be. str(e) is "<path>: <problem>", on one line."""
-
-    def __init__(self, path, problem=None):
-        if problem is None:  # given a whole message
-            message, self.path, self.problem = str(path), None, str(path)
-        else:
-            self.path, self.problem = os.fspath(path), str(problem)
-            message = f"{self.path}: {self.problem}"
-        super().__init__(" ".join(message.split("\n")))
 
 
 # ----------------------------------------------------------------------------
@@ -252,49 +241,6 @@ def _header(magic, version, *values):
     header[0], header[1] = magic, version
     header[2:2 + len(values)] = values
     return header.tobytes()
-
-
-def atomic_write(path, chunks):
-    """Write the bytes-like `chunks` to path, all or nothing: they go to a temporary file in
-    the same directory, which is synced and then renamed over path. On any error (a full
-    disk, a failing chunk generator) the temporary file is removed, an existing file at path
-    is left as it was, and the error is raised."""
-    path = os.fspath(path)
-    if isinstance(chunks, (bytes, bytearray, memoryview)):
-        chunks = [chunks]
-    directory = os.path.dirname(os.path.abspath(path))
-    tmp_path = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}."
-                                       f"{secrets.token_hex(4)}.tmp")
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
-    fd = os.open(tmp_path, flags, 0o666)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            for chunk in chunks:
-                f.write(chunk)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp_path, path)
-    except BaseException:
-        try:
-            os.unlink(tmp_path)
-        except FileNotFoundError:
-            pass
-        raise
-    _fsync_directory(directory)
-
-
-def _fsync_directory(directory):
-    """Make the rename durable; best effort (some systems cannot open a directory)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _as_params(config, params, who):

@@ -46,6 +46,7 @@ import sys
 import time
 
 import llmc_io
+from accel.hooks import backend_hooks, every_backend_hooks, with_wrapper
 from llmc import default_data, distributed
 from llmc.checkpoint import checkpoint_paths, find_max_step, resume, write_checkpoint
 from llmc.dataloader import DataError, DataLoader, shard_files
@@ -171,11 +172,8 @@ def parse_args(argv):
     p.add_argument("--dry-run", action="store_true",
                    help="print the plan of a step of the model at -b, -t, --recompute (memory, "
                         "FLOPs, time estimate) without allocating it, and exit")
-    p.add_argument("--ane-pipeline", choices=("static", "dynamic"), default="dynamic",
-                   help="--backend ane: weights as constants (recompiled after every update) "
-                        "or as inputs (compiled once); accel/ane/plan.py")
-    p.add_argument("--ane-budget", metavar="INT", type=int, default=None,
-                   help="--backend ane: ANE compiles per process (default: 119, the anchor's)")
+    for hooks in every_backend_hooks():   # each backend's own flags (accel/hooks.py)
+        hooks.add_arguments(p)
     args = p.parse_args(argv)
 
     def require(ok, flag, value, requirement):
@@ -230,8 +228,9 @@ def parse_args(argv):
         args.json_log = os.path.join(args.output_dir, LOG_NAME)
     require(args.peak_tflops is None or (math.isfinite(args.peak_tflops) and
             args.peak_tflops > 0), "--peak-tflops", args.peak_tflops, "must be a number > 0")
-    if args.profile_groups and not args.backend.startswith("profile:"):
-        args.backend = f"profile:{args.backend}"
+    backend_hooks(args.backend).check_arguments(args, p.error)
+    if args.profile_groups:
+        args.backend = with_wrapper("profile", args.backend)
     return args
 
 
@@ -330,7 +329,8 @@ def load_model(args, Model, resume_path):
 
 
 def dry_run(args):
-    """Print the plan of a training step of the model (llmc/plan.py), without allocating it."""
+    """Print the plan of a training step of the model (llmc/plan.py's, or the backend's own:
+    accel/hooks.py), without allocating it."""
     from llmc.plan import format_plan
     Model = model_class(args)
     init, config = model_source(args)
@@ -345,19 +345,15 @@ def dry_run(args):
     if args.T > config.max_seq_len:
         raise TrainError(f"-t {args.T} exceeds the model's max sequence length {config.max_seq_len}")
     family = {"gpt2": "GPT-2", "llama": "Llama 2"}[args.family]
-    if args.backend == "ane":   # the ANE pipeline's plan against the compile budget
-        from accel.ane.plan import PlanError, format_plan as ane_plan, make_plan
-        if args.family != "llama":
-            raise TrainError("--backend ane trains Llama models: -e stories15M, ..., llama-7b")
-        try:
-            accum = 1 if args.total_batch_size == -1 else args.total_batch_size // (args.B * args.T)
-            plan = make_plan(config, args.ane_pipeline, args.ane_budget, args.recompute,
-                             args.B, args.T, accum)
-        except PlanError as e:
-            raise TrainError(str(e)) from None
-        return print(ane_plan(plan, f"{family} {init}"))
-    print(format_plan(Model, config, f"{family} {init}", args.B, args.T, args.recompute,
-                      backend=args.backend))
+    from accel.backend import BackendError
+    try:   # the backend's own plan (the ANE's: its pipeline against the compile budget), if any
+        text = backend_hooks(args.backend).dry_run_plan(Model, config, f"{family} {init}", args)
+        if text is None:
+            text = format_plan(Model, config, f"{family} {init}", args.B, args.T, args.recompute,
+                               backend=args.backend)
+    except BackendError as e:   # one the plan cannot have here (metal on Linux), or refuses
+        raise TrainError(str(e)) from None
+    print(text)
 
 
 def config_rows(config):

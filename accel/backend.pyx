@@ -23,7 +23,7 @@ import numpy as np
 from cpython.buffer cimport PyBUF_WRITABLE
 from libc.stdint cimport uintptr_t
 
-__all__ = ["Backend", "BackendError", "Buffer", "backend_names", "get_backend",
+__all__ = ["Backend", "BackendError", "Buffer", "backend_module", "backend_names", "get_backend",
            "register_backend", "ENTRY_GROUPS"]
 
 
@@ -281,7 +281,7 @@ register_backend("metal", "accel.metal.metal", "Metal on Apple GPUs",
 register_backend("metal-emu", "accel.metal.emulated", "accel/metal's kernels on the CPU emulator of MSL",
                  "the Metal emulator runs on Linux" if not sys.platform.startswith("linux") else
                  lambda: _not_built("metal/build/libmetal_emu.so", "metal-emu"))
-register_backend("ane-emu", "accel.ane.emulated",
+register_backend("ane-emu", "accel.ane.table",
                  "the ANE's MIL programs run by a NumPy interpreter on Linux (slow; tests)",
                  lambda: None if importlib.util.find_spec("coremltools") else
                  "ane-emu needs coremltools (pip install -r requirements.txt)")
@@ -295,6 +295,12 @@ register_backend("ane", "accel.ane.device", "the Apple Neural Engine through Cor
 def backend_names():
     """[(name, description, reason it is unavailable or None)] of the registered backends."""
     return [(name, desc, why() if callable(why) else why) for name, (_, desc, why) in _REGISTRY.items()]
+
+
+def backend_module(str name):
+    """The dotted name of the module registered for the backend `name`, None for a name not
+    registered (a wrapped one, check:cpu, included): accel/hooks.py finds its hooks there."""
+    return _REGISTRY[name][0] if name in _REGISTRY else None
 
 
 def _available_line():

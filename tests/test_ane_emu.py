@@ -1,5 +1,5 @@
 """
-The ane-emu backend (accel/ane/emulated.pyx): every entry through check:ane-emu at fp16
+The ane-emu backend (accel/ane/table.pyx): every entry through check:ane-emu at fp16
 tolerances, loss scaling against fp16 underflow, programs built once per shape, a failure as one
 line, and train.py on a tiny Llama tracking the CPU run's losses.
 """
@@ -16,8 +16,8 @@ from accel.backend import BackendError, get_backend  # noqa: E402
 from entries import run_every_entry  # noqa: E402
 from test_train import run_train, step_losses  # noqa: E402
 
-emulated = pytest.importorskip("accel.ane.emulated")
-ANE_ENTRIES = sorted(emulated.TOLERANCES)
+table = pytest.importorskip("accel.ane.table")
+ANE_ENTRIES = sorted(table.TOLERANCES)
 
 
 def test_every_entry_passes_check_ane_emu():
@@ -29,7 +29,7 @@ def test_every_entry_passes_check_ane_emu():
     # the fp16 entries really are the emulator's: they miss the CPU's fp32 answers by more than
     # the default tolerance of 1e-5, and stay within their own
     worst = {name: report["entries"][name]["worst_error"] for name in ANE_ENTRIES}
-    assert all(1e-5 < worst[name] <= emulated.TOLERANCES[name] for name in ANE_ENTRIES), worst
+    assert all(1e-5 < worst[name] <= table.TOLERANCES[name] for name in ANE_ENTRIES), worst
 
 
 def test_loss_scaling_keeps_a_small_gradient_from_underflowing():
@@ -41,7 +41,7 @@ def test_loss_scaling_keeps_a_small_gradient_from_underflowing():
     weight = rng.standard_normal((OC, C)).astype(np.float32) * 0.3
     want = dout.astype(np.float64) @ weight
     for loss_scale in (False, True):
-        emulator = emulated.Emulator(loss_scale=loss_scale)
+        emulator = table.Emulator(loss_scale=loss_scale)
         dinp = np.zeros((BT, C), np.float32)
         emulator.matmul_dinp(dinp, dout, weight, BT, C, OC)
         if loss_scale:
@@ -59,7 +59,7 @@ def test_programs_are_built_once_per_shape_and_a_failure_is_one_line():
     model = Llama2.random(config, seed=0, backend=backend)
     rng = np.random.default_rng(0)
     x, y = rng.integers(0, 40, (2, 5)), rng.integers(0, 40, (2, 5))
-    emulator = emulated.emulator_of(backend)
+    emulator = backend.emulator
     builds = []
     for step in range(2):
         model.forward(x, y)
@@ -149,7 +149,7 @@ def test_growing_prompts_compile_a_few_shapes_and_the_budget_is_one_line():
     model = Llama2.random(config, seed=0, backend=backend)
     reference = Llama2.random(config, seed=0)
     tokens = np.random.default_rng(1).integers(0, 40, (1, 40))
-    emulator = emulated.emulator_of(backend)
+    emulator = backend.emulator
     for t in range(1, 41):
         model.forward(tokens[:, :t])
         reference.forward(tokens[:, :t])
@@ -161,15 +161,15 @@ def test_growing_prompts_compile_a_few_shapes_and_the_budget_is_one_line():
     swiglu = lambda keys: {key for key in keys if key[0].startswith("swiglu")}  # noqa: E731
     rest = len(first - swiglu(first))
     assert rest > 0 and len(set(emulator.kernels) - swiglu(emulator.kernels)) == 2 * rest
-    lengths = {emulated.padded(t * config.hidden_dim) for t in range(1, 41)}
+    lengths = {table.padded(t * config.hidden_dim) for t in range(1, 41)}
     assert {dims[0] for _, dims in swiglu(emulator.kernels)} == lengths and len(lengths) <= 7
-    assert [emulated.padded(n) for n in (1, 32, 33, 64, 65, 1000)] == [32, 32, 64, 64, 128, 1024]
+    assert [table.padded(n) for n in (1, 32, 33, 64, 65, 1000)] == [32, 32, 64, 64, 128, 1024]
 
     class Budgeted(runtime.InterpreterRuntime):
         def __init__(self):
             super().__init__(runtime.CompileBudget(limit=4, headroom=1))
             self.enforce_budget = True
-    small = emulated.create(runtime=Budgeted())
+    small = table.create(runtime=Budgeted())
     model = Llama2.random(config, seed=0, backend=small)
     with pytest.raises(BackendError, match=r"compile 4 would pass the budget of .*restart the "
                                            r"process") as e:

@@ -231,8 +231,9 @@ def test_mil_text_points_at_its_blobs(tmp_path):
     assert milt.hex_float(0.5) == "0x1p-1" and milt.hex_float(-3.0) == "-0x1.8p+1"
 
 
-def test_milt_writes_every_piece_of_a_preset(tmp_path, capsys):
-    milt.main(["stories15M", str(tmp_path), "-t", "32"])
+def test_mil_text_of_every_piece_of_a_preset(tmp_path, capsys):
+    from dev import ane_mil_text
+    ane_mil_text.main(["stories15M", str(tmp_path), "-t", "32"])
     pieces = sorted(p.name for p in tmp_path.iterdir())
     assert pieces == sorted(mil.programs(mil.Dims(C=8, NH=2, NKV=1, hs=4, H=8, S=3)))
     text = (tmp_path / "qkv_forward" / "model.mil").read_text()

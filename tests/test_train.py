@@ -203,6 +203,15 @@ def test_cli_error_and_help(data, tmp_path):
         assert f"  -{flag} " in run.stdout
 
 
+def test_profile_groups_wraps_the_backend_once():
+    assert train.parse_args(["--profile-groups"]).backend == "profile:cpu"
+    assert train.parse_args(["--backend", "profile:cpu", "--profile-groups"]).backend == \
+        "profile:cpu"
+    assert train.parse_args(["--backend", "check:cpu", "--profile-groups"]).backend == \
+        "profile:check:cpu"
+    assert train.parse_args(["--backend", "ane-emu"]).backend == "ane-emu"
+
+
 # ----------------------------------------------------------------------------
 # checkpoints: llm.c's names, the newest complete one, llm.c's state layout
 

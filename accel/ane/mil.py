@@ -79,7 +79,8 @@ class Dims:
 
     @classmethod
     def from_config(cls, config, S=None):
-        """From a LlamaConfig (llmc_io; train_llama2.pyx's presets); S defaults to seq_len."""
+        """From a Llama config (its dim, n_heads, n_kv_heads, hidden_dim, max_seq_len: the
+        caller's, e.g. a preset); S defaults to max_seq_len."""
         S = config.max_seq_len if S is None else S
         return cls(config.dim, config.n_heads, config.n_kv_heads, config.dim // config.n_heads,
                    config.hidden_dim, S)

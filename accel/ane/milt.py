@@ -15,7 +15,6 @@ Constant fp16/fp32 tensors of more than INLINE_LIMIT elements (weights, the caus
 the weight blob (accel/ane/blob.py) and are referenced as BLOBFILE(path, offset); everything else
 is written inline.  Arguments are printed sorted by name; fp values as C99 hex floats (exact).
 """
-import argparse
 import os
 
 import numpy as np
@@ -118,23 +117,3 @@ def save(program, directory):
         f.write(text)
     blob.write(os.path.join(directory, "weights", "weight.bin"), arrays)
     return text
-
-
-def main(argv=None):
-    """python -m accel.ane.milt PRESET OUT [-t S]: every dynamic piece of PRESET's block as
-    OUT/<piece>/model.mil (+ weights/weight.bin), for compiling on a Mac."""
-    from accel.ane import mil
-    from llmc_io import PRESETS
-    p = argparse.ArgumentParser(prog="python -m accel.ane.milt", description=main.__doc__)
-    p.add_argument("preset", choices=sorted(PRESETS))
-    p.add_argument("out")
-    p.add_argument("-t", type=int, default=None, help="sequence length S (default: the preset's)")
-    args = p.parse_args(argv)
-    d = mil.Dims.from_config(PRESETS[args.preset], args.t)
-    for piece, program in mil.programs(d).items():
-        save(program, os.path.join(args.out, piece))
-        print(f"{os.path.join(args.out, piece, 'model.mil')}")
-
-
-if __name__ == "__main__":
-    main()

@@ -30,17 +30,21 @@ phase runs in the fresh process.  A layer group is the layers one process runs a
 plan lists them, the compiles per step, the steps a process lasts, the memory of each group and
 of the whole model (llmc/plan.py's memory_plan), and the state a restart writes.
 
-Bad plans are refused in one line (PlanError): a bad config (zero heads, n_kv_heads not
-dividing n_heads), a phase needing more compiles than a whole process gets, an unknown pipeline.
+The model comes from the caller, which knows its family: its config (a Llama config, read by
+its attributes: n_layers, max_seq_len, dim, n_heads, n_kv_heads, hidden_dim, describe(); the
+memory also by param_shapes() and num_parameters()) and, for the memory, the family's model
+class (train_llama2.Llama2, as llmc/plan.py takes it).  Bad plans are refused in one line
+(PlanError): a phase needing more compiles than a whole process gets, an unknown pipeline, a
+bad budget, policy, B, T or accum.
 """
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 
 from accel.ane.runtime import ANE_INNER_MULTIPLE, ANE_LIMIT, CompileBudget
 from llmc import recompute
 from llmc.plan import FLOAT, format_bytes, memory_plan
 
 __all__ = ["FORWARD", "BACKWARD", "PIPELINES", "Phase", "PlanError", "Plan", "Process",
-           "format_plan", "inner_sizes", "kernel_id", "make_plan", "place", "step_fits"]
+           "format_pipeline_plan", "inner_sizes", "kernel_id", "make_plan", "place", "step_fits"]
 
 PIPELINES = ("static", "dynamic")
 # (kernel, takes the layer's weights): accel/ane/mil.py's pieces, in the order a layer runs them
@@ -166,23 +170,6 @@ def inner_sizes(config, T):
             "hs (head size)": hs, "T (sequence)": T}
 
 
-def _config(model):
-    """A LlamaConfig from a LlamaConfig, a preset name or dN, or a dict of its fields."""
-    import llmc_io
-    if isinstance(model, llmc_io.LlamaConfig):
-        return model
-    try:
-        if isinstance(model, str):
-            return llmc_io.LlamaConfig.from_name(model)
-        known = {f.name for f in fields(llmc_io.LlamaConfig)}
-        unknown = set(model) - known
-        if unknown:
-            raise ValueError(f"unknown config fields {', '.join(sorted(unknown))}")
-        return llmc_io.LlamaConfig(**model)
-    except (ValueError, TypeError, ZeroDivisionError) as e:
-        raise PlanError(f"ANE plan: bad model config: {e}") from None
-
-
 @dataclass
 class Plan:
     config: object
@@ -279,11 +266,10 @@ class Plan:
         return [l for l in range(r.num_layers) if r.output_of[l] >= r.slots - 1]
 
 
-def make_plan(model, pipeline="static", budget=None, policy="all", B=1, T=None, accum=1,
+def make_plan(config, pipeline="static", budget=None, policy="all", B=1, T=None, accum=1,
               steps=None):
-    """The plan of training `model` (a LlamaConfig, a preset name or dN, or a dict of the
-    config's fields) on the ANE; PlanError (one line) for what cannot be planned."""
-    config = _config(model)
+    """The plan of training the model of `config` (its sizes, as the module says) on the ANE;
+    PlanError (one line) for what cannot be planned."""
     if pipeline not in PIPELINES:
         raise PlanError(f"ANE plan: unknown pipeline {pipeline!r}: one of {', '.join(PIPELINES)}")
     try:
@@ -310,14 +296,13 @@ def make_plan(model, pipeline="static", budget=None, policy="all", B=1, T=None, 
 # ----------------------------------------------------------------------------
 # memory, from llmc/plan.py, and the dry run's text
 
-def memory(plan):
-    """Bytes: the whole model's buffers on the CPU (llmc/plan.py's memory_plan under the
-    policy), one layer's parameters, the fp16 weights each process's kernels hold, and the
-    state file a restart writes (between steps; inside a step also the gradients and the kept
-    activations)."""
-    from train_llama2 import Llama2
+def memory(plan, family):
+    """Bytes: the whole model's buffers on the CPU (llmc/plan.py's memory_plan of the family's
+    model class under the policy), one layer's parameters, the fp16 weights each process's
+    kernels hold, and the state file a restart writes (between steps; inside a step also the
+    gradients and the kept activations)."""
     config, B, T = plan.config, plan.B, plan.T
-    whole = memory_plan(Llama2, config, B, T, plan.policy)
+    whole = memory_plan(family, config, B, T, plan.policy)
     layer_params = FLOAT * (replace(config, n_layers=2).num_parameters() -
                         replace(config, n_layers=1).num_parameters())   # fp32 bytes
     layer_weights = sum(shape[1] * shape[2] for name, shape in config.param_shapes()
@@ -334,11 +319,12 @@ def _layers(first, last):
     return f"layers {first}..{last}" if first < last else f"layers {first}..{last} (down)"
 
 
-def format_plan(plan, name=""):
-    """The dry run's text: the budget, the kernels, the compiles per step, the layer groups
-    (what each process runs of a step), the restarts, memory and the private path's shapes."""
+def format_pipeline_plan(plan, family, name=""):
+    """The dry run's text of the ANE pipeline: the budget, the kernels, the compiles per step,
+    the layer groups (what each process runs of a step), the restarts, memory (of the family's
+    model class) and the private path's shapes."""
     c, r = plan.config, plan.rplan
-    mem = memory(plan)
+    mem = memory(plan, family)
     steady = plan.compiles_per_step
     lines = [
         f"ANE plan: {name} ({c.describe()}), B={plan.B} T={plan.T}, {plan.pipeline} pipeline, "

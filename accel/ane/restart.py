@@ -4,7 +4,7 @@ that runs a plan's phases (accel/ane/plan.py) on a runtime (accel/ane/runtime.py
 where the plan does and resuming by itself.
 
 The state file (one file, memory-mapped when read; written whole or not at all by
-llmc_io.atomic_write):
+llmc/files.py's atomic_write):
 
     bytes 0..63     header: b"ANESTATE", uint32 version (1), uint32 metadata bytes,
                     uint64 array bytes, uint32 CRC-32 of the metadata and the arrays, zeros
@@ -15,9 +15,9 @@ llmc_io.atomic_write):
 
 A truncated file (its length is not the header's), a damaged one (the CRC), one of another run
 (the key: model, pipeline, budget, policy) or not a state file at all is refused in one line
-(llmc_io.FormatError).  Why not llm.c's state file (llmc_io.write_state): it holds AdamW and
-the data loader but not the weights (they go to a model file beside it), nor a step's
-gradients and activations, and is read whole rather than mapped; this is one file per restart.
+(llmc/files.py's FormatError).  Why not llm.c's training state file: it holds AdamW and the
+data loader but not the weights (they go to a model file beside it), nor a step's gradients
+and activations, and is read whole rather than mapped; this is one file per restart.
 
     python -m accel.ane.restart --state S.bin --out W.npy --steps 3 --limit 20 --headroom 2
 
@@ -31,12 +31,13 @@ import json
 import os
 import sys
 import zlib
+from dataclasses import dataclass
 
 import numpy as np
 
-import llmc_io
 from accel.ane.plan import BACKWARD, FORWARD, Process, kernel_id, make_plan, step_fits
 from accel.ane.runtime import CompileBudget, MockRuntime, NumpyProgram
+from llmc.files import FormatError, atomic_write
 
 __all__ = ["MAGIC", "exec_restart", "execute", "read_state", "write_state"]
 
@@ -69,7 +70,7 @@ def write_state(path, meta, arrays):
     header = (MAGIC + np.array([VERSION, len(body)], "<u4").tobytes() +
               np.array([offset], "<u8").tobytes() + np.array([crc], "<u4").tobytes())
     header += b"\0" * (HEADER - len(header))
-    llmc_io.atomic_write(path, [header, body] + chunks)
+    atomic_write(path, [header, body] + chunks)
 
 
 def read_state(path, key=None, check=True):
@@ -79,28 +80,28 @@ def read_state(path, key=None, check=True):
     with open(path, "rb") as f:
         header = f.read(HEADER)
         if len(header) < HEADER or header[:8] != MAGIC:
-            raise llmc_io.FormatError(path, "not an ANE state file (no ANESTATE header)")
+            raise FormatError(path, "not an ANE state file (no ANESTATE header)")
         version, meta_bytes = np.frombuffer(header, "<u4", 2, 8)
         array_bytes = int(np.frombuffer(header, "<u8", 1, 16)[0])
         crc = int(np.frombuffer(header, "<u4", 1, 24)[0])
         if version != VERSION:
-            raise llmc_io.FormatError(path, f"ANE state version {version}, supported: {VERSION}")
+            raise FormatError(path, f"ANE state version {version}, supported: {VERSION}")
         expected = HEADER + int(meta_bytes) + array_bytes
         if size != expected:
-            raise llmc_io.FormatError(path, f"truncated or damaged ANE state: {size} bytes, its "
-                                      f"header says {expected}")
+            raise FormatError(path, f"truncated or damaged ANE state: {size} bytes, its "
+                              f"header says {expected}")
         body = f.read(int(meta_bytes))
     data = np.memmap(path, np.uint8, mode="c", offset=HEADER + int(meta_bytes),
                      shape=(array_bytes,)) if array_bytes else np.zeros(0, np.uint8)
     if check and zlib.crc32(data, zlib.crc32(body)) != crc:
-        raise llmc_io.FormatError(path, "damaged ANE state: its CRC-32 does not match")
+        raise FormatError(path, "damaged ANE state: its CRC-32 does not match")
     try:
         meta = json.loads(body)
     except ValueError:
-        raise llmc_io.FormatError(path, "damaged ANE state: its metadata is not JSON") from None
+        raise FormatError(path, "damaged ANE state: its metadata is not JSON") from None
     if key is not None and meta.get("key") != key:
-        raise llmc_io.FormatError(path, f"ANE state of another run ({meta.get('key')}), this run "
-                                  f"is {key}: remove it or run that command")
+        raise FormatError(path, f"ANE state of another run ({meta.get('key')}), this run "
+                          f"is {key}: remove it or run that command")
     arrays = {}
     for a in meta.pop("arrays"):
         dtype = np.dtype(a["dtype"])
@@ -166,6 +167,17 @@ def execute(plan, workload, runtime, state_path, steps, restart=exec_restart):
 # ----------------------------------------------------------------------------
 # the fake workload of the restart test
 
+@dataclass(frozen=True)
+class FakeConfig:
+    """The fake workload's model, as the planner reads one: its layers and sequence length."""
+    n_layers: int
+    max_seq_len: int
+    channels: int
+
+    def describe(self):
+        return f"fake workload: L={self.n_layers} C={self.channels} T={self.max_seq_len}"
+
+
 class FakeWorkload:
     """Layers of C channels on a stream of S positions; every weighted kernel of layer l is
     y = tanh(W_l x) with W_l baked in when it is compiled (a stale kernel gives other numbers),
@@ -180,6 +192,10 @@ class FakeWorkload:
         self.acts = np.zeros((layers + 1, C, S), np.float32)
         self.dstream = np.zeros((C, S), np.float32)
         self.rng, self.data_pos, self.t, self.C, self.S = rng, 0, 0, C, S
+
+    @property
+    def config(self):
+        return FakeConfig(len(self.W), self.S, self.C)
 
     def state(self):
         meta = dict(data_pos=self.data_pos, t=self.t, rng=self.rng.bit_generator.state)
@@ -247,13 +263,13 @@ def main(argv=None):
                    help="a runtime budget other than the plan's (the test of their agreement)")
     args = p.parse_args(argv)
     budget = CompileBudget(args.limit, args.headroom)
-    plan = make_plan(f"d{args.layers}", "static", budget, args.policy, T=16)
+    workload = FakeWorkload(args.layers)
+    plan = make_plan(workload.config, "static", budget, args.policy)
     runtime = MockRuntime(budget if args.runtime_headroom is None else
                           CompileBudget(args.limit, args.runtime_headroom))
-    workload = FakeWorkload(args.layers)
     try:
         number = execute(plan, workload, runtime, args.state, args.steps)
-    except (llmc_io.FormatError, ValueError) as e:
+    except (FormatError, ValueError) as e:
         sys.exit(f"restart: error: {e}")
     print(f"process {number}: done, {runtime.compile_count} compiles in this one")
     np.save(args.out, workload.W)

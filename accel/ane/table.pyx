@@ -1,7 +1,7 @@
 """
-The ANE backends: the Apple Neural Engine's share of a Llama training step, as the anchor
-splits it, as the very MIL programs of accel/ane/mil.py (dynamic pipeline: weights are inputs,
-one compile per shape) on one of accel/ane/runtime.py's runtimes:
+The ANE backends' table: the Apple Neural Engine's share of a Llama training step, as the
+anchor splits it, as the very MIL programs of accel/ane/mil.py (dynamic pipeline: weights are
+inputs, one compile per shape) on one of accel/ane/runtime.py's runtimes:
 
   ane-emu   Linux: the NumPy interpreter (accel/ane/interp.py, InterpreterRuntime)
   ane       macOS: Core ML with CPU_AND_NE compute units (CoreMLRuntime) - written, UNRUN
@@ -13,10 +13,13 @@ one compile per shape) on one of accel/ane/runtime.py's runtimes:
                                 loss, AdamW, the weight gradients (matmul_backward's dweight,
                                 dbias), memory - and GPT-2's own layers
 
-The table is the CPU backend's with those entries replaced; each replacement takes the GIL and
-calls the Emulator (ctx), which compiles each program once through its runtime and runs it
-there.  A failure inside one (a runtime's error, a compile past the budget) is reported by
-last_error as one line.
+An ANEBackend owns two things, by name: `host`, a CPU backend, whose table it starts from (the
+CPU's adapters ignore ctx, so they serve this table unchanged) and to which the replaced
+entries hand the CPU's part of their work (matmul's weight gradients, last_error), and
+`emulator`, the Emulator that compiles each program once through its runtime and runs it
+there.  Its ctx is the ANEBackend itself: each replaced entry takes the GIL and reaches both
+through it.  A failure inside one (a runtime's error, a compile past the budget) is reported
+by last_error as one line.
 
 Loss scaling against fp16 underflow: every dx entry multiplies its incoming gradient by a
 power of two before casting it to fp16 and divides the results by it after casting back
@@ -144,8 +147,18 @@ class Emulator:
 
 # --- the C entries: views of the table's pointers, then the Emulator with the GIL ---------------
 
-cdef BackendTable cpu_table        # the CPU backend's table: the entries this one delegates to
-cdef object pending = None         # the message of the last failed entry (bytes), until read
+cdef class ANEBackend(Backend):
+    """A Backend whose table is its host's (a CPU backend) with the ANE's entries, run by its
+    emulator; with the tolerances check:ane-emu compares the fp16 entries at, and the time its
+    programs took to build and compile (the efficiency report's compile share)."""
+    cdef readonly Backend host        # the CPU backend: the rest of the table, and the CPU's part
+    cdef readonly object emulator     # the Emulator: the ANE's entries
+    cdef bytes failure                # the last failed entry's message, until last_error reads it
+    cdef bytes reported               # the message last_error returned: alive until its next call
+
+    @property
+    def compile_seconds(self):
+        return self.emulator.compile_seconds
 
 
 cdef object view(const float* p, Py_ssize_t n, shape=None):
@@ -157,23 +170,33 @@ cdef object view(const float* p, Py_ssize_t n, shape=None):
     return a if shape is None else a.reshape(shape)
 
 
-cdef void failed(str entry, exception) noexcept:
-    global pending
-    pending = f"ane-emu {entry}: {type(exception).__name__}: {exception}".encode()
+cdef void failed(void* ctx, str entry, exception) noexcept:
+    cdef ANEBackend backend = <ANEBackend>ctx
+    backend.failure = f"{backend.name} {entry}: {type(exception).__name__}: {exception}".encode()
+
+
+cdef object emulator_of(void* ctx):
+    return (<ANEBackend>ctx).emulator
+
+
+cdef BackendTable* host_table(void* ctx) noexcept with gil:
+    return &(<ANEBackend>ctx).host.table
+
+
+cdef const char* take_failure(void* ctx) noexcept with gil:
+    """The last failed entry's message, or NULL; alive until the next call."""
+    cdef ANEBackend backend = <ANEBackend>ctx
+    backend.reported, backend.failure = backend.failure, None
+    return NULL if backend.reported is None else <const char*> backend.reported
 
 
 cdef const char* ane_last_error(void* ctx) noexcept nogil:
-    global pending
-    cdef const char* message
-    with gil:
-        if pending is not None:
-            message = <const char*> pending   # kept alive by `kept` until the next call
-            kept[:] = [pending]
-            pending = None
-            return message
-    return cpu_table.last_error(ctx)
-
-kept = []
+    cdef const char* message = take_failure(ctx)
+    cdef BackendTable* host
+    if message != NULL:
+        return message
+    host = host_table(ctx)
+    return host.last_error(host.ctx)
 
 
 cdef void ane_matmul_forward(void* ctx, float* out, const float* inp, const float* weight,
@@ -181,25 +204,27 @@ cdef void ane_matmul_forward(void* ctx, float* out, const float* inp, const floa
     cdef Py_ssize_t BT = <Py_ssize_t>B * T
     with gil:
         try:
-            (<object>ctx).matmul_forward(view(out, BT * OC, (BT, OC)), view(inp, BT * C, (BT, C)),
-                                         view(weight, <Py_ssize_t>OC * C, (OC, C)),
-                                         view(bias, OC), BT, C, OC)
+            emulator_of(ctx).matmul_forward(view(out, BT * OC, (BT, OC)),
+                                            view(inp, BT * C, (BT, C)),
+                                            view(weight, <Py_ssize_t>OC * C, (OC, C)),
+                                            view(bias, OC), BT, C, OC)
         except BaseException as e:
-            failed("matmul_forward", e)
+            failed(ctx, "matmul_forward", e)
 
 
 cdef void ane_matmul_backward(void* ctx, float* dinp, float* dweight, float* dbias,
                               const float* dout, const float* inp, const float* weight,
                               int B, int T, int C, int OC) noexcept nogil:
     cdef Py_ssize_t BT = <Py_ssize_t>B * T
+    cdef BackendTable* host = host_table(ctx)
     with gil:
         try:
             # the weight gradients on the CPU: its kernel, without its dinp (NULL)
-            cpu_table.matmul_backward(ctx, NULL, dweight, dbias, dout, inp, weight, B, T, C, OC)
-            (<object>ctx).matmul_dinp(view(dinp, BT * C, (BT, C)), view(dout, BT * OC, (BT, OC)),
-                                      view(weight, <Py_ssize_t>OC * C, (OC, C)), BT, C, OC)
+            host.matmul_backward(host.ctx, NULL, dweight, dbias, dout, inp, weight, B, T, C, OC)
+            emulator_of(ctx).matmul_dinp(view(dinp, BT * C, (BT, C)), view(dout, BT * OC, (BT, OC)),
+                                         view(weight, <Py_ssize_t>OC * C, (OC, C)), BT, C, OC)
         except BaseException as e:
-            failed("matmul_backward", e)
+            failed(ctx, "matmul_backward", e)
 
 
 cdef void ane_attention_gqa_forward(void* ctx, float* out, float* att, const float* q,
@@ -208,12 +233,12 @@ cdef void ane_attention_gqa_forward(void* ctx, float* out, float* att, const flo
     cdef Py_ssize_t BT = <Py_ssize_t>B * T, QD = <Py_ssize_t>NH * hs, KVD = <Py_ssize_t>NKV * hs
     with gil:
         try:
-            (<object>ctx).attention_forward(
+            emulator_of(ctx).attention_forward(
                 view(out, BT * QD, (B, T, QD)), view(att, BT * NH * T, (B, NH, T, T)),
                 view(q, BT * QD, (B, T, QD)), view(k, BT * KVD, (B, T, KVD)),
                 view(v, BT * KVD, (B, T, KVD)), B, T, NH, NKV, hs)
         except BaseException as e:
-            failed("attention_gqa_forward", e)
+            failed(ctx, "attention_gqa_forward", e)
 
 
 cdef void ane_attention_gqa_backward(void* ctx, float* dq, float* dk, float* dv,
@@ -223,56 +248,44 @@ cdef void ane_attention_gqa_backward(void* ctx, float* dq, float* dk, float* dv,
     cdef Py_ssize_t BT = <Py_ssize_t>B * T, QD = <Py_ssize_t>NH * hs, KVD = <Py_ssize_t>NKV * hs
     with gil:
         try:
-            (<object>ctx).attention_backward(
+            emulator_of(ctx).attention_backward(
                 view(dq, BT * QD, (B, T, QD)), view(dk, BT * KVD, (B, T, KVD)),
                 view(dv, BT * KVD, (B, T, KVD)), view(dout, BT * QD, (B, T, QD)),
                 view(q, BT * QD, (B, T, QD)), view(k, BT * KVD, (B, T, KVD)),
                 view(v, BT * KVD, (B, T, KVD)), B, T, NH, NKV, hs)
         except BaseException as e:
-            failed("attention_gqa_backward", e)
+            failed(ctx, "attention_gqa_backward", e)
 
 
 cdef void ane_swiglu_forward(void* ctx, float* out, const float* a, const float* b,
                              Py_ssize_t N) noexcept nogil:
     with gil:
         try:
-            (<object>ctx).swiglu_forward(view(out, N), view(a, N), view(b, N))
+            emulator_of(ctx).swiglu_forward(view(out, N), view(a, N), view(b, N))
         except BaseException as e:
-            failed("swiglu_forward", e)
+            failed(ctx, "swiglu_forward", e)
 
 
 cdef void ane_swiglu_backward(void* ctx, float* da, float* db, const float* dout, const float* a,
                               const float* b, Py_ssize_t N) noexcept nogil:
     with gil:
         try:
-            (<object>ctx).swiglu_backward(view(da, N), view(db, N), view(dout, N), view(a, N),
-                                          view(b, N))
+            emulator_of(ctx).swiglu_backward(view(da, N), view(db, N), view(dout, N), view(a, N),
+                                             view(b, N))
         except BaseException as e:
-            failed("swiglu_backward", e)
-
-
-cdef class EmulatedBackend(Backend):
-    """A Backend with the tolerances check:ane-emu compares its fp16 entries at, and the time
-    its programs took to build and compile (the efficiency report's compile share)."""
-
-    @property
-    def compile_seconds(self):
-        return (<object>self.table.ctx).compile_seconds
+            failed(ctx, "swiglu_backward", e)
 
 
 def create(runtime=None, name="ane-emu"):
     """The ane-emu backend, or with runtime=CoreMLRuntime() the ane one (families llama and
     gpt2: GPT-2's own layers run on the CPU)."""
-    global cpu_table
-    cdef Backend host = cpu.create(flash=False)
-    emulator = Emulator(runtime=runtime)
-    cdef EmulatedBackend backend = EmulatedBackend(name, True, ("linear", "gpt2", "llama"),
-                                                   (host, emulator))
+    cdef ANEBackend backend = ANEBackend(name, True, ("linear", "gpt2", "llama"))
+    backend.host = cpu.create(flash=False)
+    backend.emulator = Emulator(runtime=runtime)
     backend.tolerances = dict(TOLERANCES)
-    cpu_table = host.table
-    backend.table = host.table          # the CPU's adapters ignore ctx: the Emulator rides in it
+    backend.table = backend.host.table   # the CPU's adapters ignore ctx: they serve it as is
     cdef BackendTable* t = &backend.table
-    t.ctx = <void*>emulator
+    t.ctx = <void*>backend            # borrowed: the backend outlives every call of its table
     t.last_error = ane_last_error
     t.matmul_forward = ane_matmul_forward
     t.matmul_backward = ane_matmul_backward
@@ -282,8 +295,3 @@ def create(runtime=None, name="ane-emu"):
     t.swiglu_backward = ane_swiglu_backward
     backend.validate()
     return backend
-
-
-def emulator_of(Backend backend):
-    """The Emulator behind an ane-emu backend (tests: its builds, its loss scaling)."""
-    return <object>backend.table.ctx
