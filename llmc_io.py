@@ -37,6 +37,8 @@ from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
+from llmc.rope import rope_tables
+
 HEADER_INTS = 256
 HEADER_BYTES = HEADER_INTS * 4
 
@@ -753,8 +755,8 @@ PRESETS = {
 #   version 0, "legacy" (run.c's): 7 int32 dim, hidden_dim, n_layers, n_heads, n_kv_heads,
 #       vocab_size (negated when the classifier is not the embedding), max_seq_len; then fp32
 #       tok_embeddings, attention_norm, wq, wk, wv, wo, ffn_norm, w1, w2, w3, norm (our flat
-#       order), RoPE's cos then sin table (max_seq_len, head_size/2) each, and output when the
-#       classifier is separate.
+#       order), RoPE's cos then sin table (max_seq_len, head_size/2) each (llmc/rope.py's;
+#       run.c never reads them), and output when the classifier is separate.
 #   version 1: 256 bytes of header: uint32 magic 0x616b3432 ("ak42"), int32 version 1, the 7
 #       int32 above (vocab_size positive), uint8 shared_classifier, zeros; then fp32
 #       attention_norm, ffn_norm, norm, tok_embeddings, wq, wk, wv, wo, w1, w2, w3, [output].
@@ -769,17 +771,6 @@ LLAMA2C_NORM_EPS, LLAMA2C_ROPE_THETA = 1e-5, 10000.0
 # version 1's tensor order, by our names
 LLAMA2C_V1_ORDER = ("attention_norm", "ffn_norm", "norm", "tok_embeddings", "wq", "wk", "wv",
                     "wo", "w1", "w2", "w3", "output")
-
-
-def rope_tables(max_seq_len, head_size, theta=LLAMA2C_ROPE_THETA):
-    """RoPE's (cos, sin), each (max_seq_len, head_size/2) float32, as llama2.c's model.py
-    computes them: frequencies theta^(-2i/hs) and angles t*freq in float32 (bit for bit as
-    PyTorch's), cos and sin correctly rounded (PyTorch's float32 cos and sin may differ in the
-    last bit; run.c never reads these tables)."""
-    exponents = np.arange(0, head_size, 2, dtype=np.float32)[:head_size // 2] / np.float32(head_size)
-    freqs = np.float32(1.0) / (np.float64(theta) ** exponents.astype(np.float64)).astype(np.float32)
-    angles = np.outer(np.arange(max_seq_len, dtype=np.float32), freqs).astype(np.float64)
-    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
 
 
 def _llama2c_sizes(config):
@@ -805,7 +796,7 @@ def write_llama_model(path, config, params, version=1):
     if version == 0:
         if not config.shared_classifier:
             sizes[5] = -sizes[5]
-        cos, sin = rope_tables(config.max_seq_len, config.head_size)
+        cos, sin = rope_tables(config.max_seq_len, config.head_size, config.rope_theta)
         chunks = [np.array(sizes, dtype="<i4").tobytes()]
         chunks += [views[name] for name in views if name != "output"]
         chunks += [cos.astype("<f4"), sin.astype("<f4")]

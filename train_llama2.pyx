@@ -23,7 +23,7 @@ Dimension letters:
 """
 import numpy as np
 
-from kernels import rope
+from llmc.rope import rope_tables
 from llmc_io import LlamaConfig, read_llama_model, write_llama_model
 
 from accel.backend cimport Buffer
@@ -130,7 +130,7 @@ cdef class Llama2(Model):
         self.V, self.eps = config.vocab_size, config.norm_eps
         super().__init__(config, backend, recompute)
         # the rotation tables, computed once on the host and uploaded (read-only from here on)
-        freqs_cos, freqs_sin = rope.freqs(config.max_seq_len, self.hs, config.rope_theta)
+        freqs_cos, freqs_sin = rope_tables(config.max_seq_len, self.hs, config.rope_theta)
         cdef Py_ssize_t table_size = freqs_cos.size
         self._rope = self.backend.alloc(2 * table_size * sizeof(float))
         self._rope.load(np.concatenate([freqs_cos.ravel(), freqs_sin.ravel()]))

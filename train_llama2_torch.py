@@ -34,6 +34,7 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 import llmc_io
+from llmc.rope import rope_tables
 from llmc_io import PRESETS, LlamaConfig
 # test_gpt2.c's AdamW settings and training loop, and the init's std, as for GPT-2
 from train_gpt2_torch import ADAMW, INIT_STD, as_tokens, step_losses
@@ -51,15 +52,6 @@ class RMSNorm(nn.Module):
 
     def forward(self, x):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
-
-
-def rope_tables(head_size, max_seq_len, theta):
-    """cos, sin (maxT, hs/2) of t * theta^(-2i/hs), computed in float64 and rounded to float32
-    (as kernels.rope.freqs does; Meta computes them in float32, which is ~2e-4 rad off at
-    t = 4096)."""
-    freqs = theta ** (-torch.arange(0, head_size, 2, dtype=torch.float64) / head_size)
-    angles = torch.outer(torch.arange(max_seq_len, dtype=torch.float64), freqs)
-    return torch.cos(angles).float(), torch.sin(angles).float()
 
 
 def apply_rope(x, cos, sin):
@@ -137,9 +129,11 @@ class Transformer(nn.Module):
         self.output = nn.Linear(config.dim, config.vocab_size, bias=False)
         if config.shared_classifier:
             self.output.weight = self.tok_embeddings.weight
-        cos, sin = rope_tables(config.head_size, config.max_seq_len, config.rope_theta)
-        self.register_buffer("rope_cos", cos, persistent=False)
-        self.register_buffer("rope_sin", sin, persistent=False)
+        # the model's own tables (llmc/rope.py: float64, rounded once; Meta's are float32,
+        # ~2e-4 rad off at t = 4096), so the parity checks compare the layers, not the tables
+        cos, sin = rope_tables(config.max_seq_len, config.head_size, config.rope_theta)
+        self.register_buffer("rope_cos", torch.from_numpy(cos), persistent=False)
+        self.register_buffer("rope_sin", torch.from_numpy(sin), persistent=False)
 
     def forward(self, idx, targets):
         """logits (B,T,V) and the mean cross-entropy loss of idx (B,T) predicting targets."""

@@ -18,6 +18,7 @@ torch = pytest.importorskip("torch")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import llmc_io  # noqa: E402
 import train_llama2_torch as ref  # noqa: E402
+from llmc.rope import rope_tables  # noqa: E402
 from llmc_io import LlamaConfig  # noqa: E402
 
 # name: (hidden_dim, parameters); the counts of llama2.c's, TinyLlama's and Meta's models
@@ -140,7 +141,7 @@ def test_attention_and_rope_match_independent_formulations():
     attention = ref.Attention(config)
     B, T, NH, NKV, hs = 2, 7, config.n_heads, config.n_kv_heads, config.head_size
     x = torch.randn(B, T, config.dim)
-    cos, sin = ref.rope_tables(hs, T, config.rope_theta)
+    cos, sin = (torch.from_numpy(table) for table in rope_tables(T, hs, config.rope_theta))
     freqs_cis = torch.polar(torch.ones(T, hs // 2), torch.atan2(sin, cos))
 
     def rope_complex(t):
