@@ -21,7 +21,7 @@ writes to the output directory, for NAME (--name; default llama2_<model>):
                                   test_gpt2.c runs them, with the optimizer's settings
 
 Tests import reference_forward_backward() and reference_losses(), which start from a flat
-parameter vector in llmc_io.LlamaConfig.param_shapes() order.
+parameter vector in train_llama2.LlamaConfig.param_shapes() order.
 """
 import argparse
 import json
@@ -33,9 +33,11 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-import llmc_io
+from llmc.formats import atomic_write, param_views
+from llmc.formats.llama2c import write_llama_model
+from llmc.formats.llmc import write_debug_state
 from llmc.rope import rope_tables
-from llmc_io import PRESETS, LlamaConfig
+from train_llama2 import PRESETS, LlamaConfig, llama2c_hidden_dim
 # test_gpt2.c's AdamW settings and training loop, and the init's std, as for GPT-2
 from train_gpt2_torch import ADAMW, INIT_STD, as_tokens, step_losses
 
@@ -186,7 +188,7 @@ def flat_vector(model, grads=False):
 def build_model(config, params):
     """A Transformer whose weights are the flat vector params."""
     model = Transformer(config)
-    views = llmc_io.param_views(config, np.asarray(params, dtype=np.float32))
+    views = param_views(config, np.asarray(params, dtype=np.float32))
     tensors = dict(model.named_parameters())
     with torch.no_grad():
         for name, _ in config.param_shapes():
@@ -285,7 +287,7 @@ def parse_args(argv):
     overrides = {field: getattr(args, flag) for flag, field in SIZE_FLAGS.items()
                  if getattr(args, flag) is not None}
     if args.dim is not None and args.hidden_dim is None:
-        overrides["hidden_dim"] = llmc_io.llama2c_hidden_dim(args.dim)
+        overrides["hidden_dim"] = llama2c_hidden_dim(args.dim)
     if args.shared_classifier is not None:
         overrides["shared_classifier"] = args.shared_classifier
     try:
@@ -310,19 +312,19 @@ def main(argv=None):
 
     os.makedirs(args.output_dir, exist_ok=True)
     out = lambda filename: os.path.join(args.output_dir, filename)
-    llmc_io.write_llama_model(out(f"{name}.bin"), config, params)
+    write_llama_model(out(f"{name}.bin"), config, params)
     print(f"wrote {out(name + '.bin')} (llama2.c version 1, float32)")
 
     logits, loss, grads = reference_forward_backward(config, params, x, y)
-    llmc_io.write_debug_state(out(f"{name}_debug_state.bin"), x, y, logits, loss, grads)
+    write_debug_state(out(f"{name}_debug_state.bin"), x, y, logits, loss, grads)
     print(f"wrote {out(name + '_debug_state.bin')} (loss {loss:.6f})")
 
     losses = reference_losses(config, params, x, y, steps=args.steps)
     for step, step_loss in enumerate(losses):
         print(f"step {step}: loss {step_loss:.6f}")
     record = {"losses": losses, **ADAMW, "decay": "all"}
-    llmc_io.atomic_write(out(f"{name}_debug_state.losses.json"),
-                         [json.dumps(record, indent=2).encode() + b"\n"])
+    atomic_write(out(f"{name}_debug_state.losses.json"),
+                 [json.dumps(record, indent=2).encode() + b"\n"])
     print(f"wrote {out(name + '_debug_state.losses.json')}")
 
 

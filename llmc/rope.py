@@ -1,7 +1,7 @@
 """
 RoPE's tables, computed once for everything that rotates by position: the Llama model
 (train_llama2.pyx, whose kernels/rope.pyx reads them), llama2.c's legacy model file
-(llmc_io.py) and the PyTorch reference (train_llama2_torch.py).
+(llmc/formats/llama2c.py) and the PyTorch reference (train_llama2_torch.py).
 
     angle[t, i] = t * theta^(-2i/hs)      t = 0..maxT-1, i = 0..hs/2-1 (theta 10000 in Llama 2)
     cos[t, i], sin[t, i]                  (maxT, hs/2) float32 each

@@ -7,11 +7,12 @@ import sys
 import numpy as np
 import pytest
 
-import llmc_io
 from accel.ane import restart
 from accel.ane.plan import PlanError, format_plan, make_plan, memory
 from accel.ane.runtime import (BudgetExceeded, CompileBudget, CompileLimitError, MockRuntime,
                                NumpyProgram)
+from llmc.formats import FormatError
+from train_llama2 import PRESETS, LlamaConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -134,17 +135,17 @@ def test_state_round_trip_and_truncation(tmp_path):
         assert np.array_equal(back[name], a) and back[name].dtype == a.dtype
     raw = path.read_bytes()
     path.write_bytes(raw[:-4])
-    with pytest.raises(llmc_io.FormatError, match="truncated or damaged ANE state") as e:
+    with pytest.raises(FormatError, match="truncated or damaged ANE state") as e:
         restart.read_state(path)
     assert "\n" not in str(e.value)
     path.write_bytes(raw[:-5] + bytes([raw[-5] ^ 1]) + raw[-4:])
-    with pytest.raises(llmc_io.FormatError, match="CRC-32"):
+    with pytest.raises(FormatError, match="CRC-32"):
         restart.read_state(path)
     path.write_bytes(raw)
-    with pytest.raises(llmc_io.FormatError, match="ANE state of another run"):
+    with pytest.raises(FormatError, match="ANE state of another run"):
         restart.read_state(path, key="other")
     path.write_bytes(b"GPT2" + raw[4:])
-    with pytest.raises(llmc_io.FormatError, match="not an ANE state file"):
+    with pytest.raises(FormatError, match="not an ANE state file"):
         restart.read_state(path)
 
 
@@ -173,7 +174,7 @@ def test_exec_restart_resumes_to_the_same_weights(tmp_path):
 # ----------------------------------------------------------------------------
 # the dry run: every preset, both pipelines, any policy, well under a second each
 
-@pytest.mark.parametrize("model", list(llmc_io.PRESETS) + ["d2"])
+@pytest.mark.parametrize("model", list(PRESETS) + ["d2"])
 def test_dry_run_every_preset(model, capsys):
     import train
     for pipeline in ("static", "dynamic"):
@@ -302,7 +303,7 @@ def test_resume_from_a_truncated_state_file_fails_in_one_line(tmp_path):
 def test_memory_counts_one_layers_matrices():
     """The fp16 copy the ANE holds of a layer is its matrices at 2 bytes each (planted: the
     count divided by the layers once more said 1.1 MiB for stories110M's 13.5)."""
-    config = llmc_io.LlamaConfig.from_name("stories110M")
+    config = LlamaConfig.from_name("stories110M")
     mem = memory(make_plan(config, "static"))
     dim, hidden = config.dim, config.hidden_dim
     assert mem["layer_matrix_elements"] == 4 * dim * dim + 3 * dim * hidden

@@ -9,7 +9,8 @@ import pytest
 
 from accel import cpu, instrument
 from accel.backend import ENTRY_GROUPS, Backend, BackendError, backend_names, get_backend
-from llmc_io import GPT2Config, read_checkpoint, read_debug_state
+from llmc.formats.llmc import read_checkpoint, read_debug_state
+from train_gpt2 import GPT2Config
 from train_gpt2 import GPT2
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -19,8 +19,8 @@ import pytest
 
 from accel import instrument
 from accel.backend import ENTRY_GROUPS, BackendError, get_backend
-from llmc_io import GPT2Config
 from test_backend import run_every_entry
+from train_gpt2 import GPT2Config
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)

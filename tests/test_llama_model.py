@@ -14,7 +14,9 @@ import pytest
 import test_llama2
 from accel import cpu, instrument
 from accel.backend import ENTRY_GROUPS, BackendError, get_backend
-from llmc_io import LlamaConfig, param_views, read_debug_state, write_debug_state
+from llmc.formats import param_views
+from llmc.formats.llmc import read_debug_state, write_debug_state
+from train_llama2 import LlamaConfig
 from train_llama2 import Llama2
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -7,12 +7,11 @@ import sys
 import numpy as np
 import pytest
 
+from accel import cpu
 from dev import bench_step   # its FLOP count, written apart
 from llmc.plan import flops_plan, format_plan, measure_gflops, memory_plan
-from accel import cpu
-from llmc_io import PRESETS, GPT2Config, LlamaConfig
-from train_gpt2 import GPT2
-from train_llama2 import Llama2
+from train_gpt2 import GPT2, GPT2Config
+from train_llama2 import PRESETS, Llama2, LlamaConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

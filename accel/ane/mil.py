@@ -79,7 +79,7 @@ class Dims:
 
     @classmethod
     def from_config(cls, config, S=None):
-        """From a LlamaConfig (llmc_io; train_llama2.pyx's presets); S defaults to seq_len."""
+        """From a LlamaConfig (train_llama2.pyx's, or a preset's); S defaults to seq_len."""
         S = config.max_seq_len if S is None else S
         return cls(config.dim, config.n_heads, config.n_kv_heads, config.dim // config.n_heads,
                    config.hidden_dim, S)

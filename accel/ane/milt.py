@@ -124,7 +124,7 @@ def main(argv=None):
     """python -m accel.ane.milt PRESET OUT [-t S]: every dynamic piece of PRESET's block as
     OUT/<piece>/model.mil (+ weights/weight.bin), for compiling on a Mac."""
     from accel.ane import mil
-    from llmc_io import PRESETS
+    from train_llama2 import PRESETS
     p = argparse.ArgumentParser(prog="python -m accel.ane.milt", description=main.__doc__)
     p.add_argument("preset", choices=sorted(PRESETS))
     p.add_argument("out")

@@ -168,17 +168,17 @@ def inner_sizes(config, T):
 
 def _config(model):
     """A LlamaConfig from a LlamaConfig, a preset name or dN, or a dict of its fields."""
-    import llmc_io
-    if isinstance(model, llmc_io.LlamaConfig):
+    from train_llama2 import LlamaConfig
+    if isinstance(model, LlamaConfig):
         return model
     try:
         if isinstance(model, str):
-            return llmc_io.LlamaConfig.from_name(model)
-        known = {f.name for f in fields(llmc_io.LlamaConfig)}
+            return LlamaConfig.from_name(model)
+        known = {f.name for f in fields(LlamaConfig)}
         unknown = set(model) - known
         if unknown:
             raise ValueError(f"unknown config fields {', '.join(sorted(unknown))}")
-        return llmc_io.LlamaConfig(**model)
+        return LlamaConfig(**model)
     except (ValueError, TypeError, ZeroDivisionError) as e:
         raise PlanError(f"ANE plan: bad model config: {e}") from None
 

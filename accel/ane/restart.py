@@ -4,7 +4,7 @@ that runs a plan's phases (accel/ane/plan.py) on a runtime (accel/ane/runtime.py
 where the plan does and resuming by itself.
 
 The state file (one file, memory-mapped when read; written whole or not at all by
-llmc_io.atomic_write):
+llmc.formats.atomic_write):
 
     bytes 0..63     header: b"ANESTATE", uint32 version (1), uint32 metadata bytes,
                     uint64 array bytes, uint32 CRC-32 of the metadata and the arrays, zeros
@@ -15,9 +15,10 @@ llmc_io.atomic_write):
 
 A truncated file (its length is not the header's), a damaged one (the CRC), one of another run
 (the key: model, pipeline, budget, policy) or not a state file at all is refused in one line
-(llmc_io.FormatError).  Why not llm.c's state file (llmc_io.write_state): it holds AdamW and
-the data loader but not the weights (they go to a model file beside it), nor a step's
-gradients and activations, and is read whole rather than mapped; this is one file per restart.
+(llmc.formats.FormatError).  Why not llm.c's state file (llmc.formats.llmc.write_state): it
+holds AdamW and the data loader but not the weights (they go to a model file beside it), nor a
+step's gradients and activations, and is read whole rather than mapped; this is one file per
+restart.
 
     python -m accel.ane.restart --state S.bin --out W.npy --steps 3 --limit 20 --headroom 2
 
@@ -34,9 +35,9 @@ import zlib
 
 import numpy as np
 
-import llmc_io
 from accel.ane.plan import BACKWARD, FORWARD, Process, kernel_id, make_plan, step_fits
 from accel.ane.runtime import CompileBudget, MockRuntime, NumpyProgram
+from llmc.formats import FormatError, atomic_write
 
 __all__ = ["MAGIC", "exec_restart", "execute", "read_state", "write_state"]
 
@@ -69,7 +70,7 @@ def write_state(path, meta, arrays):
     header = (MAGIC + np.array([VERSION, len(body)], "<u4").tobytes() +
               np.array([offset], "<u8").tobytes() + np.array([crc], "<u4").tobytes())
     header += b"\0" * (HEADER - len(header))
-    llmc_io.atomic_write(path, [header, body] + chunks)
+    atomic_write(path, [header, body] + chunks)
 
 
 def read_state(path, key=None, check=True):
@@ -79,28 +80,28 @@ def read_state(path, key=None, check=True):
     with open(path, "rb") as f:
         header = f.read(HEADER)
         if len(header) < HEADER or header[:8] != MAGIC:
-            raise llmc_io.FormatError(path, "not an ANE state file (no ANESTATE header)")
+            raise FormatError(path, "not an ANE state file (no ANESTATE header)")
         version, meta_bytes = np.frombuffer(header, "<u4", 2, 8)
         array_bytes = int(np.frombuffer(header, "<u8", 1, 16)[0])
         crc = int(np.frombuffer(header, "<u4", 1, 24)[0])
         if version != VERSION:
-            raise llmc_io.FormatError(path, f"ANE state version {version}, supported: {VERSION}")
+            raise FormatError(path, f"ANE state version {version}, supported: {VERSION}")
         expected = HEADER + int(meta_bytes) + array_bytes
         if size != expected:
-            raise llmc_io.FormatError(path, f"truncated or damaged ANE state: {size} bytes, its "
-                                      f"header says {expected}")
+            raise FormatError(path, f"truncated or damaged ANE state: {size} bytes, its "
+                              f"header says {expected}")
         body = f.read(int(meta_bytes))
     data = np.memmap(path, np.uint8, mode="c", offset=HEADER + int(meta_bytes),
                      shape=(array_bytes,)) if array_bytes else np.zeros(0, np.uint8)
     if check and zlib.crc32(data, zlib.crc32(body)) != crc:
-        raise llmc_io.FormatError(path, "damaged ANE state: its CRC-32 does not match")
+        raise FormatError(path, "damaged ANE state: its CRC-32 does not match")
     try:
         meta = json.loads(body)
     except ValueError:
-        raise llmc_io.FormatError(path, "damaged ANE state: its metadata is not JSON") from None
+        raise FormatError(path, "damaged ANE state: its metadata is not JSON") from None
     if key is not None and meta.get("key") != key:
-        raise llmc_io.FormatError(path, f"ANE state of another run ({meta.get('key')}), this run "
-                                  f"is {key}: remove it or run that command")
+        raise FormatError(path, f"ANE state of another run ({meta.get('key')}), this run "
+                          f"is {key}: remove it or run that command")
     arrays = {}
     for a in meta.pop("arrays"):
         dtype = np.dtype(a["dtype"])
@@ -253,7 +254,7 @@ def main(argv=None):
     workload = FakeWorkload(args.layers)
     try:
         number = execute(plan, workload, runtime, args.state, args.steps)
-    except (llmc_io.FormatError, ValueError) as e:
+    except (FormatError, ValueError) as e:
         sys.exit(f"restart: error: {e}")
     print(f"process {number}: done, {runtime.compile_count} compiles in this one")
     np.save(args.out, workload.W)
