@@ -120,7 +120,7 @@ class GPT2Config:
 
 # ----------------------------------------------------------------------------
 # the parameters: 16 tensors in llm.c's order, the order of this struct's fields (Layout.point
-# fills it from param_shapes, in that order)
+# fills it from param_shapes, whose shapes are keyed by these fields)
 
 ctypedef struct ParameterTensors:
     float* wte        # (Vp, C)   token embedding, tied to the output head
@@ -142,28 +142,32 @@ ctypedef struct ParameterTensors:
 
 
 def param_shapes(config):
-    """The 16 parameter tensors as (name, shape), in llm.c's order and layout: the fields of
-    ParameterTensors, in its order."""
+    """The 16 parameter tensors as (name, shape), in llm.c's order and layout: each shape is
+    keyed by the address of its ParameterTensors field, so the list comes out in the struct's
+    order, and a field without a shape fails the size check."""
+    cdef ParameterTensors field
     Vp, maxT = config.padded_vocab_size, config.max_seq_len
     L, C = config.num_layers, config.channels
-    return [
-        ("wte", (Vp, C)),
-        ("wpe", (maxT, C)),
-        ("ln1w", (L, C)),
-        ("ln1b", (L, C)),
-        ("qkvw", (L, 3 * C, C)),
-        ("qkvb", (L, 3 * C)),
-        ("attprojw", (L, C, C)),
-        ("attprojb", (L, C)),
-        ("ln2w", (L, C)),
-        ("ln2b", (L, C)),
-        ("fcw", (L, 4 * C, C)),
-        ("fcb", (L, 4 * C)),
-        ("fcprojw", (L, C, 4 * C)),
-        ("fcprojb", (L, C)),
-        ("lnfw", (C,)),
-        ("lnfb", (C,)),
-    ]
+    by_field = {
+        <size_t>&field.wte: ("wte", (Vp, C)),
+        <size_t>&field.wpe: ("wpe", (maxT, C)),
+        <size_t>&field.ln1w: ("ln1w", (L, C)),
+        <size_t>&field.ln1b: ("ln1b", (L, C)),
+        <size_t>&field.qkvw: ("qkvw", (L, 3 * C, C)),
+        <size_t>&field.qkvb: ("qkvb", (L, 3 * C)),
+        <size_t>&field.attprojw: ("attprojw", (L, C, C)),
+        <size_t>&field.attprojb: ("attprojb", (L, C)),
+        <size_t>&field.ln2w: ("ln2w", (L, C)),
+        <size_t>&field.ln2b: ("ln2b", (L, C)),
+        <size_t>&field.fcw: ("fcw", (L, 4 * C, C)),
+        <size_t>&field.fcb: ("fcb", (L, 4 * C)),
+        <size_t>&field.fcprojw: ("fcprojw", (L, C, 4 * C)),
+        <size_t>&field.fcprojb: ("fcprojb", (L, C)),
+        <size_t>&field.lnfw: ("lnfw", (C,)),
+        <size_t>&field.lnfb: ("lnfb", (C,)),
+    }
+    assert len(by_field) * sizeof(float*) == sizeof(ParameterTensors), "a field has no shape"
+    return [by_field[address] for address in sorted(by_field)]
 
 
 # ----------------------------------------------------------------------------
@@ -241,7 +245,6 @@ cdef class GPT2(Model):
         """A model of this GPT2Config with all parameters zero (see random / from_checkpoint),
         on a backend: "cpu", "check:cpu", ... (accel.backend.backend_names()), keeping its
         activations by a recompute policy: "all", "sqrt", ... (llmc/recompute.py)."""
-        assert sizeof(ParameterTensors) == 16 * sizeof(float*)
         assert sizeof(LayerActivations) == 17 * sizeof(float*)
         assert sizeof(HeadActivations) == 6 * sizeof(float*)
         self.NH, self.C = config.num_heads, config.channels

@@ -152,7 +152,7 @@ PRESETS = {
 
 # ----------------------------------------------------------------------------
 # the parameters: llama2.c's checkpoint order, the order of this struct's fields (Layout.point
-# fills it from param_shapes, in that order)
+# fills it from param_shapes, whose shapes are keyed by these fields)
 
 ctypedef struct ParameterTensors:
     float* tok_embeddings   # (V, C)
@@ -173,25 +173,29 @@ def param_shapes(config):
     """The parameter tensors as (name, shape) in the flat buffer's order: llama2.c's
     checkpoint order, Meta's names, per-layer tensors stacked along a leading L axis, each
     matrix as nn.Linear keeps it (out_features, in_features); output only with a separate
-    classifier (else it is tok_embeddings itself: point_parameters)."""
+    classifier.  Each shape is keyed by the address of its ParameterTensors field, so the
+    list comes out in the struct's order, and a field without a shape fails the size check."""
+    cdef ParameterTensors field
     C, L, V, H = config.dim, config.n_layers, config.vocab_size, config.hidden_dim
     q_dim, kv_dim = config.n_heads * config.head_size, config.n_kv_heads * config.head_size
-    shapes = [
-        ("tok_embeddings", (V, C)),
-        ("attention_norm", (L, C)),
-        ("wq", (L, q_dim, C)),
-        ("wk", (L, kv_dim, C)),
-        ("wv", (L, kv_dim, C)),
-        ("wo", (L, C, q_dim)),
-        ("ffn_norm", (L, C)),
-        ("w1", (L, H, C)),
-        ("w2", (L, C, H)),
-        ("w3", (L, H, C)),
-        ("norm", (C,)),
-    ]
-    if not config.shared_classifier:
-        shapes.append(("output", (V, C)))
-    return shapes
+    by_field = {
+        <size_t>&field.tok_embeddings: ("tok_embeddings", (V, C)),
+        <size_t>&field.attention_norm: ("attention_norm", (L, C)),
+        <size_t>&field.wq: ("wq", (L, q_dim, C)),
+        <size_t>&field.wk: ("wk", (L, kv_dim, C)),
+        <size_t>&field.wv: ("wv", (L, kv_dim, C)),
+        <size_t>&field.wo: ("wo", (L, C, q_dim)),
+        <size_t>&field.ffn_norm: ("ffn_norm", (L, C)),
+        <size_t>&field.w1: ("w1", (L, H, C)),
+        <size_t>&field.w2: ("w2", (L, C, H)),
+        <size_t>&field.w3: ("w3", (L, H, C)),
+        <size_t>&field.norm: ("norm", (C,)),
+        <size_t>&field.output: ("output", (V, C)),
+    }
+    assert len(by_field) * sizeof(float*) == sizeof(ParameterTensors), "a field has no shape"
+    if config.shared_classifier:   # output is tok_embeddings itself (point_parameters)
+        del by_field[<size_t>&field.output]
+    return [by_field[address] for address in sorted(by_field)]
 
 
 # ----------------------------------------------------------------------------
@@ -267,7 +271,6 @@ cdef class Llama2(Model):
         """A model of this LlamaConfig with all parameters zero (see random / from_checkpoint),
         on a backend: "cpu", "check:cpu", ... (accel.backend.backend_names()), keeping its
         activations by a recompute policy: "all", "sqrt", ... (llmc/recompute.py)."""
-        assert sizeof(ParameterTensors) == 12 * sizeof(float*)
         assert sizeof(LayerActivations) == 18 * sizeof(float*)
         assert sizeof(HeadActivations) == 5 * sizeof(float*)
         self.NH, self.NKV = config.n_heads, config.n_kv_heads
