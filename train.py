@@ -344,7 +344,7 @@ def load_model(args, Model, resume_path):
 
 def dry_run(args):
     """Print the plan of a training step of the model (llmc/plan.py), without allocating it."""
-    from llmc.plan import format_plan
+    from llmc.plan import dry_run_text
     Model = model_class(args)
     model_family = family_of(args.family)
     init, config = model_source(args)
@@ -369,8 +369,8 @@ def dry_run(args):
         except PlanError as e:
             raise TrainError(str(e)) from None
         return print(ane_plan(plan, f"{family} {init}"))
-    print(format_plan(Model, config, f"{family} {init}", args.B, args.T, args.recompute,
-                      backend=args.backend))
+    print(dry_run_text(Model, config, f"{family} {init}", args.B, args.T, args.recompute,
+                       backend=args.backend))
 
 
 def load_sample_tokenizer(args, vocab_map=None):
