@@ -19,7 +19,8 @@ import time
 
 import numpy as np
 
-from llmc_io import FormatError, param_views, read_checkpoint, read_debug_state
+from llmc.formats import FormatError, param_views
+from llmc.formats.llmc import read_checkpoint, read_debug_state
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIXTURE_MODEL = os.path.join(HERE, "tests", "fixtures", "gpt2_tiny.bin")

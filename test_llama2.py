@@ -15,7 +15,8 @@ import json
 import os
 import sys
 
-from llmc_io import FormatError, param_views, read_debug_state
+from llmc.formats import FormatError, param_views
+from llmc.formats.llmc import read_debug_state
 from test_gpt2 import STEPS, check_parity
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -34,8 +34,8 @@ compile time, kernel groups with --profile-groups) and ends with an efficiency r
 token ids of the training data (llmc/vocab.py; it changes the objective).
 
 The pieces live in llmc/, as llm.c's: dataloader, tokenizer, sampler, schedulers, logger,
-checkpoint, default_data, report, vocab; the file formats in llmc_io.py; the models in
-train_gpt2.pyx and train_llama2.pyx.
+checkpoint, default_data, report, vocab; the file formats in llmc/formats/; the models in
+train_gpt2.pyx and train_llama2.pyx, each found by its name (llmc/families.py).
 """
 import argparse
 import glob
@@ -45,11 +45,14 @@ import re
 import sys
 import time
 
-import llmc_io
 from accel.hooks import backend_hooks, every_backend_hooks, with_wrapper
 from llmc import default_data, distributed
 from llmc.checkpoint import checkpoint_paths, find_max_step, resume, write_checkpoint
 from llmc.dataloader import DataError, DataLoader, shard_files
+from llmc.families import DEFAULT_FAMILY, FamilyError, family_names, get_family, preset_family
+from llmc.formats import FormatError
+from llmc.formats.llama2c import read_llama2c_tokenizer
+from llmc.formats.llmc import GPT2_EOT_TOKEN
 from llmc.logger import Console, Logger, note, plot_losses
 from llmc.recompute import parse_policy
 from llmc.report import LOG_NAME, Efficiency
@@ -60,10 +63,6 @@ from llmc.vocab import MAP_NAME, VocabMap
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # the defaults live in the repository, wherever train.py is run from
-DEFAULT_MODEL = os.path.relpath(os.path.join(HERE, "gpt2_124M.bin"))
-DEFAULT_DEPTH = 12  # the random model when DEFAULT_MODEL is missing: GPT-2 124M's shape
-DEFAULT_LLAMA = "stories15M"  # the model of --family llama without -e
-FAMILIES = ("gpt2", "llama")
 DEFAULT_TOKENIZER = os.path.join(HERE, "gpt2_tokenizer.bin")
 GRAD_CLIP = 1.0
 BETA1, BETA2, EPS = 0.9, 0.95, 1e-8  # llm.c's train_gpt2.cu
@@ -87,7 +86,32 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return action.help if action.default is None else super()._get_help_string(action)
 
 
+def family_of(name):
+    """The model family called name (llmc/families.py), or a TrainError saying to build it."""
+    try:
+        return get_family(name)
+    except FamilyError as e:
+        raise TrainError(str(e)) from None
+
+
+def default_init_text(family):
+    """-e's default under the family, as --help says it."""
+    if family.stand_in is None:
+        return family.default_init
+    return f"{family.default_init} if present, else {family.stand_in}"
+
+
 def parse_args(argv):
+    # what -e and --family take and default to, family by family
+    families = [family_of(name) for name in family_names()]
+    default = family_of(DEFAULT_FAMILY)
+    with_presets = [family for family in families if family.presets]
+    presets = "; ".join(f"a random {family.preset_noun}: {', '.join(family.presets)}"
+                        for family in with_presets)
+    defaults = "; ".join([default_init_text(default)] + [
+        f"with --family {family.name}: {default_init_text(family)}"
+        for family in families if family is not default])
+    by_preset = "".join(f"{family.name} for a {family.preset_noun}, " for family in with_presets)
     p = Parser(prog="train.py", description="Train GPT-2 or Llama 2 on the CPU (llm.c's "
                "train_gpt2.cu flags).", formatter_class=HelpFormatter)
     p.add_argument("-i", dest="train_data", metavar="PATTERN", default=default_data.TRAIN,
@@ -97,13 +121,11 @@ def parse_args(argv):
     p.add_argument("-o", dest="output_dir", metavar="DIR", default=None,
                    help="output dir: main.log, checkpoints, loss.png (default: none)")
     p.add_argument("-e", "--model", dest="init", metavar="MODEL", default=None,
-                   help=f"init from a model .bin, dN for a random model of depth N, or a "
-                        f"random Llama preset: {', '.join(llmc_io.PRESETS)} (default: "
-                        f"{DEFAULT_MODEL} if present, else d{DEFAULT_DEPTH}; with --family "
-                        f"llama: {DEFAULT_LLAMA})")
-    p.add_argument("--family", choices=FAMILIES, default=None,
-                   help="the model family of -e's file or dN (default: llama for a Llama "
-                        "preset, else gpt2)")
+                   help=f"init from a model .bin, dN for a random model of depth N, or "
+                        f"{presets} (default: {defaults})")
+    p.add_argument("--family", choices=family_names(), default=None,
+                   help=f"the model family of -e's file or dN (default: {by_preset}else "
+                        f"{DEFAULT_FAMILY})")
     p.add_argument("--vocab-size", metavar="INT", type=int, default=None,
                    help="vocabulary of a new random model (default: the data's tokenizer's, "
                         f"GPT-2's {GPT2_VOCAB_SIZE})")
@@ -212,11 +234,12 @@ def parse_args(argv):
             "must be at least 1")
     require(math.isfinite(args.cos_decay_restart) and args.cos_decay_restart >= 1,
             "--cos-decay-restart", args.cos_decay_restart, "must be a number >= 1")
-    is_preset = args.init in llmc_io.PRESETS
+    preset_of = preset_family(args.init)   # the family whose preset -e names, or None
     if args.family is None:
-        args.family = "llama" if is_preset else "gpt2"
-    elif is_preset and args.family != "llama":
-        p.error(f"argument --family: -e {args.init} is a Llama preset, not a {args.family} model")
+        args.family = preset_of or DEFAULT_FAMILY
+    elif preset_of not in (None, args.family):
+        p.error(f"argument --family: -e {args.init} is a {family_of(preset_of).preset_noun}, not "
+                f"a {args.family} model")
     if args.checkpoint_every > 0 and args.output_dir is None:
         p.error("argument -n: checkpoints need an output dir: add -o DIR")
     if args.resume and args.output_dir is None:
@@ -254,20 +277,19 @@ def vocab_size(args):
     if path == DEFAULT_TOKENIZER:
         return GPT2_VOCAB_SIZE
     try:
-        return len(llmc_io.read_llama2c_tokenizer(path)[0])
-    except llmc_io.FormatError as e:
+        return len(read_llama2c_tokenizer(path)[0])
+    except FormatError as e:
         raise TrainError(f"the data's tokenizer: {e}") from None
 
 
 def random_config(args, init):
-    """The config of -e dN or a Llama preset name, or None when init names neither."""
+    """The config of -e dN or a preset of the family, or None when init names neither."""
     depth = re.fullmatch(r"d(\d+)", init)
     if depth and not 1 <= int(depth.group(1)) <= 1000:
         raise TrainError(f"-e {init}: the depth must be in 1..1000")
-    if args.family == "llama" and (depth or init in llmc_io.PRESETS):
-        return llmc_io.LlamaConfig.from_name(init, vocab_size=vocab_size(args))
-    if depth:
-        return llmc_io.GPT2Config.from_depth(int(depth.group(1)), vocab_size=vocab_size(args))
+    family = family_of(args.family)
+    if depth or init in family.presets:
+        return family.config_class.from_name(init, vocab_size=vocab_size(args))
     return None
 
 
@@ -279,34 +301,25 @@ def model_class(args):
         raise TrainError(f"the model is not built ({e}): run `make train_gpt2` first") from None
     except ImportError as e:   # LLMPYX_BLAS names a library that is not there
         raise TrainError(str(e)) from None
-    try:
-        from train_gpt2 import GPT2
-        from train_llama2 import Llama2
-    except ImportError as e:
-        raise TrainError(f"the model is not built ({e}): run `make train_gpt2` first") from None
-    return Llama2 if args.family == "llama" else GPT2
+    return family_of(args.family).model_class
 
 
 def model_source(args):
     """-e as (init, config): the config of a new random model, or None for a model file."""
+    family = family_of(args.family)
     init = args.init
-    if init is None and args.family == "llama":
-        init = DEFAULT_LLAMA
-    elif init is None:
-        if os.path.exists(DEFAULT_MODEL):
-            init = DEFAULT_MODEL
-        else:
-            note(f"{DEFAULT_MODEL} not found: starting from a random GPT-2 d{DEFAULT_DEPTH} "
-                 f"(for the pretrained weights: python dev/download_gpt2.py, online)")
-            init = f"d{DEFAULT_DEPTH}"
+    if init is None:
+        init = family.default_init
+        if family.stand_in is not None and not os.path.exists(init):
+            note(f"{init} not found: starting from a random {family.title} {family.stand_in} "
+                 f"(for the pretrained weights: {family.download})")
+            init = family.stand_in
     config = None if os.path.exists(init) else random_config(args, init)
     if config is None:
         if args.vocab_size is not None:
             raise TrainError(f"--vocab-size: the model file {init} has its own vocabulary")
         if not os.path.exists(init):
-            known = ("dN or a Llama preset" if args.family == "llama" else
-                     "dN, a random GPT-2 of depth N")
-            raise TrainError(f"-e {init}: no such model file (nor {known})")
+            raise TrainError(f"-e {init}: no such model file (nor {family.random_inits})")
     return init, config
 
 
@@ -322,7 +335,7 @@ def load_model(args, Model, resume_path):
             return (Model.random(config, seed=args.seed, backend=args.backend,
                                  recompute=args.recompute), f"random {init} (seed {args.seed})")
         return Model.from_checkpoint(init, args.backend, args.recompute), f"checkpoint {init}"
-    except (llmc_io.FormatError, BackendError) as e:
+    except (FormatError, BackendError) as e:
         raise TrainError(str(e)) from None
     except MemoryError as e:
         raise TrainError(f"not enough memory for the model: {e}") from None
@@ -331,43 +344,29 @@ def load_model(args, Model, resume_path):
 def dry_run(args):
     """Print the plan of a training step of the model (llmc/plan.py's, or the backend's own:
     accel/hooks.py), without allocating it."""
-    from llmc.plan import format_plan
+    from llmc.plan import dry_run_text
     Model = model_class(args)
+    model_family = family_of(args.family)
     init, config = model_source(args)
-    if init in llmc_io.PRESETS and args.vocab_size is None:
-        config = llmc_io.PRESETS[init]   # the published sizes, not the data's vocabulary
+    if init in model_family.presets and args.vocab_size is None:
+        config = model_family.presets[init]   # the published sizes, not the data's vocabulary
     try:
         if config is None:   # a model file: its header's config
-            read = llmc_io.read_llama_model if args.family == "llama" else llmc_io.read_checkpoint
-            config = read(init)[0]
-    except llmc_io.FormatError as e:
+            config = model_family.read_model(init)[0]
+    except FormatError as e:
         raise TrainError(str(e)) from None
     if args.T > config.max_seq_len:
         raise TrainError(f"-t {args.T} exceeds the model's max sequence length {config.max_seq_len}")
-    family = {"gpt2": "GPT-2", "llama": "Llama 2"}[args.family]
+    family = model_family.title
     from accel.backend import BackendError
     try:   # the backend's own plan (the ANE's: its pipeline against the compile budget), if any
         text = backend_hooks(args.backend).dry_run_plan(Model, config, f"{family} {init}", args)
         if text is None:
-            text = format_plan(Model, config, f"{family} {init}", args.B, args.T, args.recompute,
-                               backend=args.backend)
+            text = dry_run_text(Model, config, f"{family} {init}", args.B, args.T, args.recompute,
+                                backend=args.backend)
     except BackendError as e:   # one the plan cannot have here (metal on Linux), or refuses
         raise TrainError(str(e)) from None
     print(text)
-
-
-def config_rows(config):
-    """The console table's rows that describe the model's shape."""
-    if isinstance(config, llmc_io.LlamaConfig):
-        return [("max_sequence_length T", config.max_seq_len), ("vocab_size V", config.vocab_size),
-                ("num_layers L", config.n_layers), ("num_heads NH", config.n_heads),
-                ("num_kv_heads NKV", config.n_kv_heads), ("channels C", config.dim),
-                ("hidden_dim H", config.hidden_dim),
-                ("classifier", "shared" if config.shared_classifier else "separate")]
-    return [("max_sequence_length T", config.max_seq_len), ("vocab_size V", config.vocab_size),
-            ("padded_vocab_size Vp", config.padded_vocab_size),
-            ("num_layers L", config.num_layers), ("num_heads NH", config.num_heads),
-            ("channels C", config.channels)]
 
 
 def load_sample_tokenizer(args, vocab_map=None):
@@ -377,7 +376,7 @@ def load_sample_tokenizer(args, vocab_map=None):
     decodes through the map (printing the original ids when there is no tokenizer)."""
     try:
         tokenizer = load_tokenizer(data_tokenizer(args))
-    except (TokenizerError, llmc_io.FormatError) as e:
+    except (TokenizerError, FormatError) as e:
         note(f"no tokenizer, printing token ids ({e})")
         tokenizer = None
     return tokenizer if vocab_map is None else vocab_map.tokenizer(tokenizer)
@@ -388,10 +387,10 @@ def sample_start_token(args):
     GPT-2's <|endoftext|> without one."""
     path = data_tokenizer(args)
     if not os.path.exists(path):
-        return llmc_io.GPT2_EOT_TOKEN
+        return GPT2_EOT_TOKEN
     try:
         return load_tokenizer(path).eot_token
-    except (TokenizerError, llmc_io.FormatError) as e:
+    except (TokenizerError, FormatError) as e:
         raise TrainError(f"the data's tokenizer: {e}") from None
 
 
@@ -409,7 +408,7 @@ def compact_vocabulary(args, resume_step, rank=0):
         return VocabMap.load(saved) if has_map else None
     if not args.compact_vocab:
         return None
-    init = args.init or (DEFAULT_MODEL if args.family == "gpt2" else DEFAULT_LLAMA)
+    init = args.init or family_of(args.family).default_init
     if os.path.exists(init):
         raise TrainError(f"--compact-vocab: {init} is a model file with its own vocabulary; "
                          f"compaction needs a new random model (-e dN or a Llama preset)")
@@ -481,9 +480,9 @@ def main(argv=None):
         raise TrainError(f"-g {args.gen_tokens} exceeds the model's max sequence length "
                          f"{config.max_seq_len}")
     if (args.sample_every > 0 and data_tokenizer(args) == DEFAULT_TOKENIZER
-            and config.vocab_size <= llmc_io.GPT2_EOT_TOKEN and vocab_map is None):
+            and config.vocab_size <= GPT2_EOT_TOKEN and vocab_map is None):
         raise TrainError(f"-s {args.sample_every}: samples start from GPT-2's <|endoftext|> "
-                         f"({llmc_io.GPT2_EOT_TOKEN}), outside the model's vocabulary of "
+                         f"({GPT2_EOT_TOKEN}), outside the model's vocabulary of "
                          f"{config.vocab_size}: add -s 0")
 
     # the data
@@ -514,7 +513,7 @@ def main(argv=None):
         ("weight decay", f"{args.weight_decay:e}"), ("max_steps", num_steps),
         ("val_loss_every", args.val_every), ("val_max_steps", val_batches),
         ("sample_every", args.sample_every), ("genT", args.gen_tokens), None,
-        ("model family", args.family), ("weight init method", init_desc), *config_rows(config),
+        ("model family", args.family), ("weight init method", init_desc), *config.table_rows(),
         ("vocab compaction", "off" if vocab_map is None else
          f"{len(vocab_map)} ids of the data (--compact-vocab)"),
         ("num_parameters", model.num_parameters),
@@ -646,7 +645,7 @@ def run(argv=None):
     processes an error on any of them ends them all (llmc/distributed.py's fail)."""
     try:
         main(argv)
-    except (TrainError, DataError, TokenizerError, llmc_io.FormatError,
+    except (TrainError, DataError, TokenizerError, FormatError,
             distributed.DistributedError) as e:
         distributed.fail(f"train.py: error: {e}", 1)
     except OSError as e:

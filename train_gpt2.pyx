@@ -1,10 +1,13 @@
 """
 GPT-2 training in Cython: the model of llm.c's train_gpt2.c, on any backend.
 
-GPT-2's shapes and the forward and backward of its embedding, of one layer and of its head;
-everything else (buffers, tokens in and loss out, running the layers under an activation
-checkpoint policy, zero_grad, the gradient norm, AdamW) is the model-generic core,
-llmc/model.pyx, and every kernel call goes through the backend table (accel/backend.pxd):
+The GPT-2 family in one place: its config (llm.c's sizes and named depths), its parameter and
+activation shapes beside the pointer structs they fill, its init, its model file (llm.c's
+checkpoint, llmc/formats/llmc.py), its FLOPs, and the forward and backward of its embedding,
+of one layer and of its head; it registers itself as "gpt2" (llmc/families.py).  Everything
+else (buffers, tokens in and loss out, running the layers under an activation checkpoint
+policy, zero_grad, the gradient norm, AdamW) is the model-generic core, llmc/model.pyx, and
+every kernel call goes through the backend table (accel/backend.pxd):
 GPT2(config, backend="cpu", recompute="all").  One parameter buffer cut into 16 tensors, one
 activation buffer cut into 24: llm.c's 23 and the attention's log-sum-exp (with recompute="all",
 the default; other policies keep the layer tensors of fewer layers: llmc/recompute.py).
@@ -17,17 +20,107 @@ Dimension letters:
     V vocabulary size, Vp padded vocabulary (rows of wte; a multiple of 128),
     maxT the longest sequence the position table holds.
 """
+import os
+from dataclasses import dataclass, fields
+
 import numpy as np
 
-from llmc_io import GPT2Config, read_checkpoint, write_checkpoint
+from llmc.families import Family, define_family
+from llmc.formats.llmc import read_checkpoint, write_checkpoint
 
 from llmc.model cimport Model
 
-__all__ = ["GPT2", "GPT2Config", "activation_shapes"]
+__all__ = ["GPT2", "GPT2Config", "activation_shapes", "padded_vocab_size", "param_shapes"]
+
+ENTRY_GROUPS = ("core", "linear", "gpt2")   # the backend table's entry groups GPT-2 runs on
+# -e's default: GPT-2 124M's weights (python dev/download_gpt2.py), else a random d12
+PRETRAINED = os.path.relpath(os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                          "gpt2_124M.bin"))
 
 # ----------------------------------------------------------------------------
-# the parameters: 16 tensors in llm.c's order (GPT2Config.param_shapes has their shapes, in
-# the order of these fields: Layout.point fills the struct from it)
+# the configuration: llm.c's sizes
+
+# channels and heads of llm.c's named depths; any other depth N gets C=64N, NH=N
+LLMC_DEPTHS = {6: (384, 6), 12: (768, 12), 24: (1024, 16), 36: (1280, 20), 48: (1600, 25)}
+VOCAB_PAD_MULTIPLE = 128
+
+
+def padded_vocab_size(vocab_size, multiple=VOCAB_PAD_MULTIPLE):
+    """The vocab rounded up to a multiple of 128, as llm.c pads wte (50257 -> 50304)."""
+    return (vocab_size + multiple - 1) // multiple * multiple
+
+
+@dataclass(frozen=True)
+class GPT2Config:
+    max_seq_len: int        # maxT, the longest sequence the position embedding covers
+    vocab_size: int         # V, the real vocab
+    padded_vocab_size: int  # Vp >= V, the rows of wte (padded for efficiency)
+    num_layers: int         # L
+    num_heads: int          # NH
+    channels: int           # C
+
+    def __post_init__(self):
+        # plain Python ints: sizes read from a header arrive as int32, whose products overflow
+        for field in fields(self):
+            object.__setattr__(self, field.name, int(getattr(self, field.name)))
+        problem = self.size_problem(*(getattr(self, field.name) for field in fields(self)))
+        if problem:
+            raise ValueError(f"GPT2Config: {problem}")
+
+    @staticmethod
+    def size_problem(max_seq_len, vocab_size, padded_vocab_size, num_layers, num_heads, channels):
+        """What is wrong with these sizes, or None when they make a model."""
+        sizes = dict(max_seq_len=max_seq_len, vocab_size=vocab_size,
+                     padded_vocab_size=padded_vocab_size, num_layers=num_layers,
+                     num_heads=num_heads, channels=channels)
+        bad = [f"{name}={value}" for name, value in sizes.items() if value <= 0]
+        if bad:
+            return f"sizes must be positive: {', '.join(bad)}"
+        if channels % num_heads != 0:
+            return f"channels={channels} is not divisible by num_heads={num_heads}"
+        if padded_vocab_size < vocab_size:
+            return f"padded_vocab_size={padded_vocab_size} is smaller than vocab_size={vocab_size}"
+        return None
+
+    @classmethod
+    def from_depth(cls, depth, max_seq_len=1024, vocab_size=50257):
+        """llm.c's dN model: d6, d12 (GPT-2 124M), d24, d36, d48 sizes; else C=64N, NH=N."""
+        if depth <= 0:
+            raise ValueError(f"GPT2Config.from_depth: depth must be positive, got {depth}")
+        channels, num_heads = LLMC_DEPTHS.get(depth, (64 * depth, depth))
+        return cls(max_seq_len=max_seq_len, vocab_size=vocab_size,
+                   padded_vocab_size=padded_vocab_size(vocab_size), num_layers=depth,
+                   num_heads=num_heads, channels=channels)
+
+    @classmethod
+    def from_name(cls, name, **sizes):
+        """dN: llm.c's model of depth N (from_depth, which takes the sizes)."""
+        if name[:1] == "d" and name[1:].isdigit() and int(name[1:]) > 0:
+            return cls.from_depth(int(name[1:]), **sizes)
+        raise ValueError(f"GPT2Config.from_name: {name!r} is not dN (N >= 1)")
+
+    def param_shapes(self):
+        """The 16 parameter tensors as (name, shape), in llm.c's order (param_shapes)."""
+        return param_shapes(self)
+
+    def num_parameters(self):
+        return sum(int(np.prod(shape)) for _, shape in self.param_shapes())
+
+    def describe(self):
+        return (f"maxT={self.max_seq_len} V={self.vocab_size} Vp={self.padded_vocab_size} "
+                f"L={self.num_layers} NH={self.num_heads} C={self.channels}")
+
+    def table_rows(self):
+        """(label, value) of each size, for train.py's console table."""
+        return [("max_sequence_length T", self.max_seq_len), ("vocab_size V", self.vocab_size),
+                ("padded_vocab_size Vp", self.padded_vocab_size),
+                ("num_layers L", self.num_layers), ("num_heads NH", self.num_heads),
+                ("channels C", self.channels)]
+
+
+# ----------------------------------------------------------------------------
+# the parameters: 16 tensors in llm.c's order, the order of this struct's fields (Layout.point
+# fills it from param_shapes, whose shapes are keyed by these fields)
 
 ctypedef struct ParameterTensors:
     float* wte        # (Vp, C)   token embedding, tied to the output head
@@ -46,6 +139,36 @@ ctypedef struct ParameterTensors:
     float* fcprojb    # (L, C)
     float* lnfw       # (C,)
     float* lnfb       # (C,)
+
+
+def param_shapes(config):
+    """The 16 parameter tensors as (name, shape), in llm.c's order and layout: each shape is
+    keyed by the address of its ParameterTensors field, so the list comes out in the struct's
+    order, and a field without a shape fails the size check."""
+    cdef ParameterTensors field
+    Vp, maxT = config.padded_vocab_size, config.max_seq_len
+    L, C = config.num_layers, config.channels
+    by_field = {
+        <size_t>&field.wte: ("wte", (Vp, C)),
+        <size_t>&field.wpe: ("wpe", (maxT, C)),
+        <size_t>&field.ln1w: ("ln1w", (L, C)),
+        <size_t>&field.ln1b: ("ln1b", (L, C)),
+        <size_t>&field.qkvw: ("qkvw", (L, 3 * C, C)),
+        <size_t>&field.qkvb: ("qkvb", (L, 3 * C)),
+        <size_t>&field.attprojw: ("attprojw", (L, C, C)),
+        <size_t>&field.attprojb: ("attprojb", (L, C)),
+        <size_t>&field.ln2w: ("ln2w", (L, C)),
+        <size_t>&field.ln2b: ("ln2b", (L, C)),
+        <size_t>&field.fcw: ("fcw", (L, 4 * C, C)),
+        <size_t>&field.fcb: ("fcb", (L, 4 * C)),
+        <size_t>&field.fcprojw: ("fcprojw", (L, C, 4 * C)),
+        <size_t>&field.fcprojb: ("fcprojb", (L, C)),
+        <size_t>&field.lnfw: ("lnfw", (C,)),
+        <size_t>&field.lnfb: ("lnfb", (C,)),
+    }
+    assert len(by_field) * sizeof(float*) == sizeof(ParameterTensors), "a field has no shape"
+    return [by_field[address] for address in sorted(by_field)]
+
 
 # ----------------------------------------------------------------------------
 # the activations: llm.c's 23 tensors and att_lse, as the checkpoint core (llmc/model.pyx) takes
@@ -123,7 +246,6 @@ cdef class GPT2(Model):
         """A model of this GPT2Config with all parameters zero (see random / from_checkpoint),
         on a backend: "cpu", "check:cpu", ... (accel.backend.backend_names()), keeping its
         activations by a recompute policy: "all", "sqrt", ... (llmc/recompute.py)."""
-        assert sizeof(ParameterTensors) == 16 * sizeof(float*)
         assert sizeof(LayerActivations) == 17 * sizeof(float*)
         assert sizeof(HeadActivations) == 6 * sizeof(float*)
         self.NH, self.C = config.num_heads, config.channels
@@ -313,3 +435,13 @@ cdef class GPT2(Model):
 
     cdef void embedding_backward(self, const float* dencoded, const int* inputs, int B, int T) noexcept nogil:
         self.b.encoder_backward(self.b.ctx, self.grads_c.wte, self.grads_c.wpe, dencoded, inputs, B, T, self.C, self.Vp)
+
+
+# ----------------------------------------------------------------------------
+# the family, as train.py, the tests and dev/ find it: llmc.families.get_family("gpt2")
+
+define_family(Family(
+    name="gpt2", title="GPT-2", model_class=GPT2, config_class=GPT2Config, presets={},
+    preset_noun=None, random_inits="dN, a random GPT-2 of depth N", default_init=PRETRAINED,
+    stand_in="d12", download="python dev/download_gpt2.py, online", read_model=read_checkpoint,
+    reference="train_gpt2_torch", entry_groups=ENTRY_GROUPS))

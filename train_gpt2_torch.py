@@ -16,7 +16,7 @@ writes to the output directory, for NAME (--name; default gpt2_dN or gpt2_124M):
     gpt2_tokenizer.bin            with --tokenizer: the GPT-2 tokenizer for decoding
 
 Tests and test_gpt2.py import reference_forward_backward() and reference_losses(), which
-start from a parameter vector in llm.c's layout (llmc_io.GPT2Config.param_shapes).
+start from a parameter vector in llm.c's layout (train_gpt2.GPT2Config.param_shapes).
 """
 import argparse
 import dataclasses
@@ -31,8 +31,9 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-import llmc_io
-from llmc_io import GPT2Config
+from llmc.formats import atomic_write, param_views
+from llmc.formats.llmc import write_checkpoint, write_debug_state, write_tokenizer
+from train_gpt2 import GPT2Config, padded_vocab_size
 
 # OpenAI's checkpoints on Hugging Face, and llm.c's names for them
 PRETRAINED = {"gpt2": "124M", "gpt2-medium": "355M", "gpt2-large": "774M", "gpt2-xl": "1558M"}
@@ -168,7 +169,7 @@ def llmc_vector(model, grads=False):
 def build_model(config, params):
     """A GPT whose weights are llm.c's parameter vector params (wte's padding rows dropped)."""
     model = GPT(config)
-    views = llmc_io.param_views(config, np.asarray(params, dtype=np.float32))
+    views = param_views(config, np.asarray(params, dtype=np.float32))
     tensors = dict(model.named_parameters())
     with torch.no_grad():
         for llmc_name, torch_name in LLMC_TO_TORCH:
@@ -216,7 +217,7 @@ def pretrained_params(model_type):
         sys.exit(f"train_gpt2_torch.py: {need} ({reason})")
     hf_config = hf.config
     config = GPT2Config(max_seq_len=hf_config.n_positions, vocab_size=hf_config.vocab_size,
-                        padded_vocab_size=llmc_io.padded_vocab_size(hf_config.vocab_size),
+                        padded_vocab_size=padded_vocab_size(hf_config.vocab_size),
                         num_layers=hf_config.n_layer, num_heads=hf_config.n_head,
                         channels=hf_config.n_embd)
     model = GPT(config)
@@ -318,7 +319,7 @@ def write_gpt2_tokenizer(path):
         from llmc import tokenizer
         encoding = tokenizer.gpt2_encoding()
         tokens = [encoding.decode_single_token_bytes(i) for i in range(encoding.n_vocab)]
-        llmc_io.write_tokenizer(path, tokens, encoding.eot_token)
+        write_tokenizer(path, tokens, encoding.eot_token)
     except Exception as e:
         print(f"skipping {path}: no GPT-2 tokenizer ({type(e).__name__}: {e})".splitlines()[0])
         return
@@ -402,20 +403,20 @@ def main(argv=None):
 
     os.makedirs(args.output_dir, exist_ok=True)
     out = lambda filename: os.path.join(args.output_dir, filename)
-    llmc_io.write_checkpoint(out(f"{name}.bin"), config, params, dtype="float32")
-    llmc_io.write_checkpoint(out(f"{name}_bf16.bin"), config, params, dtype="bfloat16")
+    write_checkpoint(out(f"{name}.bin"), config, params, dtype="float32")
+    write_checkpoint(out(f"{name}_bf16.bin"), config, params, dtype="bfloat16")
     print(f"wrote {out(name + '.bin')} and {out(name + '_bf16.bin')}")
 
     logits, loss, grads = reference_forward_backward(config, params, x, y)
-    llmc_io.write_debug_state(out(f"{name}_debug_state.bin"), x, y, logits, loss, grads)
+    write_debug_state(out(f"{name}_debug_state.bin"), x, y, logits, loss, grads)
     print(f"wrote {out(name + '_debug_state.bin')} (loss {loss:.6f})")
 
     losses = reference_losses(config, params, x, y, steps=args.steps)
     for step, step_loss in enumerate(losses):
         print(f"step {step}: loss {step_loss:.6f}")
     record = {"losses": losses, **ADAMW, "decay": "all"}
-    llmc_io.atomic_write(out(f"{name}_debug_state.losses.json"),
-                         [json.dumps(record, indent=2).encode() + b"\n"])
+    atomic_write(out(f"{name}_debug_state.losses.json"),
+                 [json.dumps(record, indent=2).encode() + b"\n"])
     print(f"wrote {out(name + '_debug_state.losses.json')}")
 
     if args.tokenizer:

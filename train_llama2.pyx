@@ -1,12 +1,15 @@
 """
 Llama 2 training in Cython: the model of llama2.c and Meta's reference, on any backend.
 
-Llama 2's shapes and the forward and backward of its embedding, of one layer and of its head,
-as train_llama2_torch.py defines them; all else (buffers, tokens in and loss out, running the
-layers under an activation checkpoint policy, zero_grad, the gradient norm, AdamW) is the
-model-generic core, llmc/model.pyx, and every kernel call goes through the backend table
-(accel/backend.pxd): Llama2(config, backend="cpu", recompute="all").  Per layer, with no
-biases anywhere:
+The Llama family in one place: its config and presets (llama2.c's TinyStories models,
+TinyLlama, Llama-2-7B), its parameter and activation shapes beside the pointer structs they
+fill, its init, its model file (llama2.c's, llmc/formats/llama2c.py), its FLOPs, and the
+forward and backward of its embedding, of one layer and of its head, as train_llama2_torch.py
+defines them; it registers itself as "llama" (llmc/families.py).  All else (buffers, tokens
+in and loss out, running the layers under an activation checkpoint policy, zero_grad, the
+gradient norm, AdamW) is the model-generic core, llmc/model.pyx, and every kernel call goes
+through the backend table (accel/backend.pxd): Llama2(config, backend="cpu",
+recompute="all").  Per layer, with no biases anywhere:
 
     x += wo(attention(rope(wq(rmsnorm(x))), rope(wk(rmsnorm(x))), wv(rmsnorm(x))))
     x += w2(silu(w1(rmsnorm(x))) * w3(rmsnorm(x)))
@@ -21,19 +24,135 @@ Dimension letters:
     NKV key/value heads (dividing NH), hs head size (C / NH), QD = NH*hs, KVD = NKV*hs,
     H the FFN's hidden size, V vocabulary size, maxT the longest sequence (RoPE's tables).
 """
+from dataclasses import dataclass, fields, replace
+
 import numpy as np
 
-from kernels import rope
-from llmc_io import LlamaConfig, read_llama_model, write_llama_model
+from llmc.families import Family, define_family
+from llmc.formats.llama2c import read_llama_model, write_llama_model
+from llmc.rope import rope_tables
 
 from accel.backend cimport Buffer
 from llmc.model cimport Model
 
-__all__ = ["Llama2", "LlamaConfig", "activation_shapes"]
+__all__ = ["Llama2", "LlamaConfig", "PRESETS", "activation_shapes", "llama2c_hidden_dim",
+           "param_shapes"]
+
+ENTRY_GROUPS = ("core", "linear", "llama")   # the backend table's entry groups Llama runs on
 
 # ----------------------------------------------------------------------------
-# the parameters: llama2.c's checkpoint order (LlamaConfig.param_shapes has their shapes, in
-# the order of these fields: Layout.point fills the struct from it)
+# the configuration and presets (Llama-2's block as llama2.c and Meta define it)
+
+MULTIPLE_OF = 32             # llama2.c's rounding of the FFN's hidden size
+
+
+def llama2c_hidden_dim(dim, multiple_of=MULTIPLE_OF):
+    """llama2.c's (and Meta's) FFN size: 2/3 of 4*dim, rounded up to a multiple of multiple_of."""
+    hidden_dim = int(2 * (4 * dim) / 3)
+    return multiple_of * ((hidden_dim + multiple_of - 1) // multiple_of)
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    dim: int                 # C, the residual stream's channels
+    n_layers: int            # L
+    n_heads: int             # NH query heads, of head size hs = dim / NH
+    n_kv_heads: int          # NKV key/value heads; divides NH (NKV = NH: no grouping)
+    vocab_size: int          # V
+    hidden_dim: int          # H, the FFN's inner size
+    max_seq_len: int         # maxT, the longest sequence (RoPE has no table to outgrow)
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    shared_classifier: bool = True   # the output head is the token embedding (llama2.c's stories)
+
+    def __post_init__(self):
+        for field in fields(self):  # plain Python numbers: header values arrive as numpy ints
+            kind = {"norm_eps": float, "rope_theta": float, "shared_classifier": bool}.get(field.name, int)
+            object.__setattr__(self, field.name, kind(getattr(self, field.name)))
+        problem = self.problem()
+        if problem:
+            raise ValueError(f"LlamaConfig: {problem}")
+
+    def problem(self):
+        """What is wrong with these sizes, or None."""
+        for name in ("dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "hidden_dim",
+                     "max_seq_len"):
+            if getattr(self, name) <= 0:
+                return f"{name} must be positive, got {getattr(self, name)}"
+        if self.dim % self.n_heads != 0:
+            return f"dim={self.dim} is not a multiple of n_heads={self.n_heads}"
+        if (self.dim // self.n_heads) % 2 != 0:
+            return f"head size dim/n_heads={self.dim // self.n_heads} is odd; RoPE rotates pairs"
+        if self.n_heads % self.n_kv_heads != 0:
+            return f"n_kv_heads={self.n_kv_heads} does not divide n_heads={self.n_heads}"
+        if not (self.norm_eps > 0 and self.rope_theta > 0):
+            return f"norm_eps={self.norm_eps} and rope_theta={self.rope_theta} must be positive"
+        return None
+
+    @property
+    def head_size(self):
+        return self.dim // self.n_heads
+
+    @classmethod
+    def from_name(cls, name, **overrides):
+        """A preset by name (PRESETS), or dN: a tiny test model of depth N (from_depth)."""
+        if name in PRESETS:
+            return replace(PRESETS[name], **overrides)
+        if name[:1] == "d" and name[1:].isdigit() and int(name[1:]) > 0:
+            return replace(cls.from_depth(int(name[1:])), **overrides)
+        raise ValueError(f"LlamaConfig.from_name: {name!r} is neither dN (N >= 1) nor one of "
+                         f"{', '.join(PRESETS)}")
+
+    @classmethod
+    def from_depth(cls, depth, vocab_size=32000, max_seq_len=1024):
+        """dN: N layers of dim 64N with N heads of size 64; N/2 kv heads for even N >= 2, one
+        kv head for odd N >= 3 (grouped-query attention from d2 on); llama2.c's hidden_dim."""
+        if depth <= 0:
+            raise ValueError(f"LlamaConfig.from_depth: depth must be positive, got {depth}")
+        n_kv_heads = depth // 2 if depth % 2 == 0 else 1
+        return cls(dim=64 * depth, n_layers=depth, n_heads=depth, n_kv_heads=n_kv_heads,
+                   vocab_size=vocab_size, hidden_dim=llama2c_hidden_dim(64 * depth),
+                   max_seq_len=max_seq_len)
+
+    def param_shapes(self):
+        """The parameter tensors as (name, shape) in the flat buffer's order (param_shapes)."""
+        return param_shapes(self)
+
+    def num_parameters(self):
+        return sum(int(np.prod(shape)) for _, shape in self.param_shapes())
+
+    def describe(self):
+        return (f"dim={self.dim} L={self.n_layers} NH={self.n_heads} NKV={self.n_kv_heads} "
+                f"V={self.vocab_size} H={self.hidden_dim} maxT={self.max_seq_len} "
+                f"{'shared' if self.shared_classifier else 'separate'} classifier")
+
+    def table_rows(self):
+        """(label, value) of each size, for train.py's console table."""
+        return [("max_sequence_length T", self.max_seq_len), ("vocab_size V", self.vocab_size),
+                ("num_layers L", self.n_layers), ("num_heads NH", self.n_heads),
+                ("num_kv_heads NKV", self.n_kv_heads), ("channels C", self.dim),
+                ("hidden_dim H", self.hidden_dim),
+                ("classifier", "shared" if self.shared_classifier else "separate")]
+
+
+# Published sizes: llama2.c's TinyStories models, TinyLlama-1.1B, Llama-2-7B
+PRESETS = {
+    "stories15M": LlamaConfig(dim=288, n_layers=6, n_heads=6, n_kv_heads=6, vocab_size=32000,
+                              hidden_dim=llama2c_hidden_dim(288), max_seq_len=256),
+    "stories42M": LlamaConfig(dim=512, n_layers=8, n_heads=8, n_kv_heads=8, vocab_size=32000,
+                              hidden_dim=llama2c_hidden_dim(512), max_seq_len=1024),
+    "stories110M": LlamaConfig(dim=768, n_layers=12, n_heads=12, n_kv_heads=12, vocab_size=32000,
+                               hidden_dim=llama2c_hidden_dim(768), max_seq_len=1024),
+    "llama-1b": LlamaConfig(dim=2048, n_layers=22, n_heads=32, n_kv_heads=4, vocab_size=32000,
+                            hidden_dim=5632, max_seq_len=2048, shared_classifier=False),
+    "llama-7b": LlamaConfig(dim=4096, n_layers=32, n_heads=32, n_kv_heads=32, vocab_size=32000,
+                            hidden_dim=11008, max_seq_len=4096, shared_classifier=False),
+}
+
+
+# ----------------------------------------------------------------------------
+# the parameters: llama2.c's checkpoint order, the order of this struct's fields (Layout.point
+# fills it from param_shapes, whose shapes are keyed by these fields)
 
 ctypedef struct ParameterTensors:
     float* tok_embeddings   # (V, C)
@@ -48,6 +167,36 @@ ctypedef struct ParameterTensors:
     float* w3               # (L, H, C)
     float* norm             # (C,)
     float* output           # (V, C); tok_embeddings itself with a shared classifier
+
+
+def param_shapes(config):
+    """The parameter tensors as (name, shape) in the flat buffer's order: llama2.c's
+    checkpoint order, Meta's names, per-layer tensors stacked along a leading L axis, each
+    matrix as nn.Linear keeps it (out_features, in_features); output only with a separate
+    classifier.  Each shape is keyed by the address of its ParameterTensors field, so the
+    list comes out in the struct's order, and a field without a shape fails the size check."""
+    cdef ParameterTensors field
+    C, L, V, H = config.dim, config.n_layers, config.vocab_size, config.hidden_dim
+    q_dim, kv_dim = config.n_heads * config.head_size, config.n_kv_heads * config.head_size
+    by_field = {
+        <size_t>&field.tok_embeddings: ("tok_embeddings", (V, C)),
+        <size_t>&field.attention_norm: ("attention_norm", (L, C)),
+        <size_t>&field.wq: ("wq", (L, q_dim, C)),
+        <size_t>&field.wk: ("wk", (L, kv_dim, C)),
+        <size_t>&field.wv: ("wv", (L, kv_dim, C)),
+        <size_t>&field.wo: ("wo", (L, C, q_dim)),
+        <size_t>&field.ffn_norm: ("ffn_norm", (L, C)),
+        <size_t>&field.w1: ("w1", (L, H, C)),
+        <size_t>&field.w2: ("w2", (L, C, H)),
+        <size_t>&field.w3: ("w3", (L, H, C)),
+        <size_t>&field.norm: ("norm", (C,)),
+        <size_t>&field.output: ("output", (V, C)),
+    }
+    assert len(by_field) * sizeof(float*) == sizeof(ParameterTensors), "a field has no shape"
+    if config.shared_classifier:   # output is tok_embeddings itself (point_parameters)
+        del by_field[<size_t>&field.output]
+    return [by_field[address] for address in sorted(by_field)]
+
 
 # ----------------------------------------------------------------------------
 # the activations, as the checkpoint core (llmc/model.pyx) takes them: the embedding's output
@@ -123,7 +272,6 @@ cdef class Llama2(Model):
         """A model of this LlamaConfig with all parameters zero (see random / from_checkpoint),
         on a backend: "cpu", "check:cpu", ... (accel.backend.backend_names()), keeping its
         activations by a recompute policy: "all", "sqrt", ... (llmc/recompute.py)."""
-        assert sizeof(ParameterTensors) == 12 * sizeof(float*)
         assert sizeof(LayerActivations) == 18 * sizeof(float*)
         assert sizeof(HeadActivations) == 5 * sizeof(float*)
         self.NH, self.NKV = config.n_heads, config.n_kv_heads
@@ -131,7 +279,7 @@ cdef class Llama2(Model):
         self.V, self.eps = config.vocab_size, config.norm_eps
         super().__init__(config, backend, recompute)
         # the rotation tables, computed once on the host and uploaded (read-only from here on)
-        freqs_cos, freqs_sin = rope.freqs(config.max_seq_len, self.hs, config.rope_theta)
+        freqs_cos, freqs_sin = rope_tables(config.max_seq_len, self.hs, config.rope_theta)
         cdef Py_ssize_t table_size = freqs_cos.size
         self._rope = self.backend.alloc(2 * table_size * sizeof(float))
         self._rope.load(np.concatenate([freqs_cos.ravel(), freqs_sin.ravel()]))
@@ -169,7 +317,7 @@ cdef class Llama2(Model):
 
     @classmethod
     def from_checkpoint(cls, path, backend="cpu", recompute="all"):
-        """Load a Llama model file (llmc_io.read_llama_model)."""
+        """Load a llama2.c model file (version 0 or 1)."""
         config, params = read_llama_model(path)
         model = cls(config, backend, recompute)
         model.params = params
@@ -193,7 +341,7 @@ cdef class Llama2(Model):
         return model
 
     def save(self, path):
-        """Write the model file (llmc_io.write_llama_model)."""
+        """Write a llama2.c model file (version 1)."""
         write_llama_model(path, self.config, self.params)
 
     @property
@@ -334,3 +482,13 @@ cdef class Llama2(Model):
     cdef void embedding_backward(self, const float* dencoded, const int* inputs, int B, int T) noexcept nogil:
         self.b.embedding_backward(self.b.ctx, self.grads_c.tok_embeddings, dencoded, inputs, B, T,
                                   self.C, self.V)
+
+
+# ----------------------------------------------------------------------------
+# the family, as train.py, the tests and dev/ find it: llmc.families.get_family("llama")
+
+define_family(Family(
+    name="llama", title="Llama 2", model_class=Llama2, config_class=LlamaConfig,
+    presets=PRESETS, preset_noun="Llama preset", random_inits="dN or a Llama preset",
+    default_init="stories15M", stand_in=None, download=None, read_model=read_llama_model,
+    reference="train_llama2_torch", entry_groups=ENTRY_GROUPS))

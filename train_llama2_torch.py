@@ -21,7 +21,7 @@ writes to the output directory, for NAME (--name; default llama2_<model>):
                                   test_gpt2.c runs them, with the optimizer's settings
 
 Tests import reference_forward_backward() and reference_losses(), which start from a flat
-parameter vector in llmc_io.LlamaConfig.param_shapes() order.
+parameter vector in train_llama2.LlamaConfig.param_shapes() order.
 """
 import argparse
 import json
@@ -33,8 +33,11 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-import llmc_io
-from llmc_io import PRESETS, LlamaConfig
+from llmc.formats import atomic_write, param_views
+from llmc.formats.llama2c import write_llama_model
+from llmc.formats.llmc import write_debug_state
+from llmc.rope import rope_tables
+from train_llama2 import PRESETS, LlamaConfig, llama2c_hidden_dim
 # test_gpt2.c's AdamW settings and training loop, and the init's std, as for GPT-2
 from train_gpt2_torch import ADAMW, INIT_STD, as_tokens, step_losses
 
@@ -51,15 +54,6 @@ class RMSNorm(nn.Module):
 
     def forward(self, x):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
-
-
-def rope_tables(head_size, max_seq_len, theta):
-    """cos, sin (maxT, hs/2) of t * theta^(-2i/hs), computed in float64 and rounded to float32
-    (as kernels.rope.freqs does; Meta computes them in float32, which is ~2e-4 rad off at
-    t = 4096)."""
-    freqs = theta ** (-torch.arange(0, head_size, 2, dtype=torch.float64) / head_size)
-    angles = torch.outer(torch.arange(max_seq_len, dtype=torch.float64), freqs)
-    return torch.cos(angles).float(), torch.sin(angles).float()
 
 
 def apply_rope(x, cos, sin):
@@ -137,9 +131,11 @@ class Transformer(nn.Module):
         self.output = nn.Linear(config.dim, config.vocab_size, bias=False)
         if config.shared_classifier:
             self.output.weight = self.tok_embeddings.weight
-        cos, sin = rope_tables(config.head_size, config.max_seq_len, config.rope_theta)
-        self.register_buffer("rope_cos", cos, persistent=False)
-        self.register_buffer("rope_sin", sin, persistent=False)
+        # the model's own tables (llmc/rope.py: float64, rounded once; Meta's are float32,
+        # ~2e-4 rad off at t = 4096), so the parity checks compare the layers, not the tables
+        cos, sin = rope_tables(config.max_seq_len, config.head_size, config.rope_theta)
+        self.register_buffer("rope_cos", torch.from_numpy(cos), persistent=False)
+        self.register_buffer("rope_sin", torch.from_numpy(sin), persistent=False)
 
     def forward(self, idx, targets):
         """logits (B,T,V) and the mean cross-entropy loss of idx (B,T) predicting targets."""
@@ -192,7 +188,7 @@ def flat_vector(model, grads=False):
 def build_model(config, params):
     """A Transformer whose weights are the flat vector params."""
     model = Transformer(config)
-    views = llmc_io.param_views(config, np.asarray(params, dtype=np.float32))
+    views = param_views(config, np.asarray(params, dtype=np.float32))
     tensors = dict(model.named_parameters())
     with torch.no_grad():
         for name, _ in config.param_shapes():
@@ -291,7 +287,7 @@ def parse_args(argv):
     overrides = {field: getattr(args, flag) for flag, field in SIZE_FLAGS.items()
                  if getattr(args, flag) is not None}
     if args.dim is not None and args.hidden_dim is None:
-        overrides["hidden_dim"] = llmc_io.llama2c_hidden_dim(args.dim)
+        overrides["hidden_dim"] = llama2c_hidden_dim(args.dim)
     if args.shared_classifier is not None:
         overrides["shared_classifier"] = args.shared_classifier
     try:
@@ -316,19 +312,19 @@ def main(argv=None):
 
     os.makedirs(args.output_dir, exist_ok=True)
     out = lambda filename: os.path.join(args.output_dir, filename)
-    llmc_io.write_llama_model(out(f"{name}.bin"), config, params)
+    write_llama_model(out(f"{name}.bin"), config, params)
     print(f"wrote {out(name + '.bin')} (llama2.c version 1, float32)")
 
     logits, loss, grads = reference_forward_backward(config, params, x, y)
-    llmc_io.write_debug_state(out(f"{name}_debug_state.bin"), x, y, logits, loss, grads)
+    write_debug_state(out(f"{name}_debug_state.bin"), x, y, logits, loss, grads)
     print(f"wrote {out(name + '_debug_state.bin')} (loss {loss:.6f})")
 
     losses = reference_losses(config, params, x, y, steps=args.steps)
     for step, step_loss in enumerate(losses):
         print(f"step {step}: loss {step_loss:.6f}")
     record = {"losses": losses, **ADAMW, "decay": "all"}
-    llmc_io.atomic_write(out(f"{name}_debug_state.losses.json"),
-                         [json.dumps(record, indent=2).encode() + b"\n"])
+    atomic_write(out(f"{name}_debug_state.losses.json"),
+                 [json.dumps(record, indent=2).encode() + b"\n"])
     print(f"wrote {out(name + '_debug_state.losses.json')}")
 
 

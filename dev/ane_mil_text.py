@@ -14,7 +14,7 @@ import sys
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
-from llmc_io import PRESETS  # noqa: E402
+from train_llama2 import PRESETS  # noqa: E402
 
 
 def main(argv=None):

@@ -26,14 +26,15 @@ ROOT = os.path.dirname(HERE)
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from dev.bench_step import batch, config_for, json_worker, llmpyx_steps, peak_rss_bytes  # noqa: E402
+from dev.bench_step import (batch, config_for, family_for, json_worker,  # noqa: E402
+                            llmpyx_steps, peak_rss_bytes)
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-e", "--depth", type=int, default=12, help="model depth dN (12: GPT-2 124M)")
-    p.add_argument("--model", help="a Llama preset (llmc_io.PRESETS) instead of GPT-2 dN")
+    p.add_argument("--model", help="a Llama preset (train_llama2.PRESETS) instead of GPT-2 dN")
     p.add_argument("-b", "--batch", type=int, default=4, help="batch size B")
     p.add_argument("-t", "--seq", type=int, default=256, help="sequence length T")
     p.add_argument("--policies", default="all,every-2,sqrt,boundary,none",
@@ -47,10 +48,7 @@ def parse_args(argv=None):
 
 
 def worker(args):
-    if args.model:
-        from train_llama2 import Llama2 as Model
-    else:
-        from train_gpt2 import GPT2 as Model
+    Model = family_for(args).model_class
     config = config_for(args)
     model = Model.random(config, seed=0, recompute=args.worker)
     x, y = batch(config, args.batch, args.seq)

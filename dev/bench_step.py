@@ -28,6 +28,7 @@ here changes its BLAS thread settings.
 Other environment variables (OMP_WAIT_POLICY, OPENBLAS_NUM_THREADS, ...) pass through.
 """
 import argparse
+import importlib
 import json
 import os
 import resource
@@ -72,20 +73,20 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
+def family_for(args):
+    """The benchmarked model family (llmc/families.py): Llama with --model, else GPT-2."""
+    from llmc.families import get_family
+    return get_family("llama" if args.model else "gpt2")
+
+
 def config_for(args):
-    from llmc_io import GPT2Config, LlamaConfig
-    return LlamaConfig.from_name(args.model) if args.model else GPT2Config.from_depth(args.depth)
+    return family_for(args).config_class.from_name(args.model or f"d{args.depth}")
 
 
 def model_class(args):
     """(llm.pyx's model class, the PyTorch reference module) of the benchmarked family."""
-    if args.model:
-        import train_llama2_torch
-        from train_llama2 import Llama2
-        return Llama2, train_llama2_torch
-    import train_gpt2_torch
-    from train_gpt2 import GPT2
-    return GPT2, train_gpt2_torch
+    family = family_for(args)
+    return family.model_class, importlib.import_module(family.reference)
 
 
 def matmul_shapes(config):

@@ -6,10 +6,11 @@ with NumPy alone (no torch, no transformers, no safetensors package):
     python dev/download_gpt2.py --model gpt2-xl # 1558M -> gpt2_1558M.bin
     python dev/download_gpt2.py --from-safetensors model.safetensors -o out.bin
 
-The .safetensors file is read by llmc_io.read_safetensors. GPT-2's Linear layers are Conv1D
-there, stored (in, out): llm.c stores (out, in), so those weights are transposed. llm.c pads
-wte's vocabulary rows with zeros to a multiple of 128 (50257 -> 50304). Also writes llm.c's
-gpt2_tokenizer.bin (the bytes of every token) when GPT-2's tokenizer is at hand.
+The .safetensors file is read by llmc.formats.huggingface.read_safetensors. GPT-2's Linear
+layers are Conv1D there, stored (in, out): llm.c stores (out, in), so those weights are
+transposed. llm.c pads wte's vocabulary rows with zeros to a multiple of 128 (50257 -> 50304).
+Also writes llm.c's gpt2_tokenizer.bin (the bytes of every token) when GPT-2's tokenizer is at
+hand.
 """
 import argparse
 import json
@@ -23,7 +24,9 @@ import numpy as np
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
-import llmc_io  # noqa: E402
+from llmc.formats import FormatError, huggingface, param_views  # noqa: E402
+from llmc.formats.llmc import write_checkpoint, write_tokenizer  # noqa: E402
+from train_gpt2 import GPT2Config, padded_vocab_size  # noqa: E402
 
 HF_URL = "https://huggingface.co/{model}/resolve/main/{file}"
 MODELS = {"gpt2": "124M", "gpt2-medium": "350M", "gpt2-large": "774M", "gpt2-xl": "1558M"}
@@ -45,9 +48,9 @@ class ConvertError(ValueError):
 
 
 def read_safetensors(path):
-    """llmc_io.read_safetensors, without the "transformer." prefix GPT2LMHeadModel's files
+    """huggingface.read_safetensors, without the "transformer." prefix GPT2LMHeadModel's files
     may put on the names."""
-    tensors = llmc_io.read_safetensors(path)
+    tensors = huggingface.read_safetensors(path)
     return {name.removeprefix("transformer."): t for name, t in tensors.items()}
 
 
@@ -66,13 +69,12 @@ def convert(tensors, num_heads=None, source="safetensors"):
         raise ConvertError(f"{source}: no transformer blocks (h.0.*): not a GPT-2 checkpoint?")
     NH = num_heads or C // 64  # every GPT-2 has heads of 64 channels
     try:
-        config = llmc_io.GPT2Config(max_seq_len=maxT, vocab_size=V,
-                                    padded_vocab_size=llmc_io.padded_vocab_size(V),
-                                    num_layers=L, num_heads=NH, channels=C)
+        config = GPT2Config(max_seq_len=maxT, vocab_size=V, padded_vocab_size=padded_vocab_size(V),
+                            num_layers=L, num_heads=NH, channels=C)
     except ValueError as e:
         raise ConvertError(f"{source}: {e}") from None
     params = np.zeros(config.num_parameters(), dtype=np.float32)
-    views = llmc_io.param_views(config, params)
+    views = param_views(config, params)
     for name, _ in config.param_shapes():
         hf_name, transposed = HF_NAMES[name]
         per_layer = "{l}" in hf_name
@@ -92,7 +94,7 @@ def convert(tensors, num_heads=None, source="safetensors"):
 
 def convert_file(src, dst, num_heads=None, dtype="float32"):
     config, params = convert(read_safetensors(src), num_heads, source=src)
-    llmc_io.write_checkpoint(dst, config, params, dtype=dtype)
+    write_checkpoint(dst, config, params, dtype=dtype)
     return config
 
 
@@ -122,7 +124,7 @@ def write_tokenizer_file(path):
     from llmc.tokenizer import gpt2_encoding
     enc = gpt2_encoding()
     tokens = [enc.decode_single_token_bytes(i) for i in range(enc.n_vocab)]
-    llmc_io.write_tokenizer(path, tokens, enc.eot_token)
+    write_tokenizer(path, tokens, enc.eot_token)
     print(f"wrote {path}")
 
 
@@ -160,7 +162,7 @@ def main(argv=None):
     except (urllib.error.URLError, TimeoutError, ConnectionError) as e:
         sys.exit(f"download_gpt2.py: error: cannot download from Hugging Face "
                  f"({getattr(e, 'reason', e)}): this needs the internet")
-    except (ConvertError, llmc_io.FormatError) as e:
+    except (ConvertError, FormatError) as e:
         sys.exit(f"download_gpt2.py: error: {e}")
     except OSError as e:
         sys.exit(f"download_gpt2.py: error: {e.filename + ': ' if e.filename else ''}"

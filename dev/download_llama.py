@@ -8,10 +8,10 @@ transformers, no safetensors package):
                                      # and model.safetensors (or its shards and their index)
 
 stories15M/42M/110M come from Hugging Face's karpathy/tinyllamas in llama2.c's legacy format,
-which llmc_io reads as it is; this writes them as version 1 next to llama2.c's tokenizer.bin
-(Llama-2's 32000-token SentencePiece vocabulary, from the llama2.c repository). A Hugging Face
-checkpoint's q and k rows are put back into the adjacent-pair order our RoPE uses
-(llmc_io.llama_from_hf); bf16 and f16 tensors are widened to float32.
+which llmc/formats/llama2c.py reads as it is; this writes them as version 1 next to llama2.c's
+tokenizer.bin (Llama-2's 32000-token SentencePiece vocabulary, from the llama2.c repository).
+A Hugging Face checkpoint's q and k rows are put back into the adjacent-pair order our RoPE uses
+(llmc.formats.huggingface.llama_from_hf); bf16 and f16 tensors are widened to float32.
 """
 import argparse
 import glob
@@ -23,8 +23,10 @@ import urllib.error
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
-import llmc_io  # noqa: E402
 from download_gpt2 import download  # noqa: E402
+from llmc.formats import FormatError  # noqa: E402
+from llmc.formats.huggingface import llama_from_hf, read_safetensors  # noqa: E402
+from llmc.formats.llama2c import read_llama2c_tokenizer, read_llama_model, write_llama_model  # noqa: E402
 
 TINYLLAMAS_URL = "https://huggingface.co/karpathy/tinyllamas/resolve/main/{name}.bin"
 LLAMA2C_TOKENIZER_URL = "https://raw.githubusercontent.com/karpathy/llama2.c/master/tokenizer.bin"
@@ -38,23 +40,23 @@ def read_hf_checkpoint(directory):
         with open(config_path) as f:
             hf_config = json.load(f)
     except FileNotFoundError:
-        raise llmc_io.FormatError(config_path, "no such file (a Hugging Face checkpoint "
-                                               "directory has config.json)") from None
+        raise FormatError(config_path, "no such file (a Hugging Face checkpoint "
+                                       "directory has config.json)") from None
     except json.JSONDecodeError as e:
-        raise llmc_io.FormatError(config_path, f"not JSON: {e}") from None
+        raise FormatError(config_path, f"not JSON: {e}") from None
     files = sorted(glob.glob(os.path.join(directory, "*.safetensors")))
     if not files:
-        raise llmc_io.FormatError(directory, "no .safetensors files")
+        raise FormatError(directory, "no .safetensors files")
     tensors = {}
     for path in files:
-        tensors.update(llmc_io.read_safetensors(path))
+        tensors.update(read_safetensors(path))
     return tensors, hf_config
 
 
 def convert_hf(directory, output):
     tensors, hf_config = read_hf_checkpoint(directory)
-    config, params = llmc_io.llama_from_hf(tensors, hf_config, source=directory)
-    llmc_io.write_llama_model(output, config, params)
+    config, params = llama_from_hf(tensors, hf_config, source=directory)
+    write_llama_model(output, config, params)
     return config
 
 
@@ -64,13 +66,13 @@ def download_tinyllama(name, output):
         url = TINYLLAMAS_URL.format(name=name)
         print(f"downloading {url}")
         download(url, src)
-        config, params = llmc_io.read_llama_model(src)
-    llmc_io.write_llama_model(output, config, params)
+        config, params = read_llama_model(src)
+    write_llama_model(output, config, params)
     tokenizer = os.path.join(os.path.dirname(os.path.abspath(output)), "tokenizer.bin")
     if not os.path.exists(tokenizer):
         print(f"downloading {LLAMA2C_TOKENIZER_URL}")
         download(LLAMA2C_TOKENIZER_URL, tokenizer)
-        llmc_io.read_llama2c_tokenizer(tokenizer)  # it is what it should be
+        read_llama2c_tokenizer(tokenizer)  # it is what it should be
     return config
 
 
@@ -93,7 +95,7 @@ def main(argv=None):
     except (urllib.error.URLError, TimeoutError, ConnectionError) as e:
         sys.exit(f"download_llama.py: error: cannot download ({getattr(e, 'reason', e)}): "
                  f"this needs the internet")
-    except (llmc_io.FormatError, ValueError) as e:
+    except (FormatError, ValueError) as e:
         sys.exit(f"download_llama.py: error: {e}")
     except OSError as e:
         sys.exit(f"download_llama.py: error: {e.filename + ': ' if e.filename else ''}"

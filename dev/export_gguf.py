@@ -20,19 +20,21 @@ import numpy as np
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
-import llmc_io  # noqa: E402
+from llmc.formats import FormatError  # noqa: E402
+from llmc.formats.gguf import gguf_vocab, gpt2_gguf_vocab, read_gguf, write_gguf  # noqa: E402
+from llmc.formats.llama2c import read_llama_model  # noqa: E402
 
 
 def export(model_path, tokenizer_path, output):
-    config, params = llmc_io.read_llama_model(model_path)
+    config, params = read_llama_model(model_path)
     if tokenizer_path == "gpt2":
         from llmc.tokenizer import Tokenizer, gpt2_encoding
         gpt2 = Tokenizer.from_encoding(gpt2_encoding())
-        vocab = llmc_io.gpt2_gguf_vocab(gpt2.token_bytes, gpt2.eot_token, config.vocab_size)
+        vocab = gpt2_gguf_vocab(gpt2.token_bytes, gpt2.eot_token, config.vocab_size)
     else:
-        vocab = llmc_io.gguf_vocab(tokenizer_path, config.vocab_size)
-    llmc_io.write_gguf(output, config, params, vocab,
-                       name=os.path.splitext(os.path.basename(model_path))[0])
+        vocab = gguf_vocab(tokenizer_path, config.vocab_size)
+    write_gguf(output, config, params, vocab,
+               name=os.path.splitext(os.path.basename(model_path))[0])
     return config, params
 
 
@@ -49,10 +51,10 @@ def main(argv=None):
     try:
         config, params = export(args.model, args.tokenizer, output)
         if args.check:
-            config_back, params_back, _ = llmc_io.read_gguf(output)
+            config_back, params_back, _ = read_gguf(output)
             if config_back != config or not np.array_equal(params_back, params):
                 sys.exit(f"export_gguf.py: error: {output} does not read back as written")
-    except (llmc_io.FormatError, ValueError, RuntimeError) as e:
+    except (FormatError, ValueError, RuntimeError) as e:
         sys.exit(f"export_gguf.py: error: {e}")
     except OSError as e:
         sys.exit(f"export_gguf.py: error: {e.filename + ': ' if e.filename else ''}"

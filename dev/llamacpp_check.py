@@ -19,7 +19,6 @@ import numpy as np
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
-import llmc_io  # noqa: E402
 from export_gguf import export  # noqa: E402
 
 TOLERANCE = 1e-4   # max |diff| / max |logit|, float32 kernels on both sides

@@ -49,7 +49,7 @@ LINKS = {
     "100 Gb/s InfiniBand": (12e9, 5e-6),
     "25 Gb/s Ethernet": (2.8e9, 30e-6),
 }
-D12_PARAMETERS = 124_475_904  # GPT-2 124M, padded vocab (llmc_io.GPT2Config.from_depth(12))
+D12_PARAMETERS = 124_475_904  # GPT-2 124M, padded vocab (train_gpt2.GPT2Config.from_depth(12))
 B, T = 4, 64
 
 
@@ -120,9 +120,8 @@ def measure_allreduce(num_floats, reps=5):
 
 def memory_per_rank(counts):
     """Model.memory() of rank 0 of N under ZeRO-1, d12 after a step at B=4 T=64 (MiB)."""
-    import llmc_io
-    from train_gpt2 import GPT2
-    model = GPT2.random(llmc_io.GPT2Config.from_depth(12), seed=0)
+    from train_gpt2 import GPT2, GPT2Config
+    model = GPT2.random(GPT2Config.from_depth(12), seed=0)
     tokens = np.random.default_rng(0).integers(0, 50257, (B, T + 1))
     model.forward(tokens[:, :-1], tokens[:, 1:])
     model.zero_grad()
@@ -155,13 +154,12 @@ def main():
                      "mpi4py mpich)")
         print("\nmeasured on this machine (the CPU may be shared: noisy):")
         with tempfile.TemporaryDirectory() as data:
-            import llmc_io
+            from llmc.formats.llmc import write_shard
             rng = np.random.default_rng(0)
             for i in range(2):
-                llmc_io.write_shard(os.path.join(data, f"train_{i}.bin"),
-                                    rng.integers(0, 50257, 64 * 2 * tokens + 1))
-            llmc_io.write_shard(os.path.join(data, "val.bin"),
-                                rng.integers(0, 50257, 2 * tokens + 1))
+                write_shard(os.path.join(data, f"train_{i}.bin"),
+                            rng.integers(0, 50257, 64 * 2 * tokens + 1))
+            write_shard(os.path.join(data, "val.bin"), rng.integers(0, 50257, 2 * tokens + 1))
             one_1, _ = run_train(1, 1, data, args.steps, tokens)
             two_1, two_mpi = run_train(2, 1, data, args.steps, 2 * tokens)
             one_2, _ = run_train(1, 2, data, args.steps, 2 * tokens)

@@ -1,7 +1,5 @@
 # Rotary position embedding (RoPE), as Meta's Llama and llama2.c apply it: in every head, the
 # channel pair (2i, 2i+1) of position t is rotated by the angle t * theta^(-2i/hs).
-cdef void rope_freqs(float* freqs_cos, float* freqs_sin, int maxT, int hs, double theta) noexcept nogil
-# freqs_cos, freqs_sin (maxT, hs/2): cos and sin of t * theta^(-2i/hs), computed in double
 cdef void rope_forward(float* out, const float* inp, const float* freqs_cos,
                        const float* freqs_sin, int B, int T, int NH, int hs) noexcept nogil
 # out (B,T,NH,hs) = inp (B,T,NH,hs) rotated (out may be inp); freqs_cos, freqs_sin (>= T, hs/2)

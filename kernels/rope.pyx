@@ -7,27 +7,12 @@
 # for k), hs head size (even).  The rotation is orthogonal, so backward rotates dout by -angle:
 #   dinp[.., 2i]   += dout[.., 2i] cos + dout[.., 2i+1] sin
 #   dinp[.., 2i+1] += dout[.., 2i+1] cos - dout[.., 2i] sin
-# cos and sin come from tables (maxT, hs/2) that rope_freqs fills once: the same table serves
-# q and k, every layer, forward and backward, so the kernels do no transcendental math (libm's
-# sinf/cosf would not vectorise), and the angles are computed once in double (t * freq in
-# float loses about t * 6e-8 radians, 2e-4 at t = 4096) and rounded to float at the end.
+# cos and sin come from tables (maxT, hs/2) computed once (llmc/rope.py: in double, rounded to
+# float at the end): the same table serves q and k, every layer, forward and backward, so the
+# kernels do no transcendental math (libm's sinf/cosf would not vectorise).
 from cython.parallel cimport prange
-from libc.math cimport cos, sin, pow
 
 from kernels.parallel cimport SERIAL_BELOW
-
-import numpy as np
-
-
-cdef void rope_freqs(float* freqs_cos, float* freqs_sin, int maxT, int hs, double theta) noexcept nogil:
-    cdef int half = hs // 2
-    cdef Py_ssize_t t, i
-    cdef double angle
-    for t in range(maxT):
-        for i in range(half):
-            angle = t * pow(theta, -2.0 * i / hs)
-            freqs_cos[t * half + i] = <float>cos(angle)
-            freqs_sin[t * half + i] = <float>sin(angle)
 
 
 cdef void rope_forward(float* out, const float* inp, const float* freqs_cos,
@@ -86,23 +71,6 @@ def _check_shape(str where, str name, tuple got, tuple want):
         raise ValueError(f"rope.{where}: {name} has shape {got}, expected {want}")
 
 
-def freqs(int maxT, int hs, double theta=10000.0):
-    """(freqs_cos, freqs_sin), each (maxT, hs/2) float32: the rotation tables of positions
-    0..maxT-1 for head size hs (even)."""
-    if maxT < 0 or hs <= 0 or hs % 2 != 0:
-        raise ValueError(f"rope.freqs: need maxT >= 0 and an even head size hs > 0, "
-                         f"got maxT={maxT}, hs={hs}")
-    if not theta > 0:
-        raise ValueError(f"rope.freqs: theta must be positive, got {theta}")
-    freqs_cos = np.empty((maxT, hs // 2), dtype=np.float32)
-    freqs_sin = np.empty((maxT, hs // 2), dtype=np.float32)
-    cdef float[:, ::1] c = freqs_cos, s = freqs_sin
-    if maxT > 0:
-        with nogil:
-            rope_freqs(&c[0, 0], &s[0, 0], maxT, hs, theta)
-    return freqs_cos, freqs_sin
-
-
 cdef _check_args(str where, str act, tuple act_shape, tuple x_shape, tuple cos_shape,
                  tuple sin_shape):
     # act (B,T,NH,hs) is out or dinp, x the input (inp or dout); the tables cover >= T rows
@@ -118,7 +86,7 @@ cdef _check_args(str where, str act, tuple act_shape, tuple x_shape, tuple cos_s
 
 def forward(float[:, :, :, ::1] out, const float[:, :, :, ::1] inp,
             const float[:, ::1] freqs_cos, const float[:, ::1] freqs_sin):
-    """out (B,T,NH,hs) = inp rotated by position; out may be inp. Tables from freqs()."""
+    """out (B,T,NH,hs) = inp rotated by position; out may be inp. Tables from llmc.rope."""
     _check_args("forward", "out", shape4(out.shape), shape4(inp.shape),
                 (freqs_cos.shape[0], freqs_cos.shape[1]), (freqs_sin.shape[0], freqs_sin.shape[1]))
     cdef int B = inp.shape[0], T = inp.shape[1], NH = inp.shape[2], hs = inp.shape[3]

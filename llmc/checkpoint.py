@@ -1,12 +1,12 @@
 """
 Checkpoints, as llm.c's train_gpt2.cu writes them into the output dir every -n steps:
 
-    model_%08d.bin          the model (llm.c's checkpoint format, llmc_io.write_checkpoint)
+    model_%08d.bin          the model (llm.c's checkpoint format: llmc/formats/llmc.py)
     state_%08d_%05d.bin     per process (rank): its AdamW m and v (of its shard under ZeRO-1)
-                            and its data loader (llmc_io.write_state)
+                            and its data loader (llmc.formats.llmc.write_state)
     DONE_%08d               written last, by rank 0 once every rank's files are: complete
 
-Each file is written whole or not at all (llmc_io.atomic_write), so a run resumes from the
+Each file is written whole or not at all (llmc.formats.atomic_write), so a run resumes from the
 newest checkpoint with a DONE, continuing bit for bit as if it had never stopped. Rank 0
 writes the model (the same on every rank); a run resumes only with the number of processes it
 was written by (llmc/distributed.py), else one line says so.
@@ -15,8 +15,9 @@ import glob
 import os
 import re
 
-import llmc_io
 from llmc.distributed import SINGLE
+from llmc.formats import FormatError, atomic_write
+from llmc.formats.llmc import read_state, read_state_processes, write_state
 
 
 def checkpoint_paths(output_dir, step, process_rank=0):
@@ -49,11 +50,11 @@ def write_checkpoint(output_dir, step, model, loader, keep=0, dist=SINGLE):
     model_path, state_path, done_path = checkpoint_paths(output_dir, step, rank)
     if rank == 0:
         model.save(model_path)
-    llmc_io.write_state(state_path, step, model.m, model.v, loader.state(),
-                        dist.num_processes, rank)
+    write_state(state_path, step, model.m, model.v, loader.state(),
+                dist.num_processes, rank)
     dist.barrier()  # every rank's state is written
     if rank == 0:
-        llmc_io.atomic_write(done_path, b"")
+        atomic_write(done_path, b"")
     if keep > 0:
         dist.barrier()  # every rank sees the new DONE ...
         old_steps = complete_steps(output_dir)[:-keep]
@@ -74,15 +75,15 @@ def resume(output_dir, step, model, loader, dist=SINGLE):
     """Load the optimizer and data loader state of the checkpoint at step into model (already
     built from that checkpoint's model file) and loader; the step it was saved at."""
     # every rank checks rank 0's state first, so that all fail alike (one line) on a mismatch
-    processes, _ = llmc_io.read_state_processes(checkpoint_paths(output_dir, step)[1])
+    processes, _ = read_state_processes(checkpoint_paths(output_dir, step)[1])
     if processes != dist.num_processes:
-        raise llmc_io.FormatError(output_dir, f"the checkpoint at step {step} was written by "
-                                  f"{processes} process{'es' if processes > 1 else ''}, this run "
-                                  f"has {dist.num_processes}: resume with as many (mpirun -np "
-                                  f"{processes})")
+        raise FormatError(output_dir, f"the checkpoint at step {step} was written by "
+                          f"{processes} process{'es' if processes > 1 else ''}, this run "
+                          f"has {dist.num_processes}: resume with as many (mpirun -np "
+                          f"{processes})")
     state_path = checkpoint_paths(output_dir, step, dist.process_rank)[1]
-    saved_step, m, v, loader_state = llmc_io.read_state(state_path, model.m.size,
-                                                        dist.num_processes, dist.process_rank)
+    saved_step, m, v, loader_state = read_state(state_path, model.m.size,
+                                                dist.num_processes, dist.process_rank)
     model.m = m
     model.v = v
     loader.load_state(loader_state, source=state_path)

@@ -4,7 +4,7 @@ the way llm.c's llmc/dataloader.h does, so that the same shards give the same ba
 
 - The shards are the files that match a glob pattern, sorted by name. Each one is a 1024-byte
   header (magic 20240520, version 1, number of tokens) and then the tokens as uint16, read
-  with llmc_io.read_shard.
+  with llmc.formats.llmc.read_shard.
 - A shard of ntok tokens holds (ntok - 1) // (N*B*T) samples, N the number of processes that
   train together (llmc/distributed.py; 1 alone): sample i is the tokens [i*N*B*T, (i+1)*N*B*T
   + 1), and process r of N reads its part of it, the B*T+1 tokens from i*N*B*T + r*B*T: inputs
@@ -25,7 +25,8 @@ import glob
 
 import numpy as np
 
-import llmc_io
+from llmc.formats import FormatError
+from llmc.formats.llmc import read_shard
 
 SHUFFLE_SEED = 42  # llm.c: manual_seed(&shuffle_rng, 42 + process_rank)
 
@@ -98,11 +99,11 @@ def shard_files(pattern):
 
 
 def shard_tokens(path):
-    """The tokens of the shard at path, a read-only uint16 memmap (llmc_io.read_shard checks
-    its header and size). Raises DataError."""
+    """The tokens of the shard at path, a read-only uint16 memmap (llmc.formats.llmc.read_shard
+    checks its header and size). Raises DataError."""
     try:
-        return llmc_io.read_shard(path, mmap=True)
-    except llmc_io.FormatError as e:
+        return read_shard(path, mmap=True)
+    except FormatError as e:
         raise DataError(str(e)) from None
 
 

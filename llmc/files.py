@@ -1,6 +1,6 @@
 """
 Files that are written whole or not at all, and the error of one that is not what it should be:
-what every file format (llmc_io.py) and the ANE's state file (accel/ane/restart.py) share.
+what every file format (llmc/formats/) and the ANE's state file (accel/ane/restart.py) share.
 
     atomic_write(path, chunks)     the bytes-like chunks to path, all or nothing
     FormatError(path, problem)     str(e) is "<path>: <problem>", on one line

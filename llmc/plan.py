@@ -18,6 +18,8 @@ The step time estimate divides those FLOPs by the sgemm rate this machine reache
 (kernels.matmul, the product's own matmul, one 1024^3 product, best of 3, about 0.1 s): the
 time the FLOPs alone take, a floor; the memory-bound kernels (layernorm, GELU, softmax, AdamW)
 come on top.
+
+dry_run_text: what train.py --dry-run prints, all of the above and every policy side by side.
 """
 import time
 
@@ -25,7 +27,7 @@ import numpy as np
 
 from llmc import recompute
 
-__all__ = ["flops_plan", "format_plan", "measure_gflops", "memory_plan"]
+__all__ = ["dry_run_text", "flops_plan", "measure_gflops", "memory_plan"]
 
 FLOAT = 4   # bytes: float32 everywhere, int32 tokens
 
@@ -93,7 +95,7 @@ def _seconds(t):
     return f"{t:,.1f} s" if t < 600 else f"{t / 3600:,.2f} h"
 
 
-def format_plan(family, config, name, B, T, policy="all", backend="cpu", gflops=None):
+def dry_run_text(family, config, name, B, T, policy="all", backend="cpu", gflops=None):
     """The dry run's text: parameters, memory by buffer (on the backend), FLOPs, the step time
     estimate (at gflops, measured when None), and every policy's activation memory and FLOPs
     side by side."""

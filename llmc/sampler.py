@@ -4,7 +4,7 @@ sample_mult, so a model and a seed give the tokens llm.c gives.
 """
 import numpy as np
 
-import llmc_io
+from llmc.formats.llmc import GPT2_EOT_TOKEN
 
 SAMPLE_SEED = 1337  # llm.c's trainer samples from this seed every time
 MASK64 = (1 << 64) - 1
@@ -41,7 +41,7 @@ def generate(model, tokenizer, gen_tokens, console):
     when tokenizer is None). Each sample starts from seed 1337, as llm.c's trainer does, so it
     depends on the model only."""
     rng = XorShift(SAMPLE_SEED)
-    eot = tokenizer.eot_token if tokenizer is not None else llmc_io.GPT2_EOT_TOKEN
+    eot = tokenizer.eot_token if tokenizer is not None else GPT2_EOT_TOKEN
     tokens = [eot]
     piece = tokenizer.stream_decoder(after=eot) if tokenizer is not None else (lambda t: f"{t} ")
     V = model.config.vocab_size

@@ -14,10 +14,11 @@ are taken from elsewhere, each fallback announced in one line on stderr:
 Llama-2's own SentencePiece vocabulary cannot be downloaded here, so, as llama2.c offers,
 train_sentencepiece() trains one of a chosen size on the training text (BPE with byte
 fallback: every byte can be encoded) and export_llama2c_tokenizer() writes it as llama2.c's
-tokenizer.bin (llmc_io.write_llama2c_tokenizer).
+tokenizer.bin (llmc.formats.llama2c.write_llama2c_tokenizer).
 
 Tokenizer decodes token ids to text, from llm.c's gpt2_tokenizer.bin (the bytes of every
-token, see llmc_io.read_tokenizer), from llama2.c's tokenizer.bin, or from a tiktoken Encoding.
+token, see llmc.formats.llmc.read_tokenizer), from llama2.c's tokenizer.bin, or from a tiktoken
+Encoding.
 """
 import base64
 import codecs
@@ -32,7 +33,9 @@ import tarfile
 import tempfile
 import zipfile
 
-import llmc_io
+from llmc.formats import atomic_write
+from llmc.formats.llama2c import read_llama2c_tokenizer, write_llama2c_tokenizer
+from llmc.formats.llmc import TOKENIZER_MAGIC, read_tokenizer
 
 GPT2_RANKS_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
 GPT2_VOCAB_SIZE = 50257
@@ -174,7 +177,7 @@ def gpt2_encoding():
     _encoding = encoding_from_ranks(data, source)
     try:
         os.makedirs(cache_dir(), exist_ok=True)
-        llmc_io.atomic_write(cached, data)
+        atomic_write(cached, data)
         note(f"GPT-2's BPE ranks from {source} (sha256 verified), cached at {cached}")
     except OSError as e:
         note(f"GPT-2's BPE ranks from {source} (sha256 verified); cannot cache them: {e}")
@@ -198,15 +201,15 @@ class Tokenizer:
 
     @classmethod
     def from_file(cls, path):
-        """llm.c's tokenizer file (gpt2_tokenizer.bin); raises llmc_io.FormatError."""
-        tokens, eot_token = llmc_io.read_tokenizer(path)
+        """llm.c's tokenizer file (gpt2_tokenizer.bin); raises llmc.formats.FormatError."""
+        tokens, eot_token = read_tokenizer(path)
         return cls(tokens, eot_token, path)
 
     @classmethod
     def from_llama2c(cls, path):
         """llama2.c's tokenizer.bin: byte-fallback pieces "<0x0A>" are their byte, BOS (id 1)
         and EOS (id 2) decode to nothing, as SentencePiece decodes them."""
-        pieces, _ = llmc_io.read_llama2c_tokenizer(path)
+        pieces, _ = read_llama2c_tokenizer(path)
         token_bytes = [LLAMA2C_BYTE_PIECE.fullmatch(p) and bytes([int(p[3:5], 16)]) or p
                        for p in pieces]
         for special in (SP_BOS, SP_EOS):
@@ -257,7 +260,7 @@ def load_tokenizer(path="gpt2_tokenizer.bin"):
         return Tokenizer.from_encoding(gpt2_encoding())
     with open(path, "rb") as f:
         magic = int.from_bytes(f.read(4), "little")
-    if magic == llmc_io.TOKENIZER_MAGIC:
+    if magic == TOKENIZER_MAGIC:
         return Tokenizer.from_file(path)
     return Tokenizer.from_llama2c(path)
 
@@ -310,4 +313,4 @@ def export_llama2c_tokenizer(model_path, bin_path):
             piece = "\n</s>\n"
         pieces.append(piece.replace(SP_WHITESPACE, " ").encode("utf-8"))
         scores.append(sp.get_score(i))
-    llmc_io.write_llama2c_tokenizer(bin_path, pieces, scores)
+    write_llama2c_tokenizer(bin_path, pieces, scores)

@@ -9,15 +9,17 @@ increasing order, as the ANE training project does to shrink the embedding and c
 The shards stay as they are: the data loader maps each batch through index on load
 (DataLoader(token_map=...)), the samples decode through ids (tokenizer()), and the map is
 saved in the output dir as vocab_map.bin beside the checkpoints, so a resumed run and the
-dashboard's samples use the same one. Its file is a token shard (llmc_io.write_shard) of ids.
+dashboard's samples use the same one. Its file is a token shard (llmc.formats.llmc.write_shard)
+of ids.
 
 It changes the objective: the softmax runs over the K seen tokens only, so the model can never
 predict an unseen one and its loss is not comparable with a full-vocabulary model's.
 """
 import numpy as np
 
-import llmc_io
 from llmc.dataloader import DataError, shard_tokens
+from llmc.formats import FormatError
+from llmc.formats.llmc import GPT2_EOT_TOKEN, read_shard, write_shard
 
 __all__ = ["MAP_NAME", "VocabMap"]
 
@@ -71,24 +73,24 @@ class VocabMap:
                 self.compact(np.asarray(tokens[start:start + CHUNK]), path, start)
 
     def save(self, path):
-        llmc_io.write_shard(path, self.ids)
+        write_shard(path, self.ids)
 
     @classmethod
     def load(cls, path):
-        """The map of a vocab_map.bin; llmc_io.FormatError when it is not one."""
-        ids = llmc_io.read_shard(path)
+        """The map of a vocab_map.bin; llmc.formats.FormatError when it is not one."""
+        ids = read_shard(path)
         try:
             return cls(ids)
         except ValueError:
-            raise llmc_io.FormatError(path, "not a vocabulary map: its ids are not increasing "
-                                            "(or there are none)") from None
+            raise FormatError(path, "not a vocabulary map: its ids are not increasing "
+                                    "(or there are none)") from None
 
     def tokenizer(self, tokenizer):
         """A Tokenizer of the compact ids: each decodes as its original id does in tokenizer
         (as the original id and a space when tokenizer is None; starting from GPT-2's
         <|endoftext|>, as the sampler does then)."""
         from llmc.tokenizer import Tokenizer
-        start = llmc_io.GPT2_EOT_TOKEN if tokenizer is None else tokenizer.eot_token
+        start = GPT2_EOT_TOKEN if tokenizer is None else tokenizer.eot_token
         if self.index[start] < 0:
             raise ValueError(f"VocabMap: the samples' first token {start} is not in the map")
         if tokenizer is None:

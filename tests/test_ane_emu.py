@@ -11,10 +11,11 @@ import pytest
 
 pytest.importorskip("accel.ane.mil")   # coremltools, imported quietly there
 
-import llmc_io  # noqa: E402
 from accel.backend import BackendError, get_backend  # noqa: E402
 from entries import run_every_entry  # noqa: E402
+from llmc.formats.llmc import write_shard  # noqa: E402
 from test_train import run_train, step_losses  # noqa: E402
+from train_llama2 import LlamaConfig  # noqa: E402
 
 table = pytest.importorskip("accel.ane.table")
 ANE_ENTRIES = sorted(table.TOLERANCES)
@@ -54,7 +55,7 @@ def test_loss_scaling_keeps_a_small_gradient_from_underflowing():
 
 def test_programs_are_built_once_per_shape_and_a_failure_is_one_line():
     from train_llama2 import Llama2
-    config = llmc_io.LlamaConfig.from_name("d1", vocab_size=40)
+    config = LlamaConfig.from_name("d1", vocab_size=40)
     backend = get_backend("ane-emu")
     model = Llama2.random(config, seed=0, backend=backend)
     rng = np.random.default_rng(0)
@@ -85,7 +86,7 @@ def test_train_py_on_ane_emu_tracks_the_cpu_losses(tmp_path):
     terms' worth in the sum), and the loss, a log-sum-exp of them, moves by less than that
     relative error times the logits' spread; updates from the fp16 dx stay as close."""
     tokens = np.tile(np.arange(37) * 7 % 300, 200)
-    llmc_io.write_shard(tmp_path / "train_000.bin", tokens)
+    write_shard(tmp_path / "train_000.bin", tokens)
     common = ["--model", "d2", "--family", "llama", "--vocab-size", 300, "-b", 2, "-t", 16,
               "-i", tmp_path / "train_*.bin", "-j", tmp_path / "train_*.bin", "-m", 0, "-s", 0,
               "-x", 5, "-l", 3e-3]
@@ -144,7 +145,7 @@ def test_growing_prompts_compile_a_few_shapes_and_the_budget_is_one_line():
     runs out (the ANE's ~119 per process) the entry fails in one line saying so."""
     from accel.ane import runtime
     from train_llama2 import Llama2
-    config = llmc_io.LlamaConfig.from_name("d1", vocab_size=40, max_seq_len=48)
+    config = LlamaConfig.from_name("d1", vocab_size=40, max_seq_len=48)
     backend = get_backend("ane-emu")
     model = Llama2.random(config, seed=0, backend=backend)
     reference = Llama2.random(config, seed=0)

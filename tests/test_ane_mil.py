@@ -146,7 +146,7 @@ def test_the_elementwise_swiglu_programs():
 def test_every_preset_builds_and_type_checks():
     """The Builder checks every op's types and shapes at the presets' real sizes (stories15M to
     llama-7b, GQA in llama-1b), in the dynamic pipeline (the static one needs the weights)."""
-    from llmc_io import PRESETS
+    from train_llama2 import PRESETS
     for name, config in PRESETS.items():
         d = mil.Dims.from_config(config, S=64)
         for piece, program in mil.programs(d).items():
@@ -155,7 +155,7 @@ def test_every_preset_builds_and_type_checks():
 
 
 def test_dims_from_a_llama_preset():
-    from llmc_io import PRESETS
+    from train_llama2 import PRESETS
     d = mil.Dims.from_config(PRESETS["llama-1b"], S=64)
     assert (d.C, d.NH, d.NKV, d.hs, d.H, d.S, d.KVD) == (2048, 32, 4, 64, 5632, 64, 256)
     program = mil.qkv_forward(mil.Dims.from_config(PRESETS["stories15M"]))

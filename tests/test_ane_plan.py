@@ -7,19 +7,19 @@ import sys
 import numpy as np
 import pytest
 
-import llmc_io
 from accel.ane import restart
 from accel.ane.plan import PlanError, format_pipeline_plan, make_plan, memory
 from accel.ane.runtime import (BudgetExceeded, CompileBudget, CompileLimitError, MockRuntime,
                                NumpyProgram)
 from llmc.files import FormatError
+from train_llama2 import PRESETS, LlamaConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def llama(name, **overrides):
     """A Llama config by preset name or dN: the planner takes its caller's config."""
-    return llmc_io.LlamaConfig.from_name(name, **overrides)
+    return LlamaConfig.from_name(name, **overrides)
 
 
 def identity_program(name="k"):
@@ -166,7 +166,7 @@ def test_exec_restart_resumes_to_the_same_weights(tmp_path):
 # ----------------------------------------------------------------------------
 # the dry run: every preset, both pipelines, any policy, well under a second each
 
-@pytest.mark.parametrize("model", list(llmc_io.PRESETS) + ["d2"])
+@pytest.mark.parametrize("model", list(PRESETS) + ["d2"])
 def test_dry_run_every_preset(model, capsys):
     import train
     for pipeline in ("static", "dynamic"):

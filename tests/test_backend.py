@@ -12,7 +12,8 @@ from accel.backend import Backend, BackendError, backend_names, get_backend
 from accel.spec import ENTRIES, ORDER
 from entries import run_every_entry
 from faults import FAULTS, LLAMA_FAULTS, faulty_cpu
-from llmc_io import GPT2Config, read_checkpoint, read_debug_state
+from llmc.formats.llmc import read_checkpoint, read_debug_state
+from train_gpt2 import GPT2Config
 from train_gpt2 import GPT2
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -10,9 +10,11 @@ import numpy as np
 import pytest
 
 from accel import cpu
+from llmc.formats.llmc import write_shard
 from llmc.recompute import RecomputePlan, parse_policy
-from llmc_io import GPT2Config, LlamaConfig, write_shard
+from train_gpt2 import GPT2Config
 from train_gpt2 import GPT2, activation_shapes
+from train_llama2 import LlamaConfig
 from train_llama2 import Llama2
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -101,14 +101,15 @@ def shards(tmp_path):
     """Llama data with its tokenizer.bin beside (llama2.c's: <unk> <s> </s>, 256 bytes, words),
     so samples decode offline; the flags of a tiny Llama on it."""
     import numpy as np
-    import llmc_io
+    from llmc.formats.llama2c import write_llama2c_tokenizer
+    from llmc.formats.llmc import write_shard
     words = [f" w{i}".encode() for i in range(41)]
     pieces = [b"<unk>", b"\n<s>\n", b"\n</s>\n"] + [f"<0x{b:02X}>".encode() for b in range(256)]
-    llmc_io.write_llama2c_tokenizer(tmp_path / "tokenizer.bin", pieces + words,
-                                    [0.0] * (len(pieces) + len(words)))
+    write_llama2c_tokenizer(tmp_path / "tokenizer.bin", pieces + words,
+                            [0.0] * (len(pieces) + len(words)))
     rng = np.random.default_rng(0)
-    llmc_io.write_shard(tmp_path / "train_000.bin", rng.integers(3, 300, 3000))
-    llmc_io.write_shard(tmp_path / "val_000.bin", rng.integers(3, 300, 1000))
+    write_shard(tmp_path / "train_000.bin", rng.integers(3, 300, 3000))
+    write_shard(tmp_path / "val_000.bin", rng.integers(3, 300, 1000))
     return ["--family", "llama", "-i", tmp_path / "train_000.bin", "-j", tmp_path / "val_000.bin"]
 
 

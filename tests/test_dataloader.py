@@ -7,8 +7,8 @@ import os
 import numpy as np
 import pytest
 
-import llmc_io
 from llmc.dataloader import MT19937, DataError, DataLoader, random_permutation
+from llmc.formats.llmc import read_shard, write_shard
 
 
 class ReferenceMT:
@@ -92,8 +92,8 @@ def write_shards(tmp_path, sizes, prefix="train", offset=0):
     every sample; the names sort in creation order."""
     start = offset
     for i, size in enumerate(sizes):
-        llmc_io.write_shard(tmp_path / f"{prefix}_{i:03d}.bin",
-                            np.arange(start, start + size) % 50000)
+        write_shard(tmp_path / f"{prefix}_{i:03d}.bin",
+                    np.arange(start, start + size) % 50000)
         start += size
     return str(tmp_path / f"{prefix}_*.bin")
 
@@ -204,7 +204,7 @@ def test_bad_shards_raise_one_line(tmp_path, make, message):
 def test_token_outside_vocab(tmp_path):
     tokens = np.zeros(33, dtype=np.int64)
     tokens[5] = 60000
-    llmc_io.write_shard(tmp_path / "bad.bin", tokens)
+    write_shard(tmp_path / "bad.bin", tokens)
     loader = DataLoader(str(tmp_path / "bad.bin"), 2, 8, shuffle=False, vocab_size=50257)
     with pytest.raises(DataError, match="token id 60000 at position 5"):
         loader.next_batch()
@@ -251,7 +251,7 @@ def test_tinyshakespeare_script_matches_llmc(tmp_path):
     train = DataLoader(str(tmp_path / "ts" / "tiny_shakespeare_train.bin"), 4, 64, shuffle=True,
                        vocab_size=50257)
     assert train.num_tokens == 305260
-    val = llmc_io.read_shard(tmp_path / "ts" / "tiny_shakespeare_val.bin")
+    val = read_shard(tmp_path / "ts" / "tiny_shakespeare_val.bin")
     assert val[0] == 50256 and list(val[1:4]) == [5962, 22307, 25]  # <eot> "First Citizen:"
 
 
@@ -263,11 +263,11 @@ def test_text_to_shards(tmp_path):
                         str(tmp_path / "b.txt"), "--name", "mine", "-o", str(tmp_path / "out"),
                         "--shard-size", "300")
     assert "mine_train_*.bin" in stdout
-    val = llmc_io.read_shard(tmp_path / "out" / "mine_val_000000.bin")
+    val = read_shard(tmp_path / "out" / "mine_val_000000.bin")
     shards = sorted((tmp_path / "out").glob("mine_train_*.bin"))
-    train = np.concatenate([llmc_io.read_shard(p) for p in shards])
+    train = np.concatenate([read_shard(p) for p in shards])
     tokens = np.concatenate([val, train])
-    assert len(shards) > 1 and all(len(llmc_io.read_shard(p)) <= 300 for p in shards)
+    assert len(shards) > 1 and all(len(read_shard(p)) <= 300 for p in shards)
     assert tokens[0] == 50256 and (tokens == 50256).sum() == 2  # one EOT per file
     assert abs(len(val) - 0.1 * len(tokens)) <= 1
     loader = DataLoader(str(tmp_path / "out" / "mine_train_*.bin"), 2, 16, shuffle=True,

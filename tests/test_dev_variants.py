@@ -98,6 +98,6 @@ def test_unknown_kernel_is_an_error():
 def test_bench_step_flops_match_the_issue():
     # 190.7 GFLOP per step for d12 at B=4, T=64: the matmuls and the causal half of attention
     from dev import bench_step
-    from llmc_io import GPT2Config
+    from train_gpt2 import GPT2Config
     matmul, attention = bench_step.model_flops(GPT2Config.from_depth(12), 4, 64)
     assert abs((matmul + attention) / 1e9 - 190.7) < 0.1

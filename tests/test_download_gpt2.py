@@ -11,7 +11,8 @@ import sys
 import numpy as np
 import pytest
 
-import llmc_io
+from llmc.formats import bfloat16_bits_to_float32, float32_to_bfloat16_bits, param_views
+from llmc.formats.llmc import read_checkpoint
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -49,7 +50,7 @@ def write_safetensors(path, tensors, dtype="F32", prefix=""):
         elif dtype == "F16":
             raw = array.astype("<f2").tobytes()
         else:  # BF16
-            raw = llmc_io.float32_to_bfloat16_bits(array).astype("<u2").tobytes()
+            raw = float32_to_bfloat16_bits(array).astype("<u2").tobytes()
         header[prefix + name] = {"dtype": dtype, "shape": list(array.shape),
                                  "data_offsets": [offset, offset + len(raw)]}
         blobs.append(raw)
@@ -65,14 +66,14 @@ def as_f16(a):
 
 
 def as_bf16(a):
-    return llmc_io.bfloat16_bits_to_float32(llmc_io.float32_to_bfloat16_bits(a))
+    return bfloat16_bits_to_float32(float32_to_bfloat16_bits(a))
 
 
 def check_layout(config, params, hf, rounded=lambda a: a):
     """params hold exactly hf's tensors (as stored: rounded), in llm.c's layout."""
     assert (config.max_seq_len, config.vocab_size, config.padded_vocab_size,
             config.num_layers, config.num_heads, config.channels) == (maxT, V, 128, L, 2, C)
-    p = llmc_io.param_views(config, params)
+    p = param_views(config, params)
 
     def same(a, b):
         np.testing.assert_array_equal(a, rounded(b))
@@ -100,7 +101,7 @@ def test_convert_to_llmc_checkpoint(tmp_path):
     hf = hf_gpt2_tensors()
     write_safetensors(tmp_path / "model.safetensors", hf)
     download_gpt2.convert_file(str(tmp_path / "model.safetensors"), str(tmp_path / "out.bin"))
-    config, params = llmc_io.read_checkpoint(tmp_path / "out.bin")
+    config, params = read_checkpoint(tmp_path / "out.bin")
     check_layout(config, params, hf)
 
 
@@ -121,7 +122,7 @@ def test_cli_writes_bf16(tmp_path):
                           "--from-safetensors", str(tmp_path / "model.safetensors"),
                           "-o", str(out), "--bf16"], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
-    config, params = llmc_io.read_checkpoint(out)
+    config, params = read_checkpoint(out)
     check_layout(config, params, hf, as_bf16)  # written as bf16
 
 

@@ -10,7 +10,7 @@ import pytest
 from accel import cpu, instrument
 from kernels import attention, flash_attention
 from kernels import reference as R
-from llmc_io import GPT2Config
+from train_gpt2 import GPT2Config
 from train_gpt2 import GPT2
 
 TOLERANCE = 1e-5

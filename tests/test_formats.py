@@ -1,8 +1,8 @@
 """
-llmc_io: llm.c's file formats. Round trips of every format, byte-for-byte equality with the
-files llm.c's own train_gpt2.py writes (rebuilt here independently from its layout), the
-training state in train_gpt2.cu's layout, bf16 rounding against torch, one-line FormatErrors
-for every kind of bad file, atomic writes.
+llmc/formats/llmc.py: llm.c's file formats, and what llmc/formats shares. Round trips of every
+format, byte-for-byte equality with the files llm.c's own train_gpt2.py writes (rebuilt here
+independently from its layout), the training state in train_gpt2.cu's layout, bf16 rounding
+against torch, one-line FormatErrors for every kind of bad file, atomic writes.
 """
 import errno
 import os
@@ -13,8 +13,12 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import llmc_io  # noqa: E402
-from llmc_io import FormatError, GPT2Config  # noqa: E402
+from llmc.formats import (FormatError, atomic_write, bfloat16_bits_to_float32,  # noqa: E402
+                          float32_to_bfloat16_bits, param_views)
+from llmc.formats.llmc import (read_checkpoint, read_debug_state, read_shard,  # noqa: E402
+                               read_state, read_tokenizer, write_checkpoint, write_debug_state,
+                               write_shard, write_state, write_tokenizer)
+from train_gpt2 import GPT2Config  # noqa: E402
 
 try:
     import torch
@@ -28,7 +32,7 @@ CONFIG = GPT2Config(max_seq_len=7, vocab_size=13, padded_vocab_size=128, num_lay
 
 def random_params(config, seed=0):
     params = np.random.default_rng(seed).standard_normal(config.num_parameters()).astype(np.float32)
-    llmc_io.param_views(config, params)["wte"][config.vocab_size:] = 0.0  # llm.c pads with zeros
+    param_views(config, params)["wte"][config.vocab_size:] = 0.0  # llm.c pads with zeros
     return params
 
 
@@ -95,7 +99,7 @@ def test_config_sizes_are_python_ints():
 def llmc_write_model_bytes(config, params, version):
     """The bytes llm.c's train_gpt2.py write_model produces: the header, then each tensor as
     PyTorch holds it, per-layer tensors one layer after another, wte padded to Vp rows."""
-    views = llmc_io.param_views(config, params)
+    views = param_views(config, params)
     out = [header(20240326, version, config.max_seq_len, config.vocab_size, config.num_layers,
                   config.num_heads, config.channels, config.padded_vocab_size)]
     for name, _ in config.param_shapes():
@@ -113,9 +117,9 @@ def llmc_write_model_bytes(config, params, version):
 def test_checkpoint_fp32_round_trip_and_llmc_layout(tmp_path):
     params = random_params(CONFIG)
     path = tmp_path / "model.bin"
-    llmc_io.write_checkpoint(path, CONFIG, params)
+    write_checkpoint(path, CONFIG, params)
     assert path.read_bytes() == llmc_write_model_bytes(CONFIG, params, 3)
-    config, read = llmc_io.read_checkpoint(path)
+    config, read = read_checkpoint(path)
     assert config == CONFIG
     assert read.dtype == np.float32 and read.shape == (CONFIG.num_parameters(),)
     np.testing.assert_array_equal(read, params)
@@ -125,9 +129,9 @@ def test_checkpoint_reads_llmc_file(tmp_path):
     params = random_params(CONFIG, seed=1)
     path = tmp_path / "llmc.bin"
     path.write_bytes(llmc_write_model_bytes(CONFIG, params, 3))
-    config, read = llmc_io.read_checkpoint(str(path))
-    views = llmc_io.param_views(config, read)
-    expected = llmc_io.param_views(CONFIG, params)
+    config, read = read_checkpoint(str(path))
+    views = param_views(config, read)
+    expected = param_views(CONFIG, params)
     for name in expected:
         np.testing.assert_array_equal(views[name], expected[name])
 
@@ -156,9 +160,9 @@ def test_bfloat16_rounding_nearest_even():
     values = np.concatenate([SPECIAL, np.random.default_rng(0).standard_normal(5000)
                              .astype(np.float32) * 10.0 ** np.arange(-20, 30, 0.01)[:5000]])
     values = values.astype(np.float32)
-    bits = llmc_io.float32_to_bfloat16_bits(values)
+    bits = float32_to_bfloat16_bits(values)
     np.testing.assert_array_equal(bits, bf16_round_nearest_even(values))
-    back = llmc_io.bfloat16_bits_to_float32(bits)
+    back = bfloat16_bits_to_float32(bits)
     normal = (np.abs(values) >= np.finfo(np.float32).tiny) & (np.abs(values) < 3.3e38)
     assert np.all(np.abs(back[normal] - values[normal]) <= np.abs(values[normal]) * 2.0**-8)
 
@@ -167,7 +171,7 @@ def test_bfloat16_rounding_nearest_even():
 def test_bfloat16_rounding_matches_torch():
     values = np.concatenate([SPECIAL[:-1], np.random.default_rng(1).standard_normal(10000)
                              .astype(np.float32)]).astype(np.float32)
-    ours = llmc_io.bfloat16_bits_to_float32(llmc_io.float32_to_bfloat16_bits(values))
+    ours = bfloat16_bits_to_float32(float32_to_bfloat16_bits(values))
     theirs = torch.from_numpy(values).to(torch.bfloat16).to(torch.float32).numpy()
     np.testing.assert_array_equal(ours.view(np.uint32), theirs.view(np.uint32))
 
@@ -176,9 +180,9 @@ def test_bfloat16_rounding_matches_torch():
 def test_checkpoint_bf16_matches_llmc_bytes(tmp_path):
     params = random_params(CONFIG, seed=2)
     path = tmp_path / "model_bf16.bin"
-    llmc_io.write_checkpoint(path, CONFIG, params, dtype="bfloat16")
+    write_checkpoint(path, CONFIG, params, dtype="bfloat16")
     assert path.read_bytes() == llmc_write_model_bytes(CONFIG, params, 5)
-    config, read = llmc_io.read_checkpoint(path)
+    config, read = read_checkpoint(path)
     assert config == CONFIG and read.dtype == np.float32
     np.testing.assert_array_equal(
         read, torch.from_numpy(params).to(torch.bfloat16).to(torch.float32).numpy())
@@ -187,19 +191,19 @@ def test_checkpoint_bf16_matches_llmc_bytes(tmp_path):
 def test_checkpoint_bf16_round_trip(tmp_path):
     params = random_params(CONFIG, seed=3)
     path = tmp_path / "model_bf16.bin"
-    llmc_io.write_checkpoint(path, CONFIG, params, dtype="bfloat16")
+    write_checkpoint(path, CONFIG, params, dtype="bfloat16")
     assert path.stat().st_size == 1024 + 2 * CONFIG.num_parameters()
-    _, read = llmc_io.read_checkpoint(path)
+    _, read = read_checkpoint(path)
     np.testing.assert_array_equal(
-        read, llmc_io.bfloat16_bits_to_float32(bf16_round_nearest_even(params)))
+        read, bfloat16_bits_to_float32(bf16_round_nearest_even(params)))
 
 
 def test_write_checkpoint_rejects_bad_arguments(tmp_path):
     path = tmp_path / "model.bin"
     with pytest.raises(ValueError, match="parameters"):
-        llmc_io.write_checkpoint(path, CONFIG, np.zeros(10, dtype=np.float32))
+        write_checkpoint(path, CONFIG, np.zeros(10, dtype=np.float32))
     with pytest.raises(ValueError, match="dtype"):
-        llmc_io.write_checkpoint(path, CONFIG, random_params(CONFIG), dtype="float16")
+        write_checkpoint(path, CONFIG, random_params(CONFIG), dtype="float16")
     assert not path.exists()
 
 
@@ -226,9 +230,9 @@ def llmc_write_state_bytes(x, y, logits, loss, grads):
 def test_debug_state_round_trip_and_llmc_layout(tmp_path):
     x, y, logits, loss, grads = make_state(CONFIG)
     path = tmp_path / "state.bin"
-    llmc_io.write_debug_state(path, x, y, logits, loss, grads)
+    write_debug_state(path, x, y, logits, loss, grads)
     assert path.read_bytes() == llmc_write_state_bytes(x, y, logits, loss, grads)
-    state = llmc_io.read_debug_state(path, CONFIG)
+    state = read_debug_state(path, CONFIG)
     assert state.x.dtype == np.int32 and state.y.dtype == np.int32
     np.testing.assert_array_equal(state.x, x)
     np.testing.assert_array_equal(state.y, y)
@@ -242,12 +246,12 @@ def test_write_debug_state_rejects_bad_arguments(tmp_path):
     x, y, logits, loss, grads = make_state(CONFIG)
     path = tmp_path / "state.bin"
     with pytest.raises(ValueError, match="logits"):
-        llmc_io.write_debug_state(path, x, y, logits[:, :3], loss, grads)
+        write_debug_state(path, x, y, logits[:, :3], loss, grads)
     with pytest.raises(ValueError, match="x and y"):
-        llmc_io.write_debug_state(path, x, y[:1], logits, loss, grads)
+        write_debug_state(path, x, y[:1], logits, loss, grads)
     x[0, 0] = CONFIG.vocab_size
     with pytest.raises(ValueError, match="x holds"):
-        llmc_io.write_debug_state(path, x, y, logits, loss, grads)
+        write_debug_state(path, x, y, logits, loss, grads)
     assert not path.exists()
 
 
@@ -257,21 +261,21 @@ def test_write_debug_state_rejects_bad_arguments(tmp_path):
 def test_tokenizer_round_trip(tmp_path):
     tokens = [bytes([i]) for i in range(256)] + [b"hello", b" world", bytes(range(1, 256))]
     path = tmp_path / "tok.bin"
-    llmc_io.write_tokenizer(path, tokens, eot_token=258)
+    write_tokenizer(path, tokens, eot_token=258)
     data = path.read_bytes()
     assert data[:16] == header(20240328, 2, 259, 258)[:16]
     assert data[1024:1026] == b"\x01\x00"  # token 0: length 1, byte 0
-    assert llmc_io.read_tokenizer(path) == (tokens, 258)
+    assert read_tokenizer(path) == (tokens, 258)
 
 
 def test_tokenizer_version_1(tmp_path):
     body = b"".join(bytes([1, i % 256]) for i in range(50257))
     path = tmp_path / "tok_v1.bin"
     path.write_bytes(header(20240328, 1, 50257) + body)
-    tokens, eot = llmc_io.read_tokenizer(path)
+    tokens, eot = read_tokenizer(path)
     assert len(tokens) == 50257 and eot == 50256  # llm.c's assumption for version 1
     path.write_bytes(header(20240328, 1, 3) + b"\x01a\x01b\x02cd")
-    assert llmc_io.read_tokenizer(path) == ([b"a", b"b", b"cd"], None)
+    assert read_tokenizer(path) == ([b"a", b"b", b"cd"], None)
 
 
 def test_write_tokenizer_rejects_bad_tokens(tmp_path):
@@ -279,7 +283,7 @@ def test_write_tokenizer_rejects_bad_tokens(tmp_path):
     for tokens, eot in (([b"a", b""], 0), ([b"a", b"x" * 256], 0), ([b"a", "b"], 0),
                         ([b"a"], 1), ([], 0)):
         with pytest.raises(ValueError):
-            llmc_io.write_tokenizer(path, tokens, eot)
+            write_tokenizer(path, tokens, eot)
     assert not path.exists()
 
 
@@ -289,23 +293,23 @@ def test_write_tokenizer_rejects_bad_tokens(tmp_path):
 def test_shard_round_trip(tmp_path):
     tokens = np.array([0, 1, 50256, 65535, 7] * 11, dtype=np.int64)
     path = tmp_path / "shard.bin"
-    llmc_io.write_shard(path, tokens)
+    write_shard(path, tokens)
     data = path.read_bytes()
     assert data == header(20240520, 1, tokens.size) + tokens.astype("<u2").tobytes()
-    read = llmc_io.read_shard(path)
+    read = read_shard(path)
     assert read.dtype == np.uint16
     np.testing.assert_array_equal(read, tokens)
-    mapped = llmc_io.read_shard(path, mmap=True)
+    mapped = read_shard(path, mmap=True)
     np.testing.assert_array_equal(mapped, tokens)
     del mapped
-    llmc_io.write_shard(path, [])
-    assert llmc_io.read_shard(path).size == 0
+    write_shard(path, [])
+    assert read_shard(path).size == 0
 
 
 @pytest.mark.parametrize("tokens", [[1, 65536], [-1, 2], [0.5, 1.0]])
 def test_write_shard_rejects_bad_tokens(tmp_path, tokens):
     with pytest.raises(ValueError):
-        llmc_io.write_shard(tmp_path / "shard.bin", tokens)
+        write_shard(tmp_path / "shard.bin", tokens)
     assert not (tmp_path / "shard.bin").exists()
 
 
@@ -328,7 +332,7 @@ def moments(n=50, seed=0):
 def test_state_layout_is_llmc(tmp_path):
     m, v = moments()
     path = tmp_path / "state.bin"
-    llmc_io.write_state(path, 42, m, v, loader_state())
+    write_state(path, 42, m, v, loader_state())
     h = np.zeros(256, dtype="<i4")
     h[:6] = [20240527, 1, 1, 0, 0, 1]  # magic, version, 1 process, rank 0, no master, shuffled
     h[10] = 42
@@ -348,8 +352,8 @@ def test_state_round_trip(tmp_path, rng_pos):
     m, v = moments()
     path = tmp_path / "state.bin"
     written = loader_state(rng_pos)
-    llmc_io.write_state(path, 42, m, v, written)
-    step, m2, v2, read = llmc_io.read_state(path, m.size)
+    write_state(path, 42, m, v, written)
+    step, m2, v2, read = read_state(path, m.size)
     assert step == 42 and m2.dtype == v2.dtype == np.float32
     np.testing.assert_array_equal(m2, m)
     np.testing.assert_array_equal(v2, v)
@@ -361,30 +365,30 @@ def test_state_round_trip(tmp_path, rng_pos):
 def test_state_bad_files(tmp_path):
     m, v = moments()
     path = tmp_path / "state.bin"
-    llmc_io.write_state(path, 42, m, v, loader_state())
+    write_state(path, 42, m, v, loader_state())
     good = path.read_bytes()
     does_not_fit = "does not fit a model of 50 parameters (written for a model of another size"
     for cut in (good[:-3], good[:1024 + 4 * 50], good + b"\0\0", b""):
         path.write_bytes(cut)
-        assert_format_error(path, does_not_fit, llmc_io.read_state, 50)
+        assert_format_error(path, does_not_fit, read_state, 50)
     path.write_bytes(good)
-    assert_format_error(path, "does not fit a model of 51 parameters", llmc_io.read_state, 51)
+    assert_format_error(path, "does not fit a model of 51 parameters", read_state, 51)
     patch_header(path, 2, 8)
     assert_format_error(path, "written by process 0 of a run of 8, read by process 0 of 1",
-                        llmc_io.read_state, 50)
+                        read_state, 50)
     patch_header(path, 2, 1)
     patch_header(path, 4, 1)
     assert_format_error(path, "cannot continue (master weights 1, shuffled data 1)",
-                        llmc_io.read_state, 50)
-    llmc_io.write_checkpoint(path, CONFIG, random_params(CONFIG))
+                        read_state, 50)
+    write_checkpoint(path, CONFIG, random_params(CONFIG))
     assert_format_error(path, "not a training state (magic 20240326, version 3)",
-                        llmc_io.read_state, 50)
-    assert_format_error(tmp_path / "none.bin", "no such file", llmc_io.read_state, 50)
+                        read_state, 50)
+    assert_format_error(tmp_path / "none.bin", "no such file", read_state, 50)
 
 
 def test_write_state_rejects_mismatched_moments(tmp_path):
     with pytest.raises(ValueError, match="m and v"):
-        llmc_io.write_state(tmp_path / "state.bin", 1, np.zeros(5), np.zeros(6), loader_state())
+        write_state(tmp_path / "state.bin", 1, np.zeros(5), np.zeros(6), loader_state())
     assert not (tmp_path / "state.bin").exists()
 
 
@@ -395,19 +399,19 @@ def test_write_state_rejects_mismatched_moments(tmp_path):
 def files(tmp_path):
     """One good file of each format."""
     paths = {kind: tmp_path / f"{kind}.bin" for kind in ("model", "state", "tok", "shard")}
-    llmc_io.write_checkpoint(paths["model"], CONFIG, random_params(CONFIG))
-    llmc_io.write_debug_state(paths["state"], *make_state(CONFIG))
-    llmc_io.write_tokenizer(paths["tok"], [b"a", b"bc", b"def"], 2)
-    llmc_io.write_shard(paths["shard"], np.arange(100))
+    write_checkpoint(paths["model"], CONFIG, random_params(CONFIG))
+    write_debug_state(paths["state"], *make_state(CONFIG))
+    write_tokenizer(paths["tok"], [b"a", b"bc", b"def"], 2)
+    write_shard(paths["shard"], np.arange(100))
     return paths
 
 
-def read_state(path):
-    return llmc_io.read_debug_state(path, CONFIG)
+def read_config_debug_state(path):
+    return read_debug_state(path, CONFIG)
 
 
-READERS = {"model": llmc_io.read_checkpoint, "state": read_state,
-           "tok": llmc_io.read_tokenizer, "shard": llmc_io.read_shard}
+READERS = {"model": read_checkpoint, "state": read_config_debug_state,
+           "tok": read_tokenizer, "shard": read_shard}
 
 
 def patch_header(path, index, value):
@@ -433,7 +437,7 @@ def test_wrong_magic(files, kind):
 
 def test_recognises_llama3_shard(files):
     patch_header(files["shard"], 0, 20240801)
-    assert_format_error(files["shard"], "LLaMA-3 token shard", llmc_io.read_shard)
+    assert_format_error(files["shard"], "LLaMA-3 token shard", read_shard)
 
 
 @pytest.mark.parametrize("kind,version", [("model", 2), ("model", 4), ("state", 1),
@@ -461,8 +465,8 @@ def test_size_message_gives_expected_and_actual_bytes(files):
     path = files["model"]
     path.write_bytes(path.read_bytes()[:-4])
     expected = 1024 + 4 * CONFIG.num_parameters()
-    assert_format_error(path, f"expected {expected} bytes", llmc_io.read_checkpoint)
-    assert_format_error(path, f"found {expected - 4}", llmc_io.read_checkpoint)
+    assert_format_error(path, f"expected {expected} bytes", read_checkpoint)
+    assert_format_error(path, f"found {expected - 4}", read_checkpoint)
 
 
 @pytest.mark.parametrize("index,value,match", [(2, 0, "max_seq_len=0"), (3, -5, "vocab_size=-5"),
@@ -470,22 +474,22 @@ def test_size_message_gives_expected_and_actual_bytes(files):
                                                (7, 12, "padded_vocab_size=12")])
 def test_checkpoint_nonsense_header(files, index, value, match):
     patch_header(files["model"], index, value)
-    assert_format_error(files["model"], match, llmc_io.read_checkpoint)
+    assert_format_error(files["model"], match, read_checkpoint)
 
 
 def test_checkpoint_header_size_mismatch(files):
     patch_header(files["model"], 6, 9)  # C=9, NH=3: valid sizes, but not this file's
-    assert_format_error(files["model"], "expected", llmc_io.read_checkpoint)
+    assert_format_error(files["model"], "expected", read_checkpoint)
 
 
 def test_debug_state_bad_header(files):
     path = files["state"]
     patch_header(path, 3, CONFIG.max_seq_len + 1)
-    assert_format_error(path, "exceeds the model's max_seq_len=7", read_state)
+    assert_format_error(path, "exceeds the model's max_seq_len=7", read_config_debug_state)
     patch_header(path, 3, 0)
-    assert_format_error(path, "must be positive", read_state)
+    assert_format_error(path, "must be positive", read_config_debug_state)
     patch_header(path, 3, 4)  # the file holds T=5
-    assert_format_error(path, "expected", read_state)
+    assert_format_error(path, "expected", read_config_debug_state)
 
 
 @pytest.mark.parametrize("which,offset,value", [("x", 0, 13), ("x", 7, 99), ("y", 9, -1)])
@@ -496,33 +500,33 @@ def test_debug_state_token_ids_out_of_range(files, which, offset, value):
     data[start:start + 4] = value.to_bytes(4, "little", signed=True)
     path.write_bytes(bytes(data))
     message = assert_format_error(path, f"{which}[{offset // 5}, {offset % 5}] = {value}",
-                                  read_state)
+                                  read_config_debug_state)
     assert "[0, V=13)" in message
 
 
 def test_debug_state_for_another_model(files):
     other = GPT2Config(max_seq_len=7, vocab_size=13, padded_vocab_size=128, num_layers=1,
                        num_heads=3, channels=6)
-    assert_format_error(files["state"], "expected", llmc_io.read_debug_state, other)
+    assert_format_error(files["state"], "expected", read_debug_state, other)
 
 
 def test_tokenizer_bad_contents(files):
     path = files["tok"]
     good = path.read_bytes()
     path.write_bytes(good[:1024] + b"\x01a\x00\x03def")
-    assert_format_error(path, "token 1 has length 0", llmc_io.read_tokenizer)
+    assert_format_error(path, "token 1 has length 0", read_tokenizer)
     patch_header(path, 3, 3)
-    assert_format_error(path, "eot token 3", llmc_io.read_tokenizer)
+    assert_format_error(path, "eot token 3", read_tokenizer)
     path.write_bytes(good)
     patch_header(path, 2, 4)
-    assert_format_error(path, "declares 4 tokens", llmc_io.read_tokenizer)
+    assert_format_error(path, "declares 4 tokens", read_tokenizer)
     patch_header(path, 2, 0)
-    assert_format_error(path, "vocab size 0", llmc_io.read_tokenizer)
+    assert_format_error(path, "vocab size 0", read_tokenizer)
 
 
 def test_shard_negative_count(files):
     patch_header(files["shard"], 2, -1)
-    assert_format_error(files["shard"], "negative", llmc_io.read_shard)
+    assert_format_error(files["shard"], "negative", read_shard)
 
 
 def test_format_error_is_value_error():
@@ -541,9 +545,9 @@ def leftovers(directory, keep):
 
 def test_atomic_write_writes_and_replaces(tmp_path):
     path = tmp_path / "out.bin"
-    llmc_io.atomic_write(path, [b"abc", bytearray(b"de"), np.arange(3, dtype="<i4")])
+    atomic_write(path, [b"abc", bytearray(b"de"), np.arange(3, dtype="<i4")])
     assert path.read_bytes() == b"abcde" + np.arange(3, dtype="<i4").tobytes()
-    llmc_io.atomic_write(str(path), b"new")
+    atomic_write(str(path), b"new")
     assert path.read_bytes() == b"new"
     assert leftovers(tmp_path, {"out.bin"}) == []
     assert path.stat().st_mode & 0o777 == 0o666 & ~_umask()
@@ -564,7 +568,7 @@ def test_atomic_write_failing_generator_keeps_old_file(tmp_path):
         raise RuntimeError("failed midway")
 
     with pytest.raises(RuntimeError, match="failed midway"):
-        llmc_io.atomic_write(path, chunks())
+        atomic_write(path, chunks())
     assert path.read_bytes() == b"old contents"
     assert leftovers(tmp_path, {"out.bin"}) == []
 
@@ -576,9 +580,9 @@ def test_atomic_write_disk_full_keeps_old_file(tmp_path, monkeypatch):
     def full_disk(fd):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(llmc_io.os, "fsync", full_disk)
+    monkeypatch.setattr(os, "fsync", full_disk)
     with pytest.raises(OSError, match="No space left"):
-        llmc_io.write_checkpoint(path, CONFIG, random_params(CONFIG))
+        write_checkpoint(path, CONFIG, random_params(CONFIG))
     assert path.read_bytes() == b"old model"
     assert leftovers(tmp_path, {"model.bin"}) == []
 
@@ -586,5 +590,5 @@ def test_atomic_write_disk_full_keeps_old_file(tmp_path, monkeypatch):
 def test_atomic_write_new_file_not_created_on_failure(tmp_path):
     path = tmp_path / "new.bin"
     with pytest.raises(TypeError):
-        llmc_io.atomic_write(path, [b"ok", "not bytes"])
+        atomic_write(path, [b"ok", "not bytes"])
     assert leftovers(tmp_path, set()) == []

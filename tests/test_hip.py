@@ -20,8 +20,8 @@ import pytest
 from accel import instrument
 from accel.backend import BackendError, get_backend
 from accel.spec import BY_NAME, entries_of
-from llmc_io import GPT2Config
 from entries import run_every_entry
+from train_gpt2 import GPT2Config
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)

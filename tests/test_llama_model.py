@@ -16,7 +16,9 @@ from accel import instrument
 from entries import run_every_entry
 from faults import LLAMA_FAULTS, faulty_cpu
 from accel.backend import ENTRY_GROUPS, BackendError, get_backend
-from llmc_io import LlamaConfig, param_views, read_debug_state, write_debug_state
+from llmc.formats import param_views
+from llmc.formats.llmc import read_debug_state, write_debug_state
+from train_llama2 import LlamaConfig
 from train_llama2 import Llama2
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -1,6 +1,6 @@
 """
-train_llama2_torch.py and llmc_io.py, the PyTorch reference for Llama 2: the presets'
-sizes and parameter counts (the big ones counted on PyTorch's meta device, nothing
+train_llama2_torch.py with train_llama2.pyx's configs, the PyTorch reference for Llama 2: the
+presets' sizes and parameter counts (the big ones counted on PyTorch's meta device, nothing
 allocated), gradients against finite differences in float64 (so the flat-vector mapping and
 the tied classifier are right), attention and RoPE against independent formulations, and a
 command-line run whose files read back.
@@ -16,9 +16,12 @@ import pytest
 torch = pytest.importorskip("torch")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import llmc_io  # noqa: E402
 import train_llama2_torch as ref  # noqa: E402
-from llmc_io import LlamaConfig  # noqa: E402
+from llmc.formats import FormatError, param_views  # noqa: E402
+from llmc.formats.llama2c import read_llama_model  # noqa: E402
+from llmc.formats.llmc import read_debug_state  # noqa: E402
+from llmc.rope import rope_tables  # noqa: E402
+from train_llama2 import PRESETS, LlamaConfig, llama2c_hidden_dim  # noqa: E402
 
 # name: (hidden_dim, parameters); the counts of llama2.c's, TinyLlama's and Meta's models
 PRESET_SIZES = {
@@ -48,7 +51,7 @@ def one_thread():
 
 @pytest.mark.parametrize("name", PRESET_SIZES)
 def test_preset_sizes_and_torch_shapes(name):
-    config = llmc_io.PRESETS[name]
+    config = PRESETS[name]
     hidden_dim, count = PRESET_SIZES[name]
     assert config.hidden_dim == hidden_dim
     assert config.num_parameters() == count
@@ -66,8 +69,8 @@ def test_preset_sizes_and_torch_shapes(name):
 
 
 def test_llama2c_hidden_dim_and_depths():
-    assert [llmc_io.llama2c_hidden_dim(d) for d in (288, 512, 768)] == [768, 1376, 2048]
-    assert llmc_io.llama2c_hidden_dim(4096, multiple_of=256) == 11008  # Meta's 7B
+    assert [llama2c_hidden_dim(d) for d in (288, 512, 768)] == [768, 1376, 2048]
+    assert llama2c_hidden_dim(4096, multiple_of=256) == 11008  # Meta's 7B
     d1, d2, d3, d4 = (LlamaConfig.from_name(f"d{n}") for n in (1, 2, 3, 4))
     assert (d1.n_heads, d1.n_kv_heads, d2.n_kv_heads, d3.n_kv_heads, d4.n_kv_heads) == (1, 1, 1, 1, 2)
     assert d4.dim == 256 and d4.head_size == 64 and d4.n_layers == 4
@@ -91,7 +94,7 @@ META_NAMES = {"tok_embeddings": "tok_embeddings.weight", "norm": "norm.weight",
 
 def load_flat(model, flat):
     """Copy the flat vector (any float dtype) into the model."""
-    views = llmc_io.param_views(model.config, flat)
+    views = param_views(model.config, flat)
     tensors = dict(model.named_parameters())
     with torch.no_grad():
         for name, _ in model.config.param_shapes():
@@ -123,7 +126,7 @@ def test_gradients_match_finite_differences(config):
     flat = params.astype(np.float64)
     assert abs(loss_of(flat) - loss) < 1e-5
     h = 1e-6
-    views = llmc_io.param_views(config, np.arange(params.size))
+    views = param_views(config, np.arange(params.size))
     for name, _ in config.param_shapes():  # a few entries of every tensor
         for i in rng.choice(views[name].reshape(-1), size=4, replace=False):
             up, down = flat.copy(), flat.copy()
@@ -140,7 +143,7 @@ def test_attention_and_rope_match_independent_formulations():
     attention = ref.Attention(config)
     B, T, NH, NKV, hs = 2, 7, config.n_heads, config.n_kv_heads, config.head_size
     x = torch.randn(B, T, config.dim)
-    cos, sin = ref.rope_tables(hs, T, config.rope_theta)
+    cos, sin = (torch.from_numpy(table) for table in rope_tables(T, hs, config.rope_theta))
     freqs_cis = torch.polar(torch.ones(T, hs // 2), torch.atan2(sin, cos))
 
     def rope_complex(t):
@@ -159,7 +162,7 @@ def test_attention_and_rope_match_independent_formulations():
 
 def test_init_is_llama2c():
     config = LlamaConfig.from_name("d2", vocab_size=61)
-    views = llmc_io.param_views(config, ref.init_params(config, seed=1))
+    views = param_views(config, ref.init_params(config, seed=1))
     for name in ("attention_norm", "ffn_norm", "norm"):
         assert np.all(views[name] == 1)
     assert abs(views["wq"].std() - 0.02) < 0.002 and abs(views["w2"].std() - 0.02) < 0.002
@@ -179,12 +182,12 @@ def run(tmp_path_factory):
 
 
 def test_run_writes_files_that_read_back(run):
-    config, params = llmc_io.read_llama_model(run / "tiny.bin")
+    config, params = read_llama_model(run / "tiny.bin")
     assert config == LlamaConfig(dim=24, n_layers=2, n_heads=6, n_kv_heads=2, vocab_size=61,
-                                 hidden_dim=llmc_io.llama2c_hidden_dim(24), max_seq_len=9,
+                                 hidden_dim=llama2c_hidden_dim(24), max_seq_len=9,
                                  shared_classifier=False)
     np.testing.assert_array_equal(params, ref.init_params(config, seed=7))
-    state = llmc_io.read_debug_state(run / "tiny_debug_state.bin", config)
+    state = read_debug_state(run / "tiny_debug_state.bin", config)
     x, y = ref.make_batch(config, 3, 5, seed=7)
     np.testing.assert_array_equal(state.x, x)
     np.testing.assert_array_equal(state.y, y)
@@ -199,14 +202,14 @@ def test_run_writes_files_that_read_back(run):
 
 
 def test_read_model_rejects_other_files(run, tmp_path):
-    with pytest.raises(llmc_io.FormatError, match="not a llama2.c model"):
-        llmc_io.read_llama_model(run / "tiny_debug_state.bin")
+    with pytest.raises(FormatError, match="not a llama2.c model"):
+        read_llama_model(run / "tiny_debug_state.bin")
     truncated = tmp_path / "truncated.bin"
     truncated.write_bytes((run / "tiny.bin").read_bytes()[:-4])
-    with pytest.raises(llmc_io.FormatError, match="truncated: expected"):
-        llmc_io.read_llama_model(truncated)
-    with pytest.raises(llmc_io.FormatError, match="no such file"):
-        llmc_io.read_llama_model(tmp_path / "missing.bin")
+    with pytest.raises(FormatError, match="truncated: expected"):
+        read_llama_model(truncated)
+    with pytest.raises(FormatError, match="no such file"):
+        read_llama_model(tmp_path / "missing.bin")
 
 
 @pytest.mark.parametrize("argv,message", [

@@ -10,9 +10,10 @@ import re
 import numpy as np
 import pytest
 
-import llmc_io
+from llmc.formats.llmc import write_shard
 from llmc.schedulers import get_scheduler
 from test_train import STEP_LINE, data, error_of, run_train, step_losses, train_log  # noqa: F401
+from train_llama2 import LlamaConfig
 from train_llama2 import Llama2
 
 TINY = ["--family", "llama", "-e", "d1", "-b", 3, "-t", 16, "-m", 1]
@@ -33,7 +34,7 @@ def test_llama_resume_is_bit_identical(data, tmp_path):
     for name in ("model_00000004.bin", "state_00000004_00000.bin"):
         assert (out / name).read_bytes() == (straight_dir / name).read_bytes(), name
     saved = Llama2.from_checkpoint(straight_dir / "model_00000004.bin")
-    assert saved.config == llmc_io.LlamaConfig.from_name("d1", vocab_size=50257)
+    assert saved.config == LlamaConfig.from_name("d1", vocab_size=50257)
     assert re.search(r"^val loss \d+\.\d{6}$", straight, re.M)
     assert straight.count("generating:") == 2   # at steps 2 and 4 (as token ids: no tokenizer)
 
@@ -43,7 +44,7 @@ def test_llama_preset_with_its_vocabulary_and_restarts_schedule(data, tmp_path):
     --lr-schedule cosine-restarts prints llama.cpp's learning rates."""
     small = tmp_path / "small_*.bin"
     rng = np.random.default_rng(1)
-    llmc_io.write_shard(tmp_path / "small_000.bin", rng.integers(0, 300, 3000))
+    write_shard(tmp_path / "small_000.bin", rng.integers(0, 300, 3000))
     stdout = run_train("--model", "d2", "--family", "llama", "--vocab-size", 300, "-b", 2,
                        "-t", 8, "-i", small, "-j", small, "-m", 1, "-s", 0, "-x", 6, "-u", 1,
                        "-l", 1e-3, "-q", 0.1, "--lr-schedule", "cosine-restarts",
@@ -68,7 +69,7 @@ def test_llama_bad_combinations(capsys, data, tmp_path):
     line = error_of(capsys, *TINY, "--vocab-size", 1000, *files)
     assert "outside the model's vocabulary of 1000" in line
     # a Llama checkpoint is not a GPT-2 one, and a model file has its own vocabulary
-    Llama2(llmc_io.LlamaConfig.from_name("d1", vocab_size=50257)).save(tmp_path / "l.bin")
+    Llama2(LlamaConfig.from_name("d1", vocab_size=50257)).save(tmp_path / "l.bin")
     assert "not a model checkpoint" in error_of(capsys, "-e", tmp_path / "l.bin", *files)
     line = error_of(capsys, "--family", "llama", "-e", tmp_path / "l.bin", "--vocab-size", 9, *files)
     assert "has its own vocabulary" in line

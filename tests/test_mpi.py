@@ -21,9 +21,11 @@ import types
 import numpy as np
 import pytest
 
-import llmc_io
 from llmc import checkpoint, distributed
 from llmc.dataloader import MT19937, DataLoader, random_permutation
+from llmc.formats import FormatError
+from llmc.formats.llmc import read_state, read_state_processes, write_shard, write_state
+from train_gpt2 import GPT2Config
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -41,7 +43,7 @@ def GPT2():
 
 
 def tiny_model(GPT2):
-    return GPT2.random(llmc_io.GPT2Config.from_depth(2, max_seq_len=T), seed=3)
+    return GPT2.random(GPT2Config.from_depth(2, max_seq_len=T), seed=3)
 
 
 def test_sharded_update_is_the_full_update_cut_in_spans(GPT2):
@@ -76,7 +78,7 @@ def test_sharded_update_is_the_full_update_cut_in_spans(GPT2):
 
 
 def write_tokens(path, tokens):
-    llmc_io.write_shard(path, np.asarray(tokens, dtype=np.int64) % 50257)
+    write_shard(path, np.asarray(tokens, dtype=np.int64) % 50257)
 
 
 @pytest.mark.parametrize("shuffle", [False, True])
@@ -119,15 +121,15 @@ def test_state_files_carry_the_rank(tmp_path):
         m, v = rng.standard_normal((2, 100 + rank)).astype(np.float32)
         path = checkpoint.checkpoint_paths(str(tmp_path), 5, rank)[1]
         assert path.endswith(f"state_00000005_0000{rank}.bin")
-        llmc_io.write_state(path, 5, m, v, loader.state(), num_processes=2, process_rank=rank)
-        assert llmc_io.read_state_processes(path) == (2, rank)
-        step, m2, v2, _ = llmc_io.read_state(path, 100 + rank, num_processes=2, process_rank=rank)
+        write_state(path, 5, m, v, loader.state(), num_processes=2, process_rank=rank)
+        assert read_state_processes(path) == (2, rank)
+        step, m2, v2, _ = read_state(path, 100 + rank, num_processes=2, process_rank=rank)
         assert step == 5 and np.array_equal(m, m2) and np.array_equal(v, v2)
-    with pytest.raises(llmc_io.FormatError, match="written by process 1 of a run of 2, read by "
-                                                  "process 0 of 1"):
-        llmc_io.read_state(path, 101)
-    with pytest.raises(llmc_io.FormatError, match="does not fit an optimizer shard of 100"):
-        llmc_io.read_state(path, 100, num_processes=2, process_rank=1)
+    with pytest.raises(FormatError, match="written by process 1 of a run of 2, read by "
+                                          "process 0 of 1"):
+        read_state(path, 101)
+    with pytest.raises(FormatError, match="does not fit an optimizer shard of 100"):
+        read_state(path, 100, num_processes=2, process_rank=1)
 
 
 def test_one_process_needs_no_mpi():
@@ -253,7 +255,7 @@ def test_resume_two_ranks_is_bit_identical(data, tmp_path):
     assert train_log == [line for line in (straight_dir / "main.log").read_text().splitlines()
                          if "trl:" in line]
     # ZeRO-1: each rank's state holds its half of AdamW's m and v
-    P = llmc_io.GPT2Config.from_depth(2, max_seq_len=1024).num_parameters()
+    P = GPT2Config.from_depth(2, max_seq_len=1024).num_parameters()
     for rank in (0, 1):
         size = (out / f"state_00000007_0000{rank}.bin").stat().st_size
         assert 1024 + 2 * 4 * (P // 2) < size < 1024 + 2 * 4 * (P // 2 + 1) + 4096
@@ -320,7 +322,7 @@ def test_error_on_one_rank_ends_the_job_with_its_message(data, tmp_path):
     rank 0, waiting for it in the val loss's all-reduce, ends too."""
     tokens = np.random.default_rng(1).integers(0, 50257, 4 * B * T + 1)
     tokens[B * T + 5] = 60000
-    llmc_io.write_shard(tmp_path / "bad_val.bin", tokens)
+    write_shard(tmp_path / "bad_val.bin", tokens)
     started = time.monotonic()
     run = run_train(2, *COMMON, "-i", data.train, "-j", tmp_path / "bad_val.bin", "-m", 1,
                     "-x", 3, ok=False, timeout=60)

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 import test_gpt2
-from llmc_io import param_views, read_checkpoint, read_debug_state, write_debug_state
+from llmc.formats import param_views
+from llmc.formats.llmc import read_checkpoint, read_debug_state, write_debug_state
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -7,12 +7,11 @@ import sys
 import numpy as np
 import pytest
 
-from dev import bench_step   # its FLOP count, written apart
-from llmc.plan import flops_plan, format_plan, measure_gflops, memory_plan
 from accel import cpu
-from llmc_io import PRESETS, GPT2Config, LlamaConfig
-from train_gpt2 import GPT2
-from train_llama2 import Llama2
+from dev import bench_step   # its FLOP count, written apart
+from llmc.plan import dry_run_text, flops_plan, measure_gflops, memory_plan
+from train_gpt2 import GPT2, GPT2Config
+from train_llama2 import PRESETS, Llama2, LlamaConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -76,8 +75,8 @@ def test_recompute_adds_the_recomputed_layers_forwards():
 
 
 def test_the_plan_text_of_gpt2_124m():
-    text = format_plan(GPT2, GPT2Config.from_depth(12), "GPT-2 d12", 4, 256, "sqrt",
-                       gflops=100.0)
+    text = dry_run_text(GPT2, GPT2Config.from_depth(12), "GPT-2 d12", 4, 256, "sqrt",
+                        gflops=100.0)
     assert "parameters: 124,475,904" in text
     assert "recompute sqrt" in text and "(4 layers' internals, 6 layer outputs kept of 12)" in text
     assert "AdamW m + v              949.7 MiB" in text

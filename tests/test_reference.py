@@ -14,9 +14,10 @@ import pytest
 torch = pytest.importorskip("torch")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import llmc_io  # noqa: E402
 import train_gpt2_torch as ref  # noqa: E402
-from llmc_io import GPT2Config  # noqa: E402
+from llmc.formats import param_views  # noqa: E402
+from llmc.formats.llmc import read_checkpoint, read_debug_state  # noqa: E402
+from train_gpt2 import GPT2Config  # noqa: E402
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
@@ -45,22 +46,22 @@ def run(tmp_path_factory):
 
 
 def test_run_writes_files_that_read_back(run):
-    config, params = llmc_io.read_checkpoint(run / "tiny.bin")
+    config, params = read_checkpoint(run / "tiny.bin")
     assert config == TINY
-    views = llmc_io.param_views(config, params)
+    views = param_views(config, params)
     assert np.all(views["wte"][config.vocab_size:] == 0)  # llm.c's zero padding
     assert np.all(views["ln1w"] == 1) and np.all(views["qkvb"] == 0)
     assert abs(views["qkvw"].std() - 0.02) < 0.004
     assert abs(views["fcprojw"].std() - 0.02 / math.sqrt(2 * 2)) < 0.002
 
-    config_bf16, params_bf16 = llmc_io.read_checkpoint(run / "tiny_bf16.bin")
+    config_bf16, params_bf16 = read_checkpoint(run / "tiny_bf16.bin")
     assert config_bf16 == TINY
     np.testing.assert_allclose(params_bf16, params, rtol=2.0**-8, atol=0)
 
-    state = llmc_io.read_debug_state(run / "tiny_debug_state.bin", config)
+    state = read_debug_state(run / "tiny_debug_state.bin", config)
     assert state.x.shape == (3, 5) and state.logits.shape == (3, 5, 61)
     np.testing.assert_array_equal(state.x[:, 1:], state.y[:, :-1])  # y is x shifted by one
-    grads = llmc_io.param_views(config, state.grads)
+    grads = param_views(config, state.grads)
     assert np.all(grads["wte"][config.vocab_size:] == 0)
     assert np.all(grads["wpe"][5:] == 0)  # positions beyond T get no gradient
     assert np.all(grads["wpe"][:5] != 0)
@@ -76,8 +77,8 @@ def test_run_writes_files_that_read_back(run):
 
 
 def test_debug_state_matches_the_reference_functions(run):
-    config, params = llmc_io.read_checkpoint(run / "tiny.bin")
-    state = llmc_io.read_debug_state(run / "tiny_debug_state.bin", config)
+    config, params = read_checkpoint(run / "tiny.bin")
+    state = read_debug_state(run / "tiny_debug_state.bin", config)
     logits, loss, grads = ref.reference_forward_backward(config, params, state.x, state.y)
     np.testing.assert_array_equal(logits, state.logits)
     np.testing.assert_array_equal(grads, state.grads)
@@ -95,9 +96,9 @@ def loss64(config, params, x, y):
 
 
 def test_gradients_match_finite_differences(run):
-    config, params = llmc_io.read_checkpoint(run / "tiny.bin")
-    state = llmc_io.read_debug_state(run / "tiny_debug_state.bin", config)
-    views = llmc_io.param_views(config, params)
+    config, params = read_checkpoint(run / "tiny.bin")
+    state = read_debug_state(run / "tiny_debug_state.bin", config)
+    views = param_views(config, params)
     offsets = np.cumsum([0] + [int(np.prod(s)) for _, s in config.param_shapes()])
     offset = dict(zip((name for name, _ in config.param_shapes()), offsets))
     C = config.channels
@@ -123,7 +124,7 @@ def test_vector_to_module_and_back_is_exact():
     np.testing.assert_array_equal(ref.llmc_vector(ref.build_model(TINY, params)), params)
     # and the module's tensors sit where llm.c's names say
     model = ref.build_model(TINY, params)
-    views = llmc_io.param_views(TINY, params)
+    views = param_views(TINY, params)
     np.testing.assert_array_equal(model.transformer.h[1].attn.c_attn.weight.detach().numpy(),
                                   views["qkvw"][1])
     np.testing.assert_array_equal(model.transformer.h[0].mlp.c_proj.weight.detach().numpy(),
@@ -138,10 +139,10 @@ def test_init_is_deterministic():
 
 
 def test_fixture_is_what_the_reference_computes():
-    config, params = llmc_io.read_checkpoint(FIXTURES / "gpt2_tiny.bin")
+    config, params = read_checkpoint(FIXTURES / "gpt2_tiny.bin")
     assert config == GPT2Config(max_seq_len=16, vocab_size=50257, padded_vocab_size=50304,
                                 num_layers=2, num_heads=2, channels=8)
-    state = llmc_io.read_debug_state(FIXTURES / "gpt2_tiny_debug_state.bin", config)
+    state = read_debug_state(FIXTURES / "gpt2_tiny_debug_state.bin", config)
     assert state.x.shape == (2, 3)
     logits, loss, grads = ref.reference_forward_backward(config, params, state.x, state.y)
     np.testing.assert_allclose(logits, state.logits, rtol=0, atol=1e-5)

@@ -14,9 +14,10 @@ import types
 import numpy as np
 import pytest
 
-import llmc_io
+from llmc.formats.llmc import write_shard
 from llmc.plan import flops_plan
 from llmc.report import Efficiency, device_peak
+from train_gpt2 import GPT2Config
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -26,8 +27,8 @@ ROOT = os.path.dirname(HERE)
 def data(tmp_path_factory):
     d = tmp_path_factory.mktemp("data")
     rng = np.random.default_rng(0)
-    llmc_io.write_shard(d / "train_000.bin", rng.integers(0, 50257, 6000))
-    llmc_io.write_shard(d / "val_000.bin", rng.integers(0, 50257, 2000))
+    write_shard(d / "train_000.bin", rng.integers(0, 50257, 6000))
+    write_shard(d / "val_000.bin", rng.integers(0, 50257, 2000))
     return types.SimpleNamespace(train=str(d / "train_000.bin"), val=str(d / "val_000.bin"))
 
 
@@ -65,7 +66,7 @@ def test_json_log_adds_up(data, tmp_path):
 
     # the FLOPs are llmc/plan.py's: forward + backward of total/(B*T) micro-batches
     from train_gpt2 import GPT2
-    config = llmc_io.GPT2Config.from_depth(2, vocab_size=50257)
+    config = GPT2Config.from_depth(2, vocab_size=50257)
     per_batch = flops_plan(GPT2, config, B, T)
     assert head["flops_per_step"] == (per_batch["forward"] + per_batch["backward"]) * 2
     assert head["tokens_per_step"] == total and head["backend"] == "profile:cpu"

@@ -1,10 +1,16 @@
-# kernels.rope: the tables, forward and backward against float64 NumPy references and Meta's
+# kernels.rope and its tables (llmc/rope.py): the tables against float64 and the same on every
+# SIMD level of NumPy's, forward and backward against float64 NumPy references and Meta's
 # complex-number formulation of RoPE under PyTorch autograd.
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from threadpoolctl import threadpool_limits
 
 from kernels import rope
+from llmc.rope import rope_tables
 
 THETA = 10000.0  # Llama 2's rope_theta
 
@@ -47,14 +53,14 @@ SHAPES = [(3, 7, 6, 16), (2, 13, 2, 10), (1, 5, 1, 2), (2, 1, 3, 8),
 
 
 def run_forward(inp, maxT=None, theta=THETA):
-    freqs_cos, freqs_sin = rope.freqs(maxT or inp.shape[1], inp.shape[3], theta)
+    freqs_cos, freqs_sin = rope_tables(maxT or inp.shape[1], inp.shape[3], theta)
     out = np.full_like(inp, np.nan)
     rope.forward(out, inp, freqs_cos, freqs_sin)
     return out
 
 
-def test_freqs_match_float64():
-    freqs_cos, freqs_sin = rope.freqs(4096, 128, THETA)
+def test_tables_match_float64():
+    freqs_cos, freqs_sin = rope_tables(4096, 128, THETA)
     angle = rope_angles_ref(4096, 128)
     # computed in double and rounded once: within an ulp even at t = 4095
     np.testing.assert_allclose(freqs_cos, np.cos(angle), rtol=0, atol=1.2e-7)
@@ -78,7 +84,7 @@ def test_forward_theta_is_used():
 def test_forward_in_place():
     inp = np.random.default_rng(1).standard_normal((3, 7, 6, 16)).astype(np.float32)
     expected = run_forward(inp)
-    freqs_cos, freqs_sin = rope.freqs(7, 16)
+    freqs_cos, freqs_sin = rope_tables(7, 16)
     x = inp.copy()
     rope.forward(x, x, freqs_cos, freqs_sin)
     np.testing.assert_array_equal(x, expected)
@@ -92,7 +98,7 @@ def test_backward_adds_and_matches_numpy_and_torch(B, T, NH, hs, num_threads):
     dout = rng.standard_normal((B, T, NH, hs)).astype(np.float32)
     dinp_start = rng.standard_normal((B, T, NH, hs)).astype(np.float32)
     dinp = dinp_start.copy()
-    freqs_cos, freqs_sin = rope.freqs(T, hs)
+    freqs_cos, freqs_sin = rope_tables(T, hs)
     with threadpool_limits(limits=num_threads, user_api="openmp"):
         rope.backward(dinp, dout, freqs_cos, freqs_sin)
     dinp_ref = rope_backward_ref(dout)
@@ -113,7 +119,7 @@ def test_backward_adds_and_matches_numpy_and_torch(B, T, NH, hs, num_threads):
 def test_backward_undoes_forward():
     # the rotation is orthogonal: backward of forward's output gives back the input
     inp = np.random.default_rng(2).standard_normal((2, 13, 2, 10)).astype(np.float32)
-    freqs_cos, freqs_sin = rope.freqs(13, 10)
+    freqs_cos, freqs_sin = rope_tables(13, 10)
     back = np.zeros_like(inp)
     rope.backward(back, run_forward(inp), freqs_cos, freqs_sin)
     np.testing.assert_allclose(back, inp, rtol=1e-5, atol=1e-5)
@@ -121,19 +127,70 @@ def test_backward_undoes_forward():
 
 def test_bad_arguments_raise():
     x = np.zeros((2, 5, 3, 8), np.float32)
-    freqs_cos, freqs_sin = rope.freqs(5, 8)
+    freqs_cos, freqs_sin = rope_tables(5, 8)
     with pytest.raises(ValueError, match="out"):
         rope.forward(np.zeros((2, 5, 3, 6), np.float32), x, freqs_cos, freqs_sin)
     with pytest.raises(ValueError, match="dinp"):
         rope.backward(np.zeros((2, 4, 3, 8), np.float32), x, freqs_cos, freqs_sin)
     with pytest.raises(ValueError, match="exceeds"):
-        rope.forward(x, x, *rope.freqs(4, 8))
+        rope.forward(x, x, *rope_tables(4, 8))
     with pytest.raises(ValueError, match="freqs_cos"):
-        rope.forward(x, x, *rope.freqs(5, 6))
+        rope.forward(x, x, *rope_tables(5, 6))
     with pytest.raises(ValueError, match="freqs_sin"):
         rope.forward(x, x, freqs_cos, np.zeros((5, 3), np.float32))
     with pytest.raises(ValueError, match="odd"):
         odd = np.zeros((2, 5, 3, 7), np.float32)
         rope.forward(odd, odd, freqs_cos, freqs_sin)
     with pytest.raises(ValueError, match="even"):
-        rope.freqs(5, 7)
+        rope_tables(5, 7)
+    with pytest.raises(ValueError, match="theta"):
+        rope_tables(5, 8, 0.0)
+
+
+# ----------------------------------------------------------------------------
+# the same tables whatever the CPU: NumPy's float64 power, cos and sin take other SIMD paths
+# by CPU (SVML on AVX-512), which differ in a float64's last bits; rounded once to float32 they
+# must not show.  A subprocess with NumPy's dispatch turned down to its baseline stands in for
+# a CPU without this one's extensions (an AVX2-only machine where this one has AVX-512).
+
+# every preset's tables (max_seq_len, head size, theta), the fixture's, and Llama 3's theta
+TABLE_SIZES = [(256, 48, 1e4), (1024, 64, 1e4), (2048, 64, 1e4), (4096, 128, 1e4), (16, 6, 1e4),
+               (8192, 128, 5e5)]
+
+TABLES_SCRIPT = """
+import sys
+import numpy as np
+from llmc.rope import rope_tables
+from test_rope import numpy_dispatch_features
+sizes = eval(sys.argv[2])
+np.savez(sys.argv[1], *[t for size in sizes for t in rope_tables(*size)],
+         enabled=numpy_dispatch_features())
+"""
+
+
+def numpy_dispatch_features():
+    """The SIMD extensions above NumPy's baseline that it dispatches to on this CPU."""
+    try:
+        from numpy._core import _multiarray_umath
+    except ImportError:   # NumPy 1
+        from numpy.core import _multiarray_umath
+    features = _multiarray_umath.__cpu_features__
+    return [f for f in _multiarray_umath.__cpu_dispatch__ if features[f]]
+
+
+def test_tables_are_the_same_under_numpys_baseline_dispatch(tmp_path):
+    features = numpy_dispatch_features()
+    if not features:
+        pytest.skip("NumPy dispatches to nothing above its baseline on this CPU: nothing to compare")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, NPY_DISABLE_CPU_FEATURES=" ".join(features),
+               PYTHONPATH=os.pathsep.join([root, os.path.join(root, "tests")]))
+    out = tmp_path / "baseline.npz"
+    subprocess.run([sys.executable, "-c", TABLES_SCRIPT, str(out), repr(TABLE_SIZES)], env=env,
+                   check=True, timeout=300)
+    baseline = np.load(out)
+    assert list(baseline["enabled"]) == []   # it really ran on the baseline paths
+    ours = [t for size in TABLE_SIZES for t in rope_tables(*size)]
+    for i, table in enumerate(ours):
+        assert np.array_equal(table.view(np.uint32), baseline[f"arr_{i}"].view(np.uint32)), \
+            (TABLE_SIZES[i // 2], "sin" if i % 2 else "cos")

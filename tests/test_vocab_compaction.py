@@ -16,8 +16,10 @@ import types
 import numpy as np
 import pytest
 
-import llmc_io
 from llmc.dataloader import DataError
+from llmc.formats import FormatError
+from llmc.formats.llama2c import write_llama2c_tokenizer
+from llmc.formats.llmc import read_shard, write_shard
 from llmc.logger import Console
 from llmc.sampler import generate
 from llmc.tokenizer import SP_BOS, Tokenizer
@@ -37,18 +39,18 @@ def corpus(tmp_path_factory):
     d = tmp_path_factory.mktemp("corpus")
     pieces = ([b"<unk>", b"\n<s>\n", b"\n</s>\n"] + [f"<0x{b:02X}>".encode() for b in range(256)]
               + [f" w{i}".encode() for i in range(41)])
-    llmc_io.write_llama2c_tokenizer(d / "tokenizer.bin", pieces, [0.0] * len(pieces))
+    write_llama2c_tokenizer(d / "tokenizer.bin", pieces, [0.0] * len(pieces))
     rng = np.random.default_rng(0)
     words = rng.choice(np.arange(259, 300), 30, replace=False)
     train, val = rng.choice(words, 3000), rng.choice(words, 1000)
-    llmc_io.write_shard(d / "train_000.bin", train)
-    llmc_io.write_shard(d / "val_000.bin", val)
+    write_shard(d / "train_000.bin", train)
+    write_shard(d / "val_000.bin", val)
     ids = np.unique(np.append(words, SP_BOS))   # the samples start from <s>
     remapped = d / "remapped"
     remapped.mkdir()
     index = {t: k for k, t in enumerate(ids)}
-    llmc_io.write_shard(remapped / "train_000.bin", [index[t] for t in train])
-    llmc_io.write_shard(remapped / "val_000.bin", [index[t] for t in val])
+    write_shard(remapped / "train_000.bin", [index[t] for t in train])
+    write_shard(remapped / "val_000.bin", [index[t] for t in val])
     return types.SimpleNamespace(dir=d, ids=ids,
                                  tokenizer=Tokenizer.from_llama2c(d / "tokenizer.bin"),
                                  flags=["--family", "llama", "-e", "d1", "-b", 2, "-t", 16,
@@ -72,21 +74,21 @@ def test_map_round_trip(corpus, tmp_path, monkeypatch, chunk):
     monkeypatch.setattr(vocab, "CHUNK", chunk)
     m = VocabMap.from_shards([corpus.dir / "train_000.bin"], extra=[SP_BOS])
     assert np.array_equal(m.ids, corpus.ids) and len(m) == 31
-    val = llmc_io.read_shard(corpus.dir / "val_000.bin")
+    val = read_shard(corpus.dir / "val_000.bin")
     last = int(np.flatnonzero(val == val[-1])[0])   # the first place of the val data's last id
     with pytest.raises(DataError, match=rf"val_000.bin: token id {val[-1]} at position {last} "):
         VocabMap(np.setdiff1d(corpus.ids, val[-1])).check_shards([corpus.dir / "val_000.bin"])
     m.save(tmp_path / MAP_NAME)
     loaded = VocabMap.load(tmp_path / MAP_NAME)
     assert np.array_equal(loaded.ids, m.ids) and np.array_equal(loaded.index, m.index)
-    tokens = llmc_io.read_shard(corpus.dir / "val_000.bin").astype(np.int32)
+    tokens = read_shard(corpus.dir / "val_000.bin").astype(np.int32)
     compact = m.compact(tokens)
     assert compact.max() < len(m) and np.array_equal(m.ids[compact], tokens)
     with pytest.raises(DataError, match=r"^x.bin: token id 5 at position 12 is not in the "
                                         r"compacted vocabulary \(the 31 ids"):
         m.compact(np.array([5]), "x.bin", 12)
-    llmc_io.write_shard(tmp_path / "bad.bin", [3, 3, 7])   # not increasing: not a map
-    with pytest.raises(llmc_io.FormatError, match="not a vocabulary map"):
+    write_shard(tmp_path / "bad.bin", [3, 3, 7])   # not increasing: not a map
+    with pytest.raises(FormatError, match="not a vocabulary map"):
         VocabMap.load(tmp_path / "bad.bin")
 
 
@@ -136,7 +138,7 @@ def test_resume_uses_the_saved_map(corpus, tmp_path):
 def test_errors(corpus, tmp_path):
     unseen = next(t for t in range(259, 300) if t not in corpus.ids)   # a word of no shard
     # past the val batches read (-m 2 of 2 x 16): found by the check at the start
-    llmc_io.write_shard(tmp_path / "val_000.bin", [int(corpus.ids[1])] * 150 + [unseen] * 40)
+    write_shard(tmp_path / "val_000.bin", [int(corpus.ids[1])] * 150 + [unseen] * 40)
     err = run_train(*corpus.flags, "-i", corpus.dir / "train_000.bin", "-j",
                     tmp_path / "val_000.bin", "-x", 1, "--compact-vocab", status=1).stderr
     assert err == (f"train.py: error: {tmp_path / 'val_000.bin'}: token id {unseen} at "
@@ -147,7 +149,7 @@ def test_errors(corpus, tmp_path):
                     status=2).stderr
     assert err.count("\n") == 1 and "drop --vocab-size" in err
     model = tmp_path / "model.bin"
-    llmc_io.write_shard(model, [1])   # exists: taken for a model file, refused before reading
+    write_shard(model, [1])   # exists: taken for a model file, refused before reading
     err = run_train("--family", "llama", "-e", model, *corpus.data, "--compact-vocab",
                     status=1).stderr
     assert err.count("\n") == 1 and "needs a new random model" in err

@@ -1,7 +1,7 @@
 """
 What the data scripts share: downloading a file, writing llm.c token shards, and the way to
-GPT-2's tokenizer (llmc.tokenizer.gpt2_encoding, with its offline fallbacks) and llmc_io, which
-live at the repository root.
+GPT-2's tokenizer (llmc.tokenizer.gpt2_encoding, with its offline fallbacks) and the formats
+(llmc/formats), which live at the repository root.
 
 A token shard (llm.c's .bin) is a header of 256 int32 (magic 20240520, version 1, the number
 of tokens) followed by the tokens as uint16.
@@ -16,7 +16,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__fi
 if REPO_ROOT not in sys.path:
     sys.path.insert(0, REPO_ROOT)
 
-import llmc_io  # noqa: E402
+from llmc.formats.llmc import HEADER_BYTES, write_shard  # noqa: E402
 from llmc.tokenizer import (EOT, TokenizerError, gpt2_encoding,  # noqa: E402,F401 (for the scripts)
                             export_llama2c_tokenizer, sentencepiece_processor, train_sentencepiece)
 
@@ -73,8 +73,8 @@ def pip_download(package, dest, sdist=False):
 
 def write_datafile(path, tokens):
     """Write tokens (ids < 2**16) as an llm.c token shard, atomically."""
-    llmc_io.write_shard(path, tokens)
-    print(f"writing {len(tokens):,} tokens to {path} ({llmc_io.HEADER_BYTES + 2 * len(tokens):,} "
+    write_shard(path, tokens)
+    print(f"writing {len(tokens):,} tokens to {path} ({HEADER_BYTES + 2 * len(tokens):,} "
           f"bytes), llm.c's shard format")
 
 

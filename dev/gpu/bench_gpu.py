@@ -31,7 +31,7 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from dev.bench_step import ADAMW, batch, json_worker, summarize  # noqa: E402
-from llmc_io import GPT2Config  # noqa: E402
+from train_gpt2 import GPT2Config  # noqa: E402
 
 
 def config_for(args):

@@ -1,0 +1,226 @@
+"""
+GGUF, llama.cpp's file, through its own Python package (gguf): a Llama model in float32 with
+its vocabulary (SentencePiece or GPT-2's BPE), so llama.cpp runs what we trained, and read
+back.  llama.cpp's "llama" architecture rotates adjacent channel pairs, as we do: q and k go
+in unpermuted.  GPT-2's vocabulary has no merges list in llm.c's tokenizer file: bpe_merges
+reconstructs it from the tokens' rank order.
+"""
+import os
+
+import numpy as np
+
+from llmc.formats import FormatError, open_file, param_views
+from llmc.formats.llama2c import read_llama2c_tokenizer
+from llmc.formats.llmc import TOKENIZER_MAGIC, read_tokenizer
+
+GGUF_LLAMA_TENSORS = {  # ours -> llama.cpp's, {l} the layer
+    "tok_embeddings": "token_embd.weight", "norm": "output_norm.weight", "output": "output.weight",
+    "attention_norm": "blk.{l}.attn_norm.weight", "wq": "blk.{l}.attn_q.weight",
+    "wk": "blk.{l}.attn_k.weight", "wv": "blk.{l}.attn_v.weight", "wo": "blk.{l}.attn_output.weight",
+    "ffn_norm": "blk.{l}.ffn_norm.weight", "w1": "blk.{l}.ffn_gate.weight",
+    "w2": "blk.{l}.ffn_down.weight", "w3": "blk.{l}.ffn_up.weight",
+}
+
+
+class GGUFVocab:
+    """A vocabulary as GGUF's tokenizer.ggml.* keys hold it: llama.cpp's tokenizer `model`
+    ("llama": SentencePiece, "gpt2": byte-level BPE), each token's text and gguf TokenType, the
+    SentencePiece scores or the BPE merges, and the special ids."""
+
+    def __init__(self, model, tokens, types, scores=None, merges=None, pre=None,
+                 bos=None, eos=None, unk=None, add_bos=False):
+        self.model, self.tokens, self.types, self.scores = model, tokens, types, scores
+        self.merges, self.pre, self.bos, self.eos, self.unk = merges, pre, bos, eos, unk
+        self.add_bos = add_bos
+
+    def add_to(self, writer):
+        writer.add_tokenizer_model(self.model)
+        if self.pre is not None:
+            writer.add_tokenizer_pre(self.pre)
+        writer.add_token_list(self.tokens)
+        writer.add_token_types(self.types)
+        if self.scores is not None:
+            writer.add_token_scores(self.scores)
+        if self.merges is not None:
+            writer.add_token_merges(self.merges)
+        for add, token_id in ((writer.add_unk_token_id, self.unk), (writer.add_bos_token_id, self.bos),
+                              (writer.add_eos_token_id, self.eos)):
+            if token_id is not None:
+                add(token_id)
+        writer.add_add_bos_token(self.add_bos)
+
+
+def sentencepiece_gguf_vocab(pieces, scores):
+    """The GGUF vocabulary of a llama2.c tokenizer.bin's pieces and scores: spaces back to
+    U+2581 as SentencePiece spells them, BOS/EOS as <s> and </s>."""
+    import gguf
+    tokens, types = [], []
+    for i, piece in enumerate(pieces):
+        text = {b"\n<s>\n": "<s>", b"\n</s>\n": "</s>"}.get(piece) or \
+            piece.decode("utf-8", errors="replace").replace(" ", "\u2581")
+        tokens.append(text)
+        if i == 0:
+            types.append(gguf.TokenType.UNKNOWN)
+        elif i in (1, 2):
+            types.append(gguf.TokenType.CONTROL)
+        elif len(piece) == 6 and piece.startswith(b"<0x") and piece.endswith(b">"):
+            types.append(gguf.TokenType.BYTE)
+        else:
+            types.append(gguf.TokenType.NORMAL)
+    return GGUFVocab("llama", tokens, types, scores=[float(s) for s in scores],
+                     unk=0, bos=1, eos=2, add_bos=True)
+
+
+def gpt2_byte_text():
+    """byte -> the printable character GPT-2's vocabulary files spell it with: printable
+    Latin-1 bytes stand for themselves, the other 68 for U+0100 onwards in byte order."""
+    printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    text, unprintable = {b: chr(b) for b in printable}, 0
+    for b in range(256):
+        if b not in text:
+            text[b] = chr(0x100 + unprintable)
+            unprintable += 1
+    return text
+
+
+def bpe_merges(token_bytes, special=()):
+    """The merges of a byte-level BPE vocabulary listed in rank order (as tiktoken's and
+    llm.c's GPT-2 files are): token r's pair is what BPE with the merges below r leaves of its
+    bytes; one pair per multi-byte token, in the order of the tokens they make."""
+    rank = {t: i for i, t in enumerate(token_bytes) if i not in special}
+    merges = []
+    for r, token in enumerate(token_bytes):
+        if r in special or len(token) < 2:
+            continue
+        parts = [token[i:i + 1] for i in range(len(token))]
+        while len(parts) > 2:
+            ranks = [rank.get(parts[j] + parts[j + 1], r) for j in range(len(parts) - 1)]
+            best = min(range(len(ranks)), key=ranks.__getitem__)
+            if ranks[best] >= r:
+                raise ValueError(f"token {r} ({token!r}) is not made by merging earlier tokens: "
+                                 f"not a BPE vocabulary in rank order")
+            parts[best:best + 2] = [parts[best] + parts[best + 1]]
+        if rank.get(parts[0], r) >= r or rank.get(parts[1], r) >= r:
+            raise ValueError(f"token {r} ({token!r}) is not made by merging earlier tokens: "
+                             f"not a BPE vocabulary in rank order")
+        merges.append((parts[0], parts[1]))
+    return merges
+
+
+def gpt2_gguf_vocab(token_bytes, eot_token, vocab_size):
+    """The GGUF vocabulary ("gpt2" byte-level BPE, GPT-2's pre-tokenizer) of llm.c's
+    tokenizer file (each token's bytes in rank order, the end-of-text id), padded to the
+    model's vocab_size with unused tokens as llm.c pads GPT-2's 50257 to 50304."""
+    import gguf
+    if vocab_size < len(token_bytes):
+        raise ValueError(f"the tokenizer has {len(token_bytes)} tokens, more than the model's "
+                         f"vocabulary {vocab_size}")
+    special = () if eot_token is None else (eot_token,)
+    byte_text = gpt2_byte_text()
+    spell = lambda b: "".join(byte_text[x] for x in b)  # noqa: E731
+    tokens = [t.decode("utf-8") if i in special else spell(t) for i, t in enumerate(token_bytes)]
+    types = [gguf.TokenType.CONTROL if i in special else gguf.TokenType.NORMAL
+             for i in range(len(token_bytes))]
+    for i in range(len(token_bytes), vocab_size):
+        tokens.append(f"[PAD{i}]")
+        types.append(gguf.TokenType.UNUSED)
+    merges = [f"{spell(a)} {spell(b)}" for a, b in bpe_merges(token_bytes, special)]
+    return GGUFVocab("gpt2", tokens, types, merges=merges, pre="gpt-2", bos=eot_token,
+                     eos=eot_token)
+
+
+def gguf_vocab(tokenizer_path, vocab_size):
+    """The GGUF vocabulary of a tokenizer file: llm.c's (GPT-2 BPE) or llama2.c's
+    tokenizer.bin (SentencePiece), told apart by llm.c's magic number."""
+    with open_file(tokenizer_path) as f:
+        head = f.read(4)
+    if int.from_bytes(head, "little", signed=True) == TOKENIZER_MAGIC:
+        token_bytes, eot_token = read_tokenizer(tokenizer_path)
+        return gpt2_gguf_vocab(token_bytes, eot_token, vocab_size)
+    pieces, scores = read_llama2c_tokenizer(tokenizer_path)
+    return sentencepiece_gguf_vocab(pieces, scores)
+
+
+def write_gguf(path, config, params, vocab, name="llm.pyx llama"):
+    """A GGUF file (float32) of this Llama model with its vocabulary (a GGUFVocab, see
+    gguf_vocab), as llama.cpp's "llama" architecture reads it."""
+    try:
+        import gguf
+    except ImportError:
+        raise RuntimeError("GGUF export needs the gguf package (llama.cpp's writer): "
+                           "pip install gguf") from None
+    if len(vocab.tokens) != config.vocab_size:
+        raise ValueError(f"write_gguf: the tokenizer has {len(vocab.tokens)} tokens, the model's "
+                         f"vocabulary {config.vocab_size}")
+    views = param_views(config, np.ascontiguousarray(params, dtype=np.float32))
+    tmp = f"{os.fspath(path)}.{os.getpid()}.tmp"
+    writer = gguf.GGUFWriter(tmp, "llama")
+    try:
+        writer.add_name(name)
+        writer.add_context_length(config.max_seq_len)
+        writer.add_embedding_length(config.dim)
+        writer.add_block_count(config.n_layers)
+        writer.add_feed_forward_length(config.hidden_dim)
+        writer.add_rope_dimension_count(config.head_size)
+        writer.add_head_count(config.n_heads)
+        writer.add_head_count_kv(config.n_kv_heads)
+        writer.add_layer_norm_rms_eps(config.norm_eps)
+        writer.add_rope_freq_base(config.rope_theta)
+        writer.add_vocab_size(config.vocab_size)
+        writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+        vocab.add_to(writer)
+        for ours, theirs in GGUF_LLAMA_TENSORS.items():
+            if ours not in views:
+                continue
+            per_layer = "{l}" in theirs
+            for l in range(config.n_layers if per_layer else 1):
+                tensor = views[ours][l] if per_layer else views[ours]
+                writer.add_tensor(theirs.format(l=l), np.ascontiguousarray(tensor))
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        os.replace(tmp, path)
+    except BaseException:
+        writer.close()
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def read_gguf(path):
+    """(LlamaConfig, params, tokens) of a float32 llama GGUF file, through gguf's reader."""
+    import gguf
+    from train_llama2 import LlamaConfig   # when called: the formats load without a build
+    try:
+        reader = gguf.GGUFReader(path)
+    except (ValueError, OSError) as e:
+        raise FormatError(path, f"not a GGUF file: {' '.join(str(e).split())}") from None
+
+    def field(key):
+        f = reader.get_field(key)
+        if f is None:
+            raise FormatError(path, f"no {key}: not a llama GGUF?")
+        return f.contents()
+    if field("general.architecture") != "llama":
+        raise FormatError(path, f"architecture {field('general.architecture')!r}, not llama")
+    tensors = {t.name: t for t in reader.tensors}
+    config = LlamaConfig(
+        dim=field("llama.embedding_length"), n_layers=field("llama.block_count"),
+        n_heads=field("llama.attention.head_count"), n_kv_heads=field("llama.attention.head_count_kv"),
+        vocab_size=len(field("tokenizer.ggml.tokens")), hidden_dim=field("llama.feed_forward_length"),
+        max_seq_len=field("llama.context_length"),
+        # float32 there: the shortest decimal that rounds to it gives back what was written
+        norm_eps=float(str(np.float32(field("llama.attention.layer_norm_rms_epsilon")))),
+        rope_theta=float(str(np.float32(field("llama.rope.freq_base")))), shared_classifier="output.weight" not in tensors)
+    params = np.empty(config.num_parameters(), dtype=np.float32)
+    for ours, view in param_views(config, params).items():
+        theirs = GGUF_LLAMA_TENSORS[ours]
+        per_layer = "{l}" in theirs
+        for l in range(config.n_layers if per_layer else 1):
+            tensor = tensors[theirs.format(l=l)]
+            if tensor.tensor_type != gguf.GGMLQuantizationType.F32:
+                raise FormatError(path, f"{tensor.name} is {tensor.tensor_type.name}, not F32")
+            (view[l] if per_layer else view)[...] = np.asarray(tensor.data).reshape(
+                view.shape[1:] if per_layer else view.shape)
+    return config, params, field("tokenizer.ggml.tokens")

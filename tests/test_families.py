@@ -1,0 +1,60 @@
+"""
+The model families' registry (llmc/families.py): each family found by its name, what its
+module declares about itself agreeing with its model and config classes, and train.py's
+--family taking its choices from the registry.
+"""
+import dataclasses
+
+import numpy as np
+import pytest
+
+import train
+from llmc import families
+from llmc.families import FamilyError, family_names, get_family, preset_family
+
+
+@pytest.mark.parametrize("name", family_names())
+def test_each_family_declares_itself_consistently(name):
+    family = get_family(name)
+    assert family.name == name
+    assert family.model_class.FAMILY == name   # the backend kernels its model requires
+    assert family.entry_groups[0] == "core" and name in family.entry_groups
+    config = family.config_class.from_name("d2", vocab_size=300)
+    assert isinstance(config, family.config_class) and config.vocab_size == 300
+    for preset in family.presets.values():
+        assert isinstance(preset, family.config_class)
+    model = family.model_class(config)
+    assert model.param_layout.names == [n for n, _ in config.param_shapes()]
+    labels = [label for label, _ in config.table_rows()]
+    assert labels[:2] == ["max_sequence_length T", "vocab_size V"]
+
+
+def test_a_family_reads_its_own_model_file(tmp_path):
+    for name in family_names():
+        family = get_family(name)
+        model = family.model_class.random(family.config_class.from_name("d1", vocab_size=64))
+        model.save(tmp_path / f"{name}.bin")
+        config, params = family.read_model(tmp_path / f"{name}.bin")
+        assert config == model.config and np.array_equal(params, model.params)
+
+
+def test_presets_belong_to_their_family():
+    assert preset_family("stories15M") == "llama"
+    assert preset_family("d2") is None and preset_family(None) is None
+
+
+def test_unknown_and_undeclared_families_are_one_line_errors():
+    with pytest.raises(FamilyError, match="unknown model family 'gpt3' \\(known: gpt2, llama\\)"):
+        get_family("gpt3")
+    gpt2 = get_family("gpt2")
+    with pytest.raises(ValueError, match="not a registered family"):
+        families.define_family(dataclasses.replace(gpt2, name="gpt3"))
+
+
+def test_train_py_takes_the_families_from_the_registry(capsys):
+    with pytest.raises(SystemExit) as info:
+        train.parse_args(["--family", "gpt3"])
+    assert info.value.code == 2
+    assert "choose from 'gpt2', 'llama'" in capsys.readouterr().err
+    assert train.parse_args(["-e", "stories15M"]).family == "llama"
+    assert train.parse_args(["-e", "d2"]).family == families.DEFAULT_FAMILY
