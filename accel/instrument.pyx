@@ -16,6 +16,7 @@ parity check's gradients); a NaN or inf where the oracle has none is always out 
 """
 import numpy as np
 
+cimport cython
 from accel.backend cimport Backend, BackendTable
 from libc.math cimport fabs, isnan, isinf
 from libc.stdio cimport fprintf, stderr, fflush
@@ -696,6 +697,7 @@ cdef void w_classifier_backward(void* ctx, float* dlogits, const float* dlosses,
 
 # --- the Python side ----------------------------------------------------------------------------
 
+@cython.no_gc_clear   # s holds target's and oracle's tables: they go after it (accel/backend.pyx)
 cdef class InstrumentedBackend(Backend):
     """A Backend whose table is this module's wrappers around `target`'s (and the oracle's)."""
     cdef Instrument* s
