@@ -90,8 +90,6 @@ ctypedef struct Context:
     const MetalKernel* kernels[<int>NUM_KERNELS]
     float* partials              # (MAX_PARTIALS,) shared memory for mean and the norm
     char host_error[256]         # a failure found on the host side, "" if none
-    Py_ssize_t live              # allocations not yet freed
-    bint closing                 # the Runtime has gone: close when the last allocation goes
 
 
 # --- dispatch helpers ------------------------------------------------------------------------
@@ -151,23 +149,12 @@ cdef void elementwise(Context* c, Kernel k, MetalArg* args, int num_args, Py_ssi
 
 cdef void* m_alloc(void* ctx, size_t nbytes) noexcept nogil:
     cdef Context* c = <Context*>ctx
-    cdef void* ptr = c.alloc(c.rt, nbytes)
-    if ptr != NULL:
-        c.live += 1
-    return ptr
-
-cdef void close_context(Context* c) noexcept nogil:
-    c.free(c.rt, c.partials)
-    c.close(c.rt)
-    free(c)
+    return c.alloc(c.rt, nbytes)
 
 cdef void m_free(void* ctx, void* ptr, size_t nbytes) noexcept nogil:
     cdef Context* c = <Context*>ctx
     c.synchronize(c.rt)
     c.free(c.rt, ptr)
-    c.live -= 1
-    if c.closing and c.live == 0:
-        close_context(c)
 
 cdef void m_zero(void* ctx, void* ptr, size_t nbytes) noexcept nogil:
     cdef Context* c = <Context*>ctx
@@ -394,9 +381,8 @@ cdef void m_crossentropy_softmax_backward(void* ctx, float* dlogits, const float
 # --- the runtime: loading it, and the backend over it --------------------------------------------
 
 cdef class Runtime:
-    """A loaded runtime library and its open context. The context outlives this object while
-    buffers allocated through it remain (a garbage collector's cycle may free a backend before
-    its buffers); the last one closes it."""
+    """A loaded runtime library and its open context, closed when the backend goes: its buffers
+    hold the backend, so they are all freed by then (accel/backend.pyx, "Teardown")."""
     cdef void* handle
     cdef Context* ctx
     cdef readonly str device_name
@@ -407,14 +393,11 @@ cdef class Runtime:
             raise MemoryError()
 
     def __dealloc__(self):
-        if self.ctx.rt == NULL or self.ctx.partials == NULL:
-            if self.ctx.rt != NULL:
-                self.ctx.close(self.ctx.rt)
-            free(self.ctx)
-        elif self.ctx.live == 0:
-            close_context(self.ctx)
-        else:
-            self.ctx.closing = True
+        if self.ctx.rt != NULL:
+            if self.ctx.partials != NULL:
+                self.ctx.free(self.ctx.rt, self.ctx.partials)
+            self.ctx.close(self.ctx.rt)
+        free(self.ctx)
         # the library stays loaded: a runtime's code may still be referenced (atexit, TLS)
 
 
