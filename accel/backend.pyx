@@ -20,6 +20,7 @@ from accel.spec import ENTRY_GROUPS, GROUPS, ORDER
 
 import numpy as np
 
+cimport cython
 from cpython.buffer cimport PyBUF_WRITABLE
 from libc.stdint cimport uintptr_t
 
@@ -51,6 +52,18 @@ def _with_core(groups):
     return ("core",) + tuple(g for g in groups if g != "core")
 
 
+# Teardown: who owns what, and the order it goes in.  A Buffer holds its Backend; a Backend
+# holds `keepalive`, the owner of its ctx (a HIP device context, a Metal runtime, the backends a
+# wrapper calls); the libraries their code is in (BLAS, HIP and Metal builds) are never unloaded,
+# and their thread pools end with the process.  So reference counting frees every buffer before
+# its backend, and a backend before its context.  The cyclic collector could break that chain:
+# when a model is garbage in a reference cycle (a kept exception whose traceback holds the frame
+# that holds the model), it calls tp_clear on the cycle's objects in an order of its own, and
+# Cython's tp_clear would set a live Buffer's backend, or a live Backend's keepalive, to None.
+# no_gc_clear keeps them (here and on InstrumentedBackend); the collector breaks the cycle at
+# the objects around them (a frame, a list, a Model), whose clearing frees them in that order.
+
+@cython.no_gc_clear
 cdef class Backend:
     """A context and its table.  Made by a backend module's create(), checked on the spot.
 
@@ -162,6 +175,7 @@ cdef void arity(str entry, tuple args, int count) except *:
 include "accel/_call.pxi"
 
 
+@cython.no_gc_clear   # __dealloc__ frees through self.backend (see Teardown above)
 cdef class Buffer:
     """nbytes of a backend's memory, zeroed at allocation, freed when the Buffer goes.
     Host-visible backends export it through the buffer protocol (zero-copy NumPy views)."""

@@ -22,6 +22,7 @@ entries, which every wrapper treats alike, are here.
 """
 import numpy as np
 
+cimport cython
 from accel.backend cimport Backend, BackendTable
 from libc.math cimport fabs, isnan, isinf, sqrt
 from libc.stdio cimport fprintf, stderr, fflush
@@ -306,6 +307,7 @@ include "accel/_wrappers.pxi"
 
 # --- the Python side ----------------------------------------------------------------------------
 
+@cython.no_gc_clear   # s holds target's and oracle's tables: they go after it (accel/backend.pyx)
 cdef class InstrumentedBackend(Backend):
     """A Backend whose table is this module's wrappers around `target`'s (and the oracle's)."""
     cdef Instrument* s
