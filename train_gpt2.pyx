@@ -32,7 +32,6 @@ from llmc.model cimport Model
 
 __all__ = ["GPT2", "GPT2Config", "activation_shapes", "padded_vocab_size", "param_shapes"]
 
-ENTRY_GROUPS = ("core", "linear", "gpt2")   # the backend table's entry groups GPT-2 runs on
 # -e's default: GPT-2 124M's weights (python dev/download_gpt2.py), else a random d12
 PRETRAINED = os.path.relpath(os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                           "gpt2_124M.bin"))
@@ -323,11 +322,11 @@ cdef class GPT2(Model):
     # --- forward ---------------------------------------------------------------
 
     cdef void embedding_forward(self, float* out, const int* inputs, int B, int T) noexcept nogil:
-        self.b.encoder_forward(self.b.ctx, out, inputs, self.params_c.wte, self.params_c.wpe, B, T, self.C)
+        self.table.encoder_forward(self.table.ctx, out, inputs, self.params_c.wte, self.params_c.wpe, B, T, self.C)
 
     cdef void layer_forward(self, int layer, float** layer_acts, const float* residual, int B, int T) noexcept nogil:
         cdef Py_ssize_t l = layer   # weight offsets outgrow an int in big models
-        cdef void* ctx = self.b.ctx
+        cdef void* ctx = self.table.ctx
         cdef ParameterTensors params = self.params_c
         cdef LayerActivations* acts = <LayerActivations*>layer_acts
         cdef int NH = self.NH, C = self.C
@@ -346,50 +345,50 @@ cdef class GPT2(Model):
         l_fcprojw = params.fcprojw + l * C * 4 * C
         l_fcprojb = params.fcprojb + l * C
 
-        self.b.layernorm_forward(ctx, acts.ln1, acts.ln1_mean, acts.ln1_rstd, residual, l_ln1w, l_ln1b, B, T, C)
-        self.b.matmul_forward(ctx, acts.qkv, acts.ln1, l_qkvw, l_qkvb, B, T, C, 3 * C)
+        self.table.layernorm_forward(ctx, acts.ln1, acts.ln1_mean, acts.ln1_rstd, residual, l_ln1w, l_ln1b, B, T, C)
+        self.table.matmul_forward(ctx, acts.qkv, acts.ln1, l_qkvw, l_qkvb, B, T, C, 3 * C)
         if self.flash:
-            self.b.flash_attention_forward(ctx, acts.atty, acts.att_lse, acts.qkv, B, T, C, NH)
+            self.table.flash_attention_forward(ctx, acts.atty, acts.att_lse, acts.qkv, B, T, C, NH)
         else:
-            self.b.attention_forward(ctx, acts.atty, acts.preatt, acts.att, acts.qkv, B, T, C, NH)
-        self.b.matmul_forward(ctx, acts.attproj, acts.atty, l_attprojw, l_attprojb, B, T, C, C)
-        self.b.residual_forward(ctx, acts.residual2, residual, acts.attproj, BTC)
-        self.b.layernorm_forward(ctx, acts.ln2, acts.ln2_mean, acts.ln2_rstd, acts.residual2, l_ln2w, l_ln2b, B, T, C)
-        self.b.matmul_forward(ctx, acts.fch, acts.ln2, l_fcw, l_fcb, B, T, C, 4 * C)
-        self.b.gelu_forward(ctx, acts.fch_gelu, acts.fch, BTC * 4)
-        self.b.matmul_forward(ctx, acts.fcproj, acts.fch_gelu, l_fcprojw, l_fcprojb, B, T, 4 * C, C)
-        self.b.residual_forward(ctx, acts.residual3, acts.residual2, acts.fcproj, BTC)
+            self.table.attention_forward(ctx, acts.atty, acts.preatt, acts.att, acts.qkv, B, T, C, NH)
+        self.table.matmul_forward(ctx, acts.attproj, acts.atty, l_attprojw, l_attprojb, B, T, C, C)
+        self.table.residual_forward(ctx, acts.residual2, residual, acts.attproj, BTC)
+        self.table.layernorm_forward(ctx, acts.ln2, acts.ln2_mean, acts.ln2_rstd, acts.residual2, l_ln2w, l_ln2b, B, T, C)
+        self.table.matmul_forward(ctx, acts.fch, acts.ln2, l_fcw, l_fcb, B, T, C, 4 * C)
+        self.table.gelu_forward(ctx, acts.fch_gelu, acts.fch, BTC * 4)
+        self.table.matmul_forward(ctx, acts.fcproj, acts.fch_gelu, l_fcprojw, l_fcprojb, B, T, 4 * C, C)
+        self.table.residual_forward(ctx, acts.residual3, acts.residual2, acts.fcproj, BTC)
 
     cdef void head_forward(self, float** head_acts, const float* residual, const int* targets,
                            int B, int T) noexcept nogil:
-        cdef void* ctx = self.b.ctx
+        cdef void* ctx = self.table.ctx
         cdef ParameterTensors params = self.params_c
         cdef HeadActivations* acts = <HeadActivations*>head_acts
         cdef int C = self.C, V = self.V, Vp = self.Vp
-        self.b.layernorm_forward(ctx, acts.lnf, acts.lnf_mean, acts.lnf_rstd, residual, params.lnfw, params.lnfb, B, T, C)
-        self.b.matmul_forward(ctx, acts.logits, acts.lnf, params.wte, NULL, B, T, C, Vp)
-        self.b.softmax_forward(ctx, acts.probs, acts.logits, B, T, V, Vp)
+        self.table.layernorm_forward(ctx, acts.lnf, acts.lnf_mean, acts.lnf_rstd, residual, params.lnfw, params.lnfb, B, T, C)
+        self.table.matmul_forward(ctx, acts.logits, acts.lnf, params.wte, NULL, B, T, C, Vp)
+        self.table.softmax_forward(ctx, acts.probs, acts.logits, B, T, V, Vp)
         if targets != NULL:
-            self.b.crossentropy_forward(ctx, acts.losses, acts.probs, targets, B, T, Vp)
+            self.table.crossentropy_forward(ctx, acts.losses, acts.probs, targets, B, T, Vp)
 
     # --- backward --------------------------------------------------------------
 
     cdef void head_backward(self, float* dresidual, float** head_grads, float** head_acts,
                             const float* residual, const int* targets, int B, int T) noexcept nogil:
-        cdef void* ctx = self.b.ctx
+        cdef void* ctx = self.table.ctx
         cdef ParameterTensors params = self.params_c, grads = self.grads_c
         cdef HeadActivations* acts = <HeadActivations*>head_acts
         cdef HeadActivations* grads_acts = <HeadActivations*>head_grads
         cdef int C = self.C, V = self.V, Vp = self.Vp
-        self.b.crossentropy_softmax_backward(ctx, grads_acts.logits, grads_acts.losses, acts.probs, targets, B, T, V, Vp)
-        self.b.matmul_backward(ctx, grads_acts.lnf, grads.wte, NULL, grads_acts.logits, acts.lnf, params.wte, B, T, C, Vp)
-        self.b.layernorm_backward(ctx, dresidual, grads.lnfw, grads.lnfb, grads_acts.lnf, residual, params.lnfw,
+        self.table.crossentropy_softmax_backward(ctx, grads_acts.logits, grads_acts.losses, acts.probs, targets, B, T, V, Vp)
+        self.table.matmul_backward(ctx, grads_acts.lnf, grads.wte, NULL, grads_acts.logits, acts.lnf, params.wte, B, T, C, Vp)
+        self.table.layernorm_backward(ctx, dresidual, grads.lnfw, grads.lnfb, grads_acts.lnf, residual, params.lnfw,
                                   acts.lnf_mean, acts.lnf_rstd, B, T, C)
 
     cdef void layer_backward(self, int layer, float* dresidual, float** layer_grads, float** layer_acts,
                              const float* residual, int B, int T) noexcept nogil:
         cdef Py_ssize_t l = layer   # weight offsets outgrow an int in big models
-        cdef void* ctx = self.b.ctx
+        cdef void* ctx = self.table.ctx
         cdef ParameterTensors params = self.params_c, grads = self.grads_c
         cdef LayerActivations* acts = <LayerActivations*>layer_acts
         cdef LayerActivations* grads_acts = <LayerActivations*>layer_grads
@@ -417,24 +416,24 @@ cdef class GPT2(Model):
         dl_fcprojb = grads.fcprojb + l * C
 
         # the forward's steps, in reverse (grads_acts.residual3 is the gradient of the output)
-        self.b.residual_backward(ctx, grads_acts.residual2, grads_acts.fcproj, grads_acts.residual3, BTC)
-        self.b.matmul_backward(ctx, grads_acts.fch_gelu, dl_fcprojw, dl_fcprojb, grads_acts.fcproj, acts.fch_gelu, l_fcprojw, B, T, 4 * C, C)
-        self.b.gelu_backward(ctx, grads_acts.fch, acts.fch, grads_acts.fch_gelu, BTC * 4)
-        self.b.matmul_backward(ctx, grads_acts.ln2, dl_fcw, dl_fcb, grads_acts.fch, acts.ln2, l_fcw, B, T, C, 4 * C)
-        self.b.layernorm_backward(ctx, grads_acts.residual2, dl_ln2w, dl_ln2b, grads_acts.ln2, acts.residual2, l_ln2w,
+        self.table.residual_backward(ctx, grads_acts.residual2, grads_acts.fcproj, grads_acts.residual3, BTC)
+        self.table.matmul_backward(ctx, grads_acts.fch_gelu, dl_fcprojw, dl_fcprojb, grads_acts.fcproj, acts.fch_gelu, l_fcprojw, B, T, 4 * C, C)
+        self.table.gelu_backward(ctx, grads_acts.fch, acts.fch, grads_acts.fch_gelu, BTC * 4)
+        self.table.matmul_backward(ctx, grads_acts.ln2, dl_fcw, dl_fcb, grads_acts.fch, acts.ln2, l_fcw, B, T, C, 4 * C)
+        self.table.layernorm_backward(ctx, grads_acts.residual2, dl_ln2w, dl_ln2b, grads_acts.ln2, acts.residual2, l_ln2w,
                                   acts.ln2_mean, acts.ln2_rstd, B, T, C)
-        self.b.residual_backward(ctx, dresidual, grads_acts.attproj, grads_acts.residual2, BTC)
-        self.b.matmul_backward(ctx, grads_acts.atty, dl_attprojw, dl_attprojb, grads_acts.attproj, acts.atty, l_attprojw, B, T, C, C)
+        self.table.residual_backward(ctx, dresidual, grads_acts.attproj, grads_acts.residual2, BTC)
+        self.table.matmul_backward(ctx, grads_acts.atty, dl_attprojw, dl_attprojb, grads_acts.attproj, acts.atty, l_attprojw, B, T, C, C)
         if self.flash:
-            self.b.flash_attention_backward(ctx, grads_acts.qkv, grads_acts.atty, acts.qkv, acts.atty, acts.att_lse, B, T, C, NH)
+            self.table.flash_attention_backward(ctx, grads_acts.qkv, grads_acts.atty, acts.qkv, acts.atty, acts.att_lse, B, T, C, NH)
         else:
-            self.b.attention_backward(ctx, grads_acts.qkv, grads_acts.preatt, grads_acts.att, grads_acts.atty, acts.qkv, acts.att, B, T, C, NH)
-        self.b.matmul_backward(ctx, grads_acts.ln1, dl_qkvw, dl_qkvb, grads_acts.qkv, acts.ln1, l_qkvw, B, T, C, 3 * C)
-        self.b.layernorm_backward(ctx, dresidual, dl_ln1w, dl_ln1b, grads_acts.ln1, residual, l_ln1w,
+            self.table.attention_backward(ctx, grads_acts.qkv, grads_acts.preatt, grads_acts.att, grads_acts.atty, acts.qkv, acts.att, B, T, C, NH)
+        self.table.matmul_backward(ctx, grads_acts.ln1, dl_qkvw, dl_qkvb, grads_acts.qkv, acts.ln1, l_qkvw, B, T, C, 3 * C)
+        self.table.layernorm_backward(ctx, dresidual, dl_ln1w, dl_ln1b, grads_acts.ln1, residual, l_ln1w,
                                   acts.ln1_mean, acts.ln1_rstd, B, T, C)
 
     cdef void embedding_backward(self, const float* dencoded, const int* inputs, int B, int T) noexcept nogil:
-        self.b.encoder_backward(self.b.ctx, self.grads_c.wte, self.grads_c.wpe, dencoded, inputs, B, T, self.C, self.Vp)
+        self.table.encoder_backward(self.table.ctx, self.grads_c.wte, self.grads_c.wpe, dencoded, inputs, B, T, self.C, self.Vp)
 
 
 # ----------------------------------------------------------------------------
@@ -444,4 +443,4 @@ define_family(Family(
     name="gpt2", title="GPT-2", model_class=GPT2, config_class=GPT2Config, presets={},
     preset_noun=None, random_inits="dN, a random GPT-2 of depth N", default_init=PRETRAINED,
     stand_in="d12", download="python dev/download_gpt2.py, online", read_model=read_checkpoint,
-    reference="train_gpt2_torch", entry_groups=ENTRY_GROUPS))
+    reference="train_gpt2_torch"))

@@ -38,7 +38,6 @@ from llmc.model cimport Model
 __all__ = ["Llama2", "LlamaConfig", "PRESETS", "activation_shapes", "llama2c_hidden_dim",
            "param_shapes"]
 
-ENTRY_GROUPS = ("core", "linear", "llama")   # the backend table's entry groups Llama runs on
 
 # ----------------------------------------------------------------------------
 # the configuration and presets (Llama-2's block as llama2.c and Meta define it)
@@ -360,12 +359,12 @@ cdef class Llama2(Model):
     # --- forward ---------------------------------------------------------------
 
     cdef void embedding_forward(self, float* out, const int* inputs, int B, int T) noexcept nogil:
-        self.b.embedding_forward(self.b.ctx, out, inputs, self.params_c.tok_embeddings, B, T, self.C)
+        self.table.embedding_forward(self.table.ctx, out, inputs, self.params_c.tok_embeddings, B, T, self.C)
 
     cdef void layer_forward(self, int layer, float** layer_acts, const float* residual, int B, int T) noexcept nogil:
         """Layer l on its input residual (B, T, C), into its activations."""
         cdef Py_ssize_t l = layer   # weight offsets outgrow an int in big models
-        cdef void* ctx = self.b.ctx
+        cdef void* ctx = self.table.ctx
         cdef ParameterTensors p = self.params_c
         cdef LayerActivations* a = <LayerActivations*>layer_acts
         cdef int C = self.C, H = self.H, NH = self.NH, NKV = self.NKV, hs = self.hs
@@ -382,47 +381,47 @@ cdef class Llama2(Model):
         cdef const float* l_w2 = p.w2 + l * C * H
         cdef const float* l_w3 = p.w3 + l * H * C
 
-        self.b.rmsnorm_forward(ctx, a.ln1, a.ln1_rstd, residual, l_attention_norm, self.eps, B, T, C)
-        self.b.matmul_forward(ctx, a.q, a.ln1, l_wq, NULL, B, T, C, QD)
-        self.b.matmul_forward(ctx, a.k, a.ln1, l_wk, NULL, B, T, C, KVD)
-        self.b.matmul_forward(ctx, a.v, a.ln1, l_wv, NULL, B, T, C, KVD)
-        self.b.rope_forward(ctx, a.qr, a.q, self.freqs_cos, self.freqs_sin, B, T, NH, hs)
-        self.b.rope_forward(ctx, a.kr, a.k, self.freqs_cos, self.freqs_sin, B, T, NKV, hs)
-        self.b.attention_gqa_forward(ctx, a.atty, a.att, a.qr, a.kr, a.v, B, T, NH, NKV, hs)
-        self.b.matmul_forward(ctx, a.attproj, a.atty, l_wo, NULL, B, T, QD, C)
-        self.b.residual_forward(ctx, a.residual2, residual, a.attproj, BTC)
-        self.b.rmsnorm_forward(ctx, a.ln2, a.ln2_rstd, a.residual2, l_ffn_norm, self.eps, B, T, C)
-        self.b.matmul_forward(ctx, a.h1, a.ln2, l_w1, NULL, B, T, C, H)
-        self.b.matmul_forward(ctx, a.h3, a.ln2, l_w3, NULL, B, T, C, H)
-        self.b.swiglu_forward(ctx, a.hgated, a.h1, a.h3, <Py_ssize_t>B * T * H)
-        self.b.matmul_forward(ctx, a.ffnproj, a.hgated, l_w2, NULL, B, T, H, C)
-        self.b.residual_forward(ctx, a.residual3, a.residual2, a.ffnproj, BTC)
+        self.table.rmsnorm_forward(ctx, a.ln1, a.ln1_rstd, residual, l_attention_norm, self.eps, B, T, C)
+        self.table.matmul_forward(ctx, a.q, a.ln1, l_wq, NULL, B, T, C, QD)
+        self.table.matmul_forward(ctx, a.k, a.ln1, l_wk, NULL, B, T, C, KVD)
+        self.table.matmul_forward(ctx, a.v, a.ln1, l_wv, NULL, B, T, C, KVD)
+        self.table.rope_forward(ctx, a.qr, a.q, self.freqs_cos, self.freqs_sin, B, T, NH, hs)
+        self.table.rope_forward(ctx, a.kr, a.k, self.freqs_cos, self.freqs_sin, B, T, NKV, hs)
+        self.table.attention_gqa_forward(ctx, a.atty, a.att, a.qr, a.kr, a.v, B, T, NH, NKV, hs)
+        self.table.matmul_forward(ctx, a.attproj, a.atty, l_wo, NULL, B, T, QD, C)
+        self.table.residual_forward(ctx, a.residual2, residual, a.attproj, BTC)
+        self.table.rmsnorm_forward(ctx, a.ln2, a.ln2_rstd, a.residual2, l_ffn_norm, self.eps, B, T, C)
+        self.table.matmul_forward(ctx, a.h1, a.ln2, l_w1, NULL, B, T, C, H)
+        self.table.matmul_forward(ctx, a.h3, a.ln2, l_w3, NULL, B, T, C, H)
+        self.table.swiglu_forward(ctx, a.hgated, a.h1, a.h3, <Py_ssize_t>B * T * H)
+        self.table.matmul_forward(ctx, a.ffnproj, a.hgated, l_w2, NULL, B, T, H, C)
+        self.table.residual_forward(ctx, a.residual3, a.residual2, a.ffnproj, BTC)
 
     cdef void head_forward(self, float** head_acts, const float* residual, const int* targets,
                            int B, int T) noexcept nogil:
-        cdef void* ctx = self.b.ctx
+        cdef void* ctx = self.table.ctx
         cdef ParameterTensors p = self.params_c
         cdef HeadActivations* acts = <HeadActivations*>head_acts
         cdef int C = self.C, V = self.V
-        self.b.rmsnorm_forward(ctx, acts.lnf, acts.lnf_rstd, residual, p.norm, self.eps, B, T, C)
-        self.b.matmul_forward(ctx, acts.logits, acts.lnf, p.output, NULL, B, T, C, V)
-        self.b.classifier_forward(ctx, acts.losses if targets != NULL else NULL, acts.logsum,
+        self.table.rmsnorm_forward(ctx, acts.lnf, acts.lnf_rstd, residual, p.norm, self.eps, B, T, C)
+        self.table.matmul_forward(ctx, acts.logits, acts.lnf, p.output, NULL, B, T, C, V)
+        self.table.classifier_forward(ctx, acts.losses if targets != NULL else NULL, acts.logsum,
                                   acts.logits, targets, B, T, V)
 
     # --- backward --------------------------------------------------------------
 
     cdef void head_backward(self, float* dresidual, float** head_grads, float** head_acts,
                             const float* residual, const int* targets, int B, int T) noexcept nogil:
-        cdef void* ctx = self.b.ctx
+        cdef void* ctx = self.table.ctx
         cdef ParameterTensors p = self.params_c, g = self.grads_c
         cdef HeadActivations* acts = <HeadActivations*>head_acts
         cdef HeadActivations* grads_acts = <HeadActivations*>head_grads
         cdef int C = self.C, V = self.V
-        self.b.classifier_backward(ctx, grads_acts.logits, grads_acts.losses, acts.logits,
+        self.table.classifier_backward(ctx, grads_acts.logits, grads_acts.losses, acts.logits,
                                    acts.logsum, targets, B, T, V)
-        self.b.matmul_backward(ctx, grads_acts.lnf, g.output, NULL, grads_acts.logits, acts.lnf,
+        self.table.matmul_backward(ctx, grads_acts.lnf, g.output, NULL, grads_acts.logits, acts.lnf,
                                p.output, B, T, C, V)
-        self.b.rmsnorm_backward(ctx, dresidual, g.norm, grads_acts.lnf, residual, p.norm,
+        self.table.rmsnorm_backward(ctx, dresidual, g.norm, grads_acts.lnf, residual, p.norm,
                                 acts.lnf_rstd, B, T, C)
 
     cdef void layer_backward(self, int layer, float* dresidual, float** layer_grads, float** layer_acts,
@@ -431,7 +430,7 @@ cdef class Llama2(Model):
         weights' gradients, its activation gradients da, and dresidual (B, T, C), the gradient
         of its input residual (all +=)."""
         cdef Py_ssize_t l = layer   # weight offsets outgrow an int in big models
-        cdef void* ctx = self.b.ctx
+        cdef void* ctx = self.table.ctx
         cdef ParameterTensors p = self.params_c, g = self.grads_c
         cdef LayerActivations* a = <LayerActivations*>layer_acts
         cdef LayerActivations* da = <LayerActivations*>layer_grads
@@ -460,27 +459,27 @@ cdef class Llama2(Model):
         cdef float* dl_w3 = g.w3 + l * H * C
 
         # the forward's steps, in reverse
-        self.b.residual_backward(ctx, da.residual2, da.ffnproj, da.residual3, BTC)
-        self.b.matmul_backward(ctx, da.hgated, dl_w2, NULL, da.ffnproj, a.hgated, l_w2, B, T, H, C)
-        self.b.swiglu_backward(ctx, da.h1, da.h3, da.hgated, a.h1, a.h3, <Py_ssize_t>B * T * H)
-        self.b.matmul_backward(ctx, da.ln2, dl_w3, NULL, da.h3, a.ln2, l_w3, B, T, C, H)
-        self.b.matmul_backward(ctx, da.ln2, dl_w1, NULL, da.h1, a.ln2, l_w1, B, T, C, H)
-        self.b.rmsnorm_backward(ctx, da.residual2, dl_ffn_norm, da.ln2, a.residual2, l_ffn_norm,
+        self.table.residual_backward(ctx, da.residual2, da.ffnproj, da.residual3, BTC)
+        self.table.matmul_backward(ctx, da.hgated, dl_w2, NULL, da.ffnproj, a.hgated, l_w2, B, T, H, C)
+        self.table.swiglu_backward(ctx, da.h1, da.h3, da.hgated, a.h1, a.h3, <Py_ssize_t>B * T * H)
+        self.table.matmul_backward(ctx, da.ln2, dl_w3, NULL, da.h3, a.ln2, l_w3, B, T, C, H)
+        self.table.matmul_backward(ctx, da.ln2, dl_w1, NULL, da.h1, a.ln2, l_w1, B, T, C, H)
+        self.table.rmsnorm_backward(ctx, da.residual2, dl_ffn_norm, da.ln2, a.residual2, l_ffn_norm,
                                 a.ln2_rstd, B, T, C)
-        self.b.residual_backward(ctx, dresidual, da.attproj, da.residual2, BTC)
-        self.b.matmul_backward(ctx, da.atty, dl_wo, NULL, da.attproj, a.atty, l_wo, B, T, QD, C)
-        self.b.attention_gqa_backward(ctx, da.qr, da.kr, da.v, da.atty, a.qr, a.kr, a.v, a.att,
+        self.table.residual_backward(ctx, dresidual, da.attproj, da.residual2, BTC)
+        self.table.matmul_backward(ctx, da.atty, dl_wo, NULL, da.attproj, a.atty, l_wo, B, T, QD, C)
+        self.table.attention_gqa_backward(ctx, da.qr, da.kr, da.v, da.atty, a.qr, a.kr, a.v, a.att,
                                       B, T, NH, NKV, hs)
-        self.b.rope_backward(ctx, da.q, da.qr, self.freqs_cos, self.freqs_sin, B, T, NH, hs)
-        self.b.rope_backward(ctx, da.k, da.kr, self.freqs_cos, self.freqs_sin, B, T, NKV, hs)
-        self.b.matmul_backward(ctx, da.ln1, dl_wv, NULL, da.v, a.ln1, l_wv, B, T, C, KVD)
-        self.b.matmul_backward(ctx, da.ln1, dl_wk, NULL, da.k, a.ln1, l_wk, B, T, C, KVD)
-        self.b.matmul_backward(ctx, da.ln1, dl_wq, NULL, da.q, a.ln1, l_wq, B, T, C, QD)
-        self.b.rmsnorm_backward(ctx, dresidual, dl_attention_norm, da.ln1, residual,
+        self.table.rope_backward(ctx, da.q, da.qr, self.freqs_cos, self.freqs_sin, B, T, NH, hs)
+        self.table.rope_backward(ctx, da.k, da.kr, self.freqs_cos, self.freqs_sin, B, T, NKV, hs)
+        self.table.matmul_backward(ctx, da.ln1, dl_wv, NULL, da.v, a.ln1, l_wv, B, T, C, KVD)
+        self.table.matmul_backward(ctx, da.ln1, dl_wk, NULL, da.k, a.ln1, l_wk, B, T, C, KVD)
+        self.table.matmul_backward(ctx, da.ln1, dl_wq, NULL, da.q, a.ln1, l_wq, B, T, C, QD)
+        self.table.rmsnorm_backward(ctx, dresidual, dl_attention_norm, da.ln1, residual,
                                 l_attention_norm, a.ln1_rstd, B, T, C)
 
     cdef void embedding_backward(self, const float* dencoded, const int* inputs, int B, int T) noexcept nogil:
-        self.b.embedding_backward(self.b.ctx, self.grads_c.tok_embeddings, dencoded, inputs, B, T,
+        self.table.embedding_backward(self.table.ctx, self.grads_c.tok_embeddings, dencoded, inputs, B, T,
                                   self.C, self.V)
 
 
@@ -491,4 +490,4 @@ define_family(Family(
     name="llama", title="Llama 2", model_class=Llama2, config_class=LlamaConfig,
     presets=PRESETS, preset_noun="Llama preset", random_inits="dN or a Llama preset",
     default_init="stories15M", stand_in=None, download=None, read_model=read_llama_model,
-    reference="train_llama2_torch", entry_groups=ENTRY_GROUPS))
+    reference="train_llama2_torch"))

@@ -1,10 +1,11 @@
 """
 The model families, found by name: get_family("gpt2") imports the family's module
 (train_gpt2.pyx) on first use and returns what that module declared about itself as it was
-imported (define_family): its model and config classes, presets, defaults, model file reader,
-PyTorch reference and the backend entry groups it runs on.  train.py, the tests and dev/ reach a family this
-way, never by comparing its name; as accel/backend.pyx's registry does for backends, the
-names are known without importing (or building) anything.
+imported (define_family): its model and config classes, presets, defaults, model file reader
+and PyTorch reference (the backend entry groups it runs on: its model class's ENTRY_GROUPS).
+train.py, the tests and dev/ reach a family this way, never by comparing its name; as
+accel/backend.pyx's registry does for backends, the names are known without importing (or
+building) anything.
 
     register_family(name, module)   get_family(name) imports module, which calls define_family
 """
@@ -36,7 +37,6 @@ class Family:
     download: str         # how to get default_init's weights (with stand_in)
     read_model: object    # path -> (config, float32 parameters) of a model file
     reference: str        # the module of its PyTorch reference (train_gpt2_torch)
-    entry_groups: tuple   # the backend table's entry groups its model runs on
 
 
 _MODULES = {}    # name -> the module that defines the family

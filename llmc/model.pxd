@@ -15,7 +15,7 @@ cdef class Layout:
 
 cdef class Model:
     cdef readonly Backend backend
-    cdef BackendTable b                  # the backend's table, ctx first
+    cdef BackendTable table              # the backend's table, ctx first
     cdef readonly object config
     cdef readonly Layout param_layout
     cdef readonly object recompute_plan  # llmc.recompute.RecomputePlan of the policy

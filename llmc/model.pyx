@@ -80,7 +80,7 @@ cdef class Model:
         (llmc.recompute.POLICIES)."""
         self.backend = get_backend(backend)
         self.backend.require(self.ENTRY_GROUPS, self.FAMILY)
-        self.b = self.backend.table
+        self.table = self.backend.table
         self.config = config
         self.param_layout = Layout(config.param_shapes())
         self._params = self.backend.alloc(self.param_layout.size * sizeof(float))
@@ -394,7 +394,7 @@ cdef class Model:
         with nogil:
             self._forward_pass(inp, tgt, B, T)
             if tgt != NULL:
-                self.mean_loss = self.b.mean(self.b.ctx, self.losses, <Py_ssize_t>B * T)
+                self.mean_loss = self.table.mean(self.table.ctx, self.losses, <Py_ssize_t>B * T)
         self.backend.check_error()
         return float(self.mean_loss) if self.has_targets else None
 
@@ -411,18 +411,18 @@ cdef class Model:
         return self.embedded if l == 0 else self.outputs[self.output_of[l - 1]]
 
     cdef void _run_layer_forward(self, int l, int B, int T) noexcept nogil:
-        self.b.mark(self.b.ctx, self.step, l)
+        self.table.mark(self.table.ctx, self.step, l)
         self._point_layer(l)
         self.layer_forward(l, self.layer_acts, self._layer_input(l), B, T)
         self.resident[self.slot_of[l]] = l
 
     cdef void _forward_pass(self, const int* inputs, const int* targets, int B, int T) noexcept nogil:
         cdef int l
-        self.b.mark(self.b.ctx, self.step, -1)
+        self.table.mark(self.table.ctx, self.step, -1)
         self.embedding_forward(self.embedded, inputs, B, T)
         for l in range(self.L):
             self._run_layer_forward(l, B, T)
-        self.b.mark(self.b.ctx, self.step, -1)
+        self.table.mark(self.table.ctx, self.step, -1)
         self.head_forward(self.head_acts, self._layer_input(self.L), targets, B, T)
 
     # --- backward --------------------------------------------------------------------------
@@ -433,7 +433,7 @@ cdef class Model:
         cdef void* grads = self._grads.ptr
         cdef size_t nbytes = self._grads.nbytes
         with nogil:
-            self.b.zero(self.b.ctx, grads, nbytes)
+            self.table.zero(self.table.ctx, grads, nbytes)
         self.backend.check_error()
 
     def backward(self):
@@ -455,27 +455,27 @@ cdef class Model:
         segment's stored input, a layer whose internals are no longer in its slot), then the
         embedding's.  Activation gradients are added into, so each starts at zero;
         dstream[b % 2] is the gradient of the stream at boundary b (into layer b)."""
-        cdef void* ctx = self.b.ctx
+        cdef void* ctx = self.table.ctx
         cdef Py_ssize_t BT = <Py_ssize_t>B * T
         cdef int j, l, L = self.L, n = self.layer_fields - 1
-        self.b.mark(ctx, self.step, -1)
-        self.b.zero(ctx, self.grads_acts_head, self.head_grad_bytes)
-        self.b.fill(ctx, self.dlosses, 1.0 / BT, BT)   # the loss is the mean over B*T positions
-        self.b.zero(ctx, self.dstream[L % 2], self.stream_bytes)
+        self.table.mark(ctx, self.step, -1)
+        self.table.zero(ctx, self.grads_acts_head, self.head_grad_bytes)
+        self.table.fill(ctx, self.dlosses, 1.0 / BT, BT)   # the loss is the mean over B*T positions
+        self.table.zero(ctx, self.dstream[L % 2], self.stream_bytes)
         self.head_backward(self.dstream[L % 2], self.head_grads, self.head_acts,
                            self._layer_input(L), targets, B, T)
         for l in range(L - 1, -1, -1):
             if self.resident[self.slot_of[l]] != l:
                 for j in range(self.segment_start[l], l + 1):
                     self._run_layer_forward(j, B, T)
-            self.b.mark(ctx, self.step, l)
+            self.table.mark(ctx, self.step, l)
             self._point_layer(l)
             self.layer_grads[n] = self.dstream[(l + 1) % 2]   # the gradient of its output
-            self.b.zero(ctx, self.layer_grads_base, self.layer_grad_bytes)
-            self.b.zero(ctx, self.dstream[l % 2], self.stream_bytes)
+            self.table.zero(ctx, self.layer_grads_base, self.layer_grad_bytes)
+            self.table.zero(ctx, self.dstream[l % 2], self.stream_bytes)
             self.layer_backward(l, self.dstream[l % 2], self.layer_grads, self.layer_acts,
                                 self._layer_input(l), B, T)
-        self.b.mark(ctx, self.step, -1)
+        self.table.mark(ctx, self.step, -1)
         self.embedding_backward(self.dstream[0], inputs, B, T)
 
     # --- optimizer -------------------------------------------------------------------------
@@ -491,7 +491,7 @@ cdef class Model:
             n = self.shard_end - self.shard_start
         cdef double norm_squared
         with nogil:
-            norm_squared = self.b.global_norm_squared(self.b.ctx, grads, n)
+            norm_squared = self.table.global_norm_squared(self.table.ctx, grads, n)
         self.backend.check_error()
         return sqrt(norm_squared)
 
@@ -531,7 +531,7 @@ cdef class Model:
                 continue
             decay = weight_decay if decayed else 0.0
             with nogil:
-                self.b.adamw_update(self.b.ctx, params + start, m + (start - self.shard_start),
+                self.table.adamw_update(self.table.ctx, params + start, m + (start - self.shard_start),
                                     v + (start - self.shard_start), grads + start, end - start,
                                     lr, beta1, beta2, eps, decay, grad_scale, t)
         self.step = t

@@ -18,7 +18,8 @@ def test_each_family_declares_itself_consistently(name):
     family = get_family(name)
     assert family.name == name
     assert family.model_class.FAMILY == name   # the backend kernels its model requires
-    assert family.entry_groups[0] == "core" and name in family.entry_groups
+    groups = family.model_class.ENTRY_GROUPS
+    assert groups[0] == "core" and name in groups
     config = family.config_class.from_name("d2", vocab_size=300)
     assert isinstance(config, family.config_class) and config.vocab_size == 300
     for preset in family.presets.values():
