@@ -20,7 +20,7 @@ import pytest
 from accel import instrument
 from accel.backend import BackendError, get_backend
 from accel.spec import BY_NAME, entries_of
-from entries import run_every_entry
+from entries import D12_WIDTHS, run_every_entry
 from train_gpt2 import GPT2Config
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -160,6 +160,15 @@ def test_32_lane_assumption_is_caught_at_warp_size_64(builds):
     backend = checked(builds["warp32"], warp_size=64, compute_units=1)
     step_at_wrapping_shapes(backend)
     assert first_mismatch(backend) == "layernorm_forward", backend.summary()
+
+
+@pytest.mark.parametrize("plant, warp_size, entry", [("missing_barrier", 32, "matmul_backward"),
+                                                     ("warp32", 64, "layernorm_forward")])
+def test_planted_faults_are_named_at_d12_widths(builds, plant, warp_size, entry):
+    """check:'s error model stays tight at d12's widths (C=768, OC=3072): both plants are named."""
+    backend = checked(builds[plant], ("lockstep", 1), warp_size)
+    run_every_entry(backend, dims=D12_WIDTHS)
+    assert first_mismatch(backend) == entry, backend.summary()
 
 
 ASAN_SCRIPT = """
