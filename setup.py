@@ -15,8 +15,8 @@ Environment switches:
     LLMPYX_ONLY=s   build only the modules whose dotted name contains s (e.g. kernels.gelu)
     LLMPYX_LAB=1    build the lab instead of the product
 
-It says what it does: a line per module compiled ("[3/28] compiling kernels.gelu"), and one at
-the end ("built 28 modules in 212 s"). The headers of CPython, NumPy and OpenBLAS are included as
+It says what it does: a line per module compiled ("[3/28] compiling accel.backend"), and one at
+the end ("llm.pyx: built 28 modules in 127 s"). The headers of CPython, NumPy and OpenBLAS are included as
 system headers (-isystem), so that their own warnings (GCC's -Warray-bounds in CPython's inline
 functions, inlined into our modules) are not ours; ours are errors to fix, not to hide.
 """

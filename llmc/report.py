@@ -190,7 +190,6 @@ class Efficiency:
         return rows
 
 
-
 def profile_lines(summary, backend_name):
     """The report's "profile" as console lines: per kernel group (accel/spec.py's GROUPS, the
     slowest first) a subtotal, then its entries, the slowest first; then forward, backward and
