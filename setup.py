@@ -14,6 +14,11 @@ Environment switches:
     NO_NATIVE=1     do not tune for this CPU (-march=native); for binaries that travel
     LLMPYX_ONLY=s   build only the modules whose dotted name contains s (e.g. kernels.gelu)
     LLMPYX_LAB=1    build the lab instead of the product
+
+It says what it does: a line per module compiled ("[3/28] compiling accel.backend"), and one at
+the end ("llm.pyx: built 28 modules in 127 s"). The headers of CPython, NumPy and OpenBLAS are included as
+system headers (-isystem), so that their own warnings (GCC's -Warray-bounds in CPython's inline
+functions, inlined into our modules) are not ours; ours are errors to fix, not to hide.
 """
 import glob
 import os
@@ -22,12 +27,14 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import time
 import warnings
 
 import numpy as np
 import scipy_openblas32
 from Cython.Build import cythonize
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEBUG = os.environ.get("DEBUG", "0") not in ("", "0")
@@ -104,10 +111,19 @@ def generate_table_code():
     codegen.main()
 
 
+def third_party_includes():
+    """The include folders of CPython, NumPy and OpenBLAS."""
+    paths = sysconfig.get_paths()
+    return list(dict.fromkeys([paths["include"], paths["platinclude"], np.get_include(),
+                               scipy_openblas32.get_include_dir()]))
+
+
 def extensions():
     generate_table_code()
     omp_compile, omp_link = openmp_flags()
-    cflags = compile_flags() + omp_compile
+    # -isystem: GCC and Clang then ignore setuptools' -I of CPython's folder
+    system_includes = [flag for path in third_party_includes() for flag in ("-isystem", path)]
+    cflags = compile_flags() + omp_compile + system_includes
     blas_lib_dir = scipy_openblas32.get_lib_dir()
     only = os.environ.get("LLMPYX_ONLY", "")
     lab = os.environ.get("LLMPYX_LAB", "0") not in ("", "0")
@@ -119,7 +135,7 @@ def extensions():
             continue
         exts.append(Extension(
             name, [src],
-            include_dirs=[np.get_include(), scipy_openblas32.get_include_dir(), HERE],
+            include_dirs=[HERE],
             library_dirs=[blas_lib_dir],
             libraries=[scipy_openblas32.get_library()],
             runtime_library_dirs=[blas_lib_dir] if sys.platform != "win32" else [],
@@ -128,6 +144,32 @@ def extensions():
             define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
         ))
     return exts
+
+
+class BuildSayingWhat(build_ext):
+    """build_ext that prints a line per module it compiles and the total at the end (setup.py
+    -q silences setuptools' own lines)."""
+
+    def run(self):
+        self.to_compile = [ext.name for ext in self.extensions if self.force or self.stale(ext)]
+        start = time.perf_counter()
+        super().run()
+        n = len(self.to_compile)
+        print(f"llm.pyx: built {n} module{'s' if n != 1 else ''} in "
+              f"{time.perf_counter() - start:.0f} s" if n else
+              f"llm.pyx: all {len(self.extensions)} modules up to date", flush=True)
+
+    def stale(self, ext):
+        """True when the module is missing or older than a source (setuptools' own test)."""
+        module = self.get_ext_fullpath(ext.name)
+        return not os.path.exists(module) or any(
+            os.path.getmtime(src) > os.path.getmtime(module) for src in [*ext.sources, *ext.depends])
+
+    def build_extension(self, ext):
+        if ext.name in self.to_compile:
+            print(f"[{self.to_compile.index(ext.name) + 1}/{len(self.to_compile)}] compiling "
+                  f"{ext.name}", flush=True)
+        super().build_extension(ext)
 
 
 directives = {
@@ -145,4 +187,5 @@ setup(
     ext_modules=cythonize(extensions(), compiler_directives=directives, nthreads=os.cpu_count() or 1,
                           include_path=[HERE]),
     zip_safe=False,
+    cmdclass={"build_ext": BuildSayingWhat},
 )

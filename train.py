@@ -29,9 +29,10 @@ data's tokenizer's (--vocab-size overrides it). --lr-schedule cosine-restarts is
 cosine decay with warm restarts.
 
 --json-log writes each step's cost as a JSON line (ms, tokens/s, TFLOPS against the peak,
-compile time, kernel groups with --profile-groups) and ends with an efficiency report
-(llmc/report.py); dev/dashboard.py follows it live. --compact-vocab gives a new model only the
-token ids of the training data (llmc/vocab.py; it changes the objective).
+compile time, kernel groups with --profile) and ends with an efficiency report
+(llmc/report.py; with --profile, the time per backend table entry); dev/dashboard.py follows
+it live. --compact-vocab gives a new model only the token ids of the training data
+(llmc/vocab.py; it changes the objective).
 
 The pieces live in llmc/, as llm.c's: dataloader, tokenizer, sampler, schedulers, logger,
 checkpoint, default_data, report, vocab; the file formats in llmc/formats/; the models in
@@ -55,7 +56,7 @@ from llmc.formats.llama2c import read_llama2c_tokenizer
 from llmc.formats.llmc import GPT2_EOT_TOKEN
 from llmc.logger import Console, Logger, note, plot_losses
 from llmc.recompute import parse_policy
-from llmc.report import LOG_NAME, Efficiency
+from llmc.report import LOG_NAME, Efficiency, profile_lines
 from llmc.sampler import generate
 from llmc.schedulers import SCHEDULERS, get_scheduler
 from llmc.tokenizer import GPT2_VOCAB_SIZE, TokenizerError, load_tokenizer
@@ -185,9 +186,10 @@ def parse_args(argv):
                    help="a JSON line per step (ms, tokens/s, TFLOPS against the peak, compile "
                         "time, kernel groups) and per val loss, and an efficiency report at the "
                         f"end (llmc/report.py); without FILE: -o DIR's {LOG_NAME}")
-    p.add_argument("--profile-groups", action="store_true",
-                   help="time every kernel call (the backend under profile:) for the time per "
-                        "kernel group in the report; costs two clock reads a call")
+    p.add_argument("--profile", action="store_true",
+                   help="time every kernel call (the backend under profile:): the report's "
+                        "time, calls and share per backend table entry and per kernel group; "
+                        "costs two clock reads a call")
     p.add_argument("--peak-tflops", metavar="FLOAT", type=float, default=None,
                    help="the device's peak TFLOPS for the report (default: the backend's, or "
                         "the CPU's sgemm rate measured at the start)")
@@ -252,7 +254,7 @@ def parse_args(argv):
     require(args.peak_tflops is None or (math.isfinite(args.peak_tflops) and
             args.peak_tflops > 0), "--peak-tflops", args.peak_tflops, "must be a number > 0")
     backend_hooks(args.backend).check_arguments(args, p.error)
-    if args.profile_groups:
+    if args.profile:
         args.backend = with_wrapper("profile", args.backend)
     return args
 
@@ -529,7 +531,7 @@ def main(argv=None):
     logger = Logger(args.output_dir if rank == 0 else None, append=resume_step is not None,
                     json_path=args.json_log if rank == 0 else None)
     efficiency = None
-    if args.json_log is not None or args.profile_groups or args.peak_tflops is not None:
+    if args.json_log is not None or args.profile or args.peak_tflops is not None:
         efficiency = Efficiency(model, B, T, total_batch_size, num_processes, args.peak_tflops)
         logger.log_json("run", max_steps=num_steps, B=B, T=T, grad_accum_steps=grad_accum_steps,
                         num_processes=num_processes, family=args.family, init=init_desc,
@@ -632,6 +634,9 @@ def main(argv=None):
         logger.log_json("report", **summary)
         console.print("efficiency report (llmc/report.py):")
         console.table(efficiency.table_rows(summary))
+        if "profile" in summary:
+            for line in profile_lines(summary, model.backend.name):
+                console.print(line)
     if model.backend.summary() is not None:  # check: and profile: say what they saw
         console.print(model.backend.summary())
     if args.output_dir is not None and rank == 0:

@@ -167,7 +167,7 @@ cdef void* pointer(str entry, str name, value, bint optional, Py_ssize_t nbytes)
     return buffer.ptr
 
 
-cdef void arity(str entry, tuple args, int count) except *:
+cdef void arity(str entry, tuple args, Py_ssize_t count) except *:
     if len(args) != count:
         raise TypeError(f"{entry}: takes {count} arguments after ctx ({len(args)} given)")
 

@@ -3,19 +3,21 @@ A live terminal dashboard of a training run (rich): it follows the run's JSON lo
 --json-log, llmc/report.py) as tail -f does, or starts the run itself.
 
     python dev/dashboard.py OUT_DIR             follow OUT_DIR/log.jsonl (or a JSON log FILE;
-                                                it waits for a run that has not started yet)
+                                                it waits for a run that has not started yet,
+                                                saying so, and without a terminal for at most
+                                                --wait seconds)
     python dev/dashboard.py --run -- -e d2 -x 100 -n 20 [train.py's flags]
                                                 start train.py with --json-log (into its -o DIR,
                                                 a new temporary one without -o), follow it; its
                                                 console output goes to DIR/train.out
 
 It shows the loss and the val loss as sparklines (the whole run, squeezed to the width), the
-step time and throughput (each step's, the mean after the first, TFLOPS against the peak,
-compile share, the kernel groups with --profile-groups), and a sample decoded from the newest
+step time and throughput (the last step's beside the mean after the first, TFLOPS against the
+peak, compile share, the kernel groups with --profile), and a sample decoded from the newest
 checkpoint in the run's dir (train.py -n N writes them), made by train.py's own sampling
 (llmc/sampler.generate, seed 1337: a checkpoint always gives the same sample) in a thread.
-It stops when the run's end-of-run report arrives (or, with --run, the run ends); Ctrl-C
-stops following (and the run it started).
+It stops when the run's end-of-run report arrives (or, with --run, the run ends), a finished
+run drawn at once; Ctrl-C stops following (and the run it started).
 """
 import argparse
 import io
@@ -103,12 +105,14 @@ class Dashboard:
     checkpoints in the log's directory; render() draws it."""
 
     def __init__(self, log_path, gen_tokens=64, background=True):
+        self.log_path = log_path
         self.follower = LogFollower(log_path)
         self.run_dir = os.path.dirname(os.path.abspath(log_path))
         self.gen_tokens, self.background = gen_tokens, background
         self.head, self.report, self.last = {}, None, None
         self.losses, self.val_losses, self.step_ms = {}, {}, {}
         self.sample_step, self.sample, self.sampling = None, None, None
+        self.ended = False   # the run is over (follow() says so): no "(sampling ...)" then
 
     def poll(self):
         """Read the new records; start sampling a new checkpoint. True if anything changed."""
@@ -157,6 +161,32 @@ class Dashboard:
     def done(self):
         return self.report is not None
 
+    def started(self):
+        """True once the log has a record."""
+        return bool(self.head) or self.last is not None or self.report is not None
+
+    def _rates(self):
+        """The rows of the step time, throughput and TFLOPS: the last step's beside the mean
+        of the steps after the first (the end-of-run report's, once it is there)."""
+        head, last = self.head, self.last
+        timed = [self.step_ms[s] for s in sorted(self.step_ms)[1:]] or [last["ms"]]
+        mean_ms = self.report["mean_ms"] if self.report else sum(timed) / len(timed)
+        tokens, flops, peak = (head.get("tokens_per_step"), head.get("flops_per_step"),
+                               head.get("peak_tflops"))
+        mean_tflops = None if flops is None else flops / mean_ms / 1e9
+
+        def tflops(value, percent):
+            return "" if value is None else f"{value:.4g}" + (
+                "" if percent is None else f" ({percent:.1f}% of peak)")
+        return [("", "last step", f"mean of {len(timed)} (the first left out)"
+                 if len(self.step_ms) > 1 else "mean"),
+                ("ms/step", f"{last['ms']:.1f}", f"{mean_ms:.1f}"),
+                ("tokens/s", f"{last['tokens_per_s']:,.0f}",
+                 "" if tokens is None else f"{tokens * 1e3 / mean_ms:,.0f}"),
+                ("TFLOPS", tflops(last["tflops"], last.get("peak_percent")),
+                 tflops(mean_tflops, None if mean_tflops is None or not peak else
+                        100 * mean_tflops / peak))]
+
     def render(self, width=100):
         head, last = self.head, self.last
         spark = max(10, width - 30)
@@ -179,52 +209,63 @@ class Dashboard:
                            sparkline([self.step_ms[s] for s in steps[1:]], spark))
 
         stats = Table.grid(padding=(0, 2))
+        rates = Table.grid(padding=(0, 2))
         if last is not None:
             done = last["step"] + 1
-            timed = [self.step_ms[s] for s in steps[1:]] or [last["ms"]]
-            mean_ms = sum(timed) / len(timed)
-            peak = ("" if last.get("peak_percent") is None else
-                    f" ({last['peak_percent']:.1f}% of peak)")
-            stats.add_row(f"step {done}/{total}", f"lr {last['lr']:.2e}",
-                          f"norm {last['norm']:.3f}")
-            stats.add_row(f"{last['tokens_per_s']:,.0f} tok/s",
-                          f"mean {mean_ms:.1f} ms/step", f"{last['tflops']:.4g} TFLOPS{peak}")
-            stats.add_row(f"compile {100 * last['compile_share']:.1f}%",
+            stats.add_row(f"step {done}/{total}" + (", finished" if self.report else ""),
+                          f"lr {last['lr']:.2e}", f"norm {last['norm']:.3f}")
+            for row in self._rates():
+                rates.add_row(*row)
+            rates.add_row(f"compile {100 * last['compile_share']:.1f}%",
                           *[f"{g} {100 * t / last['ms']:.0f}%"
                             for g, t in last.get("groups_ms", {}).items()][:2])
             if len(last.get("groups_ms", {})) > 2:
-                stats.add_row("", *[f"{g} {100 * t / last['ms']:.0f}%"
+                rates.add_row("", *[f"{g} {100 * t / last['ms']:.0f}%"
                                     for g, t in last["groups_ms"].items()][2:4])
+        elif not os.path.exists(self.log_path):
+            stats.add_row(f"no {self.log_path} yet: train.py writes it with --json-log (a run "
+                          f"without it cannot be followed)")
         else:
             stats.add_row("waiting for the first step ...")
-        if self.report is not None:
-            stats.add_row("finished", f"mean {self.report['mean_ms']:.1f} ms/step",
-                          f"{self.report['tokens_per_s']:,.0f} tok/s")
 
         sample_title = ("sample" if self.sample_step is None else
                         f"sample of the checkpoint at step {self.sample_step}")
         sample = (self.sample if self.sample is not None else
+                  "(the run has ended; decoding this checkpoint's sample for the last frame)"
+                  if self.sample_step is not None and self.ended else
                   "(sampling ...)" if self.sample_step is not None else
                   "(no samples: -g 0)" if self.gen_tokens == 0 else
                   "(no checkpoint yet: train.py -n N writes them)")
-        return Panel(Group(stats, curves, Panel(sample, title=sample_title)), title=title,
-                     width=width)
+        return Panel(Group(stats, rates, curves, Panel(sample, title=sample_title)), title=title,
+                     subtitle=f"following {self.log_path}", width=width)
 
 
-def follow(dashboard, console, process=None, interval=0.5):
-    """Redraw the dashboard as the log grows until the run reports its end (or process ends)."""
+def follow(dashboard, console, process=None, interval=0.5, wait_s=5.0):
+    """Redraw the dashboard as the log grows until the run reports its end (or process ends).
+    Without a terminal (nobody to watch it wait) and without a run of its own, False when
+    nothing came within wait_s seconds."""
+    dashboard.poll()   # what is there already: a finished run is drawn at once
+    if process is None and not console.is_terminal:
+        deadline = time.monotonic() + wait_s
+        while not dashboard.started() and time.monotonic() < deadline:
+            time.sleep(min(interval, wait_s))
+            dashboard.poll()
+        if not dashboard.started():
+            return False
     with Live(dashboard.render(console.width), console=console, auto_refresh=False) as live:
         while True:
             changed = dashboard.poll()
             finished = dashboard.done() or (process is not None and process.poll() is not None)
             if finished:   # the last lines, and a sample of the last checkpoint
+                dashboard.ended = True
+                live.update(dashboard.render(console.width), refresh=True)
                 dashboard.wait_for_sample()
                 dashboard.poll()
                 dashboard.wait_for_sample()
             if changed or finished:
                 live.update(dashboard.render(console.width), refresh=True)
             if finished:
-                return
+                return True
             time.sleep(interval)
 
 
@@ -262,6 +303,9 @@ def main(argv=None, console=None):
     p.add_argument("-g", dest="gen_tokens", type=int, default=64,
                    help="tokens per sample (0: no samples; they take CPU time beside the run)")
     p.add_argument("--interval", type=float, default=0.5, help="seconds between polls")
+    p.add_argument("--wait", type=float, default=5.0,
+                   help="without a terminal: seconds to wait for the log's first line before "
+                        "giving up (on a terminal it waits until Ctrl-C, saying for what)")
     argv = sys.argv[1:] if argv is None else list(argv)
     train_args = []
     if "--" in argv:
@@ -276,13 +320,21 @@ def main(argv=None, console=None):
         process, log_path = start_run(train_args)
         console.print(f"started train.py (pid {process.pid}), following {log_path}")
     else:
-        log_path = os.path.join(args.run, LOG_NAME) if os.path.isdir(args.run) else args.run
+        # a JSON log FILE, else a run's dir (one that is not there is a mistyped one)
+        is_file = os.path.isfile(args.run) or args.run.endswith((".jsonl", ".json"))
+        log_path = args.run if is_file else os.path.join(args.run, LOG_NAME)
         if not os.path.isdir(os.path.dirname(os.path.abspath(log_path))):   # else: wait for it
-            p.error(f"{log_path}: no such directory (train.py -o DIR --json-log writes "
-                    f"DIR/{LOG_NAME})")
+            p.error(f"{os.path.dirname(log_path)}: no such directory (train.py -o DIR "
+                    f"--json-log writes DIR/{LOG_NAME})")
+        console.print(f"following {log_path}" + ("" if os.path.exists(log_path) else
+                      f" (not there yet: train.py writes it with --json-log)"))
     dashboard = Dashboard(log_path, args.gen_tokens)
     try:
-        follow(dashboard, console, process, args.interval)
+        if not follow(dashboard, console, process, args.interval, args.wait):
+            sys.stderr.write(f"dashboard.py: nothing in {log_path} after {args.wait:g} s, and "
+                             f"no terminal to wait on: is a run writing it (train.py -o DIR "
+                             f"--json-log)?\n")
+            return 1
     except KeyboardInterrupt:
         if process is not None:
             process.terminate()

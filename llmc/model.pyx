@@ -497,11 +497,14 @@ cdef class Model:
 
     def _decay_spans(self, bint decay_2d_only):
         """[(start, size, decayed)]: runs of neighbouring tensors that share their decay."""
+        cdef bint decayed
         spans = []
         for name, start, size in zip(self.param_layout.names, self.param_layout.offsets,
                                      self.param_layout.sizes):
             decayed = not decay_2d_only or name in self.MATRICES
-            if spans and spans[len(spans) - 1][2] == decayed:
+            # compared as C ints: an object comparison inlines CPython's bytes paths, and GCC
+            # warns (-Warray-bounds) about them applied to True and False
+            if spans and <bint>spans[len(spans) - 1][2] == decayed:
                 last_start, last_size, _ = spans.pop()
                 start, size = last_start, last_size + size
             spans.append((start, size, decayed))

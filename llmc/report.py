@@ -3,7 +3,7 @@ The efficiency report of a training run, for every backend: what each step cost 
 it came to the device's peak.
 
     python train.py ... -o DIR --json-log               DIR/log.jsonl
-    python train.py ... --json-log FILE [--profile-groups] [--peak-tflops X]
+    python train.py ... --json-log FILE [--profile] [--peak-tflops X]
 
 The JSON log (llmc/logger.py's Logger writes it beside main.log) has one object a line:
     {"type": "run", ...}     at the start: the shapes, the backend, FLOPs per step, the peak
@@ -24,16 +24,18 @@ the sgemm rate of kernels.matmul measured now (llmc/plan.py's measure_gflops, ab
 Compile time: a backend that compiles programs (the ANE runtime) exposes `compile_seconds`,
 its seconds spent compiling so far; a step's compile time is its increase. 0 for the others.
 
-Time per kernel group (core, gpt2, llama, flash: accel/backend.pyx's ENTRY_GROUPS of the
-backend table's entries; a Llama's matmuls and residuals are gpt2 entries) comes from
-the profile:NAME wrapper (accel/instrument.pyx), which times every table call; --profile-groups
-runs the backend under it. Its cost: two clock reads and two synchronizes a call (no-ops on the
-CPU): below the noise here (a d1 at B=1 T=16, 46 calls a step: the fastest step 9.3 ms without,
-7.5-8.1 ms with, on a busy 2-core machine); on a device every synchronize drains its queue, so
-the steps are slower there.
-"other" is the rest of the step: Python, the data loader, the collectives.
+Time per table entry (matmul_forward, attention_backward, adamw_update, ...: accel/spec.py's
+names) and per kernel group (core, linear, gpt2, llama, flash: its GROUPS) comes from the
+profile:NAME wrapper (accel/instrument.pyx), which counts and times every table call; --profile
+runs the backend under it. Each step's record gets its groups' ms ("groups_ms", "other" the rest
+of the step: Python, the data loader, the collectives), the report the mean per step of every
+entry ("profile": calls, ms, share of the step) and train.py prints it as a table
+(profile_lines). Its cost: two clock reads and two synchronizes a call (no-ops on the CPU):
+below the noise here (a d2 at B=4 T=64, 71 calls a step, one thread on a shared 2-core machine:
+108.3 and 108.3 ms a step without it, 109.3 and 107.8 ms with it, its entries all but 0.3-0.4 ms
+of the step); on a device every synchronize drains its queue, so the steps are slower there.
 """
-__all__ = ["Efficiency", "LOG_NAME", "device_peak"]
+__all__ = ["Efficiency", "LOG_NAME", "device_peak", "profile_lines"]
 
 LOG_NAME = "log.jsonl"   # train.py --json-log's file in -o DIR when no FILE is given
 
@@ -50,11 +52,19 @@ def device_peak(backend, peak_tflops=None):
     return None, f"unknown for {backend.name}: give --peak-tflops"
 
 
-def _profiled_seconds(backend):
-    """{entry: seconds so far} of a profile:NAME backend, else None."""
+def _profiled(backend):
+    """{entry: (calls, seconds) so far} of a profile:NAME backend, else None."""
     if not backend.name.startswith("profile:"):
         return None
-    return {name: e["seconds"] for name, e in backend.report()["entries"].items()}
+    return {name: (e["calls"], e["seconds"]) for name, e in backend.report()["entries"].items()}
+
+
+def _pass_of(entry):
+    """forward, backward, or other (AdamW, the norm, memory: the entries of neither)."""
+    for name in ("forward", "backward"):
+        if entry.endswith("_" + name):
+            return name
+    return "other"
 
 
 class Efficiency:
@@ -77,12 +87,13 @@ class Efficiency:
                          for entry in entries}
         self.profiled = self.backend.name.startswith("profile:")
         self.steps = []
+        self.entry_steps = []   # profiled: each step's {entry: (calls, ms)}
 
     def header(self):
         """The fields of the JSON log's "run" line that this report adds."""
         return dict(tokens_per_step=self.tokens_per_step, flops_per_step=self.flops_per_step,
                     peak_tflops=self.peak_tflops, peak_source=self.peak_source,
-                    profile_groups=self.profiled)
+                    profile=self.profiled)
 
     def _compile_seconds(self):
         return float(self.backend.compile_seconds)
@@ -90,7 +101,7 @@ class Efficiency:
     def begin(self):
         """Before a step: where the compile and kernel clocks stand."""
         self._compile_start = self._compile_seconds()
-        self._entries_start = _profiled_seconds(self.backend)
+        self._entries_start = _profiled(self.backend)
 
     def end(self, elapsed_s):
         """After a step of elapsed_s seconds: its JSON fields (also kept for the summary)."""
@@ -102,10 +113,16 @@ class Efficiency:
                       100 * tflops / self.peak_tflops,
                       compile_ms=compile_ms, compile_share=compile_ms / ms)
         if self.profiled:
-            groups = dict.fromkeys(self.groups, 0.0)
             start = self._entries_start
-            for entry, seconds in _profiled_seconds(self.backend).items():
-                groups[self.group_of[entry]] += (seconds - start.get(entry, 0.0)) * 1e3
+            entries = {}
+            for entry, (calls, seconds) in _profiled(self.backend).items():
+                calls0, seconds0 = start.get(entry, (0, 0.0))
+                if calls > calls0:
+                    entries[entry] = (calls - calls0, (seconds - seconds0) * 1e3)
+            self.entry_steps.append(entries)
+            groups = dict.fromkeys(self.groups, 0.0)
+            for entry, (_, entry_ms) in entries.items():
+                groups[self.group_of[entry]] += entry_ms
             groups = {g: t for g, t in groups.items() if t > 0}
             groups["other"] = ms - sum(groups.values())
             record["groups_ms"] = groups
@@ -135,7 +152,22 @@ class Efficiency:
                 for g, t in s["groups_ms"].items():
                     groups[g] = groups.get(g, 0.0) + t
             summary["group_share"] = {g: t / total_ms for g, t in groups.items()}
+            summary["profile"] = self._entry_means(total_ms)
         return summary
+
+    def _entry_means(self, total_ms):
+        """{entry: {group, pass, calls, ms, share}} a step, over the timed steps, the slowest
+        first: calls and ms are the mean per step, share the part of the mean step."""
+        timed = self.entry_steps[1:] or self.entry_steps
+        totals = {}
+        for entries in timed:
+            for entry, (calls, entry_ms) in entries.items():
+                c, t = totals.get(entry, (0, 0.0))
+                totals[entry] = (c + calls, t + entry_ms)
+        n = len(timed)
+        return {entry: {"group": self.group_of[entry], "pass": _pass_of(entry),
+                        "calls": calls / n, "ms": t / n, "share": t / total_ms}
+                for entry, (calls, t) in sorted(totals.items(), key=lambda kv: -kv[1][1])}
 
     def table_rows(self, summary):
         """The end-of-run report as Console.table rows."""
@@ -157,3 +189,40 @@ class Efficiency:
                          f"{100 * share:.1f}% of the step time"))
         return rows
 
+
+def profile_lines(summary, backend_name):
+    """The report's "profile" as console lines: per kernel group (accel/spec.py's GROUPS, the
+    slowest first) a subtotal, then its entries, the slowest first; then forward, backward and
+    the other entries apart, and how much of the step the entries account for."""
+    profile, mean_ms = summary["profile"], summary["mean_ms"]
+    groups = {}
+    for entry, e in profile.items():
+        groups.setdefault(e["group"], []).append(entry)
+
+    def total(entries):
+        return sum(profile[e]["ms"] for e in entries), sum(profile[e]["calls"] for e in entries)
+
+    timed = summary["timed_steps"]
+    lines = [f"profile of {backend_name}: the table's entries, mean per step over {timed} timed "
+             f"step{'s' if timed != 1 else ''}",
+             f"  {'entry':<32} {'calls':>7} {'ms':>10} {'share':>7}"]
+    for group, entries in sorted(groups.items(), key=lambda kv: -total(kv[1])[0]):
+        group_ms, group_calls = total(entries)
+        lines.append(f"  {group + ' (group)':<32} {group_calls:>7g} {group_ms:>10.2f} "
+                     f"{100 * group_ms / mean_ms:>6.1f}%")
+        for entry in entries:
+            e = profile[entry]
+            lines.append(f"    {entry:<30} {e['calls']:>7g} {e['ms']:>10.2f} "
+                         f"{100 * e['share']:>6.1f}%")
+    passes = {}
+    for entry, e in profile.items():
+        passes[e["pass"]] = passes.get(e["pass"], 0.0) + e["ms"]
+    labels = dict(forward="forward", backward="backward", other="other entries")
+    lines.append("  " + ", ".join(f"{labels[name]} {passes[name]:.2f} ms "
+                                  f"({100 * passes[name] / mean_ms:.1f}%)"
+                                  for name in labels if name in passes))
+    profiled_ms = sum(passes.values())
+    lines.append(f"  profiled entries: {profiled_ms:.2f} ms of {mean_ms:.2f} ms a step; the rest, "
+                 f"{mean_ms - profiled_ms:.2f} ms,")
+    lines.append("  is Python, the data loader and the profiler (two clock reads a call)")
+    return lines

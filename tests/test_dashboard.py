@@ -1,16 +1,20 @@
 """
 The live dashboard (dev/dashboard.py), headless: a recorded JSON log (tests/fixtures/dashboard,
-a 12-step d1 run of train.py --json-log --profile-groups) drawn on a recording rich Console of
+a 12-step d1 run of train.py --json-log --profile) drawn on a recording rich Console of
 a fixed width; following a log that is still being written; the sample of a checkpoint equal
-to the one train.py printed from the same model; --run starting a run and following it.
+to the one train.py printed from the same model; --run starting a run and following it; a
+missing log, a mistyped folder, a finished run and no terminal, each said or drawn at once.
 """
 import io
 import json
 import os
+import pty
 import re
+import select
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -56,16 +60,23 @@ def test_recorded_log(tmp_path):
     val = [r for r in rs if r["type"] == "val"]
     last, report = train[-1], rs[-1]
     assert "gpt2 random d1 (seed 42) on profile:cpu, B=2 T=32" in text
-    assert "step 12/12" in text and f"lr {last['lr']:.2e}" in text
+    assert "step 12/12, finished" in text and f"lr {last['lr']:.2e}" in text
     assert f"loss {last['loss']:.4f}" in text and f"val loss {val[-1]['loss']:.4f}" in text
     assert dashboard.sparkline([r["loss"] for r in train], 70) in text
     assert dashboard.sparkline([r["loss"] for r in val], 70) in text
     assert dashboard.sparkline([r["ms"] for r in train[1:]], 70) in text
-    assert f"{last['tokens_per_s']:,.0f} tok/s" in text
-    assert f"({last['peak_percent']:.1f}% of peak)" in text
+    # the last step beside the mean (the report's), each labelled
+    head = rs[0]
+    mean_tflops = head["flops_per_step"] / report["mean_ms"] / 1e9
+    assert re.search(r"last step +mean of 11 \(the first left out\)", text)
+    assert re.search(rf"ms/step +{last['ms']:.1f} +{report['mean_ms']:.1f}", text)
+    assert re.search(rf"tokens/s +{last['tokens_per_s']:,.0f} +{report['tokens_per_s']:,.0f}",
+                     text)
+    assert re.search(rf"TFLOPS +{last['tflops']:.4g} \({last['peak_percent']:.1f}% of peak\) +"
+                     rf"{mean_tflops:.4g} \({report['peak_percent']:.1f}% of peak\)", text)
+    assert f"following {log}" in text.replace("\n", "")
     gpt2_share = 100 * last["groups_ms"]["gpt2"] / last["ms"]
     assert f"gpt2 {gpt2_share:.0f}%" in text and "compile 0.0%" in text
-    assert re.search(rf"finished +mean {report['mean_ms']:.1f} ms/step", text)
     assert "no checkpoint yet" in text
     assert max(len(line) for line in text.splitlines()) <= 100
 
@@ -78,6 +89,8 @@ def test_follows_a_growing_log(tmp_path):
     follower = dashboard.LogFollower(str(log))
     assert follower.poll() == []   # not written yet
     waiting = dashboard.Dashboard(str(log), gen_tokens=0)
+    assert not waiting.poll() and f"no {log} yet" in text_of(waiting.render(200))
+    log.write_bytes(b"")   # the run has started it
     assert not waiting.poll() and "waiting for the first step" in text_of(waiting.render())
     log.write_bytes(data[:cut])
     first = follower.poll()
@@ -147,6 +160,86 @@ def test_bad_input(tmp_path, capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no such directory" in err
+
+
+def test_a_mistyped_folder_ends_at_once(tmp_path, capsys):
+    (tmp_path / "out").mkdir()
+    with pytest.raises(SystemExit) as e:
+        dashboard.main([str(tmp_path / "outk")])   # not a file either: a folder not there
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{tmp_path / 'outk'}: no such directory" in err
+    assert "--json-log" in err
+
+
+def on_a_terminal(argv, until, timeout=20):
+    """dev/dashboard.py ARGV on a pseudo-terminal: (what it drew until `until` appeared or it
+    ended, seconds taken, its exit status or None while it still runs); then it is stopped."""
+    master, slave = pty.openpty()
+    until = until.encode()
+    start = time.monotonic()
+    process = subprocess.Popen([sys.executable, os.path.join(ROOT, "dev", "dashboard.py"), *argv],
+                               stdin=slave, stdout=slave, stderr=slave, cwd=ROOT,
+                               env=dict(os.environ, COLUMNS="250"))
+    os.close(slave)
+    out = b""
+    try:
+        while time.monotonic() - start < timeout and until not in out:
+            if select.select([master], [], [], 0.1)[0]:
+                try:
+                    out += re.sub(rb"\x1b\[[0-9;?]*[A-Za-z]", b"", os.read(master, 65536))
+                except OSError:   # it ended and closed the terminal
+                    break
+        if until not in out:   # it closed the terminal: its status
+            try:
+                process.wait(timeout=max(0.1, timeout - (time.monotonic() - start)))
+            except subprocess.TimeoutExpired:
+                pass
+        seconds = time.monotonic() - start
+        status = process.poll()
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait()
+        os.close(master)
+    return out.decode(errors="replace"), seconds, status
+
+
+def test_a_missing_log_is_named_at_once(tmp_path):
+    """A run without --json-log: the dashboard names the file it waits for and who writes it."""
+    drawn, seconds, status = on_a_terminal([str(tmp_path)], until="cannot be followed")
+    assert status is None and seconds < 10   # still waiting, saying for what
+    log = tmp_path / "log.jsonl"
+    assert f"following {log} (not there yet: train.py writes it with --json-log)" in drawn
+    assert f"no {log} yet: train.py writes it with --json-log (a run without it cannot be " \
+           f"followed)" in drawn
+    d = dashboard.Dashboard(str(tmp_path / "log.jsonl"), gen_tokens=0)
+    assert not d.poll() and "no " + str(tmp_path / "log.jsonl") + " yet" in text_of(d.render(200))
+
+
+def test_a_finished_run_is_drawn_at_once(tmp_path):
+    shutil.copy(FIXTURE, tmp_path / "log.jsonl")
+    drawn, seconds, status = on_a_terminal([str(tmp_path)], until="no such text")
+    assert status == 0 and seconds < 10
+    assert "step 12/12, finished" in drawn and "waiting" not in drawn
+
+
+def test_no_terminal_and_nothing_comes(tmp_path):
+    start = time.monotonic()
+    run = subprocess.run([sys.executable, os.path.join(ROOT, "dev", "dashboard.py"),
+                          str(tmp_path), "--wait", "1"], capture_output=True, text=True,
+                         timeout=30)
+    assert run.returncode == 1 and time.monotonic() - start < 15
+    assert run.stderr.count("\n") == 1 and str(tmp_path / "log.jsonl") in run.stderr
+    assert "no terminal" in run.stderr and "--json-log" in run.stderr
+
+
+def test_no_sampling_note_once_the_run_ended(tmp_path):
+    d = dashboard.Dashboard(str(tmp_path / "log.jsonl"), background=False)
+    d.sample_step = 2   # its sample still being made
+    assert "(sampling ...)" in text_of(d.render())
+    d.ended = True
+    assert "(sampling ...)" not in text_of(d.render())
 
 
 def test_a_bare_json_log_follows_the_runs_own_log(tmp_path, monkeypatch):

@@ -2,7 +2,8 @@
 The efficiency report (llmc/report.py): train.py --json-log on a small random GPT-2 (d2) writes
 JSON lines that parse and add up (tokens/s from the batch and ms/step, TFLOPS from
 llmc/plan.py's FLOPs, the kernel groups and "other" summing to the step time, the losses those
-of main.log), and the end-of-run report is their mean; the compile-time hook and the peak.
+of main.log), and the end-of-run report is their mean, with --profile the time per table entry
+adding up to the groups' (and printed as a table); the compile-time hook and the peak.
 """
 import json
 import math
@@ -55,7 +56,7 @@ def test_json_log_adds_up(data, tmp_path):
     out = tmp_path / "out"
     run = run_train("-e", "d2", "-b", B, "-t", T, "-d", total, "-i", data.train, "-j", data.val,
                     "-m", 1, "-v", 2, "-s", 0, "-x", 3, "-o", out, "--json-log",
-                    "--profile-groups")
+                    "--profile")
     records = read_records(out / "log.jsonl")
     kinds = [r["type"] for r in records]
     assert kinds == ["run", "val", "train", "train", "val", "train", "val", "report"]
@@ -98,6 +99,29 @@ def test_json_log_adds_up(data, tmp_path):
     assert close(report["mean_ms"], mean_ms)
     assert close(report["tokens_per_s"], total * 1000 / mean_ms)
     assert close(sum(report["group_share"].values()), 1.0)
+
+    # --profile: each entry's mean per step, under its group, the slowest first
+    from accel.spec import ENTRY_GROUPS
+    profile = report["profile"]
+    assert list(profile) == sorted(profile, key=lambda e: -profile[e]["ms"])
+    for group, share in report["group_share"].items():
+        if group != "other":
+            assert close(sum(e["share"] for e in profile.values() if e["group"] == group), share)
+    for entry, e in profile.items():
+        assert entry in ENTRY_GROUPS[e["group"]] and close(e["share"], e["ms"] / mean_ms)
+        assert e["pass"] == ("forward" if entry.endswith("_forward") else
+                             "backward" if entry.endswith("_backward") else "other")
+    # 2 micro-batches of 2 layers' 4 matmuls and the head's, forward and backward
+    assert profile["matmul_forward"]["calls"] == profile["matmul_backward"]["calls"] == 18
+    assert profile["adamw_update"]["calls"] >= 1
+    lines = run.stdout.splitlines()
+    at = lines.index("profile of profile:cpu: the table's entries, mean per step over 2 timed steps")
+    table = lines[at:]
+    assert any(line.split()[:2] == ["matmul_forward", "18"] for line in table)
+    assert any(line.split()[:2] == ["linear", "(group)"] for line in table)
+    profiled_ms = sum(e["ms"] for e in profile.values())
+    assert any(line.startswith(f"  profiled entries: {profiled_ms:.2f} ms of {mean_ms:.2f} ms a "
+                               f"step; the rest,") for line in table)
     assert "efficiency report" in run.stdout and "mean ms/step" in run.stdout
     assert f"| mean ms/step          | {mean_ms:.2f}" in run.stdout
 
@@ -108,7 +132,8 @@ def test_json_log_to_file_and_peak_flag(data, tmp_path):
               "-s", 0, "-x", 1, "--json-log", path, "--peak-tflops", 2.5)
     head, step, report = read_records(path)
     assert head["peak_tflops"] == 2.5 and head["peak_source"] == "--peak-tflops"
-    assert "groups_ms" not in step and not head["profile_groups"]   # no --profile-groups
+    assert "groups_ms" not in step and not head["profile"]   # no --profile
+    assert "profile" not in report
     assert close(step["peak_percent"], 100 * step["tflops"] / 2.5)
     assert report["steps"] == report["timed_steps"] == 1   # one step: it is its own mean
 

@@ -204,11 +204,11 @@ def test_cli_error_and_help(data, tmp_path):
         assert f"  -{flag} " in run.stdout
 
 
-def test_profile_groups_wraps_the_backend_once():
-    assert train.parse_args(["--profile-groups"]).backend == "profile:cpu"
-    assert train.parse_args(["--backend", "profile:cpu", "--profile-groups"]).backend == \
+def test_profile_wraps_the_backend_once():
+    assert train.parse_args(["--profile"]).backend == "profile:cpu"
+    assert train.parse_args(["--backend", "profile:cpu", "--profile"]).backend == \
         "profile:cpu"
-    assert train.parse_args(["--backend", "check:cpu", "--profile-groups"]).backend == \
+    assert train.parse_args(["--backend", "check:cpu", "--profile"]).backend == \
         "profile:check:cpu"
     assert train.parse_args(["--backend", "ane-emu"]).backend == "ane-emu"
 

@@ -187,7 +187,9 @@ cdef const char* take_failure(void* ctx) noexcept with gil:
     """The last failed entry's message, or NULL; alive until the next call."""
     cdef ANEBackend backend = <ANEBackend>ctx
     backend.reported, backend.failure = backend.failure, None
-    return NULL if backend.reported is None else <const char*> backend.reported
+    if backend.reported is None:
+        return NULL
+    return backend.reported
 
 
 cdef const char* ane_last_error(void* ctx) noexcept nogil:
