@@ -14,7 +14,9 @@ that adds its gradient into the same buffer; then the global gradient norm, clip
 and one AdamW update with a learning rate that warms up linearly and decays along a cosine.
 With -o DIR: DIR/main.log in llm.c's format, checkpoints every -n steps (llmc/checkpoint.py;
 -nk N keeps the newest N), and the loss curve DIR/loss.png at the end. -y 1 resumes from the
-newest checkpoint there, continuing bit for bit as if never stopped.
+newest checkpoint there, continuing bit for bit as if never stopped. DIR holds one run: its
+settings in DIR/run.json, which a resume must match; a new run into a DIR that holds another
+one is refused unless --overwrite deletes that run's files.
 
 On many processes (llmc/distributed.py, MPI): `OMP_NUM_THREADS=1 mpirun -np N python train.py`.
 Each process reads its own part of every batch, the gradients are summed across processes
