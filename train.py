@@ -336,11 +336,12 @@ def val_data_pattern(args):
 # ----------------------------------------------------------------------------
 # the output dir: one run
 
-def run_config(args, num_processes):
-    """What a resumed run must share with the run in -o (llmc/checkpoint.py's run.json)."""
+def run_config(args):
+    """What a resumed run must share with the run in -o (llmc/checkpoint.py's run.json; the
+    number of processes is checked against the training state, by resume)."""
     return {"--family": args.family, "-e": args.init or family_of(args.family).default_init,
             "-b": args.B, "-t": args.T, "-i": os.path.abspath(args.train_data),
-            "-j": os.path.abspath(args.val_data), "processes": num_processes}
+            "-j": os.path.abspath(args.val_data)}
 
 
 def run_files(output_dir):
@@ -368,13 +369,13 @@ def start_run(args, dist):
         if args.overwrite:
             for name in found:
                 os.remove(os.path.join(out, name))
-        write_run_config(out, run_config(args, dist.num_processes))
+        write_run_config(out, run_config(args))
     dist.barrier()
 
 
-def check_resumed_run(args, dist):
+def check_resumed_run(args):
     """-y 1 continues the run in -o only with its settings: say each one that differs."""
-    differences = run_differences(args.output_dir, run_config(args, dist.num_processes))
+    differences = run_differences(args.output_dir, run_config(args))
     if differences:
         raise TrainError(f"-y 1: {args.output_dir} holds a run with other settings: "
                          f"{'; '.join(differences)}: resume it with its settings, or give this "
@@ -562,7 +563,7 @@ def main(argv=None):
         if resume_step is None:
             start_run(args, dist)
         else:
-            check_resumed_run(args, dist)
+            check_resumed_run(args)
 
     Model = model_class(args)   # a missing build or a bad LLMPYX_BLAS fails now, not after the data
     from kernels.blas import LIBRARY as cpu_gemms

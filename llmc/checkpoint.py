@@ -11,9 +11,9 @@ newest checkpoint with a DONE, continuing bit for bit as if it had never stopped
 writes the model (the same on every rank); a run resumes only with the number of processes it
 was written by (llmc/distributed.py), else one line says so.
 
-An output dir holds one run: run.json is its configuration (model, B, T, data, processes),
-which a resume must match (run_differences); -nk's rotation deletes only checkpoints older
-than the one just written.
+An output dir holds one run: run.json is its configuration (model, B, T, data), which a
+resume must match (run_differences), as it must the number of processes of the training
+state (resume); -nk's rotation deletes only checkpoints older than the one just written.
 """
 import glob
 import json
