@@ -356,11 +356,11 @@ def start_run(args, dist):
     unless -y 1 found nothing there to resume or --overwrite deletes that run's files; then
     write run.json."""
     out = args.output_dir
-    found = run_files(out)
-    if not args.resume and not args.overwrite and (checkpoint_files(out) or "main.log" in found):
+    found, checkpoints = run_files(out), checkpoint_files(out)
+    if not args.resume and not args.overwrite and (checkpoints or "main.log" in found):
         steps = complete_steps(out)
         what = [f"checkpoints at steps {', '.join(map(str, steps))}" if steps else
-                "checkpoint files"] if checkpoint_files(out) else []
+                "checkpoint files"] if checkpoints else []
         what += ["main.log"] if "main.log" in found else []
         raise TrainError(f"-o {out} holds another run ({' and '.join(what)}): resume it with "
                          f"-y 1, or give this run another -o (--overwrite deletes that run)")
