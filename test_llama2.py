@@ -7,7 +7,9 @@ state, compare logits and loss, every gradient tensor, then the losses of 10 Ada
     python test_llama2.py --model M.bin --state S.bin     # what train_llama2_torch.py wrote
     python test_llama2.py --backend check:cpu             # on a backend (accel/README.md)
 
-Exits 0 only when every comparison passes ("overall okay: 1").
+The tolerances are test_gpt2.py's (parity_tolerances: fp32's, or a lower-precision backend's
+own). Exits 0 only when every comparison passes ("overall okay: 1"), 2 for a bad argument, 1 for
+a bad file or a backend that cannot run here.
 """
 import argparse
 import importlib.util
@@ -52,7 +54,7 @@ def main():
         model = Llama2.from_checkpoint(args.model, backend=args.backend)
         state = read_debug_state(args.state, model.config)
     except (FormatError, BackendError) as e:
-        parser.exit(2, f"test_llama2.py: error: {e}\n")
+        parser.exit(1, f"test_llama2.py: error: {e}\n")
     config, params = model.config, model.params.copy()
     B, T = state.x.shape
     print(f"[Llama 2] {args.model}: {config.describe()}, {config.num_parameters():,} parameters")

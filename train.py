@@ -14,7 +14,9 @@ that adds its gradient into the same buffer; then the global gradient norm, clip
 and one AdamW update with a learning rate that warms up linearly and decays along a cosine.
 With -o DIR: DIR/main.log in llm.c's format, checkpoints every -n steps (llmc/checkpoint.py;
 -nk N keeps the newest N), and the loss curve DIR/loss.png at the end. -y 1 resumes from the
-newest checkpoint there, continuing bit for bit as if never stopped.
+newest checkpoint there, continuing bit for bit as if never stopped. DIR holds one run: its
+settings in DIR/run.json, which a resume must match; a new run into a DIR that holds another
+one is refused unless --overwrite deletes that run's files.
 
 On many processes (llmc/distributed.py, MPI): `OMP_NUM_THREADS=1 mpirun -np N python train.py`.
 Each process reads its own part of every batch, the gradients are summed across processes
@@ -48,7 +50,9 @@ import time
 
 from accel.hooks import backend_hooks, every_backend_hooks, with_wrapper
 from llmc import default_data, distributed
-from llmc.checkpoint import checkpoint_paths, find_max_step, resume, write_checkpoint
+from llmc.checkpoint import (RUN_NAME, checkpoint_files, checkpoint_paths, complete_steps,
+                             find_max_step, resume, run_differences, write_checkpoint,
+                             write_run_config)
 from llmc.dataloader import DataError, DataLoader, shard_files
 from llmc.families import DEFAULT_FAMILY, FamilyError, family_names, get_family, preset_family
 from llmc.formats import FormatError
@@ -113,12 +117,13 @@ def parse_args(argv):
         f"with --family {family.name}: {default_init_text(family)}"
         for family in families if family is not default])
     by_preset = "".join(f"{family.name} for a {family.preset_noun}, " for family in with_presets)
-    p = Parser(prog="train.py", description="Train GPT-2 or Llama 2 on the CPU (llm.c's "
-               "train_gpt2.cu flags).", formatter_class=HelpFormatter)
+    p = Parser(prog="train.py", description="Train GPT-2 or Llama 2 on the CPU or another backend "
+               "(--backend), with llm.c's train_gpt2.cu flags.", formatter_class=HelpFormatter)
     p.add_argument("-i", dest="train_data", metavar="PATTERN", default=default_data.TRAIN,
                    help="train data shards (glob); the default is prepared if missing")
-    p.add_argument("-j", dest="val_data", metavar="PATTERN", default=default_data.VAL,
-                   help="val data shards (glob)")
+    p.add_argument("-j", dest="val_data", metavar="PATTERN", default=None,
+                   help="val data shards (glob) (default: the val split beside -i's shards, "
+                        "its name with train -> val, else tinyshakespeare's)")
     p.add_argument("-o", dest="output_dir", metavar="DIR", default=None,
                    help="output dir: main.log, checkpoints, loss.png (default: none)")
     p.add_argument("-e", "--model", dest="init", metavar="MODEL", default=None,
@@ -164,7 +169,11 @@ def parse_args(argv):
     p.add_argument("-nk", dest="checkpoints_keep", metavar="INT", type=int, default=0,
                    help="keep only the newest this many checkpoints (0: all)")
     p.add_argument("-y", dest="resume", metavar="INT", type=int, default=0, choices=(0, 1),
-                   help="1: resume from the newest checkpoint in -o")
+                   help="1: resume from the newest checkpoint in -o (the run there, with its "
+                        "model, B, T, data and processes)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="start over in -o: delete the run there first (its checkpoints, "
+                        "main.log, loss.png, log.jsonl, vocab_map.bin, run.json; nothing else)")
     p.add_argument("-r", dest="seed", metavar="INT", type=int, default=42,
                    help="seed of the random init (-e dN)")
     p.add_argument("-z", dest="zero_stage", metavar="INT", type=int, default=0, choices=(0, 1),
@@ -246,6 +255,8 @@ def parse_args(argv):
         p.error("argument -n: checkpoints need an output dir: add -o DIR")
     if args.resume and args.output_dir is None:
         p.error("argument -y: resuming needs the output dir of the run: add -o DIR")
+    if args.overwrite and (args.output_dir is None or args.resume):
+        p.error("argument --overwrite: starts the run in -o over: give -o DIR, without -y 1")
     if args.json_log == "":
         if args.output_dir is None:
             p.error(f"argument --json-log: without FILE it writes -o DIR's {LOG_NAME}: "
@@ -270,11 +281,9 @@ def data_tokenizer(args):
     return beside if beside and os.path.exists(beside) else DEFAULT_TOKENIZER
 
 
-def vocab_size(args):
-    """The vocabulary of a new random model: --vocab-size, else the training data's
-    tokenizer's (the one place that decides it): a tokenizer.bin beside the shards, or GPT-2."""
-    if args.vocab_size is not None:
-        return args.vocab_size
+def data_vocab_size(args):
+    """The vocabulary of the training data's tokenizer: a tokenizer.bin beside the shards, or
+    GPT-2's."""
     path = data_tokenizer(args)
     if path == DEFAULT_TOKENIZER:
         return GPT2_VOCAB_SIZE
@@ -282,6 +291,97 @@ def vocab_size(args):
         return len(read_llama2c_tokenizer(path)[0])
     except FormatError as e:
         raise TrainError(f"the data's tokenizer: {e}") from None
+
+
+def vocab_size(args):
+    """The vocabulary of a new random model: --vocab-size, else the training data's
+    tokenizer's (the one place that decides it)."""
+    return args.vocab_size if args.vocab_size is not None else data_vocab_size(args)
+
+
+def check_data_tokenizer(args, config):
+    """The data's tokens must be the model's: a tokenizer with more tokens than the model's
+    vocabulary (a model file given other data) is said first, before the token ids or the
+    samples fail on it. --vocab-size and --compact-vocab choose the vocabulary themselves."""
+    if args.vocab_size is not None or args.compact_vocab:
+        return
+    tokens = data_vocab_size(args)
+    if tokens > config.vocab_size:
+        path = data_tokenizer(args)
+        which = ("GPT-2's (no tokenizer.bin beside -i's shards)" if path == DEFAULT_TOKENIZER
+                 else path)
+        raise TrainError(f"-i {args.train_data}: the data's tokenizer, {which}, has {tokens} "
+                         f"tokens, more than the model's vocabulary of {config.vocab_size}: "
+                         f"train it on data tokenized for it (-i, -j, with its tokenizer.bin "
+                         f"beside the shards)")
+
+
+def val_data_pattern(args):
+    """-j, else the val split beside -i's shards (their name with train -> val, as the data
+    scripts write them), else the default val data; a note says which when -i has no -j."""
+    if args.val_data is not None:
+        return args.val_data
+    if args.train_data == default_data.TRAIN:
+        return default_data.VAL
+    directory, name = os.path.split(args.train_data)
+    beside = os.path.join(directory, name.replace("train", "val")) if "train" in name else None
+    if beside and glob.glob(beside):
+        note(f"-i without -j: validating on {beside}, the val split beside the training data")
+        return beside
+    why = (f"no {os.path.basename(beside)} beside it" if beside else
+           "its name has no 'train' to find a val split by")
+    note(f"-i without -j: validating on {default_data.VAL}, the default val data ({why}); "
+         f"give -j for a val loss on the training data's own split")
+    return default_data.VAL
+
+
+# ----------------------------------------------------------------------------
+# the output dir: one run
+
+def run_config(args):
+    """What a resumed run must share with the run in -o (llmc/checkpoint.py's run.json; the
+    number of processes is checked against the training state, by resume)."""
+    return {"--family": args.family, "-e": args.init or family_of(args.family).default_init,
+            "-b": args.B, "-t": args.T, "-i": os.path.abspath(args.train_data),
+            "-j": os.path.abspath(args.val_data)}
+
+
+def run_files(output_dir):
+    """The files of the run in output_dir: its checkpoints and what its Logger, --json-log,
+    --compact-vocab and run.json wrote; nothing else there."""
+    names = checkpoint_files(output_dir) + ["main.log", "loss.png", LOG_NAME, MAP_NAME, RUN_NAME]
+    return [name for name in names if os.path.exists(os.path.join(output_dir, name))]
+
+
+def start_run(args, dist):
+    """A new run in -o: refuse a dir that holds another run (its checkpoints or main.log)
+    unless -y 1 found nothing there to resume or --overwrite deletes that run's files; then
+    write run.json."""
+    out = args.output_dir
+    found, checkpoints = run_files(out), checkpoint_files(out)
+    if not args.resume and not args.overwrite and (checkpoints or "main.log" in found):
+        steps = complete_steps(out)
+        what = [f"checkpoints at steps {', '.join(map(str, steps))}" if steps else
+                "checkpoint files"] if checkpoints else []
+        what += ["main.log"] if "main.log" in found else []
+        raise TrainError(f"-o {out} holds another run ({' and '.join(what)}): resume it with "
+                         f"-y 1, or give this run another -o (--overwrite deletes that run)")
+    dist.barrier()   # every rank has looked before rank 0 deletes
+    if dist.process_rank == 0:
+        if args.overwrite:
+            for name in found:
+                os.remove(os.path.join(out, name))
+        write_run_config(out, run_config(args))
+    dist.barrier()
+
+
+def check_resumed_run(args):
+    """-y 1 continues the run in -o only with its settings: say each one that differs."""
+    differences = run_differences(args.output_dir, run_config(args))
+    if differences:
+        raise TrainError(f"-y 1: {args.output_dir} holds a run with other settings: "
+                         f"{'; '.join(differences)}: resume it with its settings, or give this "
+                         f"run another -o")
 
 
 def random_config(args, init):
@@ -443,6 +543,7 @@ def main(argv=None):
     args = parse_args(argv)
     if args.dry_run:
         return dry_run(args)
+    args.val_data = val_data_pattern(args)
     console = Console()
     B, T = args.B, args.T
     rank, num_processes = dist.process_rank, dist.num_processes
@@ -461,6 +562,10 @@ def main(argv=None):
             resume_step = find_max_step(args.output_dir)
             if resume_step is None:
                 note(f"no checkpoint in {args.output_dir} to resume from, starting afresh")
+        if resume_step is None:
+            start_run(args, dist)
+        else:
+            check_resumed_run(args)
 
     Model = model_class(args)   # a missing build or a bad LLMPYX_BLAS fails now, not after the data
     from kernels.blas import LIBRARY as cpu_gemms
@@ -476,6 +581,7 @@ def main(argv=None):
     model, init_desc = load_model(args, Model, resume_model_path)
     dist.set_zero_stage(args.zero_stage, model)
     config = model.config
+    check_data_tokenizer(args, config)
     if T > config.max_seq_len:
         raise TrainError(f"-t {T} exceeds the model's max sequence length {config.max_seq_len}")
     if args.gen_tokens > config.max_seq_len:
@@ -510,7 +616,7 @@ def main(argv=None):
         ("checkpoints keep", args.checkpoints_keep), ("resume", args.resume),
         ("micro batch size B", B), ("sequence length T", T),
         ("total batch size", total_batch_size), ("learning rate (LR)", f"{args.lr:e}"),
-        ("LR schedule", args.lr_schedule),
+        ("LR schedule", "constant" if args.final_lr_frac == 1.0 else args.lr_schedule),
         ("warmup iterations", args.warmup), ("final LR fraction", f"{args.final_lr_frac:e}"),
         ("weight decay", f"{args.weight_decay:e}"), ("max_steps", num_steps),
         ("val_loss_every", args.val_every), ("val_max_steps", val_batches),
@@ -528,7 +634,7 @@ def main(argv=None):
     console.print(f"batch_size B={B} * seq_len T={T}{processes} and total_batch_size="
                   f"{total_batch_size} => grad_accum_steps={grad_accum_steps}")
 
-    logger = Logger(args.output_dir if rank == 0 else None, append=resume_step is not None,
+    logger = Logger(args.output_dir if rank == 0 else None, resume_step=resume_step,
                     json_path=args.json_log if rank == 0 else None)
     efficiency = None
     if args.json_log is not None or args.profile or args.peak_tflops is not None:
@@ -550,6 +656,10 @@ def main(argv=None):
     if resume_step is not None:
         step = resume(args.output_dir, resume_step, model, train_loader, dist)
         console.print(f"resuming from the checkpoint at step {step} in {args.output_dir}")
+        if step >= num_steps:
+            console.print(f"the run is at step {step} already, -x {args.max_steps} asks for "
+                          f"{num_steps}: nothing to train (raise -x to go on)")
+            return
     resuming = resume_step is not None
 
     total_time_s, total_collective_s, timed_steps = 0.0, 0.0, 0
@@ -640,7 +750,9 @@ def main(argv=None):
     if model.backend.summary() is not None:  # check: and profile: say what they saw
         console.print(model.backend.summary())
     if args.output_dir is not None and rank == 0:
-        path = plot_losses(args.output_dir)
+        family = family_of(args.family)
+        title = f"{family.title} {args.init or family.default_init} on {args.train_data}"
+        path = plot_losses(args.output_dir, title)
         if path:
             console.print(f"loss curve written to {path}")
 

@@ -335,7 +335,8 @@ def get_backend(name):
         from accel import instrument
         return instrument.create(wrapper, get_backend(inner))
     if name not in _REGISTRY:
-        raise BackendError(f"unknown backend '{name}' ({_available_line()})")
+        raise BackendError(f"unknown backend '{name}' ({_available_line()}; NVIDIA GPUs run "
+                           f"through hip (make hip), as AMD's do)")
     module, _, unavailable = _REGISTRY[name]
     if callable(unavailable):
         unavailable = unavailable()

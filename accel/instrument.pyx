@@ -399,6 +399,7 @@ def create(str wrapper, Backend target):
     b.reset()
     for entry, tolerance in target.tolerances.items():   # a lower-precision backend's own
         b.set_tolerance(entry, tolerance)
+    b.tolerances = dict(target.tolerances)   # the wrapped backend computes at its precision
     b.keepalive = (target, b.oracle)
 
     cdef BackendTable* t = &b.table

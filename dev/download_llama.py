@@ -1,6 +1,6 @@
 """
 Gets a pretrained Llama-family model as llama2.c's model file, with NumPy alone (no torch, no
-transformers, no safetensors package):
+transformers, no safetensors package).
 
     python dev/download_llama.py stories15M          # llama2.c's TinyStories model + tokenizer
     python dev/download_llama.py --from-safetensors DIR -o tinyllama.bin

@@ -4,7 +4,7 @@ llama.cpp's file, through llama.cpp's own Python writer (the gguf package), floa
 vocabulary the model was trained on: a llama2.c tokenizer.bin (SentencePiece:
 dev/data/tinyshakespeare.py --sentencepiece N writes one beside its shards) or GPT-2's
 byte-level BPE (the data scripts' default; `gpt2` for tiktoken's, found offline as train.py
-finds it, or llm.c's gpt2_tokenizer.bin), its merges rebuilt from the token ranks:
+finds it, or llm.c's gpt2_tokenizer.bin), its merges rebuilt from the token ranks.
 
     python dev/export_gguf.py MODEL.bin TOKENIZER.bin -o model.gguf
     python dev/export_gguf.py MODEL.bin gpt2 -o model.gguf

@@ -10,8 +10,13 @@ Each file is written whole or not at all (llmc.formats.atomic_write), so a run r
 newest checkpoint with a DONE, continuing bit for bit as if it had never stopped. Rank 0
 writes the model (the same on every rank); a run resumes only with the number of processes it
 was written by (llmc/distributed.py), else one line says so.
+
+An output dir holds one run: run.json is its configuration (model, B, T, data), which a
+resume must match (run_differences), as it must the number of processes of the training
+state (resume); -nk's rotation deletes only checkpoints older than the one just written.
 """
 import glob
+import json
 import os
 import re
 
@@ -25,6 +30,12 @@ def checkpoint_paths(output_dir, step, process_rank=0):
     return (os.path.join(output_dir, f"model_{step:08d}.bin"),
             os.path.join(output_dir, f"state_{step:08d}_{process_rank:05d}.bin"),
             os.path.join(output_dir, f"DONE_{step:08d}"))
+
+
+def checkpoint_files(output_dir):
+    """The names of the checkpoint files (model, state, DONE of any step) in output_dir, sorted."""
+    pattern = re.compile(r"model_\d{8}\.bin|state_\d{8}_\d{5}\.bin|DONE_\d{8}")
+    return sorted(name for name in os.listdir(output_dir) if pattern.fullmatch(name))
 
 
 def complete_steps(output_dir):
@@ -44,8 +55,9 @@ def find_max_step(output_dir):
 
 def write_checkpoint(output_dir, step, model, loader, keep=0, dist=SINGLE):
     """The checkpoint at step: the model, the optimizer and data loader state, then DONE.
-    keep > 0 then deletes all but the newest `keep` complete checkpoints (llm.c's -nk). With
-    many processes (dist, llmc/distributed.py) every one of them calls this."""
+    keep > 0 then deletes the older complete checkpoints but the newest keep - 1 (llm.c's -nk;
+    never this one). With many processes (dist, llmc/distributed.py) every one of them calls
+    this."""
     rank = dist.process_rank
     model_path, state_path, done_path = checkpoint_paths(output_dir, step, rank)
     if rank == 0:
@@ -57,7 +69,9 @@ def write_checkpoint(output_dir, step, model, loader, keep=0, dist=SINGLE):
         atomic_write(done_path, b"")
     if keep > 0:
         dist.barrier()  # every rank sees the new DONE ...
-        old_steps = complete_steps(output_dir)[:-keep]
+        # the newest keep - 1 older ones stay beside this one, which always stays
+        older = [s for s in complete_steps(output_dir) if s < step]
+        old_steps = older[:max(len(older) - (keep - 1), 0)]
         dist.barrier()  # ... before rank 0 deletes any
         for old_step in old_steps:
             delete_checkpoint(output_dir, old_step, rank)
@@ -88,3 +102,30 @@ def resume(output_dir, step, model, loader, dist=SINGLE):
     model.v = v
     loader.load_state(loader_state, source=state_path)
     return saved_step
+
+
+# ----------------------------------------------------------------------------
+# the run an output dir holds
+
+RUN_NAME = "run.json"
+
+
+def write_run_config(output_dir, config):
+    """DIR/run.json: the run's configuration, a dict of what a resume must match."""
+    atomic_write(os.path.join(output_dir, RUN_NAME),
+                 (json.dumps(config, indent=1) + "\n").encode())
+
+
+def run_differences(output_dir, config):
+    """What differs between config and the run.json in output_dir, as "KEY SAVED (this run:
+    NEW)" strings; none when the dir has no run.json (a run of an older llm.pyx, or llm.c's)."""
+    path = os.path.join(output_dir, RUN_NAME)
+    if not os.path.exists(path):
+        return []
+    try:
+        with open(path) as f:
+            saved = json.load(f)
+    except ValueError as e:
+        raise FormatError(path, f"not a run configuration ({e})") from None
+    return [f"{key} {saved.get(key)} (this run: {value})" for key, value in config.items()
+            if saved.get(key) != value]

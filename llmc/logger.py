@@ -55,12 +55,20 @@ class Logger:
     """DIR/main.log in llm.c's format: "s:STEP trl:LOSS lr:LR norm:NORM", "s:STEP tel:LOSS";
     and the JSON log at json_path, one object a line (llmc/report.py)."""
 
-    def __init__(self, output_dir, append, json_path=None):
+    def __init__(self, output_dir, resume_step=None, json_path=None):
+        """A new log, or with resume_step the log of the run resumed at that step: its lines
+        up to the checkpoint, so that the lines after it (of steps a stopped run did past its
+        last checkpoint) are not there twice."""
         self.path = None if output_dir is None else os.path.join(output_dir, "main.log")
         self.json_path = json_path
         for path in (self.path, json_path):
-            if path and not append:
+            if path and resume_step is None:
                 open(path, "w").close()
+        if self.path and resume_step is not None and os.path.exists(self.path):
+            with open(self.path) as f:
+                lines = f.read().splitlines(keepends=True)
+            with open(self.path, "w") as f:
+                f.writelines(line for line in lines if logged_before(line, resume_step))
 
     @staticmethod
     def _append(path, line):
@@ -84,6 +92,13 @@ class Logger:
         self.log_json("val", step=step, loss=loss)
 
 
+def logged_before(line, step):
+    """Whether a main.log line was written before the checkpoint at step: the train losses of
+    the steps before it and the val losses up to it (its own is taken before it is written)."""
+    m = re.match(r"s:(\d+) (trl|tel):", line)
+    return m is None or int(m.group(1)) < step + (m.group(2) == "tel")
+
+
 def read_log(path):
     """The losses in a main.log: {"trl": {step: loss}, "tel": {step: loss}}."""
     curves = {"trl": {}, "tel": {}}
@@ -95,25 +110,30 @@ def read_log(path):
     return curves
 
 
-def plot_losses(output_dir):
-    """DIR/loss.png: the train and val losses of DIR/main.log; its path, or None (with a note)
-    when matplotlib cannot be imported."""
+def plot_losses(output_dir, title=None):
+    """DIR/loss.png: the train and val losses of DIR/main.log, by step as the console counts
+    them (a train loss at step s + 1: after s + 1 updates, a val loss at step s), under title;
+    its path, or None (with a note) when matplotlib cannot be imported."""
     try:
         import matplotlib
         matplotlib.use("Agg")  # files only, no display needed
         import matplotlib.pyplot as plt
+        import matplotlib.ticker
     except ImportError as e:
         note(f"cannot import matplotlib ({e}), skipping the loss plot (pip install matplotlib)")
         return None
     curves = read_log(os.path.join(output_dir, "main.log"))
     fig, ax = plt.subplots(figsize=(8, 5))
-    for key, label in (("trl", "train loss"), ("tel", "val loss")):
+    for key, label, shown in (("trl", "train loss", 1), ("tel", "val loss", 0)):
         if curves[key]:
             steps = sorted(curves[key])
-            ax.plot(steps, [curves[key][s] for s in steps], label=label,
+            ax.plot([s + shown for s in steps], [curves[key][s] for s in steps], label=label,
                     marker="o" if key == "tel" else None)
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))  # whole steps
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
+    if title:
+        ax.set_title(title)
     ax.legend()
     ax.grid(alpha=0.3)
     path = os.path.join(output_dir, "loss.png")

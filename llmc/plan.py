@@ -105,6 +105,7 @@ def dry_run_text(family, config, name, B, T, policy="all", backend="cpu", gflops
     flops = flops_plan(family, config, B, T, policy)
     f = family.flops_per_token(config, T)
     seconds = flops["step"] / (gflops * 1e9)
+    internals = "1 layer's internals" if plan.slots == 1 else f"{plan.slots} layers' internals"
     lines = [
         f"dry run: {name} ({config.describe()}), B={B} T={T}, recompute {plan.policy}",
         f"parameters: {config.num_parameters():,}",
@@ -112,8 +113,8 @@ def dry_run_text(family, config, name, B, T, policy="all", backend="cpu", gflops
         f"  parameters            {format_bytes(memory['params']):>12}",
         f"  gradients             {format_bytes(memory['grads']):>12}",
         f"  AdamW m + v           {format_bytes(memory['adamw']):>12}",
-        f"  activations           {format_bytes(memory['activations']):>12}   ({plan.slots} "
-        f"layers' internals, {plan.outputs} layer outputs kept of {plan.num_layers})",
+        f"  activations           {format_bytes(memory['activations']):>12}   ({internals}, "
+        f"{plan.outputs} layer output{'s' if plan.outputs != 1 else ''} kept of {plan.num_layers})",
         f"  activation gradients  {format_bytes(memory['activation_grads']):>12}   (the head's, "
         f"one layer's, two streams)",
         f"  tokens                {format_bytes(memory['tokens']):>12}",

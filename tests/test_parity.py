@@ -111,7 +111,7 @@ def test_bad_file_is_one_line_error(tmp_path):
     bad.write_bytes(b"\0" * 2048)
     result = subprocess.run([sys.executable, "test_gpt2.py", "--model", str(bad)], cwd=ROOT,
                             capture_output=True, text=True)
-    assert result.returncode == 2
+    assert result.returncode == 1
     assert "Traceback" not in result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and str(bad) in lines[0], result.stderr

@@ -281,7 +281,7 @@ def test_keep_newest_checkpoints_and_plot(data, tmp_path):
     run_train(*common, "-x", 5, "-n", 2, "-nk", 2, "-o", out)  # checkpoints at 2, 4 and 5
     assert sorted(p.name for p in out.iterdir()) == [
         "DONE_00000004", "DONE_00000005", "loss.png", "main.log", "model_00000004.bin",
-        "model_00000005.bin", "state_00000004_00000.bin", "state_00000005_00000.bin"]
+        "model_00000005.bin", "run.json", "state_00000004_00000.bin", "state_00000005_00000.bin"]
     assert (out / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     stdout = run_train(*common, "-x", 6, "-n", 2, "-nk", 1, "-o", out, "-y", 1)
     assert "resuming from the checkpoint at step 5" in stdout

@@ -1,5 +1,5 @@
 """
-Tokenizes any text files with GPT-2's BPE into llm.c token shards for train.py:
+Tokenizes any text files with GPT-2's BPE into llm.c token shards for train.py.
 
     python dev/data/text_to_shards.py book1.txt book2.txt --name books
     python train.py -i "dev/data/books/books_train_*.bin" -j "dev/data/books/books_val_*.bin"

@@ -1,6 +1,6 @@
 """
 Downloads and tokenizes TinyShakespeare (Karpathy's char-rnn input.txt, ~1 MB of plays) for
-GPT-2, as llm.c's dev/data/tinyshakespeare.py does, into dev/data/tinyshakespeare/:
+GPT-2, as llm.c's dev/data/tinyshakespeare.py does, into dev/data/tinyshakespeare/.
 
     writing 32,768 tokens to .../tiny_shakespeare_val.bin
     writing 305,260 tokens to .../tiny_shakespeare_train.bin

@@ -88,6 +88,8 @@ def main():
     try:
         tokenize(download())
     except (DataPrepError, TokenizerError, OSError, ValueError) as e:
+        if os.path.isdir(DATA_CACHE_DIR) and not os.listdir(DATA_CACHE_DIR):
+            os.rmdir(DATA_CACHE_DIR)   # a failed first download leaves no empty folder behind
         sys.exit(f"tinystories.py: error: {e}")
 
 

@@ -1,0 +1,174 @@
+"""
+An output dir holds one run (train.py, llmc/checkpoint.py, llmc/logger.py): a fresh run into a
+dir with another run's checkpoints or main.log is refused in one line (--overwrite starts over,
+deleting that run's files only); -nk never deletes the checkpoint just written; -y 1 continues
+only a run of the same settings and says which differ; main.log holds one run's lines; the
+data's tokenizer is checked against the model's vocabulary first; -i without -j says which val
+data it uses.
+"""
+import os
+import subprocess
+import sys
+import types
+
+import numpy as np
+import pytest
+
+import train
+from llmc import checkpoint, default_data
+from llmc.dataloader import DataLoader
+from llmc.formats.llmc import write_shard
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """Two train shards and a val shard of random GPT-2 token ids."""
+    d = tmp_path_factory.mktemp("data")
+    rng = np.random.default_rng(0)
+    for i in range(2):
+        write_shard(d / f"train_{i:03d}.bin", rng.integers(0, 50257, 6000))
+    write_shard(d / "val_000.bin", rng.integers(0, 50257, 2000))
+    return types.SimpleNamespace(dir=d, train=str(d / "train_*.bin"), val=str(d / "val_000.bin"))
+
+
+def run_train(*args, status=0):
+    run = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), *map(str, args)],
+                         capture_output=True, text=True, timeout=600,
+                         env=dict(os.environ, LLMPYX_CACHE_DIR="/nonexistent-llmpyx-cache"))
+    assert run.returncode == status, run.stdout[-2000:] + run.stderr
+    assert "Traceback" not in run.stderr
+    return run
+
+
+def error_line(*args):
+    """The one line a refused run prints, exit status 1."""
+    lines = run_train(*args, status=1).stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("train.py: error: "), lines
+    return lines[0]
+
+
+def small(data, *more):
+    return ["-e", "d2", "-b", 2, "-t", 32, "-i", data.train, "-j", data.val, "-m", 1, "-v", 2,
+            "-s", 0, *more]
+
+
+def listing(out):
+    return sorted(p.name for p in out.iterdir())
+
+
+def checkpoints_in(out):
+    return sorted(name for name in listing(out) if name.startswith(("DONE_", "model_", "state_")))
+
+
+def steps_in(log_path):
+    with open(log_path) as f:
+        return [line.split()[0] for line in f if " trl:" in line]
+
+
+def test_a_fresh_run_into_another_runs_dir_is_refused(data, tmp_path):
+    """The issue's -nk scenario: a run to step 8 keeping 2 checkpoints, then a fresh run of 3
+    steps into the same dir. Refused, that run intact; with --overwrite, the new run alone."""
+    out = tmp_path / "outk"
+    run_train(*small(data, "-x", 8, "-n", 1, "-nk", 2, "-o", out))
+    before = {name: (out / name).read_bytes() for name in listing(out)}
+    line = error_line(*small(data, "-x", 3, "-n", 1, "-nk", 2, "-o", out))
+    assert f"-o {out} holds another run (checkpoints at steps 7, 8 and main.log)" in line
+    assert "-y 1" in line and "another -o" in line and "--overwrite" in line
+    assert {name: (out / name).read_bytes() for name in listing(out)} == before
+
+    (out / "notes.txt").write_text("mine")   # not the run's: --overwrite leaves it
+    run_train(*small(data, "-x", 3, "-n", 1, "-nk", 2, "-o", out, "--overwrite"))
+    assert checkpoints_in(out) == [
+        "DONE_00000002", "DONE_00000003", "model_00000002.bin", "model_00000003.bin",
+        "state_00000002_00000.bin", "state_00000003_00000.bin"]
+    assert steps_in(out / "main.log") == ["s:0", "s:1", "s:2"]
+    assert (out / "notes.txt").read_text() == "mine"
+    assert {"loss.png", "run.json"} <= set(listing(out))
+
+
+def test_overwrite_needs_a_fresh_run_in_an_output_dir(data, tmp_path, capsys):
+    for flags in (["--overwrite"], ["--overwrite", "-o", tmp_path, "-y", 1]):
+        with pytest.raises(SystemExit) as e:
+            train.run(["-e", "d2", "-i", data.train, "-j", data.val, *map(str, flags)])
+        assert e.value.code == 2
+        assert "argument --overwrite" in capsys.readouterr().err
+
+
+class FakeModel:
+    """What write_checkpoint reads of a model: save, m and v."""
+    m = v = np.zeros(4, dtype=np.float32)
+
+    def save(self, path):
+        with open(path, "wb") as f:
+            f.write(b"model")
+
+
+def test_rotation_never_deletes_the_checkpoint_just_written(data, tmp_path):
+    loader = DataLoader(data.train, 2, 32, shuffle=True)
+    for stale in (7, 8):   # newer checkpoints of another run
+        for path in checkpoint.checkpoint_paths(str(tmp_path), stale):
+            open(path, "wb").close()
+    for step in (1, 2, 3):
+        checkpoint.write_checkpoint(str(tmp_path), step, FakeModel(), loader, keep=2)
+        assert step in checkpoint.complete_steps(str(tmp_path))
+    assert checkpoint.complete_steps(str(tmp_path)) == [2, 3, 7, 8]
+
+
+def test_a_resume_with_other_settings_names_them(data, tmp_path):
+    out = tmp_path / "out"
+    run_train(*small(data, "-x", 2, "-n", 2, "-o", out))
+    other = ["-e", "d2", "-b", 4, "-t", 16, "-i", data.dir / "train_000.bin", "-j", data.val,
+             "-m", 1, "-s", 0]
+    line = error_line(*other, "-x", 4, "-n", 2, "-o", out, "-y", 1)
+    assert f"-y 1: {out} holds a run with other settings:" in line
+    assert "-b 2 (this run: 4)" in line and "-t 32 (this run: 16)" in line
+    assert f"-i {data.train} (this run: {data.dir / 'train_000.bin'})" in line
+    assert "--family" not in line and "-e " not in line
+    # the same settings resume (another number of processes is tests/test_mpi.py's)
+    args = train.parse_args(["-e", "d2", "-b", "2", "-t", "32", "-i", data.train, "-j", data.val])
+    assert checkpoint.run_differences(str(out), train.run_config(args)) == []
+
+
+def test_main_log_holds_one_run(data, tmp_path):
+    """A run stopped after its last checkpoint, resumed: its main.log is the uninterrupted
+    run's, not the steps after the checkpoint twice. Resumed at its last step, it says so."""
+    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+    run_train(*small(data, "-x", 6, "-n", 3, "-o", straight))
+    run_train(*small(data, "-x", 6, "-n", 3, "-o", stopped))
+    for path in checkpoint.checkpoint_paths(str(stopped), 6):   # as if stopped before it
+        os.remove(path)
+    run_train(*small(data, "-x", 6, "-n", 3, "-o", stopped, "-y", 1))
+    assert (stopped / "main.log").read_text() == (straight / "main.log").read_text()
+    again = run_train(*small(data, "-x", 6, "-n", 3, "-o", stopped, "-y", 1)).stdout
+    assert "the run is at step 6 already, -x 6 asks for 6: nothing to train" in again
+    assert (stopped / "main.log").read_text() == (straight / "main.log").read_text()
+
+
+def test_the_datas_tokenizer_is_checked_against_the_models_vocabulary_first(data, tmp_path):
+    """The issue's SentencePiece-512 Llama on GPT-2-token data: one message, the cause."""
+    from train_llama2 import Llama2, LlamaConfig
+    model = tmp_path / "llama512.bin"
+    Llama2(LlamaConfig.from_name("d1", vocab_size=512)).save(model)
+    for sampling in ([], ["-s", 0]):
+        line = error_line("--family", "llama", "-e", model, "-i", data.train, "-j", data.val,
+                          *sampling)
+        assert line == (f"train.py: error: -i {data.train}: the data's tokenizer, GPT-2's (no "
+                        f"tokenizer.bin beside -i's shards), has 50257 tokens, more than the "
+                        f"model's vocabulary of 512: train it on data tokenized for it (-i, -j, "
+                        f"with its tokenizer.bin beside the shards)")
+
+
+def test_i_without_j_validates_on_the_split_beside_or_says_why_not(data, tmp_path, capsys):
+    args = train.parse_args(["-i", data.train])
+    assert train.val_data_pattern(args) == str(data.dir / "val_*.bin")
+    assert "validating on" in capsys.readouterr().err
+    write_shard(tmp_path / "corpus_000.bin", np.zeros(1000, dtype=np.int64))
+    args = train.parse_args(["-i", str(tmp_path / "corpus_*.bin")])
+    assert train.val_data_pattern(args) == default_data.VAL
+    note = capsys.readouterr().err
+    assert f"validating on {default_data.VAL}, the default val data" in note
+    assert "give -j" in note
+    assert train.val_data_pattern(train.parse_args([])) == default_data.VAL
+    assert capsys.readouterr().err == ""   # the defaults need no note
