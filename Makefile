@@ -52,7 +52,7 @@ endif
 # every .pyx's generated C, and the extension modules beside it (hidden folders and virtual
 # environments kept in the tree are left alone, as setup.py leaves them)
 clean:
-	rm -rf build accel/metal/build accel/hip/build accel/ane/build
+	rm -rf build accel/metal/build accel/hip/build accel/ane/build accel/_*.pxi
 	find . \( -name '.?*' -o -exec test -e '{}/pyvenv.cfg' \; \) -prune -o -name '*.pyx' -print | \
 	    while read -r f; do rm -f "$${f%.pyx}.c" "$$(dirname "$$f")"/*.so "$$(dirname "$$f")"/*.pyd; done
 
