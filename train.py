@@ -354,18 +354,24 @@ def run_files(output_dir):
 
 
 def start_run(args, dist):
-    """A new run in -o: refuse a dir that holds another run (its checkpoints or main.log)
-    unless -y 1 found nothing there to resume or --overwrite deletes that run's files; then
-    write run.json."""
+    """A new run in -o: refuse a dir that holds another run (its checkpoints or main.log),
+    also under -y 1 when that run left nothing to resume, unless --overwrite deletes that
+    run's files; then write run.json."""
     out = args.output_dir
     found, checkpoints = run_files(out), checkpoint_files(out)
-    if not args.resume and not args.overwrite and (checkpoints or "main.log" in found):
+    if not args.overwrite and (checkpoints or "main.log" in found):
         steps = complete_steps(out)
         what = [f"checkpoints at steps {', '.join(map(str, steps))}" if steps else
                 "checkpoint files"] if checkpoints else []
         what += ["main.log"] if "main.log" in found else []
+        if args.resume:
+            raise TrainError(f"-y 1: -o {out} holds another run ({' and '.join(what)}) but no "
+                             f"complete checkpoint to resume: give this run another -o, or "
+                             f"start over with --overwrite (without -y 1)")
         raise TrainError(f"-o {out} holds another run ({' and '.join(what)}): resume it with "
                          f"-y 1, or give this run another -o (--overwrite deletes that run)")
+    if args.resume:
+        note(f"no checkpoint in {out} to resume from, starting afresh")
     dist.barrier()   # every rank has looked before rank 0 deletes
     if dist.process_rank == 0:
         if args.overwrite:
@@ -560,8 +566,6 @@ def main(argv=None):
         os.makedirs(args.output_dir, exist_ok=True)
         if args.resume:
             resume_step = find_max_step(args.output_dir)
-            if resume_step is None:
-                note(f"no checkpoint in {args.output_dir} to resume from, starting afresh")
         if resume_step is None:
             start_run(args, dist)
         else:

@@ -88,6 +88,16 @@ def test_a_fresh_run_into_another_runs_dir_is_refused(data, tmp_path):
     assert {"loss.png", "run.json"} <= set(listing(out))
 
 
+def test_resume_with_nothing_to_resume_keeps_the_old_log(data, tmp_path):
+    """-y 1 into a dir whose run left a main.log but no checkpoint: refused, the log kept."""
+    out = tmp_path / "nockpt"
+    run_train(*small(data, "-x", 2, "-o", out))
+    log = (out / "main.log").read_text()
+    line = error_line(*small(data, "-x", 3, "-o", out, "-y", 1))
+    assert "holds another run (main.log) but no complete checkpoint to resume" in line
+    assert (out / "main.log").read_text() == log
+
+
 def test_overwrite_needs_a_fresh_run_in_an_output_dir(data, tmp_path, capsys):
     for flags in (["--overwrite"], ["--overwrite", "-o", tmp_path, "-y", 1]):
         with pytest.raises(SystemExit) as e:
