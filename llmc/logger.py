@@ -58,17 +58,18 @@ class Logger:
     def __init__(self, output_dir, resume_step=None, json_path=None):
         """A new log, or with resume_step the log of the run resumed at that step: its lines
         up to the checkpoint, so that the lines after it (of steps a stopped run did past its
-        last checkpoint) are not there twice."""
+        last checkpoint) are not there twice; the JSON log's train and val records alike."""
         self.path = None if output_dir is None else os.path.join(output_dir, "main.log")
         self.json_path = json_path
         for path in (self.path, json_path):
             if path and resume_step is None:
                 open(path, "w").close()
-        if self.path and resume_step is not None and os.path.exists(self.path):
-            with open(self.path) as f:
-                lines = f.read().splitlines(keepends=True)
-            with open(self.path, "w") as f:
-                f.writelines(line for line in lines if logged_before(line, resume_step))
+        for path, kept in ((self.path, logged_before), (json_path, json_logged_before)):
+            if path and resume_step is not None and os.path.exists(path):
+                with open(path) as f:
+                    lines = f.read().splitlines(keepends=True)
+                with open(path, "w") as f:
+                    f.writelines(line for line in lines if kept(line, resume_step))
 
     @staticmethod
     def _append(path, line):
@@ -97,6 +98,19 @@ def logged_before(line, step):
     the steps before it and the val losses up to it (its own is taken before it is written)."""
     m = re.match(r"s:(\d+) (trl|tel):", line)
     return m is None or int(m.group(1)) < step + (m.group(2) == "tel")
+
+
+def json_logged_before(line, step):
+    """logged_before for a JSON log line: its train and val records by their step; every
+    other record (the run's header, reports) is kept."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return True
+    kind = {"train": "trl", "val": "tel"}.get(record.get("type"))
+    if kind is None or "step" not in record:
+        return True
+    return logged_before(f"s:{record['step']} {kind}:", step)
 
 
 def read_log(path):

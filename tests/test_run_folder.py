@@ -6,6 +6,7 @@ only a run of the same settings and says which differ; main.log holds one run's 
 data's tokenizer is checked against the model's vocabulary first; -i without -j says which val
 data it uses.
 """
+import json
 import os
 import subprocess
 import sys
@@ -154,6 +155,23 @@ def test_main_log_holds_one_run(data, tmp_path):
     again = run_train(*small(data, "-x", 6, "-n", 3, "-o", stopped, "-y", 1)).stdout
     assert "the run is at step 6 already, -x 6 asks for 6: nothing to train" in again
     assert (stopped / "main.log").read_text() == (straight / "main.log").read_text()
+
+
+def losses_in_json_log(path):
+    records = [json.loads(line) for line in open(path)]
+    return [(r["type"], r["step"], r["loss"]) for r in records if r["type"] in ("train", "val")]
+
+
+def test_the_json_log_holds_each_step_once(data, tmp_path):
+    """As main.log: a run resumed from before its last steps logs them once, as straight."""
+    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+    run_train(*small(data, "-x", 6, "-n", 3, "-o", straight, "--json-log"))
+    run_train(*small(data, "-x", 6, "-n", 3, "-o", stopped, "--json-log"))
+    for path in checkpoint.checkpoint_paths(str(stopped), 6):   # as if stopped before it
+        os.remove(path)
+    run_train(*small(data, "-x", 6, "-n", 3, "-o", stopped, "-y", 1, "--json-log"))
+    expected = losses_in_json_log(straight / "log.jsonl")
+    assert losses_in_json_log(stopped / "log.jsonl") == expected and len(expected) >= 6
 
 
 def test_the_datas_tokenizer_is_checked_against_the_models_vocabulary_first(data, tmp_path):
