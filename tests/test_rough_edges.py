@@ -97,8 +97,11 @@ def test_a_failed_tinystories_download_leaves_no_empty_folder(tmp_path, monkeypa
     monkeypatch.setattr(tinystories, "DATA_CACHE_DIR", str(folder))
     monkeypatch.setattr(tinystories, "download_file", offline)
     with pytest.raises(SystemExit, match="cannot download TinyStories"):
-        tinystories.main()
+        tinystories.main([])
     assert not folder.exists()
+    with pytest.raises(SystemExit) as done:   # --help says what it does and downloads nothing
+        tinystories.main(["--help"])
+    assert done.value.code == 0 and not folder.exists()
 
 
 def test_loss_plot_counts_steps_as_the_console_and_names_the_run(tmp_path, monkeypatch):

@@ -15,6 +15,7 @@ so the output is the same on every machine.
     python train.py -i dev/data/tinystories/TinyStories_train.bin \\
                     -j dev/data/tinystories/TinyStories_val.bin
 """
+import argparse
 import glob
 import json
 import os
@@ -84,7 +85,10 @@ def tokenize(files):
         write_datafile(os.path.join(DATA_CACHE_DIR, f"TinyStories_{split}.bin"), tokens)
 
 
-def main():
+def main(argv=None):
+    argparse.ArgumentParser(
+        description="Download TinyStories (~1.5 GB, online only) and tokenize it with GPT-2's "
+                    "BPE into llm.c shards in dev/data/tinystories/.").parse_args(argv)
     try:
         tokenize(download())
     except (DataPrepError, TokenizerError, OSError, ValueError) as e:
