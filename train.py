@@ -573,6 +573,11 @@ def main(argv=None):
 
     Model = model_class(args)   # a missing build or a bad LLMPYX_BLAS fails now, not after the data
     from kernels.blas import LIBRARY as cpu_gemms
+    from accel.backend import BackendError, require_available
+    try:   # and so does a backend that cannot run here
+        require_available(args.backend)
+    except BackendError as e:
+        raise TrainError(str(e)) from None
 
     # the data's shards (tinyshakespeare's prepared if they are the default and missing): the
     # model's vocabulary comes from them with --compact-vocab, or from their tokenizer.bin

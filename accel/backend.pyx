@@ -25,7 +25,7 @@ from cpython.buffer cimport PyBUF_WRITABLE
 from libc.stdint cimport uintptr_t
 
 __all__ = ["Backend", "BackendError", "Buffer", "backend_module", "backend_names", "get_backend",
-           "register_backend", "ENTRY_GROUPS"]
+           "register_backend", "require_available", "ENTRY_GROUPS"]
 
 
 class BackendError(RuntimeError):
@@ -323,27 +323,37 @@ def _available_line():
             f"{', '.join(w + ':NAME' for w in WRAPPERS)} around any of them")
 
 
+def require_available(name):
+    """Raise the BackendError get_backend(name) would for a name that is unknown or cannot run
+    here, in one line, without making the backend (train.py asks before it prepares data)."""
+    wrapper, _, inner = name.partition(":")
+    if inner:
+        if wrapper not in WRAPPERS:
+            raise BackendError(f"unknown backend wrapper '{wrapper}:' in '{name}' ({_available_line()})")
+        require_available(inner)
+        return
+    if name not in _REGISTRY:
+        raise BackendError(f"unknown backend '{name}' ({_available_line()}; NVIDIA GPUs run "
+                           f"through hip (make hip), as AMD's do)")
+    _, _, unavailable = _REGISTRY[name]
+    if callable(unavailable):
+        unavailable = unavailable()
+    if unavailable is not None:
+        raise BackendError(f"backend '{name}' is unavailable: {unavailable} ({_available_line()})")
+
+
 def get_backend(name):
     """The Backend called name ("cpu", "check:cpu", ...); BackendError in one line if there is
     no such backend or it cannot run here."""
     if isinstance(name, Backend):
         return name
+    require_available(name)
     wrapper, _, inner = name.partition(":")
     if inner:
-        if wrapper not in WRAPPERS:
-            raise BackendError(f"unknown backend wrapper '{wrapper}:' in '{name}' ({_available_line()})")
         from accel import instrument
         return instrument.create(wrapper, get_backend(inner))
-    if name not in _REGISTRY:
-        raise BackendError(f"unknown backend '{name}' ({_available_line()}; NVIDIA GPUs run "
-                           f"through hip (make hip), as AMD's do)")
-    module, _, unavailable = _REGISTRY[name]
-    if callable(unavailable):
-        unavailable = unavailable()
-    if unavailable is not None:
-        raise BackendError(f"backend '{name}' is unavailable: {unavailable} ({_available_line()})")
     try:
-        backend = importlib.import_module(module).create()
+        backend = importlib.import_module(_REGISTRY[name][0]).create()
     except ImportError as e:
         raise BackendError(f"backend '{name}' is not built ({e}): run `make train_gpt2`") from None
     (<Backend?>backend).validate()
