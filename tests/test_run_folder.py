@@ -10,7 +10,6 @@ import json
 import os
 import subprocess
 import sys
-import types
 
 import numpy as np
 import pytest
@@ -19,19 +18,9 @@ import train
 from llmc import checkpoint, default_data
 from llmc.dataloader import DataLoader
 from llmc.formats.llmc import write_shard
+from test_train import data  # noqa: F401  (the shards every run here trains on)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    """Two train shards and a val shard of random GPT-2 token ids."""
-    d = tmp_path_factory.mktemp("data")
-    rng = np.random.default_rng(0)
-    for i in range(2):
-        write_shard(d / f"train_{i:03d}.bin", rng.integers(0, 50257, 6000))
-    write_shard(d / "val_000.bin", rng.integers(0, 50257, 2000))
-    return types.SimpleNamespace(dir=d, train=str(d / "train_*.bin"), val=str(d / "val_000.bin"))
 
 
 def run_train(*args, status=0):
