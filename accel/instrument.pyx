@@ -109,9 +109,6 @@ cdef void* oracle_of(Instrument* s, const void* ptr) noexcept nogil:
 cdef inline float* of(Instrument* s, const float* ptr) noexcept nogil:
     return <float*>oracle_of(s, ptr)
 
-cdef inline int* of_int(Instrument* s, const int* ptr) noexcept nogil:
-    return <int*>oracle_of(s, ptr)
-
 cdef void protect(Instrument* s, int prot) noexcept nogil:
     cdef int i
     for i in range(s.num_allocations):

@@ -100,11 +100,12 @@ class Arg:
 class Entry:
     """One function pointer of the table: `returns name(void* ctx, args...)`."""
 
-    def __init__(self, name, group, args, returns="void", cpu="kernel", wrap=True, reduction="1"):
+    def __init__(self, name, group, args, returns="void", cpu=None, wrap=True, reduction="1"):
         self.name, self.group, self.returns = name, group, returns
         self.args = [Arg(a) for a in args]
-        self.cpu = cpu              # "kernel": kernels.<module>'s function of this name, with
-        #                             the same arguments; a string: that call; None: by hand
+        self.cpu = cpu              # "kernels.<module>": its function of this name, with the
+        #                             same arguments; "kernels.<module>: call(...)": that call;
+        #                             None: written by hand in accel/cpu.pyx
         self.wrap = wrap            # check:/profile:/guard: wrap it from the spec (memory: by hand)
         self.reduction = reduction  # a returned number's reduction length
         if group not in GROUPS:

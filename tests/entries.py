@@ -18,11 +18,9 @@ D12_WIDTHS = dict(B=3, T=5, C=768, NH=12, NKV=4, hs=64, OC=3072, V=50257, Vp=503
 
 def numbers(entry, dims):
     """The entry's number arguments at these dims: N, n (elements) are a wide layer's."""
-    values = dict(dims, N=dims["B"] * dims["T"] * 4 * dims["C"], n=101, nbytes=0,
-                  eps=1e-5, value=0.25, lr=1e-3, beta1=0.9, beta2=0.999, weight_decay=0.01,
-                  grad_scale=1.0, t=3)
-    values["eps"] = 1e-8 if entry == "adamw_update" else 1e-5
-    return values
+    return dict(dims, N=dims["B"] * dims["T"] * 4 * dims["C"], n=101,
+                eps=1e-8 if entry == "adamw_update" else 1e-5, value=0.25, lr=1e-3, beta1=0.9,
+                beta2=0.999, weight_decay=0.01, grad_scale=1.0, t=3)
 
 
 def fill(backend, arg, dims, rng):
