@@ -443,4 +443,4 @@ define_family(Family(
     name="gpt2", title="GPT-2", model_class=GPT2, config_class=GPT2Config, presets={},
     preset_noun=None, random_inits="dN, a random GPT-2 of depth N", default_init=PRETRAINED,
     stand_in="d12", download="python dev/download_gpt2.py, online", read_model=read_checkpoint,
-    reference="train_gpt2_torch"))
+    formats=("llmc",), reference="train_gpt2_torch"))

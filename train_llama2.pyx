@@ -29,6 +29,8 @@ from dataclasses import dataclass, fields, replace
 import numpy as np
 
 from llmc.families import Family, define_family
+from llmc.formats import model_format
+from llmc.formats.gguf import read_gguf
 from llmc.formats.llama2c import read_llama_model, write_llama_model
 from llmc.rope import rope_tables
 
@@ -316,8 +318,8 @@ cdef class Llama2(Model):
 
     @classmethod
     def from_checkpoint(cls, path, backend="cpu", recompute="all"):
-        """Load a llama2.c model file (version 0 or 1)."""
-        config, params = read_llama_model(path)
+        """Load a llama2.c model file (version 0 or 1) or a float32 GGUF (read_model)."""
+        config, params = read_model(path)
         model = cls(config, backend, recompute)
         model.params = params
         return model
@@ -486,8 +488,16 @@ cdef class Llama2(Model):
 # ----------------------------------------------------------------------------
 # the family, as train.py, the tests and dev/ find it: llmc.families.get_family("llama")
 
+def read_model(path):
+    """(LlamaConfig, float32 params) of a llama2.c model file (version 0 or 1) or a float32
+    GGUF, told apart by their first bytes."""
+    if model_format(path) == "gguf":
+        return read_gguf(path)[:2]
+    return read_llama_model(path)
+
+
 define_family(Family(
     name="llama", title="Llama 2", model_class=Llama2, config_class=LlamaConfig,
     presets=PRESETS, preset_noun="Llama preset", random_inits="dN or a Llama preset",
-    default_init="stories15M", stand_in=None, download=None, read_model=read_llama_model,
-    reference="train_llama2_torch"))
+    default_init="stories15M", stand_in=None, download=None, read_model=read_model,
+    formats=("llama2c", "gguf"), reference="train_llama2_torch"))

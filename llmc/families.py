@@ -13,7 +13,7 @@ import importlib
 from dataclasses import dataclass
 
 __all__ = ["DEFAULT_FAMILY", "Family", "FamilyError", "define_family", "family_names",
-           "get_family", "preset_family", "register_family"]
+           "family_of_file", "get_family", "preset_family", "register_family"]
 
 DEFAULT_FAMILY = "gpt2"   # llm.c's
 
@@ -36,6 +36,7 @@ class Family:
                           # not downloaded (None: none)
     download: str         # how to get default_init's weights (with stand_in)
     read_model: object    # path -> (config, float32 parameters) of a model file
+    formats: tuple        # the model file formats read_model reads (llmc.formats.model_format)
     reference: str        # the module of its PyTorch reference (train_gpt2_torch)
 
 
@@ -78,6 +79,19 @@ def get_family(name):
 def preset_family(init):
     """The name of the family one of whose presets init names, or None."""
     return next((name for name in _MODULES if init in get_family(name).presets), None)
+
+
+def family_of_file(path):
+    """(the Family whose model files path is one of, its format's name) by the file's first
+    bytes (llmc.formats.model_format); FormatError for a file that is no model, FamilyError
+    when no family reads its format."""
+    from llmc.formats import model_format
+    found = model_format(path)
+    for name in _MODULES:
+        family = get_family(name)
+        if found in family.formats:
+            return family, found
+    raise FamilyError(f"{path}: no model family reads its format ({found})")
 
 
 register_family("gpt2", "train_gpt2")

@@ -59,3 +59,39 @@ def test_train_py_takes_the_families_from_the_registry(capsys):
     assert "choose from 'gpt2', 'llama'" in capsys.readouterr().err
     assert train.parse_args(["-e", "stories15M"]).family == "llama"
     assert train.parse_args(["-e", "d2"]).family == families.DEFAULT_FAMILY
+
+
+def test_a_model_file_names_its_family_by_its_first_bytes(tmp_path):
+    """llm.c's checkpoint, llama2.c's version 1 (magic) and version 0 (no magic: its sizes fill
+    the file exactly), and GGUF; anything else, llm.c's other files among it, is one line."""
+    from llmc.formats import FormatError
+    from llmc.formats.gguf import sentencepiece_gguf_vocab, write_gguf
+    from llmc.formats.llama2c import write_llama_model
+    from llmc.families import family_of_file
+    gpt2 = get_family("gpt2").model_class.random(get_family("gpt2").config_class.from_name("d1", vocab_size=64))
+    gpt2.save(tmp_path / "gpt2.bin")
+    llama = get_family("llama")
+    config = dataclasses.replace(llama.config_class.from_name("d2", vocab_size=64),
+                                 shared_classifier=False)
+    params = np.random.default_rng(0).standard_normal(config.num_parameters()).astype(np.float32)
+    for version in (0, 1):
+        write_llama_model(tmp_path / f"v{version}.bin", config, params, version=version)
+    vocab = sentencepiece_gguf_vocab([f"t{i}".encode() for i in range(64)], [0.0] * 64)
+    write_gguf(tmp_path / "model.gguf", config, params, vocab)
+    found = {name: family_of_file(tmp_path / name) for name in
+             ("gpt2.bin", "v0.bin", "v1.bin", "model.gguf")}
+    assert {name: (family.name, fmt) for name, (family, fmt) in found.items()} == {
+        "gpt2.bin": ("gpt2", "llmc"), "v0.bin": ("llama", "llama2c"),
+        "v1.bin": ("llama", "llama2c"), "model.gguf": ("llama", "gguf")}
+    for name in ("v0.bin", "v1.bin", "model.gguf"):   # the family reads each of them back
+        read_config, read_params = llama.read_model(tmp_path / name)
+        assert read_config == config and np.array_equal(read_params, params)
+    with open(tmp_path / "v0.bin", "ab") as f:   # a version-0 file one float too long is no model
+        f.write(b"\0" * 4)
+    (tmp_path / "notes.txt").write_text("not a model at all\n")
+    with pytest.raises(FormatError, match="not a model file \\(it begins like a text file\\)"):
+        family_of_file(tmp_path / "notes.txt")
+    with pytest.raises(FormatError, match="not a model file"):
+        family_of_file(tmp_path / "v0.bin")
+    with pytest.raises(FormatError, match="a debug state of llm.c, not a model file"):
+        family_of_file("tests/fixtures/gpt2_tiny_debug_state.bin")

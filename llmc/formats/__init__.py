@@ -23,7 +23,7 @@ import numpy as np
 from llmc.files import FormatError, atomic_write
 
 __all__ = ["FormatError", "atomic_write", "bfloat16_bits_to_float32", "float32_to_bfloat16_bits",
-           "param_views"]
+           "model_format", "param_views"]
 
 
 def param_views(config, flat):
@@ -87,3 +87,38 @@ def read_array(f, path, dtype, count):
     if data.size != count:  # the file shrank after its size was checked
         raise FormatError(path, f"truncated: could read only {data.size} of {count} values")
     return data
+
+
+# ----------------------------------------------------------------------------
+# which format a model file is in
+
+MODEL_FORMAT_NAMES = {"llmc": "an llm.c model", "llama2c": "a llama2.c model",
+                      "gguf": "a GGUF model"}
+
+
+def model_format(path):
+    """The format of the model file at path, told by its first bytes: "llmc" (llm.c's
+    checkpoint, magic 20240326), "llama2c" (llama2.c's version 1, magic "ak42", or a version-0
+    file: no magic, seven sizes whose tensors fill the file exactly) or "gguf"; FormatError in
+    one line for anything else, naming llm.c's other files where it is one of them."""
+    from llmc.formats.llama2c import LLAMA2C_MAGIC, legacy_model_bytes
+    from llmc.formats.llmc import FILE_KINDS, MODEL_MAGIC, _looks_like_text
+    import os
+    with open_file(path) as f:
+        size = os.fstat(f.fileno()).st_size
+        raw = f.read(28)
+    if raw[:4] == b"GGUF":
+        return "gguf"
+    first = int.from_bytes(raw[:4], "little", signed=True) if len(raw) >= 4 else None
+    if first == MODEL_MAGIC:
+        return "llmc"
+    if first is not None and first & 0xFFFFFFFF == LLAMA2C_MAGIC:
+        return "llama2c"
+    if first in FILE_KINDS:
+        raise FormatError(path, f"this is {FILE_KINDS[first]} of llm.c, not a model file")
+    if len(raw) == 28 and legacy_model_bytes(np.frombuffer(raw, dtype="<i4")) == size:
+        return "llama2c"
+    what = ("empty file" if size == 0 else
+            "it begins like a text file" if _looks_like_text(raw) else f"{size} bytes")
+    raise FormatError(path, f"not a model file ({what}): neither llm.c's (magic 20240326), "
+                            f"llama2.c's (version 1's magic 'ak42', or version 0's sizes) nor GGUF")

@@ -47,6 +47,22 @@ def _llama2c_sizes(config):
             config.vocab_size, config.max_seq_len]
 
 
+def legacy_model_bytes(sizes):
+    """The size in bytes of a version-0 file whose header holds these seven int32 sizes, or
+    None when they are not a model's (a file without llama2.c's magic is told by this)."""
+    dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, max_seq_len = map(int, sizes)
+    if min(dim, hidden_dim, n_layers, n_heads, n_kv_heads, max_seq_len) <= 0 or vocab_size == 0:
+        return None
+    if dim % n_heads or n_heads % n_kv_heads or (dim // n_heads) % 2:
+        return None
+    head_size = dim // n_heads
+    kv_dim = n_kv_heads * head_size
+    per_layer = 2 * dim + 2 * dim * dim + 2 * dim * kv_dim + 3 * dim * hidden_dim
+    floats = (abs(vocab_size) * dim * (1 if vocab_size > 0 else 2) + n_layers * per_layer + dim
+              + max_seq_len * head_size)   # RoPE's cos and sin, (max_seq_len, head_size/2) each
+    return LLAMA2C_LEGACY_HEADER_BYTES + 4 * floats
+
+
 def write_llama_model(path, config, params, version=1):
     """Write a llama2.c model file: version 1 (default; header + fp32) or 0 (run.c's legacy)."""
     if version not in LLAMA2C_VERSIONS:
