@@ -30,6 +30,9 @@ Llama preset: stories15M, stories42M, stories110M, llama-1b, llama-7b), or --fam
 data's tokenizer's (--vocab-size overrides it). --lr-schedule cosine-restarts is llama.cpp's
 cosine decay with warm restarts.
 
+-h 1 scores HellaSwag at every val loss, as llm.c's train_gpt2.cu (llmc/evalloader.py, llm.c's
+eval file from dev/data/hellaswag.py; -hm examples of it).
+
 --json-log writes each step's cost as a JSON line (ms, tokens/s, TFLOPS against the peak,
 compile time, kernel groups with --profile) and ends with an efficiency report
 (llmc/report.py; with --profile, the time per backend table entry); dev/dashboard.py follows
@@ -49,7 +52,7 @@ import sys
 import time
 
 from accel.hooks import backend_hooks, every_backend_hooks, with_wrapper
-from llmc import default_data, distributed
+from llmc import default_data, distributed, evalloader
 from llmc.checkpoint import (RUN_NAME, checkpoint_files, checkpoint_paths, complete_steps,
                              find_max_step, resume, run_differences, write_checkpoint,
                              write_run_config)
@@ -57,7 +60,7 @@ from llmc.dataloader import DataError, DataLoader, shard_files
 from llmc.families import DEFAULT_FAMILY, FamilyError, family_names, get_family, preset_family
 from llmc.formats import FormatError
 from llmc.formats.llama2c import read_llama2c_tokenizer
-from llmc.formats.llmc import GPT2_EOT_TOKEN
+from llmc.formats.llmc import GPT2_EOT_TOKEN, read_evalfile
 from llmc.logger import Console, Logger, note, plot_losses
 from llmc.recompute import parse_policy
 from llmc.report import LOG_NAME, Efficiency, profile_lines
@@ -84,6 +87,16 @@ class Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, not argparse's usage + error
         sys.stderr.write(f"{self.prog}: error: {message} (see --help)\n")
         sys.exit(2)
+
+
+class HellaSwagOrHelp(argparse.Action):
+    """-h 1 turns HellaSwag on, as llm.c's -h; -h alone is the help, as it always was."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if values is None:
+            parser.print_help()
+            parser.exit()
+        setattr(namespace, self.dest, values)
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -118,7 +131,10 @@ def parse_args(argv):
         for family in families if family is not default])
     by_preset = "".join(f"{family.name} for a {family.preset_noun}, " for family in with_presets)
     p = Parser(prog="train.py", description="Train GPT-2 or Llama 2 on the CPU or another backend "
-               "(--backend), with llm.c's train_gpt2.cu flags.", formatter_class=HelpFormatter)
+               "(--backend), with llm.c's train_gpt2.cu flags.", formatter_class=HelpFormatter,
+               add_help=False)   # -h is llm.c's HellaSwag flag too: HellaSwagOrHelp
+    p.add_argument("--help", action="help", help="show this help message and exit (so does -h "
+                   "alone)")
     p.add_argument("-i", dest="train_data", metavar="PATTERN", default=default_data.TRAIN,
                    help="train data shards (glob); the default is prepared if missing")
     p.add_argument("-j", dest="val_data", metavar="PATTERN", default=None,
@@ -160,6 +176,16 @@ def parse_args(argv):
                    help="val loss every this many steps")
     p.add_argument("-m", dest="val_batches", metavar="INT", type=int, default=5,
                    help="val batches per val loss (-1: the whole val split; 0: no val)")
+    p.add_argument("-h", dest="hellaswag", metavar="INT", type=int, default=0, choices=(0, 1),
+                   nargs="?", action=HellaSwagOrHelp,
+                   help="1: HellaSwag's accuracy at every val loss but step 0's, and at the end "
+                        "(-hm examples of --hellaswag's file); -h alone: this help")
+    p.add_argument("-hm", dest="hellaswag_examples", metavar="INT", type=int, default=100,
+                   help="-h 1: score the first this many examples (-1: all, llm.c's)")
+    p.add_argument("--hellaswag", dest="hellaswag_file", metavar="FILE",
+                   default=evalloader.HELLASWAG,
+                   help="-h 1: the eval file (llm.c's format; python dev/data/hellaswag.py "
+                        "writes the default)")
     p.add_argument("-s", dest="sample_every", metavar="INT", type=int, default=20,
                    help="sample every this many steps (0: never)")
     p.add_argument("-g", dest="gen_tokens", metavar="INT", type=int, default=64,
@@ -233,6 +259,11 @@ def parse_args(argv):
     require(args.checkpoint_every >= 0, "-n", args.checkpoint_every, "must be >= 0")
     require(args.checkpoints_keep >= 0, "-nk", args.checkpoints_keep, "must be >= 0")
     require(args.seed >= 0, "-r", args.seed, "must be >= 0")
+    require(args.hellaswag_examples == -1 or args.hellaswag_examples >= 1, "-hm",
+            args.hellaswag_examples, "must be -1 (all) or a number of examples")
+    if args.hellaswag and args.compact_vocab:
+        p.error("argument -h: HellaSwag's tokens are the tokenizer's, not --compact-vocab's "
+                "(drop one)")
     try:
         args.recompute = parse_policy(args.recompute)
     except ValueError as e:
@@ -541,6 +572,24 @@ def evaluate(model, loader, num_batches, dist):
     return dist.mean(loss)
 
 
+def require_hellaswag_file(args):
+    """-h 1's eval file must be there, else one line says how to prepare it (now, before the
+    data and the model)."""
+    if args.hellaswag and not os.path.exists(args.hellaswag_file):
+        raise TrainError(f"-h 1: {args.hellaswag_file}: no such file (`python "
+                         f"dev/data/hellaswag.py` writes HellaSwag's, {evalloader.HELLASWAG})")
+
+
+def load_hellaswag(args, config):
+    """(-h 1's examples: the first -hm of the eval file, its tokens checked against the model's
+    vocabulary; how many the file holds), or (None, 0) without -h 1."""
+    if not args.hellaswag:
+        return None, 0
+    examples = read_evalfile(args.hellaswag_file, config.vocab_size)
+    count = len(examples) if args.hellaswag_examples == -1 else args.hellaswag_examples
+    return examples[:count], len(examples)
+
+
 # ----------------------------------------------------------------------------
 # main training loop
 
@@ -550,6 +599,7 @@ def main(argv=None):
     if args.dry_run:
         return dry_run(args)
     args.val_data = val_data_pattern(args)
+    require_hellaswag_file(args)
     console = Console()
     B, T = args.B, args.T
     rank, num_processes = dist.process_rank, dist.num_processes
@@ -618,6 +668,7 @@ def main(argv=None):
     val_batches = args.val_batches
     if val_batches == -1:
         val_batches = val_loader.num_tokens // tokens_per_fwdbwd
+    hellaswag, hellaswag_total = load_hellaswag(args, config)
 
     console.table([
         ("train data pattern", args.train_data), ("val data pattern", args.val_data),
@@ -636,7 +687,9 @@ def main(argv=None):
         ("num_parameters", model.num_parameters),
         ("backend", model.backend.name), ("CPU GEMMs", cpu_gemms),
         ("recompute", model.recompute), None,
-        ("train tokens", train_loader.num_tokens), ("val tokens", val_loader.num_tokens), None,
+        ("train tokens", train_loader.num_tokens), ("val tokens", val_loader.num_tokens),
+        ("run hellaswag", f"{len(hellaswag)} of the {hellaswag_total} examples of "
+                          f"{args.hellaswag_file}" if hellaswag else "no"), None,
         ("num_processes", num_processes), ("zero_stage", dist.zero_stage),
     ])
     processes = f" * num_processes={num_processes}" if num_processes > 1 else ""
@@ -682,6 +735,14 @@ def main(argv=None):
             val_loss = evaluate(model, val_loader, val_batches, dist)
             console.print(f"val loss {val_loss:f}")
             logger.log_val(step, val_loss)
+
+        # HellaSwag at the val steps but the first, and at the end (all processes share it)
+        if (hellaswag and (step > 0 and step % args.val_every == 0 or last_step)
+                and not resuming):
+            correct = evalloader.evaluate(model, hellaswag, B, T, dist)
+            accuracy = correct / len(hellaswag)
+            console.print(f"HellaSwag: {correct}/{len(hellaswag)} = {accuracy:f}")
+            logger.log_eval(step, accuracy, correct, len(hellaswag))
 
         if (args.sample_every > 0 and (step > 0 and step % args.sample_every == 0 or last_step)
                 and not resuming and rank == 0):
