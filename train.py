@@ -30,8 +30,10 @@ Llama preset: stories15M, stories42M, stories110M, llama-1b, llama-7b), or --fam
 data's tokenizer's (--vocab-size overrides it). --lr-schedule cosine-restarts is llama.cpp's
 cosine decay with warm restarts.
 
--h 1 scores HellaSwag at every val loss, as llm.c's train_gpt2.cu (llmc/evalloader.py, llm.c's
-eval file from dev/data/hellaswag.py; -hm examples of it).
+-h 1 scores HellaSwag at every val loss (llmc/evalloader.py, llm.c's eval file from
+dev/data/hellaswag.py; -hm examples of it), and -sl / -sg skip the update of a step whose loss or
+gradient norm is an outlier (its z-score against the latest steps, llmc/outlier_detector.py),
+as llm.c's train_gpt2.cu.
 
 --json-log writes each step's cost as a JSON line (ms, tokens/s, TFLOPS against the peak,
 compile time, kernel groups with --profile) and ends with an efficiency report
@@ -54,14 +56,15 @@ import time
 from accel.hooks import backend_hooks, every_backend_hooks, with_wrapper
 from llmc import default_data, distributed, evalloader
 from llmc.checkpoint import (RUN_NAME, checkpoint_files, checkpoint_paths, complete_steps,
-                             find_max_step, resume, run_differences, write_checkpoint,
-                             write_run_config)
+                             find_max_step, outliers_path, read_outliers, resume,
+                             run_differences, write_checkpoint, write_run_config)
 from llmc.dataloader import DataError, DataLoader, shard_files
 from llmc.families import DEFAULT_FAMILY, FamilyError, family_names, get_family, preset_family
 from llmc.formats import FormatError
 from llmc.formats.llama2c import read_llama2c_tokenizer
 from llmc.formats.llmc import GPT2_EOT_TOKEN, read_evalfile
 from llmc.logger import Console, Logger, note, plot_losses
+from llmc.outlier_detector import WINDOW, OutlierDetector
 from llmc.recompute import parse_policy
 from llmc.report import LOG_NAME, Efficiency, profile_lines
 from llmc.sampler import generate
@@ -170,6 +173,15 @@ def parse_args(argv):
                    help="cosine-restarts: each cycle this many times the previous one's length")
     p.add_argument("-c", dest="weight_decay", metavar="FLOAT", type=float, default=0.0,
                    help="weight decay (of the 2-D weights only)")
+    p.add_argument("-sl", dest="skip_lossz", metavar="FLOAT", type=float, default=0.0,
+                   help="skip the update of a step whose loss has a z-score above this against "
+                        "the latest --outlier-window steps (0: never)")
+    p.add_argument("-sg", dest="skip_gradz", metavar="FLOAT", type=float, default=0.0,
+                   help="skip the update of a step whose gradient norm has a z-score above this "
+                        "(0: never)")
+    p.add_argument("--outlier-window", metavar="INT", type=int, default=WINDOW,
+                   help="-sl and -sg: the steps the z-scores are taken against (no update is "
+                        "skipped before the window is full)")
     p.add_argument("-x", dest="max_steps", metavar="INT", type=int, default=40,
                    help="steps to train (-1: one epoch)")
     p.add_argument("-v", dest="val_every", metavar="INT", type=int, default=10,
@@ -264,6 +276,10 @@ def parse_args(argv):
     if args.hellaswag and args.compact_vocab:
         p.error("argument -h: HellaSwag's tokens are the tokenizer's, not --compact-vocab's "
                 "(drop one)")
+    for flag, z in (("-sl", args.skip_lossz), ("-sg", args.skip_gradz)):
+        require(math.isfinite(z) and z >= 0, flag, z, "must be a z-score >= 0 (0: off)")
+    require(args.outlier_window >= 2, "--outlier-window", args.outlier_window,
+            "must be at least 2")
     try:
         args.recompute = parse_policy(args.recompute)
     except ValueError as e:
@@ -591,6 +607,53 @@ def load_hellaswag(args, config):
 
 
 # ----------------------------------------------------------------------------
+# -sl, -sg: updates skipped as outliers
+
+OUTLIER_STREAMS = ("loss", "grad_norm")   # what the detectors watch, as the side file names them
+
+
+def new_outliers(args):
+    """The detectors of -sl and -sg ({stream: OutlierDetector}), or None when both are off."""
+    if not (args.skip_lossz or args.skip_gradz):
+        return None
+    return {name: OutlierDetector(args.outlier_window) for name in OUTLIER_STREAMS}
+
+
+def resumed_outliers(args, step):
+    """-sl and -sg's detectors as the checkpoint at step saved them (llmc/checkpoint.py's side
+    file); empty ones, said in a note, when it saved none."""
+    saved = read_outliers(args.output_dir, step)
+    if saved is None:
+        note(f"-y 1: the checkpoint at step {step} holds no outlier windows (its run had no -sl "
+             f"or -sg): they start empty, and no update is skipped for {args.outlier_window} "
+             f"steps")
+        return new_outliers(args)
+    path = outliers_path(args.output_dir, step)
+    if not isinstance(saved, dict) or sorted(saved) != sorted(OUTLIER_STREAMS):
+        raise FormatError(path, f"not the outlier detectors' state (expected the streams "
+                                f"{', '.join(OUTLIER_STREAMS)})")
+    try:
+        detectors = {name: OutlierDetector.from_state(saved[name]) for name in OUTLIER_STREAMS}
+    except ValueError as e:
+        raise FormatError(path, str(e)) from None
+    window = detectors["loss"].window
+    if window != args.outlier_window:
+        raise TrainError(f"-y 1: {path} holds windows of {window} steps, --outlier-window is "
+                         f"{args.outlier_window}: resume with --outlier-window {window}")
+    return detectors
+
+
+def outlier_skip(zloss, zgrad, args):
+    """(reason, z, threshold) when -sl or -sg skips the update, the loss checked first as
+    llm.c does; None otherwise (and while the windows fill, their z-scores NaN)."""
+    for reason, z, threshold in (("loss", zloss, args.skip_lossz),
+                                 ("grad", zgrad, args.skip_gradz)):
+        if threshold and math.isfinite(z) and z > threshold:
+            return reason, z, threshold
+    return None
+
+
+# ----------------------------------------------------------------------------
 # main training loop
 
 def main(argv=None):
@@ -678,7 +741,8 @@ def main(argv=None):
         ("total batch size", total_batch_size), ("learning rate (LR)", f"{args.lr:e}"),
         ("LR schedule", "constant" if args.final_lr_frac == 1.0 else args.lr_schedule),
         ("warmup iterations", args.warmup), ("final LR fraction", f"{args.final_lr_frac:e}"),
-        ("weight decay", f"{args.weight_decay:e}"), ("max_steps", num_steps),
+        ("weight decay", f"{args.weight_decay:e}"), ("skip update lossz", f"{args.skip_lossz:f}"),
+        ("skip update gradz", f"{args.skip_gradz:f}"), ("max_steps", num_steps),
         ("val_loss_every", args.val_every), ("val_max_steps", val_batches),
         ("sample_every", args.sample_every), ("genT", args.gen_tokens), None,
         ("model family", args.family), ("weight init method", init_desc), *config.table_rows(),
@@ -715,8 +779,11 @@ def main(argv=None):
     tokenizer, tokenizer_loaded = None, False  # loaded at the first sample
 
     step = 0
+    outliers = new_outliers(args)
     if resume_step is not None:
         step = resume(args.output_dir, resume_step, model, train_loader, dist)
+        if outliers is not None:
+            outliers = resumed_outliers(args, resume_step)
         console.print(f"resuming from the checkpoint at step {step} in {args.output_dir}")
         if step >= num_steps:
             console.print(f"the run is at step {step} already, -x {args.max_steps} asks for "
@@ -754,7 +821,8 @@ def main(argv=None):
         if (args.checkpoint_every > 0 and not resuming and
                 (step > 0 and step % args.checkpoint_every == 0 or last_step)):
             write_checkpoint(args.output_dir, step, model, train_loader, args.checkpoints_keep,
-                             dist)
+                             dist, outliers=None if outliers is None else
+                             {name: detector.state() for name, detector in outliers.items()})
             console.print(f"checkpoint at step {step} written to {args.output_dir}")
         resuming = False
 
@@ -779,10 +847,16 @@ def main(argv=None):
         # 1/micro_batches of it
         micro_batches = grad_accum_steps * num_processes
         grad_norm = dist.grad_norm(model) / micro_batches
-        clip = GRAD_CLIP / grad_norm if grad_norm > GRAD_CLIP else 1.0
-        model.update(lr, BETA1, BETA2, EPS, args.weight_decay, step + 1,
-                     grad_scale=clip / micro_batches, decay_2d_only=True)
-        dist.gather_parameters(model)  # ZeRO-1: every rank's updated shard to all
+        skip = None
+        if outliers is not None:   # -sl, -sg: an outlier's update is skipped whole, as llm.c's
+            zloss = outliers["loss"].update(loss)
+            zgrad = outliers["grad_norm"].update(grad_norm)
+            skip = outlier_skip(zloss, zgrad, args)
+        if skip is None:   # t is the step's, skipped or not (llm.c's), as is the schedule's
+            clip = GRAD_CLIP / grad_norm if grad_norm > GRAD_CLIP else 1.0
+            model.update(lr, BETA1, BETA2, EPS, args.weight_decay, step + 1,
+                         grad_scale=clip / micro_batches, decay_2d_only=True)
+            dist.gather_parameters(model)  # ZeRO-1: every rank's updated shard to all
         elapsed_s = time.perf_counter() - start
         collective_s = dist.collective_time_s - collective_s
         # ------------------------------------------------------
@@ -795,11 +869,16 @@ def main(argv=None):
             total_collective_s += collective_s
             ema_tokens_per_second = 0.95 * ema_tokens_per_second + 0.05 * tokens_per_second
             shown_tokens_per_second = ema_tokens_per_second / (1 - 0.95 ** timed_steps)
-        console.status(f"step {step + 1:4d}/{num_steps} | loss {loss:.6f} | norm {grad_norm:.4f} "
-                       f"| lr {lr:.2e} | {elapsed_s * 1000:.2f} ms | "
+        if skip is not None:
+            console.print(f"skipping update due to {skip[0]} z-score of {skip[1]:f}")
+        zscores = ("", "") if outliers is None else (f" ({zloss:+.2f}z)", f" ({zgrad:+.2f}z)")
+        console.status(f"step {step + 1:4d}/{num_steps} | loss {loss:.6f}{zscores[0]} | norm "
+                       f"{grad_norm:.4f}{zscores[1]} | lr {lr:.2e} | {elapsed_s * 1000:.2f} ms | "
                        f"{shown_tokens_per_second:.0f} tok/s")
         logger.log_train(step, loss, lr, grad_norm,
                          **(efficiency.end(elapsed_s) if efficiency is not None else {}))
+        if skip is not None:
+            logger.log_skip(step, *skip)
         if first_step:  # everything is allocated by now: say how much, as llm.c does
             console.print(memory_line(model.memory()))
         first_step = False
