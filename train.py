@@ -30,6 +30,11 @@ Llama preset: stories15M, stories42M, stories110M, llama-1b, llama-7b), or --fam
 data's tokenizer's (--vocab-size overrides it). --lr-schedule cosine-restarts is llama.cpp's
 cosine decay with warm restarts.
 
+-h 1 scores HellaSwag at every val loss (llmc/evalloader.py, llm.c's eval file from
+dev/data/hellaswag.py; -hm examples of it), and -sl / -sg skip the update of a step whose loss or
+gradient norm is an outlier (its z-score against the latest steps, llmc/outlier_detector.py),
+as llm.c's train_gpt2.cu.
+
 --json-log writes each step's cost as a JSON line (ms, tokens/s, TFLOPS against the peak,
 compile time, kernel groups with --profile) and ends with an efficiency report
 (llmc/report.py; with --profile, the time per backend table entry); dev/dashboard.py follows
@@ -49,16 +54,17 @@ import sys
 import time
 
 from accel.hooks import backend_hooks, every_backend_hooks, with_wrapper
-from llmc import default_data, distributed
+from llmc import default_data, distributed, evalloader
 from llmc.checkpoint import (RUN_NAME, checkpoint_files, checkpoint_paths, complete_steps,
-                             find_max_step, resume, run_differences, write_checkpoint,
-                             write_run_config)
+                             find_max_step, outliers_path, read_outliers, resume,
+                             run_differences, write_checkpoint, write_run_config)
 from llmc.dataloader import DataError, DataLoader, shard_files
 from llmc.families import DEFAULT_FAMILY, FamilyError, family_names, get_family, preset_family
 from llmc.formats import FormatError
 from llmc.formats.llama2c import read_llama2c_tokenizer
-from llmc.formats.llmc import GPT2_EOT_TOKEN
+from llmc.formats.llmc import GPT2_EOT_TOKEN, read_evalfile
 from llmc.logger import Console, Logger, note, plot_losses
+from llmc.outlier_detector import WINDOW, OutlierDetector
 from llmc.recompute import parse_policy
 from llmc.report import LOG_NAME, Efficiency, profile_lines
 from llmc.sampler import generate
@@ -84,6 +90,16 @@ class Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, not argparse's usage + error
         sys.stderr.write(f"{self.prog}: error: {message} (see --help)\n")
         sys.exit(2)
+
+
+class HellaSwagOrHelp(argparse.Action):
+    """-h 1 turns HellaSwag on, as llm.c's -h; -h alone is the help, as it always was."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if values is None:
+            parser.print_help()
+            parser.exit()
+        setattr(namespace, self.dest, values)
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -118,7 +134,10 @@ def parse_args(argv):
         for family in families if family is not default])
     by_preset = "".join(f"{family.name} for a {family.preset_noun}, " for family in with_presets)
     p = Parser(prog="train.py", description="Train GPT-2 or Llama 2 on the CPU or another backend "
-               "(--backend), with llm.c's train_gpt2.cu flags.", formatter_class=HelpFormatter)
+               "(--backend), with llm.c's train_gpt2.cu flags.", formatter_class=HelpFormatter,
+               add_help=False)   # -h is llm.c's HellaSwag flag too: HellaSwagOrHelp
+    p.add_argument("--help", action="help", help="show this help message and exit (so does -h "
+                   "alone)")
     p.add_argument("-i", dest="train_data", metavar="PATTERN", default=default_data.TRAIN,
                    help="train data shards (glob); the default is prepared if missing")
     p.add_argument("-j", dest="val_data", metavar="PATTERN", default=None,
@@ -154,12 +173,31 @@ def parse_args(argv):
                    help="cosine-restarts: each cycle this many times the previous one's length")
     p.add_argument("-c", dest="weight_decay", metavar="FLOAT", type=float, default=0.0,
                    help="weight decay (of the 2-D weights only)")
+    p.add_argument("-sl", dest="skip_lossz", metavar="FLOAT", type=float, default=0.0,
+                   help="skip the update of a step whose loss has a z-score above this against "
+                        "the latest --outlier-window steps (0: never)")
+    p.add_argument("-sg", dest="skip_gradz", metavar="FLOAT", type=float, default=0.0,
+                   help="skip the update of a step whose gradient norm has a z-score above this "
+                        "(0: never)")
+    p.add_argument("--outlier-window", metavar="INT", type=int, default=WINDOW,
+                   help="-sl and -sg: the steps the z-scores are taken against (no update is "
+                        "skipped before the window is full)")
     p.add_argument("-x", dest="max_steps", metavar="INT", type=int, default=40,
                    help="steps to train (-1: one epoch)")
     p.add_argument("-v", dest="val_every", metavar="INT", type=int, default=10,
                    help="val loss every this many steps")
     p.add_argument("-m", dest="val_batches", metavar="INT", type=int, default=5,
                    help="val batches per val loss (-1: the whole val split; 0: no val)")
+    p.add_argument("-h", dest="hellaswag", metavar="INT", type=int, default=0, choices=(0, 1),
+                   nargs="?", action=HellaSwagOrHelp,
+                   help="1: HellaSwag's accuracy at every val loss but step 0's, and at the end "
+                        "(-hm examples of --hellaswag's file); -h alone: this help")
+    p.add_argument("-hm", dest="hellaswag_examples", metavar="INT", type=int, default=100,
+                   help="-h 1: score the first this many examples (-1: all, llm.c's)")
+    p.add_argument("--hellaswag", dest="hellaswag_file", metavar="FILE",
+                   default=evalloader.HELLASWAG,
+                   help="-h 1: the eval file (llm.c's format; python dev/data/hellaswag.py "
+                        "writes the default)")
     p.add_argument("-s", dest="sample_every", metavar="INT", type=int, default=20,
                    help="sample every this many steps (0: never)")
     p.add_argument("-g", dest="gen_tokens", metavar="INT", type=int, default=64,
@@ -233,6 +271,15 @@ def parse_args(argv):
     require(args.checkpoint_every >= 0, "-n", args.checkpoint_every, "must be >= 0")
     require(args.checkpoints_keep >= 0, "-nk", args.checkpoints_keep, "must be >= 0")
     require(args.seed >= 0, "-r", args.seed, "must be >= 0")
+    require(args.hellaswag_examples == -1 or args.hellaswag_examples >= 1, "-hm",
+            args.hellaswag_examples, "must be -1 (all) or a number of examples")
+    if args.hellaswag and args.compact_vocab:
+        p.error("argument -h: HellaSwag's tokens are the tokenizer's, not --compact-vocab's "
+                "(drop one)")
+    for flag, z in (("-sl", args.skip_lossz), ("-sg", args.skip_gradz)):
+        require(math.isfinite(z) and z >= 0, flag, z, "must be a z-score >= 0 (0: off)")
+    require(args.outlier_window >= 2, "--outlier-window", args.outlier_window,
+            "must be at least 2")
     try:
         args.recompute = parse_policy(args.recompute)
     except ValueError as e:
@@ -541,6 +588,71 @@ def evaluate(model, loader, num_batches, dist):
     return dist.mean(loss)
 
 
+def require_hellaswag_file(args):
+    """-h 1's eval file must be there, else one line says how to prepare it (now, before the
+    data and the model)."""
+    if args.hellaswag and not os.path.exists(args.hellaswag_file):
+        raise TrainError(f"-h 1: {args.hellaswag_file}: no such file (`python "
+                         f"dev/data/hellaswag.py` writes HellaSwag's, {evalloader.HELLASWAG})")
+
+
+def load_hellaswag(args, config):
+    """(-h 1's examples: the first -hm of the eval file, its tokens checked against the model's
+    vocabulary; how many the file holds), or (None, 0) without -h 1."""
+    if not args.hellaswag:
+        return None, 0
+    examples = read_evalfile(args.hellaswag_file, config.vocab_size)
+    count = len(examples) if args.hellaswag_examples == -1 else args.hellaswag_examples
+    return examples[:count], len(examples)
+
+
+# ----------------------------------------------------------------------------
+# -sl, -sg: updates skipped as outliers
+
+OUTLIER_STREAMS = ("loss", "grad_norm")   # what the detectors watch, as the side file names them
+
+
+def new_outliers(args):
+    """The detectors of -sl and -sg ({stream: OutlierDetector}), or None when both are off."""
+    if not (args.skip_lossz or args.skip_gradz):
+        return None
+    return {name: OutlierDetector(args.outlier_window) for name in OUTLIER_STREAMS}
+
+
+def resumed_outliers(args, step):
+    """-sl and -sg's detectors as the checkpoint at step saved them (llmc/checkpoint.py's side
+    file); empty ones, said in a note, when it saved none."""
+    saved = read_outliers(args.output_dir, step)
+    if saved is None:
+        note(f"-y 1: the checkpoint at step {step} holds no outlier windows (its run had no -sl "
+             f"or -sg): they start empty, and no update is skipped for {args.outlier_window} "
+             f"steps")
+        return new_outliers(args)
+    path = outliers_path(args.output_dir, step)
+    if not isinstance(saved, dict) or sorted(saved) != sorted(OUTLIER_STREAMS):
+        raise FormatError(path, f"not the outlier detectors' state (expected the streams "
+                                f"{', '.join(OUTLIER_STREAMS)})")
+    try:
+        detectors = {name: OutlierDetector.from_state(saved[name]) for name in OUTLIER_STREAMS}
+    except ValueError as e:
+        raise FormatError(path, str(e)) from None
+    window = detectors["loss"].window
+    if window != args.outlier_window:
+        raise TrainError(f"-y 1: {path} holds windows of {window} steps, --outlier-window is "
+                         f"{args.outlier_window}: resume with --outlier-window {window}")
+    return detectors
+
+
+def outlier_skip(zloss, zgrad, args):
+    """(reason, z, threshold) when -sl or -sg skips the update, the loss checked first as
+    llm.c does; None otherwise (and while the windows fill, their z-scores NaN)."""
+    for reason, z, threshold in (("loss", zloss, args.skip_lossz),
+                                 ("grad", zgrad, args.skip_gradz)):
+        if threshold and math.isfinite(z) and z > threshold:
+            return reason, z, threshold
+    return None
+
+
 # ----------------------------------------------------------------------------
 # main training loop
 
@@ -550,6 +662,7 @@ def main(argv=None):
     if args.dry_run:
         return dry_run(args)
     args.val_data = val_data_pattern(args)
+    require_hellaswag_file(args)
     console = Console()
     B, T = args.B, args.T
     rank, num_processes = dist.process_rank, dist.num_processes
@@ -618,6 +731,7 @@ def main(argv=None):
     val_batches = args.val_batches
     if val_batches == -1:
         val_batches = val_loader.num_tokens // tokens_per_fwdbwd
+    hellaswag, hellaswag_total = load_hellaswag(args, config)
 
     console.table([
         ("train data pattern", args.train_data), ("val data pattern", args.val_data),
@@ -627,7 +741,8 @@ def main(argv=None):
         ("total batch size", total_batch_size), ("learning rate (LR)", f"{args.lr:e}"),
         ("LR schedule", "constant" if args.final_lr_frac == 1.0 else args.lr_schedule),
         ("warmup iterations", args.warmup), ("final LR fraction", f"{args.final_lr_frac:e}"),
-        ("weight decay", f"{args.weight_decay:e}"), ("max_steps", num_steps),
+        ("weight decay", f"{args.weight_decay:e}"), ("skip update lossz", f"{args.skip_lossz:f}"),
+        ("skip update gradz", f"{args.skip_gradz:f}"), ("max_steps", num_steps),
         ("val_loss_every", args.val_every), ("val_max_steps", val_batches),
         ("sample_every", args.sample_every), ("genT", args.gen_tokens), None,
         ("model family", args.family), ("weight init method", init_desc), *config.table_rows(),
@@ -636,7 +751,9 @@ def main(argv=None):
         ("num_parameters", model.num_parameters),
         ("backend", model.backend.name), ("CPU GEMMs", cpu_gemms),
         ("recompute", model.recompute), None,
-        ("train tokens", train_loader.num_tokens), ("val tokens", val_loader.num_tokens), None,
+        ("train tokens", train_loader.num_tokens), ("val tokens", val_loader.num_tokens),
+        ("run hellaswag", f"{len(hellaswag)} of the {hellaswag_total} examples of "
+                          f"{args.hellaswag_file}" if hellaswag else "no"), None,
         ("num_processes", num_processes), ("zero_stage", dist.zero_stage),
     ])
     processes = f" * num_processes={num_processes}" if num_processes > 1 else ""
@@ -662,8 +779,11 @@ def main(argv=None):
     tokenizer, tokenizer_loaded = None, False  # loaded at the first sample
 
     step = 0
+    outliers = new_outliers(args)
     if resume_step is not None:
         step = resume(args.output_dir, resume_step, model, train_loader, dist)
+        if outliers is not None:
+            outliers = resumed_outliers(args, resume_step)
         console.print(f"resuming from the checkpoint at step {step} in {args.output_dir}")
         if step >= num_steps:
             console.print(f"the run is at step {step} already, -x {args.max_steps} asks for "
@@ -683,6 +803,14 @@ def main(argv=None):
             console.print(f"val loss {val_loss:f}")
             logger.log_val(step, val_loss)
 
+        # HellaSwag at the val steps but the first, and at the end (all processes share it)
+        if (hellaswag and (step > 0 and step % args.val_every == 0 or last_step)
+                and not resuming):
+            correct = evalloader.evaluate(model, hellaswag, B, T, dist)
+            accuracy = correct / len(hellaswag)
+            console.print(f"HellaSwag: {correct}/{len(hellaswag)} = {accuracy:f}")
+            logger.log_eval(step, accuracy, correct, len(hellaswag))
+
         if (args.sample_every > 0 and (step > 0 and step % args.sample_every == 0 or last_step)
                 and not resuming and rank == 0):
             if not tokenizer_loaded:
@@ -693,7 +821,8 @@ def main(argv=None):
         if (args.checkpoint_every > 0 and not resuming and
                 (step > 0 and step % args.checkpoint_every == 0 or last_step)):
             write_checkpoint(args.output_dir, step, model, train_loader, args.checkpoints_keep,
-                             dist)
+                             dist, outliers=None if outliers is None else
+                             {name: detector.state() for name, detector in outliers.items()})
             console.print(f"checkpoint at step {step} written to {args.output_dir}")
         resuming = False
 
@@ -718,10 +847,16 @@ def main(argv=None):
         # 1/micro_batches of it
         micro_batches = grad_accum_steps * num_processes
         grad_norm = dist.grad_norm(model) / micro_batches
-        clip = GRAD_CLIP / grad_norm if grad_norm > GRAD_CLIP else 1.0
-        model.update(lr, BETA1, BETA2, EPS, args.weight_decay, step + 1,
-                     grad_scale=clip / micro_batches, decay_2d_only=True)
-        dist.gather_parameters(model)  # ZeRO-1: every rank's updated shard to all
+        skip = None
+        if outliers is not None:   # -sl, -sg: an outlier's update is skipped whole, as llm.c's
+            zloss = outliers["loss"].update(loss)
+            zgrad = outliers["grad_norm"].update(grad_norm)
+            skip = outlier_skip(zloss, zgrad, args)
+        if skip is None:   # t is the step's, skipped or not (llm.c's), as is the schedule's
+            clip = GRAD_CLIP / grad_norm if grad_norm > GRAD_CLIP else 1.0
+            model.update(lr, BETA1, BETA2, EPS, args.weight_decay, step + 1,
+                         grad_scale=clip / micro_batches, decay_2d_only=True)
+            dist.gather_parameters(model)  # ZeRO-1: every rank's updated shard to all
         elapsed_s = time.perf_counter() - start
         collective_s = dist.collective_time_s - collective_s
         # ------------------------------------------------------
@@ -734,11 +869,16 @@ def main(argv=None):
             total_collective_s += collective_s
             ema_tokens_per_second = 0.95 * ema_tokens_per_second + 0.05 * tokens_per_second
             shown_tokens_per_second = ema_tokens_per_second / (1 - 0.95 ** timed_steps)
-        console.status(f"step {step + 1:4d}/{num_steps} | loss {loss:.6f} | norm {grad_norm:.4f} "
-                       f"| lr {lr:.2e} | {elapsed_s * 1000:.2f} ms | "
+        if skip is not None:
+            console.print(f"skipping update due to {skip[0]} z-score of {skip[1]:f}")
+        zscores = ("", "") if outliers is None else (f" ({zloss:+.2f}z)", f" ({zgrad:+.2f}z)")
+        console.status(f"step {step + 1:4d}/{num_steps} | loss {loss:.6f}{zscores[0]} | norm "
+                       f"{grad_norm:.4f}{zscores[1]} | lr {lr:.2e} | {elapsed_s * 1000:.2f} ms | "
                        f"{shown_tokens_per_second:.0f} tok/s")
         logger.log_train(step, loss, lr, grad_norm,
                          **(efficiency.end(elapsed_s) if efficiency is not None else {}))
+        if skip is not None:
+            logger.log_skip(step, *skip)
         if first_step:  # everything is allocated by now: say how much, as llm.c does
             console.print(memory_line(model.memory()))
         first_step = False

@@ -4,6 +4,8 @@ Checkpoints, as llm.c's train_gpt2.cu writes them into the output dir every -n s
     model_%08d.bin          the model (llm.c's checkpoint format: llmc/formats/llmc.py)
     state_%08d_%05d.bin     per process (rank): its AdamW m and v (of its shard under ZeRO-1)
                             and its data loader (llmc.formats.llmc.write_state)
+    outliers_%08d.json      with train.py -sl/-sg: the outlier detectors' windows, by rank 0
+                            (llm.c's files have no room for them; llmc/outlier_detector.py)
     DONE_%08d               written last, by rank 0 once every rank's files are: complete
 
 Each file is written whole or not at all (llmc.formats.atomic_write), so a run resumes from the
@@ -32,9 +34,16 @@ def checkpoint_paths(output_dir, step, process_rank=0):
             os.path.join(output_dir, f"DONE_{step:08d}"))
 
 
+def outliers_path(output_dir, step):
+    """The path of the outlier detectors' side file of the checkpoint at step."""
+    return os.path.join(output_dir, f"outliers_{step:08d}.json")
+
+
 def checkpoint_files(output_dir):
-    """The names of the checkpoint files (model, state, DONE of any step) in output_dir, sorted."""
-    pattern = re.compile(r"model_\d{8}\.bin|state_\d{8}_\d{5}\.bin|DONE_\d{8}")
+    """The names of the checkpoint files (model, state, outliers, DONE of any step) in
+    output_dir, sorted."""
+    pattern = re.compile(r"model_\d{8}\.bin|state_\d{8}_\d{5}\.bin|outliers_\d{8}\.json|"
+                         r"DONE_\d{8}")
     return sorted(name for name in os.listdir(output_dir) if pattern.fullmatch(name))
 
 
@@ -53,15 +62,17 @@ def find_max_step(output_dir):
     return max(complete_steps(output_dir), default=None)
 
 
-def write_checkpoint(output_dir, step, model, loader, keep=0, dist=SINGLE):
-    """The checkpoint at step: the model, the optimizer and data loader state, then DONE.
-    keep > 0 then deletes the older complete checkpoints but the newest keep - 1 (llm.c's -nk;
-    never this one). With many processes (dist, llmc/distributed.py) every one of them calls
-    this."""
+def write_checkpoint(output_dir, step, model, loader, keep=0, dist=SINGLE, outliers=None):
+    """The checkpoint at step: the model, the optimizer and data loader state, the outlier
+    detectors' state when given (a dict, written as JSON), then DONE. keep > 0 then deletes the
+    older complete checkpoints but the newest keep - 1 (llm.c's -nk; never this one). With many
+    processes (dist, llmc/distributed.py) every one of them calls this."""
     rank = dist.process_rank
     model_path, state_path, done_path = checkpoint_paths(output_dir, step, rank)
     if rank == 0:
         model.save(model_path)
+        if outliers is not None:
+            atomic_write(outliers_path(output_dir, step), (json.dumps(outliers) + "\n").encode())
     write_state(state_path, step, model.m, model.v, loader.state(),
                 dist.num_processes, rank)
     dist.barrier()  # every rank's state is written
@@ -78,11 +89,13 @@ def write_checkpoint(output_dir, step, model, loader, keep=0, dist=SINGLE):
 
 
 def delete_checkpoint(output_dir, step, process_rank=0):
-    """Rank 0 deletes DONE, the model and its state; another rank its state."""
+    """Rank 0 deletes DONE, the model, its state and its outliers; another rank its state."""
     model_path, state_path, done_path = checkpoint_paths(output_dir, step, process_rank)
     # DONE first: never a DONE without files
     for path in (done_path, model_path, state_path) if process_rank == 0 else (state_path,):
         os.remove(path)
+    if process_rank == 0 and os.path.exists(outliers_path(output_dir, step)):
+        os.remove(outliers_path(output_dir, step))
 
 
 def resume(output_dir, step, model, loader, dist=SINGLE):
@@ -102,6 +115,19 @@ def resume(output_dir, step, model, loader, dist=SINGLE):
     model.v = v
     loader.load_state(loader_state, source=state_path)
     return saved_step
+
+
+def read_outliers(output_dir, step):
+    """The outlier detectors' state saved with the checkpoint at step, or None when it has
+    none (written without -sl/-sg, or by llm.c)."""
+    path = outliers_path(output_dir, step)
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except ValueError as e:
+        raise FormatError(path, f"not the outlier detectors' state ({e})") from None
 
 
 # ----------------------------------------------------------------------------

@@ -52,8 +52,11 @@ class Console:
 
 
 class Logger:
-    """DIR/main.log in llm.c's format: "s:STEP trl:LOSS lr:LR norm:NORM", "s:STEP tel:LOSS";
-    and the JSON log at json_path, one object a line (llmc/report.py)."""
+    """DIR/main.log in llm.c's format: "s:STEP trl:LOSS lr:LR norm:NORM", "s:STEP tel:LOSS",
+    "s:STEP eval:ACCURACY" (HellaSwag), and ours for an update skipped as an outlier,
+    "s:STEP skip_lossz:Z" or "s:STEP skip_gradz:Z" (a stream and a value, as llm.c's
+    dev/vislog.ipynb reads every line); and the JSON log at json_path, one object a line
+    (llmc/report.py)."""
 
     def __init__(self, output_dir, resume_step=None, json_path=None):
         """A new log, or with resume_step the log of the run resumed at that step: its lines
@@ -92,22 +95,38 @@ class Logger:
         self._log(f"s:{step} tel:{loss:.4f}")
         self.log_json("val", step=step, loss=loss)
 
+    def log_eval(self, step, accuracy, correct, examples):
+        """HellaSwag's accuracy at step (llm.c's logger_log_eval)."""
+        self._log(f"s:{step} eval:{accuracy:.4f}")
+        self.log_json("eval", step=step, accuracy=accuracy, correct=correct, examples=examples)
+
+    def log_skip(self, step, reason, z, threshold):
+        """The update of step skipped: its reason's ("loss" or "grad") z-score was above the
+        threshold (-sl, -sg)."""
+        self._log(f"s:{step} skip_{reason}z:{z:.4f}")
+        self.log_json("skip", step=step, reason=reason, z=z, threshold=threshold)
+
+
+# the main.log lines of evaluations at a step, taken before that step's checkpoint is written
+EVALUATED = ("tel", "eval")
+
 
 def logged_before(line, step):
-    """Whether a main.log line was written before the checkpoint at step: the train losses of
-    the steps before it and the val losses up to it (its own is taken before it is written)."""
-    m = re.match(r"s:(\d+) (trl|tel):", line)
-    return m is None or int(m.group(1)) < step + (m.group(2) == "tel")
+    """Whether a main.log line was written before the checkpoint at step: the lines of the
+    steps before it (train losses, skipped updates) and the evaluations up to it (its own are
+    taken before it is written)."""
+    m = re.match(r"s:(\d+) (\w+):", line)
+    return m is None or int(m.group(1)) < step + (m.group(2) in EVALUATED)
 
 
 def json_logged_before(line, step):
-    """logged_before for a JSON log line: its train and val records by their step; every
-    other record (the run's header, reports) is kept."""
+    """logged_before for a JSON log line: its train, val, eval and skip records by their
+    step; every other record (the run's header, reports) is kept."""
     try:
         record = json.loads(line)
     except ValueError:
         return True
-    kind = {"train": "trl", "val": "tel"}.get(record.get("type"))
+    kind = {"train": "trl", "val": "tel", "eval": "eval", "skip": "skip"}.get(record.get("type"))
     if kind is None or "step" not in record:
         return True
     return logged_before(f"s:{record['step']} {kind}:", step)

@@ -10,6 +10,8 @@ The JSON log (llmc/logger.py's Logger writes it beside main.log) has one object 
     {"type": "train", "step", "loss", "lr", "norm", "ms", "tokens_per_s", "tflops",
      "peak_percent", "compile_ms", "compile_share", "groups_ms"}     every step
     {"type": "val", "step", "loss"}                                  every val loss
+    {"type": "eval", "step", "accuracy", "correct", "examples"}      HellaSwag (-h 1)
+    {"type": "skip", "step", "reason", "z", "threshold"}             an update -sl/-sg skipped
     {"type": "report", ...}  at the end: the summary the console prints as a table
 A resumed run appends to it (a new "run" line first).
 

@@ -19,6 +19,11 @@ Every file starts with a header of 256 little-endian int32 (1024 bytes); the dat
     token shard       magic 20240520, version 1
         header [2] number of tokens
         data   the tokens as uint16
+    eval file         magic 20240522, version 1 (llm.c's HellaSwag and MMLU: multiple choice)
+        header [2] number of examples [3] the longest example's bytes
+        data   per example, uint16: 65535 (its start), its bytes (these fields included), its
+               index, the label (the right completion), the number of completions (4), the
+               context's length and tokens, then each completion's length and tokens
     training state    magic 20240527, version 1 (train_gpt2.cu's state_%08d_%05d.bin)
         header [2] processes [3] rank [4] master weights [5] shuffled data [10] step
                [30:32] shard index, [32:34] sample index of the data loader (each a uint64)
@@ -44,12 +49,14 @@ MODEL_MAGIC = 20240326
 DEBUG_STATE_MAGIC = 20240327
 TOKENIZER_MAGIC = 20240328
 SHARD_MAGIC = 20240520
+EVAL_MAGIC = 20240522
 STATE_MAGIC = 20240527
 
 MODEL_VERSIONS = {3: "float32", 5: "bfloat16"}
 DEBUG_STATE_VERSION = 2
 TOKENIZER_VERSION = 2
 SHARD_VERSION = 1
+EVAL_VERSION = 1
 STATE_VERSION = 1
 
 # the magic numbers of llm.c's files, to say what a file passed in the wrong place is
@@ -58,7 +65,7 @@ FILE_KINDS = {
     DEBUG_STATE_MAGIC: "a debug state",
     TOKENIZER_MAGIC: "a tokenizer",
     SHARD_MAGIC: "a GPT-2 token shard",
-    20240522: "an eval file (HellaSwag/MMLU)",
+    EVAL_MAGIC: "an eval file (HellaSwag/MMLU)",
     STATE_MAGIC: "a training state",
     20240801: "a LLaMA-3 token shard",
 }
@@ -333,6 +340,118 @@ def write_shard(path, tokens):
         raise ValueError(f"write_shard: {tokens.size} tokens do not fit an int32 count")
     atomic_write(path, [_header(SHARD_MAGIC, SHARD_VERSION, tokens.size),
                         np.ascontiguousarray(tokens, dtype="<u2")])
+
+
+# ----------------------------------------------------------------------------
+# eval file: multiple-choice examples (HellaSwag), scored by the loss of each completion
+
+EVAL_START = 2 ** 16 - 1       # the uint16 that starts every example (so no token can be it)
+EVAL_COMPLETIONS = 4           # llm.c's evalloader takes 4 completions an example, no other
+EVAL_FIELDS = 6                # start, bytes, index, label, completions, context length
+
+
+@dataclass
+class EvalExample:
+    context: np.ndarray        # the context's token ids (int32, at least one)
+    completions: list          # each completion's token ids (int32 arrays, at least one each)
+    label: int                 # the index of the right completion
+
+
+def write_evalfile(path, examples):
+    """Write EvalExamples as llm.c's eval file (its dev/data/data_common.py write_evalfile):
+    every example with 4 completions, token ids below 65535."""
+    if not examples:
+        raise ValueError("write_evalfile: no examples")
+    if len(examples) >= 2 ** 16:
+        raise ValueError(f"write_evalfile: {len(examples)} examples, the uint16 index allows "
+                         f"{2 ** 16 - 1}")
+    streams = []
+    for i, example in enumerate(examples):
+        parts = [example.context, *example.completions]
+        if len(example.completions) != EVAL_COMPLETIONS:
+            raise ValueError(f"write_evalfile: example {i} has {len(example.completions)} "
+                             f"completions, llm.c's eval files have {EVAL_COMPLETIONS}")
+        if not 0 <= example.label < EVAL_COMPLETIONS:
+            raise ValueError(f"write_evalfile: example {i}: label {example.label} is not a "
+                             f"completion's index")
+        stream = [EVAL_START, 0, i, example.label, EVAL_COMPLETIONS]
+        for tokens in parts:
+            tokens = np.asarray(tokens, dtype=np.int64)
+            if tokens.ndim != 1 or tokens.size == 0:
+                raise ValueError(f"write_evalfile: example {i}: a context or completion is "
+                                 f"not a non-empty list of token ids")
+            if tokens.min() < 0 or tokens.max() >= EVAL_START:
+                raise ValueError(f"write_evalfile: example {i}: token ids must be in "
+                                 f"[0, {EVAL_START})")
+            stream += [tokens.size, *tokens.tolist()]
+        stream[1] = 2 * len(stream)
+        if stream[1] >= 2 ** 16:
+            raise ValueError(f"write_evalfile: example {i} takes {stream[1]} bytes, more than "
+                             f"its uint16 size allows")
+        streams.append(np.array(stream, dtype="<u2"))
+    longest = max(int(stream[1]) for stream in streams)
+    atomic_write(path, [_header(EVAL_MAGIC, EVAL_VERSION, len(examples), longest), *streams])
+
+
+def read_evalfile(path, vocab_size=None):
+    """The EvalExamples of llm.c's eval file, checked as its evalloader reads them: every
+    example where its start says, with its index, 4 completions, a label among them and
+    lengths that fill its bytes; with vocab_size, every token id below it."""
+    with open_file(path) as f:
+        header, size = _read_header(f, path, EVAL_MAGIC, "an eval file")
+        version, count, longest = header[1:4]
+        if version != EVAL_VERSION:
+            raise FormatError(path, f"unsupported eval file version {version}; supported: "
+                                    f"{EVAL_VERSION}")
+        if count <= 0:
+            raise FormatError(path, f"bad header: {count} examples")
+        if (size - HEADER_BYTES) % 2:
+            raise FormatError(path, f"{size} bytes: the examples are not whole uint16s")
+        stream = read_array(f, path, "<u2", (size - HEADER_BYTES) // 2).astype(np.int64)
+    examples, pos, found_longest = [], 0, 0
+    for i in range(count):
+        where = f"example {i} (at byte {HEADER_BYTES + 2 * pos})"
+        if pos + EVAL_FIELDS > len(stream):
+            raise FormatError(path, f"truncated: the header declares {count} examples, the "
+                                    f"file ends in or before {where}")
+        start, nbytes, index, label, num_completions, _ = stream[pos:pos + EVAL_FIELDS]
+        if start != EVAL_START:
+            raise FormatError(path, f"{where}: starts with {start}, not {EVAL_START}")
+        if index != i:
+            raise FormatError(path, f"{where}: has index {index}")
+        if num_completions != EVAL_COMPLETIONS:
+            raise FormatError(path, f"{where}: has {num_completions} completions, not "
+                                    f"{EVAL_COMPLETIONS}")
+        if not 0 <= label < num_completions:
+            raise FormatError(path, f"{where}: label {label} is not a completion's index")
+        end = pos + nbytes // 2
+        if nbytes % 2 or end > len(stream):
+            raise FormatError(path, f"truncated: {where} has {nbytes} bytes, the file "
+                                    f"ends before")
+        parts, at = [], pos + EVAL_FIELDS - 1
+        for _ in range(1 + num_completions):   # the context, then each completion
+            length = stream[at] if at < end else 0
+            if length == 0 or at + 1 + length > end:
+                raise FormatError(path, f"{where}: its lengths do not fill its {nbytes} bytes")
+            parts.append(stream[at + 1:at + 1 + length].astype(np.int32))
+            at += 1 + length
+        if at != end:
+            raise FormatError(path, f"{where}: its lengths do not fill its {nbytes} bytes")
+        top = max(int(part.max()) for part in parts)
+        if vocab_size is not None and top >= vocab_size:
+            raise FormatError(path, f"{where}: token id {top} is outside the model's "
+                                    f"vocabulary of {vocab_size} (an eval file of another "
+                                    f"tokenizer?)")
+        examples.append(EvalExample(context=parts[0], completions=parts[1:], label=int(label)))
+        found_longest = max(found_longest, int(nbytes))
+        pos = end
+    if pos != len(stream):
+        raise FormatError(path, f"too long: {2 * (len(stream) - pos)} bytes after the "
+                                f"{count} examples the header declares")
+    if longest != found_longest:
+        raise FormatError(path, f"bad header: the longest example has {longest} bytes, the "
+                                f"file's has {found_longest}")
+    return examples
 
 
 # ----------------------------------------------------------------------------
