@@ -63,7 +63,8 @@ from llmc.recompute import parse_policy
 from llmc.report import LOG_NAME, Efficiency, profile_lines
 from llmc.sampler import generate
 from llmc.schedulers import SCHEDULERS, get_scheduler
-from llmc.tokenizer import GPT2_VOCAB_SIZE, TokenizerError, load_tokenizer
+from llmc.tokenizer import (GPT2_VOCAB_SIZE, TokenizerError, load_tokenizer,
+                            tokenizer_beside_shards)
 from llmc.vocab import MAP_NAME, VocabMap
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -276,9 +277,7 @@ def parse_args(argv):
 def data_tokenizer(args):
     """The path of the training data's tokenizer: a tokenizer.bin beside its shards (the data
     scripts write llama2.c's with a SentencePiece vocabulary there), else llm.c's GPT-2 one."""
-    shards = sorted(glob.glob(args.train_data))
-    beside = os.path.join(os.path.dirname(shards[0]), "tokenizer.bin") if shards else None
-    return beside if beside and os.path.exists(beside) else DEFAULT_TOKENIZER
+    return tokenizer_beside_shards(args.train_data) or DEFAULT_TOKENIZER
 
 
 def data_vocab_size(args):
