@@ -191,9 +191,10 @@ def gpt2_encoding():
 # decoding, and encoding a prompt
 
 class Tokenizer:
-    """Token ids -> text, and a prompt -> token ids (encode_prompt). token_bytes[i] is the bytes of token i (GPT-2 is byte-level: one
-    character may span several tokens, so text is decoded from the joined bytes).  eot_token
-    separates documents and starts a sample (GPT-2's <|endoftext|>, SentencePiece's BOS)."""
+    """Token ids -> text, and a prompt -> token ids (encode_prompt). token_bytes[i] is the bytes
+    of token i (GPT-2 is byte-level: one character may span several tokens, so text is decoded
+    from the joined bytes).  eot_token separates documents and starts a sample (GPT-2's
+    <|endoftext|>, SentencePiece's BOS)."""
 
     def __init__(self, token_bytes, eot_token, source, space_after_eot=True, encoder=None):
         self.token_bytes = token_bytes

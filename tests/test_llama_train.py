@@ -111,8 +111,8 @@ def test_model_files_name_their_family(capsys, data, tmp_path):
                               str(tmp_path / name), *map(str, files)], capture_output=True,
                              text=True, timeout=600)
         out, err = run.stdout, run.stderr
-        assert run.returncode == 0 and err.splitlines() == [f"train.py: -e {tmp_path / name}: {what}: the {family} "
-                                    f"family"], err
+        assert run.returncode == 0 and err.splitlines() == [
+            f"train.py: -e {tmp_path / name}: {what}: the {family} family"], err
         assert re.search(rf"\| model family +\| {family} ", out) and STEP_LINE.search(out)
     line = error_of(capsys, "--family", "gpt2", "-e", tmp_path / "v0.bin", *files, status=2)
     assert f"-e {tmp_path / 'v0.bin'} is a llama2.c model (version 0), of the llama family, " \
