@@ -4,7 +4,9 @@ generate.py and what it stands on: greedy generation against PyTorch's argmax st
 train_llama2_torch.py), the fixed-length forward exact to the bit (the model is causal), the
 Sampler (seed determinism, top-k 1 is greedy, top-k and top-p against direct NumPy
 computations in float64), the llama2.c prompt encoder against a line-by-line transcription of
-run.c's encode() on a SentencePiece vocabulary trained here, and bad input in one line.
+run.c's encode() on a SentencePiece vocabulary trained here, the command on a train.py output
+dir and on a --compact-vocab model, bad input in one line; and, where LLAMA2C_DIR names a
+llama2.c checkout, dev/llama2c_check.py (run.c itself against generate.py).
 """
 import bisect
 import os
@@ -20,6 +22,7 @@ from llmc import checkpoint, tokenizer
 from llmc.formats.llama2c import read_llama2c_tokenizer, write_llama2c_tokenizer
 from llmc.formats.llmc import write_shard
 from llmc.sampler import Sampler, XorShift, sample_topp
+from llmc.vocab import MAP_NAME, VocabMap
 from test_llama_formats import vocabulary  # noqa: F401  (a SentencePiece tokenizer.bin)
 from train_gpt2 import GPT2, GPT2Config
 from train_llama2 import Llama2, LlamaConfig
@@ -347,3 +350,41 @@ def test_command_line_on_a_run_dir(tmp_path, vocabulary):  # noqa: F811
     piece = tok.stream_decoder(after=prompt[0])
     assert run.stdout == "".join(piece(t) for t in prompt[1:] + tokens) + "\n"
     assert run.stdout.startswith("First Citizen:")
+
+
+def test_a_compact_vocabulary_model(capsys, tmp_path, vocabulary):  # noqa: F811
+    """A --compact-vocab run's model: the prompt's ids through the vocab_map.bin beside it,
+    the text back through it; an id it lacks is one line."""
+    _, bin_path, _ = vocabulary
+    tok = tokenizer.load_tokenizer(str(bin_path))
+    prompt = tok.encode_prompt("First Citizen:")
+    vocab_map = VocabMap(sorted(set(prompt) | set(range(3, 80))))
+    shutil.copy(bin_path, tmp_path / "tokenizer.bin")
+    vocab_map.save(str(tmp_path / MAP_NAME))
+    config = LlamaConfig.from_name("d1", vocab_size=len(vocab_map), max_seq_len=64)
+    model = Llama2.random(config, seed=1)
+    model.save(str(tmp_path / "model.bin"))
+    generate.run([str(tmp_path / "model.bin"), "-p", "First Citizen:", "-n", "10",
+                  "--temperature", "0"])
+    compact = [int(vocab_map.index[t]) for t in prompt]
+    compacted = vocab_map.tokenizer(tok)
+    tokens = list(generate.generate(model, compact, 10, Sampler(0.0), compacted.eot_token))
+    piece = compacted.stream_decoder(after=compact[0])
+    stdout = capsys.readouterr().out
+    assert stdout == "".join(piece(t) for t in compact[1:] + tokens) + "\n"
+    assert stdout.startswith("First Citizen:")
+    line = error_of(capsys, tmp_path / "model.bin", "-p", "\u2603")
+    assert "the prompt: token id" in line and "is not in the compacted vocabulary" in line
+
+
+@pytest.mark.skipif(not os.environ.get("LLAMA2C_DIR"),
+                    reason="LLAMA2C_DIR does not name a llama2.c checkout (its run.c)")
+def test_run_c_prints_what_generate_generates():
+    """dev/llama2c_check.py: run.c and generate.py, greedy, on a tiny Llama trained here."""
+    text = os.path.join(ROOT, "..", "shared", "data", "tinyshakespeare", "input.txt")
+    run = subprocess.run([sys.executable, os.path.join(ROOT, "dev", "llama2c_check.py"),
+                          os.environ["LLAMA2C_DIR"], "--steps", "20", "-n", "32",
+                          *(["--input-text", text] if os.path.exists(text) else [])],
+                         capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr
+    assert "match: run.c printed the pieces of generate.py's" in run.stdout
