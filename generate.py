@@ -69,21 +69,24 @@ def note(message):
 
 def parse_args(argv):
     p = Parser(prog="generate.py", description="Continue a prompt with a model of either family "
-               "(llm.c's, llama2.c's or GGUF model file, or train.py's output dir).",
-               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+               "(llm.c's, llama2.c's or GGUF model file, or train.py's output dir).")
     p.add_argument("model", help="a model file, or train.py's output dir (its newest checkpoint)")
-    p.add_argument("-p", "--prompt", default="", help="the text to continue")
+    p.add_argument("-p", "--prompt", default="",
+                   help="the text to continue (default: none, the start token alone)")
     p.add_argument("-n", dest="steps", metavar="INT", type=int, default=None,
                    help=f"tokens to generate (default: {DEFAULT_STEPS}, or fewer where the "
                         f"model's context ends)")
     p.add_argument("--temperature", metavar="FLOAT", type=float, default=1.0,
-                   help="0: greedy (the argmax)")
+                   help="0: greedy (the argmax) (default: %(default)s)")
     p.add_argument("--top-k", metavar="INT", type=int, default=0,
-                   help="draw from the k most likely tokens only (0: all)")
+                   help="draw from the k most likely tokens only (0: all) (default: "
+                        "%(default)s)")
     p.add_argument("--top-p", metavar="FLOAT", type=float, default=0.9,
-                   help="draw from the nucleus of this probability only (1: all)")
+                   help="draw from the nucleus of this probability only (1: all) (default: "
+                        "%(default)s)")
     p.add_argument("--seed", metavar="INT", type=int, default=SAMPLE_SEED,
-                   help="seed of the xorshift RNG that draws the tokens")
+                   help="seed of the xorshift RNG that draws the tokens (default: "
+                        "%(default)s)")
     p.add_argument("--tokenizer", metavar="PATH", default=None,
                    help="a llama2.c tokenizer.bin, or gpt2 (GPT-2's) (default: the training "
                         "data's, else a tokenizer.bin beside the model, else GPT-2's)")
