@@ -46,6 +46,7 @@ checkpoint, default_data, report, vocab; the file formats in llmc/formats/; the 
 train_gpt2.pyx and train_llama2.pyx, each found by its name (llmc/families.py).
 """
 import argparse
+import dataclasses
 import glob
 import math
 import os
@@ -59,8 +60,9 @@ from llmc.checkpoint import (RUN_NAME, checkpoint_files, checkpoint_paths, compl
                              find_max_step, outliers_path, read_outliers, resume,
                              run_differences, write_checkpoint, write_run_config)
 from llmc.dataloader import DataError, DataLoader, shard_files
-from llmc.families import DEFAULT_FAMILY, FamilyError, family_names, get_family, preset_family
-from llmc.formats import FormatError
+from llmc.families import (DEFAULT_FAMILY, FamilyError, family_names, family_of_file,
+                           get_family, preset_family)
+from llmc.formats import FormatError, describe_model_file
 from llmc.formats.llama2c import read_llama2c_tokenizer
 from llmc.formats.llmc import GPT2_EOT_TOKEN, read_evalfile
 from llmc.logger import Console, Logger, note, plot_losses
@@ -69,7 +71,8 @@ from llmc.recompute import parse_policy
 from llmc.report import LOG_NAME, Efficiency, profile_lines
 from llmc.sampler import generate
 from llmc.schedulers import SCHEDULERS, get_scheduler
-from llmc.tokenizer import GPT2_VOCAB_SIZE, TokenizerError, load_tokenizer
+from llmc.tokenizer import (GPT2_VOCAB_SIZE, TokenizerError, load_tokenizer,
+                            tokenizer_beside_shards)
 from llmc.vocab import MAP_NAME, VocabMap
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -149,11 +152,15 @@ def parse_args(argv):
                    help=f"init from a model .bin, dN for a random model of depth N, or "
                         f"{presets} (default: {defaults})")
     p.add_argument("--family", choices=family_names(), default=None,
-                   help=f"the model family of -e's file or dN (default: {by_preset}else "
-                        f"{DEFAULT_FAMILY})")
+                   help=f"the model family of dN (default: the family of -e's file, told by "
+                        f"its first bytes; {by_preset}else {DEFAULT_FAMILY})")
     p.add_argument("--vocab-size", metavar="INT", type=int, default=None,
                    help="vocabulary of a new random model (default: the data's tokenizer's, "
                         f"GPT-2's {GPT2_VOCAB_SIZE})")
+    p.add_argument("--classifier", choices=("shared", "separate"), default=None,
+                   help="the output head of a new random model: the token embedding (shared) "
+                        "or a matrix of its own (separate; Llama only) (default: the preset's, "
+                        "else shared)")
     p.add_argument("-b", dest="B", metavar="INT", type=int, default=4, help="micro batch size B")
     p.add_argument("-t", dest="T", metavar="INT", type=int, default=64, help="sequence length T")
     p.add_argument("-d", dest="total_batch_size", metavar="INT", type=int, default=-1,
@@ -293,11 +300,27 @@ def parse_args(argv):
     require(math.isfinite(args.cos_decay_restart) and args.cos_decay_restart >= 1,
             "--cos-decay-restart", args.cos_decay_restart, "must be a number >= 1")
     preset_of = preset_family(args.init)   # the family whose preset -e names, or None
-    if args.family is None:
+    args.family_note = None   # without --family, what -e's file is: said once it has loaded
+    if args.init is not None and os.path.exists(args.init):   # a file, as model_source takes it
+        family, what = file_family(args.init, args.family, p.error)
+        if args.family is None:
+            args.family_note = f"-e {args.init}: {what}: the {family} family"
+        args.family = family
+    elif args.family is None:
         args.family = preset_of or DEFAULT_FAMILY
     elif preset_of not in (None, args.family):
         p.error(f"argument --family: -e {args.init} is a {family_of(preset_of).preset_noun}, not "
                 f"a {args.family} model")
+    if args.classifier is not None and not has_field(family_of(args.family).config_class,
+                                                     "shared_classifier"):
+        if args.classifier == "separate":
+            p.error(f"argument --classifier: a {family_of(args.family).title} model's classifier "
+                    f"is always the token embedding (shared)")
+        args.classifier = None   # shared: its only kind
+    init = args.init or family_of(args.family).default_init
+    if args.classifier is not None and os.path.exists(init):
+        p.error(f"argument --classifier: the model file {init} has its own classifier (the "
+                f"flag is for a new random model)")
     if args.checkpoint_every > 0 and args.output_dir is None:
         p.error("argument -n: checkpoints need an output dir: add -o DIR")
     if args.resume and args.output_dir is None:
@@ -317,15 +340,31 @@ def parse_args(argv):
     return args
 
 
+def file_family(path, family, error):
+    """(the name of the family of -e's model file, told by its first bytes; what the file is,
+    in words); error() when --family (family, or None) names another."""
+    try:
+        found, _ = family_of_file(path)
+    except FamilyError as e:
+        raise TrainError(str(e)) from None
+    what = describe_model_file(path)
+    if family not in (None, found.name):
+        error(f"argument --family: -e {path} is {what}, of the {found.name} family, not "
+              f"{family}")
+    return found.name, what
+
+
+def has_field(config_class, name):
+    return name in {field.name for field in dataclasses.fields(config_class)}
+
+
 # ----------------------------------------------------------------------------
 # model, tokenizer, evaluation
 
 def data_tokenizer(args):
     """The path of the training data's tokenizer: a tokenizer.bin beside its shards (the data
     scripts write llama2.c's with a SentencePiece vocabulary there), else llm.c's GPT-2 one."""
-    shards = sorted(glob.glob(args.train_data))
-    beside = os.path.join(os.path.dirname(shards[0]), "tokenizer.bin") if shards else None
-    return beside if beside and os.path.exists(beside) else DEFAULT_TOKENIZER
+    return tokenizer_beside_shards(args.train_data) or DEFAULT_TOKENIZER
 
 
 def data_vocab_size(args):
@@ -437,6 +476,11 @@ def check_resumed_run(args):
                          f"run another -o")
 
 
+def classifier_field(args):
+    """--classifier as a config field (none for a family that has one kind only)."""
+    return {} if args.classifier is None else {"shared_classifier": args.classifier == "shared"}
+
+
 def random_config(args, init):
     """The config of -e dN or a preset of the family, or None when init names neither."""
     depth = re.fullmatch(r"d(\d+)", init)
@@ -444,7 +488,8 @@ def random_config(args, init):
         raise TrainError(f"-e {init}: the depth must be in 1..1000")
     family = family_of(args.family)
     if depth or init in family.presets:
-        return family.config_class.from_name(init, vocab_size=vocab_size(args))
+        return family.config_class.from_name(init, vocab_size=vocab_size(args),
+                                             **classifier_field(args))
     return None
 
 
@@ -489,7 +534,10 @@ def load_model(args, Model, resume_path):
         if config is not None:
             return (Model.random(config, seed=args.seed, backend=args.backend,
                                  recompute=args.recompute), f"random {init} (seed {args.seed})")
-        return Model.from_checkpoint(init, args.backend, args.recompute), f"checkpoint {init}"
+        model = Model.from_checkpoint(init, args.backend, args.recompute)
+        if args.family_note is not None:
+            note(args.family_note)
+        return model, f"checkpoint {init}"
     except (FormatError, BackendError) as e:
         raise TrainError(str(e)) from None
     except MemoryError as e:
@@ -504,10 +552,13 @@ def dry_run(args):
     model_family = family_of(args.family)
     init, config = model_source(args)
     if init in model_family.presets and args.vocab_size is None:
-        config = model_family.presets[init]   # the published sizes, not the data's vocabulary
+        # the published sizes, not the data's vocabulary
+        config = model_family.config_class.from_name(init, **classifier_field(args))
     try:
         if config is None:   # a model file: its header's config
             config = model_family.read_model(init)[0]
+            if args.family_note is not None:
+                note(args.family_note)
     except FormatError as e:
         raise TrainError(str(e)) from None
     if args.T > config.max_seq_len:

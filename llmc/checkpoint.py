@@ -142,16 +142,24 @@ def write_run_config(output_dir, config):
                  (json.dumps(config, indent=1) + "\n").encode())
 
 
-def run_differences(output_dir, config):
-    """What differs between config and the run.json in output_dir, as "KEY SAVED (this run:
-    NEW)" strings; none when the dir has no run.json (a run of an older llm.pyx, or llm.c's)."""
+def read_run_config(output_dir):
+    """The configuration in output_dir's run.json, or None when it has none (a run of an older
+    llm.pyx, or llm.c's)."""
     path = os.path.join(output_dir, RUN_NAME)
     if not os.path.exists(path):
-        return []
+        return None
     try:
         with open(path) as f:
-            saved = json.load(f)
+            return json.load(f)
     except ValueError as e:
         raise FormatError(path, f"not a run configuration ({e})") from None
+
+
+def run_differences(output_dir, config):
+    """What differs between config and the run.json in output_dir, as "KEY SAVED (this run:
+    NEW)" strings; none when the dir has no run.json."""
+    saved = read_run_config(output_dir)
+    if saved is None:
+        return []
     return [f"{key} {saved.get(key)} (this run: {value})" for key, value in config.items()
             if saved.get(key) != value]

@@ -1,6 +1,11 @@
 """
 Sampling from the model as llm.c's trainer does: its xorshift RNG (random_u32, random_f32) and
 sample_mult, so a model and a seed give the tokens llm.c gives.
+
+Sampler is generate.py's: greedy (temperature 0: the argmax of the logits), or a draw from the
+softmax of logits / temperature, cut to the top_k most likely tokens and to the nucleus of
+probability top_p (llama2.c's sample_topp), one coin from the xorshift RNG at seed per token,
+as llama2.c's run.c draws them.
 """
 import numpy as np
 
@@ -34,6 +39,50 @@ def sample_mult(probs, coin):
     a draw from probs for a coin uniform in [0, 1); the last index if rounding leaves none."""
     cdf = np.cumsum(probs, dtype=np.float32)  # sequential float32 sums, as the C loop
     return min(int(np.searchsorted(cdf, np.float32(coin), side="right")), len(probs) - 1)
+
+
+def sample_topp(probs, topp, coin):
+    """llama2.c's nucleus sampling: a draw, for a coin uniform in [0, 1), from the most likely
+    tokens whose probabilities' float32 running sum first exceeds topp (all of them if
+    rounding keeps it below), renormalised.  Tokens below (1 - topp) / (n - 1) are dropped
+    first, as llama2.c does: they cannot be in the nucleus."""
+    cutoff = np.float32((1.0 - topp) / (len(probs) - 1))
+    candidates = np.flatnonzero(probs >= cutoff)
+    order = candidates[np.argsort(-probs[candidates], kind="stable")]   # most likely first
+    cdf = np.cumsum(probs[order], dtype=np.float32)
+    last = min(int(np.searchsorted(cdf, np.float32(topp), side="right")), len(order) - 1)
+    return int(order[sample_mult(probs[order[:last + 1]], np.float32(coin * cdf[last]))])
+
+
+def softmax(logits):
+    """float32 probabilities of float32 logits."""
+    exp = np.exp(logits - logits.max())
+    return exp / exp.sum(dtype=np.float32)
+
+
+class Sampler:
+    """The next token from a position's logits: greedy at temperature 0, else drawn from
+    softmax(logits / temperature), cut to the top_k most likely (0: all; ties go to the lower
+    id, as the argmax) and then to the nucleus top_p (1: all), with the RNG at seed."""
+
+    def __init__(self, temperature=1.0, top_k=0, top_p=1.0, seed=SAMPLE_SEED):
+        self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
+        self.rng = XorShift(seed)
+
+    def __call__(self, logits):
+        if self.temperature == 0:
+            return int(np.argmax(logits))   # the first of equals, as run.c's sample_argmax
+        logits = np.asarray(logits, dtype=np.float32) / np.float32(self.temperature)
+        if 0 < self.top_k < len(logits):
+            top = np.argsort(-logits, kind="stable")[:self.top_k]
+            kept = np.full_like(logits, -np.inf)
+            kept[top] = logits[top]
+            logits = kept
+        probs = softmax(logits)
+        coin = self.rng.random_f32()
+        if 0 < self.top_p < 1:
+            return sample_topp(probs, self.top_p, coin)
+        return sample_mult(probs, coin)
 
 
 def generate(model, tokenizer, gen_tokens, console):

@@ -18,7 +18,8 @@ tokenizer.bin (llmc.formats.llama2c.write_llama2c_tokenizer).
 
 Tokenizer decodes token ids to text, from llm.c's gpt2_tokenizer.bin (the bytes of every
 token, see llmc.formats.llmc.read_tokenizer), from llama2.c's tokenizer.bin, or from a tiktoken
-Encoding.
+Encoding, and encodes a prompt: GPT-2's through tiktoken, llama2.c's tokenizer.bin as run.c's
+encode() does it (llama2c_encoder), so that a prompt gets the tokens run.c gives it.
 """
 import base64
 import codecs
@@ -32,6 +33,8 @@ import sys
 import tarfile
 import tempfile
 import zipfile
+
+import numpy as np
 
 from llmc.formats import atomic_write
 from llmc.formats.llama2c import read_llama2c_tokenizer, write_llama2c_tokenizer
@@ -185,46 +188,62 @@ def gpt2_encoding():
 
 
 # ----------------------------------------------------------------------------
-# decoding
+# decoding, and encoding a prompt
 
 class Tokenizer:
-    """Token ids -> text. token_bytes[i] is the bytes of token i (GPT-2 is byte-level: one
-    character may span several tokens, so text is decoded from the joined bytes).  eot_token
-    separates documents and starts a sample (GPT-2's <|endoftext|>, SentencePiece's BOS)."""
+    """Token ids -> text, and a prompt -> token ids (encode_prompt). token_bytes[i] is the bytes
+    of token i (GPT-2 is byte-level: one character may span several tokens, so text is decoded
+    from the joined bytes).  eot_token separates documents and starts a sample (GPT-2's
+    <|endoftext|>, SentencePiece's BOS)."""
 
-    def __init__(self, token_bytes, eot_token, source, space_after_eot=True):
+    def __init__(self, token_bytes, eot_token, source, space_after_eot=True, encoder=None):
         self.token_bytes = token_bytes
         self.eot_token = eot_token
         self.source = source
         # SentencePiece puts a space before a document's first word; run.c drops it
         self.space_after_eot = space_after_eot
+        self.encoder = encoder   # text -> a prompt's ids (encode_prompt); None: decodes only
 
     @classmethod
     def from_file(cls, path):
-        """llm.c's tokenizer file (gpt2_tokenizer.bin); raises llmc.formats.FormatError."""
+        """llm.c's tokenizer file (gpt2_tokenizer.bin); raises llmc.formats.FormatError.  It
+        holds no merges: GPT-2's (its 50257 tokens) encodes through tiktoken."""
         tokens, eot_token = read_tokenizer(path)
-        return cls(tokens, eot_token, path)
+        encoder = ((lambda text: [eot_token, *gpt2_encoding().encode_ordinary(text)])
+                   if len(tokens) == GPT2_VOCAB_SIZE else None)
+        return cls(tokens, eot_token, path, encoder=encoder)
 
     @classmethod
     def from_llama2c(cls, path):
         """llama2.c's tokenizer.bin: byte-fallback pieces "<0x0A>" are their byte, BOS (id 1)
         and EOS (id 2) decode to nothing, as SentencePiece decodes them."""
-        pieces, _ = read_llama2c_tokenizer(path)
+        pieces, scores = read_llama2c_tokenizer(path)
         token_bytes = [LLAMA2C_BYTE_PIECE.fullmatch(p) and bytes([int(p[3:5], 16)]) or p
                        for p in pieces]
         for special in (SP_BOS, SP_EOS):
             if special < len(token_bytes):
                 token_bytes[special] = b""
-        return cls(token_bytes, SP_BOS, path, space_after_eot=False)
+        return cls(token_bytes, SP_BOS, path, space_after_eot=False,
+                   encoder=llama2c_encoder(pieces, scores))
 
     @classmethod
     def from_encoding(cls, encoding):
         tokens = [encoding.decode_single_token_bytes(i) for i in range(encoding.n_vocab)]
-        return cls(tokens, encoding.eot_token, f"tiktoken {encoding.name}")
+        return cls(tokens, encoding.eot_token, f"tiktoken {encoding.name}",
+                   encoder=lambda text: [encoding.eot_token, *encoding.encode_ordinary(text)])
 
     @property
     def vocab_size(self):
         return len(self.token_bytes)
+
+    def encode_prompt(self, text):
+        """The token ids of a prompt: eot_token (GPT-2's <|endoftext|>, SentencePiece's BOS),
+        then the text's (special tokens' names are text); TokenizerError when this tokenizer
+        cannot encode."""
+        if self.encoder is None:
+            raise TokenizerError(f"{self.source}: this tokenizer only decodes, it cannot "
+                                 f"encode a prompt")
+        return self.encoder(text)
 
     def _bytes(self, token_id, previous):
         raw = self.token_bytes[token_id]
@@ -253,6 +272,14 @@ class Tokenizer:
         return piece
 
 
+def tokenizer_beside_shards(pattern):
+    """The tokenizer.bin beside the first of the token shards pattern matches (the data
+    scripts write llama2.c's there with a SentencePiece vocabulary), or None."""
+    shards = sorted(glob.glob(pattern))
+    beside = os.path.join(os.path.dirname(shards[0]), "tokenizer.bin") if shards else None
+    return beside if beside and os.path.exists(beside) else None
+
+
 def load_tokenizer(path="gpt2_tokenizer.bin"):
     """The Tokenizer of the file at path if there is one (llm.c's tokenizer, or llama2.c's
     tokenizer.bin), else of tiktoken's GPT-2."""
@@ -271,6 +298,60 @@ def load_tokenizer(path="gpt2_tokenizer.bin"):
 SP_UNK, SP_BOS, SP_EOS = 0, 1, 2          # SentencePiece's default ids, which run.c assumes
 SP_WHITESPACE = "\u2581"                  # SentencePiece's "▁" marks a space
 LLAMA2C_BYTE_PIECE = re.compile(rb"<0x[0-9A-F]{2}>")
+
+
+def utf8_groups(data):
+    """The bytes cut as run.c's encode cuts them: a byte and the continuation bytes (10xxxxxx)
+    after it, at most 4 in all (a UTF-8 code point, when the bytes are UTF-8)."""
+    start = 0
+    while start < len(data):
+        end = start + 1
+        while end < len(data) and data[end] & 0xC0 == 0x80 and end - start < 4:
+            end += 1
+        yield data[start:end]
+        start = end
+
+
+def llama2c_encoder(pieces, scores):
+    """A function text -> token ids as llama2.c's run.c encodes a prompt with a tokenizer.bin
+    of these pieces and scores (encode(bos=1, eos=0)): BOS, a dummy-prefix space (for
+    non-empty text), each code point's piece or else its bytes' pieces (byte fallback: byte b
+    is token b + 3), then, while any adjacent pair's concatenation is a piece, the pair whose
+    piece scores highest (the leftmost of equals) merges into it."""
+    lookup = {}
+    for i in reversed(range(len(pieces))):   # a duplicated piece: its lowest id
+        lookup[pieces[i]] = i
+    scores = [float(s) for s in scores]      # float32 values, exact as floats
+    byte_fallback = (len(pieces) >= 3 + 256 and
+                     all(pieces[3 + b] == b"<0x%02X>" % b for b in range(256)))
+    no_merge = float(np.float32(-1e10))      # run.c's starting best score: merges score above
+
+    def encode(text):
+        data = text.encode("utf-8", "surrogateescape")   # the bytes of argv, as run.c sees them
+        tokens = [SP_BOS]
+        if data:
+            if b" " not in lookup:
+                raise TokenizerError("the tokenizer has no ' ' piece for SentencePiece's "
+                                     "dummy prefix")
+            tokens.append(lookup[b" "])
+        for group in utf8_groups(data):
+            if group in lookup:
+                tokens.append(lookup[group])
+            elif byte_fallback:
+                tokens.extend(b + 3 for b in group)
+            else:
+                raise TokenizerError(f"the tokenizer has no piece for {group!r} and no "
+                                     f"byte-fallback pieces <0x00>..<0xFF> at ids 3..258")
+        while True:
+            best_score, best_at, best_id = no_merge, -1, -1
+            for i in range(len(tokens) - 1):
+                merged = lookup.get(pieces[tokens[i]] + pieces[tokens[i + 1]])
+                if merged is not None and scores[merged] > best_score:
+                    best_score, best_at, best_id = scores[merged], i, merged
+            if best_at < 0:
+                return tokens
+            tokens[best_at:best_at + 2] = [best_id]
+    return encode
 
 
 def train_sentencepiece(text_path, model_prefix, vocab_size):

@@ -180,8 +180,8 @@ def test_bad_files(capsys, data, tmp_path):
 def test_bad_model(capsys, data, tmp_path):
     files = ["-i", data.train, "-j", data.val, "-s", 0]
     (tmp_path / "junk.bin").write_bytes(b"\x01" * 5000)
-    assert "junk.bin: not a model checkpoint" in error_of(capsys, "-e", tmp_path / "junk.bin",
-                                                         *files)
+    assert "junk.bin: not a model file (5000 bytes): neither llm.c's" in error_of(
+        capsys, "-e", tmp_path / "junk.bin", *files)
     write_raw(tmp_path / "cut.bin", [20240326, 3, 1024, 50257, 2, 2, 128, 50304], b"\x00" * 64)
     assert "cut.bin: truncated" in error_of(capsys, "-e", tmp_path / "cut.bin", *files)
     assert "no such model file" in error_of(capsys, "-e", tmp_path / "none.bin", *files)

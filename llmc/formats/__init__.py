@@ -22,8 +22,8 @@ import numpy as np
 
 from llmc.files import FormatError, atomic_write
 
-__all__ = ["FormatError", "atomic_write", "bfloat16_bits_to_float32", "float32_to_bfloat16_bits",
-           "model_format", "param_views"]
+__all__ = ["FormatError", "atomic_write", "bfloat16_bits_to_float32", "describe_model_file",
+           "float32_to_bfloat16_bits", "model_format", "param_views"]
 
 
 def param_views(config, flat):
@@ -122,3 +122,16 @@ def model_format(path):
             "it begins like a text file" if _looks_like_text(raw) else f"{size} bytes")
     raise FormatError(path, f"not a model file ({what}): neither llm.c's (magic 20240326), "
                             f"llama2.c's (version 1's magic 'ak42', or version 0's sizes) nor GGUF")
+
+
+def describe_model_file(path):
+    """What model_format finds at path, in words with the format's version: "a llama2.c model
+    (version 1)" (the version field after the magic; 0 for llama2.c's legacy file, which has
+    none)."""
+    from llmc.formats.llama2c import LLAMA2C_MAGIC
+    found = model_format(path)
+    with open_file(path) as f:
+        raw = f.read(8)
+    legacy = found == "llama2c" and int.from_bytes(raw[:4], "little") != LLAMA2C_MAGIC
+    version = 0 if legacy else int.from_bytes(raw[4:8], "little")
+    return f"{MODEL_FORMAT_NAMES[found]} (version {version})"
