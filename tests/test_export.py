@@ -1,11 +1,14 @@
 """
 dev/export.py: every format from either family, and the Hugging Face export checked against
 transformers itself (AutoModelForCausalLM's logits equal ours, AutoTokenizer's ids equal
-tiktoken's and SentencePiece's).  transformers is a test oracle: its tests skip without it.
+tiktoken's and SentencePiece's), and lm-evaluation-harness run offline on an export, its
+loglikelihoods equal to ours.  transformers and lm-eval are test oracles: their tests skip
+without them.
 """
 import glob
 import json
 import os
+import subprocess
 import sys
 
 import numpy as np
@@ -369,3 +372,119 @@ def test_bad_hf_folders_are_format_errors(tmp_path):
     (tmp_path / "model.safetensors").write_bytes(b"\x02\x00\x00\x00\x00\x00\x00\x00{}")
     with pytest.raises(FormatError, match="model_type 'bert': neither a GPT-2 nor a Llama"):
         read_hf_model(tmp_path)
+
+
+# --- lm-evaluation-harness, offline ----------------------------------------------------------
+
+TINY_TASK = [  # llmpyx_tiny's documents (tests/fixtures/lm_eval/llmpyx_tiny.yaml)
+    {"context": "First Citizen:\nBefore we proceed any further, hear me",
+     "choices": ["speak.", "run away.", "sleep"], "label": 0},
+    {"context": "All:\nSpeak,", "choices": ["speak.", "never"], "label": 0},
+    {"context": "You are all resolved rather to die than to", "choices": ["famish?", "eat"],
+     "label": 0},
+]
+
+
+def loglikelihood(model, gpt2, context, continuation):
+    """log P(continuation | context) and whether it is the greedy one, computed with our
+    model: the continuation's tokens are those of the whole after the context's, as lm-eval
+    splits them."""
+    context_ids = gpt2.encode(context)
+    continuation_ids = gpt2.encode(context + continuation)[len(context_ids):]
+    ids = context_ids + continuation_ids
+    model.forward(np.array([ids[:-1]], dtype=np.int32))
+    logits = model.activation("logits")[0, :, :model.config.vocab_size].astype(np.float64)
+    shifted = logits - logits.max(-1, keepdims=True)
+    logprobs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+    rows = np.arange(len(context_ids) - 1, len(ids) - 1)
+    return (float(logprobs[rows, continuation_ids].sum()),
+            bool(np.all(logprobs[rows].argmax(-1) == continuation_ids)))
+
+
+def test_lm_eval_runs_offline_on_an_export(gpt2, tmp_path, capsys):
+    """lm-eval's Hugging Face model on the export of a d2, the task from a local file with no
+    network: it gives an accuracy, and each choice's loglikelihood is our model's."""
+    pytest.importorskip("lm_eval", reason="lm-eval is not installed (pip install 'lm-eval[hf]')")
+    pytest.importorskip("accelerate", reason="lm-eval's Hugging Face model needs accelerate "
+                                             "(pip install 'lm-eval[hf]')")
+    model_path = tmp_path / "d2.bin"
+    GPT2.random(GPT2Config.from_depth(2, max_seq_len=64), seed=7).save(str(model_path))
+    assert run_export(capsys, model_path, "--format", "hf", "-o", tmp_path / "hf")[0] == 0
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "tiny_task.jsonl").write_text("".join(json.dumps(d) + "\n" for d in TINY_TASK))
+    env = dict(os.environ, HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1",
+               HF_HOME=str(tmp_path / "hf_home"), OMP_NUM_THREADS="1")
+    run = subprocess.run(
+        [sys.executable, "-m", "lm_eval", "run", "--model", "hf", "--model_args",
+         f"pretrained={tmp_path / 'hf'},dtype=float32", "--tasks", "llmpyx_tiny",
+         "--include_path", os.path.join(HERE, "fixtures", "lm_eval"), "--device", "cpu",
+         "--batch_size", "1", "--output_path", str(tmp_path / "results"), "--log_samples"],
+        cwd=work, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    results = json.loads(open(glob.glob(str(tmp_path / "results" / "*" / "results_*.json"))[0]).read())
+    accuracy = results["results"]["llmpyx_tiny"]["acc,none"]
+    samples = [json.loads(line) for line in
+               open(glob.glob(str(tmp_path / "results" / "*" / "samples_llmpyx_tiny_*.jsonl"))[0])]
+    assert len(samples) == len(TINY_TASK)
+    model = GPT2.from_checkpoint(str(model_path))
+    right = 0
+    for sample in samples:
+        ours = [loglikelihood(model, gpt2, args["arg_0"], args["arg_1"])
+                for args in sample["arguments"].values()]
+        theirs = [(float(ll), greedy == "True") for ll, greedy in sample["filtered_resps"]]
+        assert len(ours) == len(TINY_TASK[sample["doc_id"]]["choices"]) == len(theirs)
+        for (ll, greedy), (their_ll, their_greedy) in zip(ours, theirs):
+            assert abs(ll - their_ll) < 1e-4 * max(1.0, abs(ll)) and greedy == their_greedy
+        right += int(np.argmax([ll for ll, _ in ours]) == sample["doc"]["label"])
+    assert accuracy == right / len(TINY_TASK)
+
+
+FAKE_LM_EVAL = '''
+import json, os, sys
+args = sys.argv[1:]
+with open(os.environ["FAKE_LM_EVAL_LOG"], "a") as f:
+    f.write(json.dumps(args) + "\\n")
+out = os.path.join(args[args.index("--output_path") + 1], "model")
+os.makedirs(out)
+scores = {"acc,none": 0.25, "acc_norm,none": 0.5, "exact_match,strict-match": 0.125}
+with open(os.path.join(out, "results_1.json"), "w") as f:
+    json.dump({"results": {args[args.index("--tasks") + 1]: scores}}, f)
+'''
+
+
+def test_run_eval_runs_the_leaderboard_tasks(tmp_path):
+    """dev/eval/run_eval.sh with a stand-in for lm-eval that records its arguments and reports
+    scores: the six tasks at the leaderboard's shots on the export, then the six scores (each
+    task's own metric) and their average; without lm-eval, one line saying what to install."""
+    fake = tmp_path / "fake" / "lm_eval"
+    (fake / "models").mkdir(parents=True)
+    for name in ("__init__.py", "models/__init__.py", "models/huggingface.py"):
+        (fake / name).write_text("")
+    (fake / "__main__.py").write_text(FAKE_LM_EVAL)
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text("{}")
+    script = os.path.join(REPO, "dev", "eval", "run_eval.sh")
+    env = dict(os.environ, PYTHON=sys.executable, PYTHONPATH=str(tmp_path / "fake"),
+               FAKE_LM_EVAL_LOG=str(tmp_path / "calls.jsonl"), LM_EVAL_ARGS="--limit 3")
+    run = subprocess.run(["bash", script, str(tmp_path / "hf"), str(tmp_path / "out")], env=env,
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    calls = [json.loads(line) for line in open(tmp_path / "calls.jsonl")]
+    asked = [(c[c.index("--tasks") + 1], c[c.index("--num_fewshot") + 1]) for c in calls]
+    assert asked == [("arc_challenge", "25"), ("hellaswag", "10"), ("mmlu", "5"),
+                     ("truthfulqa_mc2", "0"), ("winogrande", "5"), ("gsm8k", "5")]
+    assert all(c[:5] == ["run", "--model", "hf", "--model_args",
+                         f"pretrained={tmp_path / 'hf'},dtype=float32"] and c[-2:] == ["--limit", "3"]
+               for c in calls)
+    lines = run.stdout.splitlines()
+    assert ["arc_challenge", "25-shot", "acc_norm", "50.00"] in [line.split() for line in lines]
+    assert ["gsm8k", "5-shot", "exact_match", "12.50"] in [line.split() for line in lines]
+    assert lines[-1].split() == ["average", "31.25"]   # (50 + 50 + 25 + 25 + 25 + 12.5) / 6
+    (fake / "models" / "huggingface.py").write_text("import accelerate_not_here\n")
+    run = subprocess.run(["bash", script, str(tmp_path / "hf")], env=env, capture_output=True,
+                         text=True)
+    assert run.returncode == 1 and run.stderr.count("\n") == 1
+    assert "pip install 'lm-eval[hf]'" in run.stderr
+    run = subprocess.run(["bash", script, str(tmp_path)], env=env, capture_output=True, text=True)
+    assert run.returncode == 1 and "no config.json" in run.stderr
