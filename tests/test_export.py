@@ -8,6 +8,7 @@ without them.
 import glob
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -141,6 +142,9 @@ def test_gpt2_124M_exports_to_transformers(gpt2, tmp_path, capsys):
     assert code == 0, line
     batch = gpt2_batch(gpt2, 1, 16)
     assert_same_logits(our_logits(model_path, batch), hf_logits(tmp_path / "hf", batch))
+    shutil.rmtree(tmp_path / "hf")   # 1 GB that pytest would keep
+    if model_path != PRETRAINED:
+        os.remove(model_path)
 
 
 def test_gpt2_tokenizer_encodes_as_tiktoken(gpt2, tmp_path, capsys):
