@@ -14,8 +14,6 @@ A Hugging Face checkpoint's q and k rows are put back into the adjacent-pair ord
 (llmc.formats.huggingface.llama_from_hf); bf16 and f16 tensors are widened to float32.
 """
 import argparse
-import glob
-import json
 import os
 import sys
 import tempfile
@@ -25,32 +23,12 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
 from download_gpt2 import download  # noqa: E402
 from llmc.formats import FormatError  # noqa: E402
-from llmc.formats.huggingface import llama_from_hf, read_safetensors  # noqa: E402
+from llmc.formats.huggingface import llama_from_hf, read_hf_checkpoint  # noqa: E402
 from llmc.formats.llama2c import read_llama2c_tokenizer, read_llama_model, write_llama_model  # noqa: E402
 
 TINYLLAMAS_URL = "https://huggingface.co/karpathy/tinyllamas/resolve/main/{name}.bin"
 LLAMA2C_TOKENIZER_URL = "https://raw.githubusercontent.com/karpathy/llama2.c/master/tokenizer.bin"
 TINYLLAMAS = ("stories15M", "stories42M", "stories110M")
-
-
-def read_hf_checkpoint(directory):
-    """name -> float32 array of every safetensors file in directory, and its config.json."""
-    config_path = os.path.join(directory, "config.json")
-    try:
-        with open(config_path) as f:
-            hf_config = json.load(f)
-    except FileNotFoundError:
-        raise FormatError(config_path, "no such file (a Hugging Face checkpoint "
-                                       "directory has config.json)") from None
-    except json.JSONDecodeError as e:
-        raise FormatError(config_path, f"not JSON: {e}") from None
-    files = sorted(glob.glob(os.path.join(directory, "*.safetensors")))
-    if not files:
-        raise FormatError(directory, "no .safetensors files")
-    tensors = {}
-    for path in files:
-        tensors.update(read_safetensors(path))
-    return tensors, hf_config
 
 
 def convert_hf(directory, output):

@@ -1,8 +1,8 @@
 """
 Shows that llama.cpp runs what we trained: exports a Llama model file (llama2.c's format) and
-its tokenizer.bin to GGUF (dev/export_gguf.py), loads it in llama.cpp through llama-cpp-python,
-compares llama.cpp's logits on a stretch of tokens with our model's, and lets llama.cpp write
-a sample from a prompt.
+its tokenizer.bin to GGUF (as dev/export.py --format gguf does), loads it in llama.cpp through
+llama-cpp-python, compares llama.cpp's logits on a stretch of tokens with our model's, and lets
+llama.cpp write a sample from a prompt.
 
     pip install llama-cpp-python         # builds llama.cpp from source (minutes, no GPU needed)
     python dev/llamacpp_check.py out/model.bin dev/data/tinyshakespeare/sp4096/tokenizer.bin
@@ -19,7 +19,8 @@ import numpy as np
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
-from export_gguf import export  # noqa: E402
+from export import gguf_vocabulary  # noqa: E402
+from llmc.formats.gguf import write_gguf  # noqa: E402
 
 TOLERANCE = 1e-4   # max |diff| / max |logit|, float32 kernels on both sides
 GGML_TYPE_F32 = 0
@@ -40,9 +41,11 @@ def main(argv=None):
                  "llama-cpp-python: it builds llama.cpp from source)")
     from train_llama2 import Llama2
 
+    model = Llama2.from_checkpoint(args.model)
+    config = model.config
     with tempfile.TemporaryDirectory() as tmp:
         gguf_path = os.path.join(tmp, "model.gguf")
-        config, _ = export(args.model, args.tokenizer, gguf_path)
+        write_gguf(gguf_path, config, model.params, gguf_vocabulary(args.tokenizer, config))
         # a float32 KV cache (llama.cpp's default is float16) so that both sides are float32
         llm = Llama(model_path=gguf_path, n_ctx=config.max_seq_len, logits_all=True,
                     verbose=False, n_threads=os.cpu_count(), type_k=GGML_TYPE_F32,
@@ -56,7 +59,6 @@ def main(argv=None):
         llm.eval(tokens)
         theirs = np.array(llm.scores[:len(tokens)], dtype=np.float32)
 
-    model = Llama2.from_checkpoint(args.model)
     model.forward(np.array([tokens], dtype=np.int32))
     ours = np.asarray(model.logits)[0, :, :config.vocab_size]
     error = float(np.abs(ours - theirs).max() / np.abs(ours).max())

@@ -1,7 +1,8 @@
 """
-dev/download_gpt2.py's converter, offline: a small GPT-2 written here as Hugging Face lays it
-out in model.safetensors (Conv1D weights stored (in, out), an attention-mask buffer, metadata)
-must come out as llm.c's model file with every tensor in place.
+dev/download_gpt2.py's converter (llmc/formats/huggingface.py's gpt2_from_hf), offline: a small
+GPT-2 written here as Hugging Face lays it out in model.safetensors (Conv1D weights stored (in,
+out), an attention-mask buffer, metadata) must come out as llm.c's model file with every tensor
+in place.
 """
 import json
 import os
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 
 from llmc.formats import bfloat16_bits_to_float32, float32_to_bfloat16_bits, param_views
+from llmc.formats.huggingface import gpt2_from_hf, read_safetensors
 from llmc.formats.llmc import read_checkpoint
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -109,8 +111,7 @@ def test_convert_to_llmc_checkpoint(tmp_path):
 def test_half_precision_and_prefixed_names(tmp_path, dtype, rounded):
     hf = hf_gpt2_tensors(1)
     write_safetensors(tmp_path / "m.safetensors", hf, dtype=dtype, prefix="transformer.")
-    tensors = download_gpt2.read_safetensors(tmp_path / "m.safetensors")
-    config, params = download_gpt2.convert(tensors)
+    config, params = gpt2_from_hf(read_safetensors(tmp_path / "m.safetensors"))
     check_layout(config, params, hf, rounded)
 
 

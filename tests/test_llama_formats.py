@@ -292,9 +292,10 @@ def test_gguf_reads_back_with_gguf(vocabulary, tmp_path, shared):
     config = LlamaConfig.from_name("d3", vocab_size=400, max_seq_len=64, shared_classifier=shared)
     params = random_params(config, seed=5)
     write_llama_model(tmp_path / "m.bin", config, params)
-    script = os.path.join(REPO, "dev", "export_gguf.py")
-    run = subprocess.run([sys.executable, script, str(tmp_path / "m.bin"), str(bin_path), "-o",
-                          str(tmp_path / "m.gguf"), "--check"], capture_output=True, text=True)
+    script = os.path.join(REPO, "dev", "export.py")
+    run = subprocess.run([sys.executable, script, str(tmp_path / "m.bin"), "--format", "gguf",
+                          "--tokenizer", str(bin_path), "-o", str(tmp_path / "m.gguf"), "--check"],
+                         capture_output=True, text=True)
     assert run.returncode == 0 and "read back equal" in run.stdout, run.stderr
     reader = gguf.GGUFReader(tmp_path / "m.gguf")
     field = lambda key: reader.get_field(key).contents()
@@ -381,8 +382,9 @@ def test_gguf_gpt2_merges_as_gpt2s(tmp_path):
     assert vocab.tokens[262] == "\u0120the" and len(vocab.tokens) == 50304
     config = LlamaConfig.from_name("d1", vocab_size=enc.n_vocab, max_seq_len=16)
     write_llama_model(tmp_path / "m.bin", config, random_params(config))
-    run = subprocess.run([sys.executable, os.path.join(REPO, "dev", "export_gguf.py"),
-                          str(tmp_path / "m.bin"), "gpt2", "--check"], capture_output=True, text=True)
+    run = subprocess.run([sys.executable, os.path.join(REPO, "dev", "export.py"),
+                          str(tmp_path / "m.bin"), "--format", "gguf", "--tokenizer", "gpt2",
+                          "-o", str(tmp_path / "m.gguf"), "--check"], capture_output=True, text=True)
     assert run.returncode == 0 and "read back equal" in run.stdout, run.stderr
     reader = gguf.GGUFReader(tmp_path / "m.gguf")
     assert reader.get_field("tokenizer.ggml.merges").contents()[:5] == vocab.merges[:5]

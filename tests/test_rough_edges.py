@@ -75,7 +75,7 @@ def test_config_table_says_constant_without_decay(tmp_path):
 
 def test_help_texts():
     assert "on the CPU (" not in run("train.py", "--help").stdout
-    for script in ("dev/export_gguf.py", "dev/download_llama.py", "dev/data/text_to_shards.py",
+    for script in ("dev/export.py", "dev/download_llama.py", "dev/data/text_to_shards.py",
                    "dev/data/tinyshakespeare.py", "test_gpt2.py", "test_llama2.py"):
         text = run(script, "--help").stdout
         description = text.split("\n\n")[1]   # after the usage

@@ -4,7 +4,8 @@ Every on-disk format, in pure Python + NumPy, one module per ecosystem:
     llmc.formats.llmc         llm.c's: model checkpoint (v3 fp32, v5 bf16), debug state,
                               tokenizer, token shards, training state
     llmc.formats.llama2c      llama2.c's: model files (legacy v0 and v1, fp32), tokenizer.bin
-    llmc.formats.huggingface  Hugging Face's: safetensors in, its Llama names and q/k rows
+    llmc.formats.huggingface  Hugging Face's: safetensors in and out, transformers' GPT-2 and
+                              Llama model folders out and back
     llmc.formats.gguf         llama.cpp's GGUF: a Llama model and its vocabulary, out and back
 
 and here, what they share: the checked low-level reads, the views of a flat parameter vector,

@@ -107,6 +107,16 @@ def bpe_merges(token_bytes, special=()):
     return merges
 
 
+def gpt2_spelled(token_bytes, special=()):
+    """A byte-level BPE vocabulary (each token's bytes in rank order) as GPT-2's vocabulary
+    files spell it, GGUF's and Hugging Face's alike: each token's text (gpt2_byte_text; a
+    special token its own UTF-8 text) and the merges "a b", rebuilt from the ranks."""
+    byte_text = gpt2_byte_text()
+    spell = lambda b: "".join(byte_text[x] for x in b)  # noqa: E731
+    tokens = [t.decode("utf-8") if i in special else spell(t) for i, t in enumerate(token_bytes)]
+    return tokens, [f"{spell(a)} {spell(b)}" for a, b in bpe_merges(token_bytes, special)]
+
+
 def gpt2_gguf_vocab(token_bytes, eot_token, vocab_size):
     """The GGUF vocabulary ("gpt2" byte-level BPE, GPT-2's pre-tokenizer) of llm.c's
     tokenizer file (each token's bytes in rank order, the end-of-text id), padded to the
@@ -116,15 +126,12 @@ def gpt2_gguf_vocab(token_bytes, eot_token, vocab_size):
         raise ValueError(f"the tokenizer has {len(token_bytes)} tokens, more than the model's "
                          f"vocabulary {vocab_size}")
     special = () if eot_token is None else (eot_token,)
-    byte_text = gpt2_byte_text()
-    spell = lambda b: "".join(byte_text[x] for x in b)  # noqa: E731
-    tokens = [t.decode("utf-8") if i in special else spell(t) for i, t in enumerate(token_bytes)]
+    tokens, merges = gpt2_spelled(token_bytes, special)
     types = [gguf.TokenType.CONTROL if i in special else gguf.TokenType.NORMAL
              for i in range(len(token_bytes))]
     for i in range(len(token_bytes), vocab_size):
         tokens.append(f"[PAD{i}]")
         types.append(gguf.TokenType.UNUSED)
-    merges = [f"{spell(a)} {spell(b)}" for a, b in bpe_merges(token_bytes, special)]
     return GGUFVocab("gpt2", tokens, types, merges=merges, pre="gpt-2", bos=eot_token,
                      eos=eot_token)
 

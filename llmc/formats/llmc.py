@@ -146,6 +146,17 @@ def read_checkpoint(path):
     return config, bfloat16_bits_to_float32(data)
 
 
+def checkpoint_dtype(path):
+    """The dtype an llm.c model checkpoint stores its parameters in: "float32" (version 3) or
+    "bfloat16" (version 5); read_checkpoint widens both to float32."""
+    with open_file(path) as f:
+        header, _ = _read_header(f, path, MODEL_MAGIC, "a model checkpoint")
+    if header[1] not in MODEL_VERSIONS:
+        raise FormatError(path, f"unsupported checkpoint version {header[1]}; supported: 3 "
+                                f"(fp32), 5 (bf16)")
+    return MODEL_VERSIONS[header[1]]
+
+
 def write_checkpoint(path, config, params, dtype="float32"):
     """Write params (1-D, config's layout) as an llm.c checkpoint: "float32" is version 3,
     "bfloat16" version 5 (each value rounded to the nearest bf16, ties to even)."""

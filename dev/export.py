@@ -1,0 +1,246 @@
+"""
+Writes a model of either family in any format we support, one command for all of them.
+
+    python dev/export.py MODEL --format llmc    -o OUT.bin  [--dtype bfloat16]      # GPT-2
+    python dev/export.py MODEL --format llama2c -o OUT.bin  [--version 1]           # Llama
+    python dev/export.py MODEL --format gguf    -o OUT.gguf --tokenizer TOKENIZER   # Llama
+    python dev/export.py MODEL --format hf      -o DIR      [--tokenizer TOKENIZER] [--dtype D]
+
+MODEL is a model file in any format a family reads (llmc/families.py's family_of_file tells
+them apart: llm.c's checkpoint, fp32 version 3 or bf16 version 5, for GPT-2; llama2.c's
+version 0 or 1, or GGUF, for a Llama), or a training run's output dir (train.py -o DIR), of
+which the newest complete checkpoint is taken.  A family goes to the formats it reads, and to
+Hugging Face's:
+
+    llmc     llm.c's model file, --dtype float32 (version 3) or bfloat16 (version 5).  GPT-2.
+    llama2c  llama2.c's model file, version 0 (what llama2.c's own export writes and run.c
+             reads) unless --version 1.  Llama.
+    gguf     llama.cpp's file, float32, with the vocabulary (llmc/formats/gguf.py).  Llama.
+    hf       a Hugging Face transformers folder (llmc/formats/huggingface.py): its
+             AutoModelForCausalLM loads it as GPT2LMHeadModel or LlamaForCausalLM, and
+             AutoTokenizer its tokenizer; model.safetensors in --dtype.
+
+--dtype defaults to MODEL's: bfloat16 for llm.c's version 5, else float32.  TOKENIZER is the
+vocabulary the model was trained on, which gguf and hf write with it: gpt2 (tiktoken's GPT-2,
+found offline as train.py finds it; the default for a model of its 50257 tokens), llm.c's
+gpt2_tokenizer.bin, or a SentencePiece vocabulary, its tokenizer.model or llama2.c's
+tokenizer.bin, which dev/data/tinyshakespeare.py --sentencepiece N writes side by side (GGUF
+takes the .bin, Hugging Face the .model, each found beside the other).  --check reads the
+output back and compares every size and tensor with MODEL's.
+"""
+import argparse
+import dataclasses
+import os
+import sys
+
+import numpy as np
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO_ROOT)
+from llmc.checkpoint import checkpoint_paths, find_max_step  # noqa: E402
+from llmc.families import FamilyError, family_of_file  # noqa: E402
+from llmc.formats import (FormatError, bfloat16_bits_to_float32,  # noqa: E402
+                          float32_to_bfloat16_bits, open_file, param_views)
+from llmc.formats.gguf import gguf_vocab, gpt2_gguf_vocab, write_gguf  # noqa: E402
+from llmc.formats.huggingface import (HF_WRITERS, gpt2_hf_vocab, read_hf_model,  # noqa: E402
+                                      sentencepiece_hf_vocab, write_hf_model)
+from llmc.formats.llama2c import write_llama_model  # noqa: E402
+from llmc.formats.llmc import TOKENIZER_MAGIC, checkpoint_dtype, write_checkpoint  # noqa: E402
+from llmc.tokenizer import GPT2_VOCAB_SIZE, Tokenizer, gpt2_encoding  # noqa: E402
+from llmc.vocab import MAP_NAME  # noqa: E402
+
+FORMATS = ("llmc", "llama2c", "gguf", "hf")
+WITH_BFLOAT16 = ("llmc", "hf")   # the others are float32 only
+WITH_VOCABULARY = ("gguf", "hf")
+
+
+class ExportError(Exception):
+    """Bad input found after the arguments were parsed; one line, exit status 1."""
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, as train.py's
+        sys.stderr.write(f"{self.prog}: error: {message} (see --help)\n")
+        sys.exit(2)
+
+
+# ----------------------------------------------------------------------------
+# what goes in: the model file and its vocabulary
+
+def model_file(path):
+    """MODEL's file: itself, or the newest complete checkpoint of the run in the dir path."""
+    if not os.path.isdir(path):
+        return path
+    step = find_max_step(path)
+    if step is None:
+        raise ExportError(f"{path}: no complete checkpoint in this dir (train.py -n writes "
+                          f"model_*.bin with a DONE_* file)")
+    return checkpoint_paths(path, step)[0]
+
+
+def sentencepiece_file(path, extension, what):
+    """The file of a SentencePiece vocabulary with this extension, beside path (tokenizer.model
+    and tokenizer.bin, as the data scripts write them)."""
+    beside = os.path.splitext(path)[0] + extension
+    if not os.path.exists(beside):
+        raise ExportError(f"--tokenizer {path}: {what}, and there is no {beside} beside it")
+    return beside
+
+
+def is_gpt2_bpe(tokenizer):
+    """Whether --tokenizer names GPT-2's BPE: gpt2, or llm.c's tokenizer file."""
+    if tokenizer == "gpt2":
+        return True
+    with open_file(tokenizer) as f:
+        return int.from_bytes(f.read(4), "little", signed=True) == TOKENIZER_MAGIC
+
+
+def gpt2_tokenizer(tokenizer):
+    return Tokenizer.from_encoding(gpt2_encoding()) if tokenizer == "gpt2" \
+        else Tokenizer.from_file(tokenizer)
+
+
+def gguf_vocabulary(tokenizer, config):
+    if tokenizer == "gpt2":
+        gpt2 = gpt2_tokenizer(tokenizer)
+        return gpt2_gguf_vocab(gpt2.token_bytes, gpt2.eot_token, config.vocab_size)
+    if tokenizer.endswith(".model"):
+        tokenizer = sentencepiece_file(tokenizer, ".bin", "GGUF takes llama2.c's tokenizer.bin")
+    return gguf_vocab(tokenizer, config.vocab_size)   # llm.c's file or llama2.c's, by its magic
+
+
+def hf_vocabulary(tokenizer, config):
+    if not tokenizer.endswith(".model"):
+        if is_gpt2_bpe(tokenizer):
+            gpt2 = gpt2_tokenizer(tokenizer)
+            return gpt2_hf_vocab(gpt2.token_bytes, gpt2.eot_token, config.max_seq_len)
+        tokenizer = sentencepiece_file(tokenizer, ".model", "Hugging Face's tokenizer is built "
+                                       "from SentencePiece's tokenizer.model")
+    return sentencepiece_hf_vocab(tokenizer, config.max_seq_len)
+
+
+# ----------------------------------------------------------------------------
+# what comes out
+
+def check_output_free(output, folder):
+    """The output must not hold anything: no file there, or an empty folder for hf."""
+    parent = os.path.dirname(os.path.abspath(output))
+    if not os.path.isdir(parent):
+        raise ExportError(f"-o {output}: there is no folder {parent} to write it in")
+    if not os.path.exists(output):
+        return
+    if folder and os.path.isdir(output):
+        if os.listdir(output):
+            raise ExportError(f"-o {output}: the folder is not empty (nothing is overwritten)")
+    elif os.path.isdir(output):
+        raise ExportError(f"-o {output}: is a folder; the format is one file")
+    elif folder or os.path.getsize(output) > 0:
+        raise ExportError(f"-o {output}: {'is a file' if folder else 'exists'} "
+                          f"(nothing is overwritten)")
+
+
+def export(family, config, params, args, dtype, name):
+    """Write the model (config, float32 params) to args.output in args.format."""
+    if args.format == "llmc":
+        write_checkpoint(args.output, config, params, dtype=dtype)
+    elif args.format == "llama2c":
+        write_llama_model(args.output, config, params, version=args.version)
+    elif args.format == "gguf":
+        write_gguf(args.output, config, params, gguf_vocabulary(args.tokenizer, config), name=name)
+    else:
+        tensors, hf_config = HF_WRITERS[family.name](config, params)
+        write_hf_model(args.output, tensors, hf_config, hf_vocabulary(args.tokenizer, config),
+                       dtype=dtype)
+
+
+def tensors_without_padding(config, params):
+    """name -> tensor, a GPT-2's wte without the padding rows only llm.c's files hold, and the
+    config's sizes but the padding: what every format keeps of a model."""
+    views = param_views(config, params)
+    if "wte" in views:
+        views["wte"] = views["wte"][:config.vocab_size]
+    sizes = {k: v for k, v in dataclasses.asdict(config).items() if k != "padded_vocab_size"}
+    return sizes, views
+
+
+def reads_back_equal(family, args, config, params, dtype):
+    """Whether the output read back is the model written (its values rounded to dtype)."""
+    back = read_hf_model(args.output) if args.format == "hf" else family.read_model(args.output)
+    if dtype == "bfloat16":
+        params = bfloat16_bits_to_float32(float32_to_bfloat16_bits(params))
+    sizes, tensors = tensors_without_padding(config, params)
+    sizes_back, tensors_back = tensors_without_padding(*back)
+    return sizes == sizes_back and tensors.keys() == tensors_back.keys() and all(
+        np.array_equal(tensors[k], tensors_back[k]) for k in tensors)
+
+
+# ----------------------------------------------------------------------------
+
+def parse_args(argv):
+    p = Parser(prog="export.py", description=__doc__.split("\n\n")[0].strip(),
+               formatter_class=argparse.RawDescriptionHelpFormatter,
+               epilog="\n\n".join(__doc__.split("\n\n")[1:]))
+    p.add_argument("model", help="a model file of either family, or a train.py output dir")
+    p.add_argument("--format", required=True, choices=FORMATS, help="the format to write")
+    p.add_argument("-o", "--output", required=True,
+                   help="the file to write (a folder for hf); must not exist, or be empty")
+    p.add_argument("--tokenizer", help="the model's vocabulary, for gguf and hf: gpt2, llm.c's "
+                   "gpt2_tokenizer.bin, or a SentencePiece tokenizer.model or llama2.c "
+                   "tokenizer.bin (default: gpt2 for a model of GPT-2's 50257 tokens)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"),
+                   help="llmc and hf: the parameters' dtype (default: MODEL's)")
+    p.add_argument("--version", type=int, choices=(0, 1),
+                   help="llama2c: the file's version (default: 0, run.c's)")
+    p.add_argument("--check", action="store_true", help="read the output back and compare")
+    args = p.parse_args(argv)
+    if args.version is not None and args.format != "llama2c":
+        p.error(f"argument --version: only llama2c has versions, not --format {args.format}")
+    if args.dtype == "bfloat16" and args.format not in WITH_BFLOAT16:
+        p.error(f"argument --dtype: --format {args.format} is float32 only")
+    if args.tokenizer is not None and args.format not in WITH_VOCABULARY:
+        p.error(f"argument --tokenizer: --format {args.format} holds no vocabulary")
+    if args.format == "llama2c" and args.version is None:
+        args.version = 0
+    return p, args
+
+
+def main(argv=None):
+    p, args = parse_args(argv)
+    try:
+        path = model_file(args.model)
+        family, source_format = family_of_file(path)
+        # a family goes to the formats it reads, and to Hugging Face's where it has a writer
+        targets = family.formats + (("hf",) if family.name in HF_WRITERS else ())
+        if args.format not in targets:
+            p.error(f"argument --format: a {family.title} model goes to "
+                    f"{', '.join(targets[:-1])} or {targets[-1]}, not {args.format}")
+        check_output_free(args.output, folder=args.format == "hf")
+        config, params = family.read_model(path)
+        if args.format in WITH_VOCABULARY:
+            if args.tokenizer is None and config.vocab_size != GPT2_VOCAB_SIZE:
+                p.error(f"argument --tokenizer: --format {args.format} writes the vocabulary the "
+                        f"model was trained on, and its {config.vocab_size} tokens are not "
+                        f"GPT-2's: name it (its SentencePiece tokenizer.model or tokenizer.bin)")
+            args.tokenizer = args.tokenizer or "gpt2"
+            if os.path.exists(os.path.join(os.path.dirname(os.path.abspath(path)), MAP_NAME)):
+                raise ExportError(f"{path}: trained with --compact-vocab ({MAP_NAME} beside it): "
+                                  f"its token ids are not the tokenizer's")
+        dtype = args.dtype or (checkpoint_dtype(path) if source_format == "llmc" else "float32")
+        if args.format not in WITH_BFLOAT16:
+            dtype = "float32"
+        export(family, config, params, args, dtype,
+               name=os.path.splitext(os.path.basename(path))[0])
+        if args.check and not reads_back_equal(family, args, config, params, dtype):
+            raise ExportError(f"{args.output} does not read back as written")
+    except (ExportError, FamilyError, FormatError, ValueError, RuntimeError) as e:
+        sys.exit(f"export.py: error: {e}")
+    except OSError as e:
+        sys.exit(f"export.py: error: {e.filename + ': ' if e.filename else ''}{e.strerror or e}")
+    what = {"llmc": f"llm.c, {dtype}", "llama2c": f"llama2.c version {args.version}",
+            "gguf": "GGUF, float32", "hf": f"Hugging Face transformers, {dtype}"}[args.format]
+    print(f"wrote {args.output} ({what}, {family.title} {config.describe()}) from {path}"
+          + (", read back equal" if args.check else ""))
+
+
+if __name__ == "__main__":
+    main()
