@@ -33,7 +33,6 @@ the tokens after it, not even in rounding (tests/test_generate.py: other padding
 same bits), so the logits that chose each token are, bit for bit, those of one forward over
 the whole text.
 """
-import argparse
 import math
 import os
 import sys
@@ -41,7 +40,8 @@ import time
 
 import numpy as np
 
-from llmc.checkpoint import checkpoint_paths, find_max_step, read_run_config
+from llmc.checkpoint import newest_model_file, read_run_config
+from llmc.cli import Parser
 from llmc.dataloader import DataError
 from llmc.families import FamilyError, family_of_file
 from llmc.formats import FormatError
@@ -55,12 +55,6 @@ DEFAULT_STEPS = 256   # run.c's
 
 class GenerateError(Exception):
     """Bad input found after the arguments were parsed; one line, exit status 1."""
-
-
-class Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, as train.py's
-        sys.stderr.write(f"{self.prog}: error: {message} (see --help)\n")
-        sys.exit(2)
 
 
 def note(message):
@@ -102,17 +96,6 @@ def parse_args(argv):
     if not 1 <= args.seed < 2 ** 64:   # xorshift's state never leaves 0
         p.error(f"argument --seed: must be in [1, 2^64), got {args.seed}")
     return args
-
-
-def model_file(path):
-    """path, or for train.py's output dir the model file of its newest complete checkpoint."""
-    if not os.path.isdir(path):
-        return path
-    step = find_max_step(path)
-    if step is None:
-        raise GenerateError(f"{path}: a directory without a complete checkpoint (train.py -o "
-                            f"DIR -n N writes them)")
-    return checkpoint_paths(path, step)[0]
 
 
 def open_tokenizer(name):
@@ -158,7 +141,7 @@ def generate(model, prompt, steps, sampler, stop_token):
 
 def main(argv=None):
     args = parse_args(argv)
-    path = model_file(args.model)
+    path = newest_model_file(args.model)
     family, _ = family_of_file(path)
     model = family.model_class.from_checkpoint(path)
     config = model.config

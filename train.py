@@ -51,7 +51,6 @@ import glob
 import math
 import os
 import re
-import sys
 import time
 
 from accel.hooks import backend_hooks, every_backend_hooks, with_wrapper
@@ -59,6 +58,7 @@ from llmc import default_data, distributed, evalloader
 from llmc.checkpoint import (RUN_NAME, checkpoint_files, checkpoint_paths, complete_steps,
                              find_max_step, outliers_path, read_outliers, resume,
                              run_differences, write_checkpoint, write_run_config)
+from llmc.cli import Parser
 from llmc.dataloader import DataError, DataLoader, shard_files
 from llmc.families import (DEFAULT_FAMILY, FamilyError, family_names, family_of_file,
                            get_family, preset_family)
@@ -88,12 +88,6 @@ class TrainError(Exception):
 
 # ----------------------------------------------------------------------------
 # command line
-
-class Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, not argparse's usage + error
-        sys.stderr.write(f"{self.prog}: error: {message} (see --help)\n")
-        sys.exit(2)
-
 
 class HellaSwagOrHelp(argparse.Action):
     """-h 1 turns HellaSwag on, as llm.c's -h; -h alone is the help, as it always was."""

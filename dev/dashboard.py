@@ -19,7 +19,6 @@ checkpoint in the run's dir (train.py -n N writes them), made by train.py's own 
 It stops when the run's end-of-run report arrives (or, with --run, the run ends), a finished
 run drawn at once; Ctrl-C stops following (and the run it started).
 """
-import argparse
 import io
 import json
 import os
@@ -40,6 +39,7 @@ from rich.live import Live  # noqa: E402
 from rich.panel import Panel  # noqa: E402
 from rich.table import Table  # noqa: E402
 
+from llmc.cli import Parser  # noqa: E402
 from llmc.report import LOG_NAME  # noqa: E402   train.py --json-log's file in -o DIR
 
 BLOCKS = "▁▂▃▄▅▆▇█"
@@ -287,12 +287,6 @@ def start_run(train_args):
         process = subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py"), *train_args],
                                    stdout=out, stderr=subprocess.STDOUT)
     return process, log_path
-
-
-class Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, as train.py's
-        sys.stderr.write(f"{self.prog}: error: {message} (see --help)\n")
-        sys.exit(2)
 
 
 def main(argv=None, console=None):

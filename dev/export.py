@@ -37,7 +37,8 @@ import numpy as np
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
-from llmc.checkpoint import checkpoint_paths, find_max_step  # noqa: E402
+from llmc.checkpoint import newest_model_file  # noqa: E402
+from llmc.cli import Parser  # noqa: E402
 from llmc.families import FamilyError, family_of_file  # noqa: E402
 from llmc.formats import (FormatError, bfloat16_bits_to_float32,  # noqa: E402
                           float32_to_bfloat16_bits, open_file, param_views)
@@ -58,25 +59,8 @@ class ExportError(Exception):
     """Bad input found after the arguments were parsed; one line, exit status 1."""
 
 
-class Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, as train.py's
-        sys.stderr.write(f"{self.prog}: error: {message} (see --help)\n")
-        sys.exit(2)
-
-
 # ----------------------------------------------------------------------------
 # what goes in: the model file and its vocabulary
-
-def model_file(path):
-    """MODEL's file: itself, or the newest complete checkpoint of the run in the dir path."""
-    if not os.path.isdir(path):
-        return path
-    step = find_max_step(path)
-    if step is None:
-        raise ExportError(f"{path}: no complete checkpoint in this dir (train.py -n writes "
-                          f"model_*.bin with a DONE_* file)")
-    return checkpoint_paths(path, step)[0]
-
 
 def sentencepiece_file(path, extension, what):
     """The file of a SentencePiece vocabulary with this extension, beside path (tokenizer.model
@@ -207,7 +191,7 @@ def parse_args(argv):
 def main(argv=None):
     p, args = parse_args(argv)
     try:
-        path = model_file(args.model)
+        path = newest_model_file(args.model)
         family, source_format = family_of_file(path)
         # a family goes to the formats it reads, and to Hugging Face's where it has a writer
         targets = family.formats + (("hf",) if family.name in HF_WRITERS else ())

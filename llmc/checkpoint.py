@@ -88,6 +88,18 @@ def write_checkpoint(output_dir, step, model, loader, keep=0, dist=SINGLE, outli
             delete_checkpoint(output_dir, old_step, rank)
 
 
+def newest_model_file(path):
+    """path itself, or for a run's output dir (train.py -o) the model file of its newest
+    complete checkpoint; FormatError when the dir has none."""
+    if not os.path.isdir(path):
+        return path
+    step = find_max_step(path)
+    if step is None:
+        raise FormatError(path, "a directory without a complete checkpoint (train.py -o DIR -n N "
+                                "writes them)")
+    return checkpoint_paths(path, step)[0]
+
+
 def delete_checkpoint(output_dir, step, process_rank=0):
     """Rank 0 deletes DONE, the model, its state and its outliers; another rank its state."""
     model_path, state_path, done_path = checkpoint_paths(output_dir, step, process_rank)
@@ -117,17 +129,22 @@ def resume(output_dir, step, model, loader, dist=SINGLE):
     return saved_step
 
 
-def read_outliers(output_dir, step):
-    """The outlier detectors' state saved with the checkpoint at step, or None when it has
-    none (written without -sl/-sg, or by llm.c)."""
-    path = outliers_path(output_dir, step)
+def read_json(path, what):
+    """The JSON document in the file at path, or None when there is no such file; FormatError
+    when it is not JSON."""
     if not os.path.exists(path):
         return None
     try:
         with open(path) as f:
             return json.load(f)
     except ValueError as e:
-        raise FormatError(path, f"not the outlier detectors' state ({e})") from None
+        raise FormatError(path, f"not {what} ({e})") from None
+
+
+def read_outliers(output_dir, step):
+    """The outlier detectors' state saved with the checkpoint at step, or None when it has
+    none (written without -sl/-sg, or by llm.c)."""
+    return read_json(outliers_path(output_dir, step), "the outlier detectors' state")
 
 
 # ----------------------------------------------------------------------------
@@ -145,14 +162,7 @@ def write_run_config(output_dir, config):
 def read_run_config(output_dir):
     """The configuration in output_dir's run.json, or None when it has none (a run of an older
     llm.pyx, or llm.c's)."""
-    path = os.path.join(output_dir, RUN_NAME)
-    if not os.path.exists(path):
-        return None
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except ValueError as e:
-        raise FormatError(path, f"not a run configuration ({e})") from None
+    return read_json(os.path.join(output_dir, RUN_NAME), "a run configuration")
 
 
 def run_differences(output_dir, config):

@@ -310,7 +310,7 @@ def test_a_run_dir_gives_its_newest_complete_checkpoint(tmp_path, capsys):
     empty = tmp_path / "empty"
     empty.mkdir()
     code, line = run_export(capsys, empty, "--format", "llmc", "-o", tmp_path / "x.bin")
-    assert code == 1 and "no complete checkpoint" in line
+    assert code == 1 and "without a complete checkpoint" in line
 
 
 def test_bad_exports_are_one_line(sentencepiece, tmp_path, capsys):

@@ -11,8 +11,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -24,6 +22,7 @@ from llmc.formats import FormatError
 from llmc.formats.llmc import EvalExample, read_evalfile, write_evalfile, write_shard
 from llmc.tokenizer import gpt2_encoding
 from test_mpi import needs_mpi, run_train as mpi_train
+from test_run_folder import run_train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED_RANKS = os.path.join(ROOT, "..", "shared", "data", "tokenizer", "r50k_base.tiktoken")
@@ -179,15 +178,6 @@ def test_processes_share_the_examples_as_llmc():
 
 # ----------------------------------------------------------------------------
 # train.py -h 1
-
-def run_train(*args, status=0):
-    run = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), *map(str, args)],
-                         capture_output=True, text=True, timeout=600,
-                         env=dict(os.environ, LLMPYX_CACHE_DIR="/nonexistent-llmpyx-cache"))
-    assert run.returncode == status, run.stdout[-2000:] + run.stderr
-    assert "Traceback" not in run.stderr
-    return run
-
 
 @pytest.fixture(scope="module")
 def small_data(tmp_path_factory):
