@@ -36,7 +36,7 @@ import numpy as np
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
 import generate  # noqa: E402
-from llmc.formats.llama2c import read_llama2c_tokenizer, write_llama_model  # noqa: E402
+from llmc.formats.llama2c import read_llama2c_tokenizer  # noqa: E402
 from llmc.sampler import Sampler  # noqa: E402
 from llmc.tokenizer import SP_BOS, load_tokenizer  # noqa: E402
 
@@ -181,8 +181,9 @@ def check(args, work):
     if model_path is None:
         model_path, tokenizer_path = train_tiny_llama(work, args.steps, args.input_text)
     model = Llama2.from_checkpoint(model_path)
-    legacy = os.path.join(work, "model_v0.bin")
-    write_llama_model(legacy, model.config, model.params, version=0)
+    legacy = os.path.join(work, "model_v0.bin")   # as a user makes it: dev/export.py's default
+    run([sys.executable, os.path.join(REPO_ROOT, "dev", "export.py"), model_path, "--format",
+         "llama2c", "-o", legacy], "dev/export.py")
     tok = load_tokenizer(tokenizer_path)
     pieces, _ = read_llama2c_tokenizer(tokenizer_path)
 
