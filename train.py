@@ -837,6 +837,7 @@ def main(argv=None):
     resuming = resume_step is not None
 
     total_time_s, total_collective_s, timed_steps = 0.0, 0.0, 0
+    hellaswag_s, hellaswag_evals = 0.0, 0   # what -h 1 costs, said at the end
     ema_tokens_per_second = 0.0
     first_step = True  # warms up caches and threads: left out of the averages
     for step in range(step, num_steps + 1):
@@ -851,10 +852,13 @@ def main(argv=None):
         # HellaSwag at the val steps but the first, and at the end (all processes share it)
         if (hellaswag and (step > 0 and step % args.val_every == 0 or last_step)
                 and not resuming):
-            correct = evalloader.evaluate(model, hellaswag, B, T, dist)
+            start = time.perf_counter()
+            correct = evalloader.evaluate(model, hellaswag, B, dist)
+            eval_s = time.perf_counter() - start
+            hellaswag_s, hellaswag_evals = hellaswag_s + eval_s, hellaswag_evals + 1
             accuracy = correct / len(hellaswag)
             console.print(f"HellaSwag: {correct}/{len(hellaswag)} = {accuracy:f}")
-            logger.log_eval(step, accuracy, correct, len(hellaswag))
+            logger.log_eval(step, accuracy, correct, len(hellaswag), eval_s)
 
         if (args.sample_every > 0 and (step > 0 and step % args.sample_every == 0 or last_step)
                 and not resuming and rank == 0):
@@ -928,6 +932,10 @@ def main(argv=None):
             console.print(memory_line(model.memory()))
         first_step = False
 
+    if hellaswag_evals > 0:
+        console.print(f"time in HellaSwag (-h 1): {hellaswag_s:.1f} s, {hellaswag_evals} evals of "
+                      f"{len(hellaswag)} examples ({hellaswag_s / hellaswag_evals / len(hellaswag):.2f} "
+                      f"s an example)")
     if timed_steps > 0:
         console.print(f"total average iteration time: {total_time_s / timed_steps * 1000:f} ms")
         if num_processes > 1:  # MPI's part of it, waiting for the slowest rank included

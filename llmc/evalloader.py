@@ -6,13 +6,14 @@ predicts the completion's tokens after the context, and the completion of the lo
 model's answer (llm.c's acc_norm: the mean, not the sum, so a long completion is not penalised).
 
 The batches: every completion is a row, context + completion, run through model.forward with the
-row's next tokens as targets (the losses are the model's "losses" activation). A row that fits
-the training T runs in a (B, T) batch, the shape the model already has; a longer one runs whole,
-at the next multiple of T (a few more shapes, the activations growing to the largest), never cut,
-so the score is HellaSwag's as llm.c's dev/data/hellaswag.py computes it. Only a row longer than
-the model's context (max_seq_len + 1 tokens) loses its oldest tokens. Rows are packed B at a time
-across examples; the last batch of a length is filled with rows of token 0, whose losses are
-not read.
+row's next tokens as targets (the losses are the model's "losses" activation). The rows are
+sorted by length and run B at a time, each batch at its longest row's length rounded up to a
+multiple of RUN_MULTIPLE tokens: little padding (HellaSwag's rows are some 80 tokens, which at
+the next multiple of a training T of 64 would run at 128), and few shapes (a new shape only
+re-points the model's activations, which grow to the largest). A row is never cut, so the score
+is HellaSwag's as llm.c's dev/data/hellaswag.py computes it; only a row longer than the model's
+context (max_seq_len + 1 tokens) loses its oldest tokens. The last batch is filled with rows of
+token 0, whose losses are not read.
 
 With many processes (llmc/distributed.py) each takes its share of the examples, as llm.c's
 evalloader does (ceil(N / processes) each, in order), and the numbers right are summed.
@@ -28,9 +29,10 @@ __all__ = ["HELLASWAG", "completion_losses", "count_correct", "evaluate", "proce
 # llm.c's fixed path, relative to where train.py runs (for short messages); dev/data/hellaswag.py
 # writes it
 HELLASWAG = os.path.relpath(os.path.join(DATA_SCRIPTS, "hellaswag", "hellaswag_val.bin"))
+RUN_MULTIPLE = 16   # the lengths the rows run at: multiples of this many tokens
 
 
-def completion_losses(model, examples, B, T):
+def completion_losses(model, examples, B):
     """(len(examples), completions) float64: the mean loss of each completion's tokens after
     its context, the model run on batches of B rows (see above)."""
     rows = []   # (tokens, the position whose target is the completion's first token)
@@ -40,25 +42,23 @@ def completion_losses(model, examples, B, T):
             tokens = np.concatenate([example.context, completion])
             drop = max(len(tokens) - 1 - max_len, 0)   # beyond the model's context: the oldest go
             rows.append((tokens[drop:], max(len(example.context) - 1 - drop, 0)))
-    by_length = {}   # run length (a multiple of T, or the model's context) -> row indices
-    for i, (tokens, _) in enumerate(rows):
-        length = min(-(-(len(tokens) - 1) // T) * T, max_len)
-        by_length.setdefault(length, []).append(i)
+    order = sorted(range(len(rows)), key=lambda i: len(rows[i][0]))
     losses = np.empty(len(rows))
-    for length, indices in sorted(by_length.items()):
-        for first in range(0, len(indices), B):
-            batch = indices[first:first + B]
-            inputs = np.zeros((B, length), dtype=np.int32)
-            targets = np.zeros((B, length), dtype=np.int32)
-            for r, i in enumerate(batch):
-                tokens = rows[i][0]
-                inputs[r, :len(tokens) - 1] = tokens[:-1]
-                targets[r, :len(tokens) - 1] = tokens[1:]
-            model.forward(inputs, targets)
-            per_position = model.activation("losses")
-            for r, i in enumerate(batch):
-                tokens, start = rows[i]
-                losses[i] = per_position[r, start:len(tokens) - 1].mean(dtype=np.float64)
+    for first in range(0, len(order), B):
+        batch = order[first:first + B]
+        longest = len(rows[batch[-1]][0]) - 1
+        length = min(-(-longest // RUN_MULTIPLE) * RUN_MULTIPLE, max_len)
+        inputs = np.zeros((B, length), dtype=np.int32)
+        targets = np.zeros((B, length), dtype=np.int32)
+        for r, i in enumerate(batch):
+            tokens = rows[i][0]
+            inputs[r, :len(tokens) - 1] = tokens[:-1]
+            targets[r, :len(tokens) - 1] = tokens[1:]
+        model.forward(inputs, targets)
+        per_position = model.activation("losses")
+        for r, i in enumerate(batch):
+            tokens, start = rows[i]
+            losses[i] = per_position[r, start:len(tokens) - 1].mean(dtype=np.float64)
     return losses.reshape(len(examples), -1)
 
 
@@ -75,8 +75,8 @@ def process_share(num_examples, process_rank, num_processes):
     return slice(start, min(start + per_process, num_examples))
 
 
-def evaluate(model, examples, B, T, dist):
+def evaluate(model, examples, B, dist):
     """How many of examples the model gets right, its share on each process, summed."""
     share = examples[process_share(len(examples), dist.process_rank, dist.num_processes)]
-    correct = count_correct(completion_losses(model, share, B, T), share) if share else 0
+    correct = count_correct(completion_losses(model, share, B), share) if share else 0
     return int(round(dist.sum(correct)))

@@ -95,10 +95,11 @@ class Logger:
         self._log(f"s:{step} tel:{loss:.4f}")
         self.log_json("val", step=step, loss=loss)
 
-    def log_eval(self, step, accuracy, correct, examples):
-        """HellaSwag's accuracy at step (llm.c's logger_log_eval)."""
+    def log_eval(self, step, accuracy, correct, examples, seconds):
+        """HellaSwag's accuracy at step (llm.c's logger_log_eval), and what it took."""
         self._log(f"s:{step} eval:{accuracy:.4f}")
-        self.log_json("eval", step=step, accuracy=accuracy, correct=correct, examples=examples)
+        self.log_json("eval", step=step, accuracy=accuracy, correct=correct, examples=examples,
+                      seconds=seconds)
 
     def log_skip(self, step, reason, z, threshold):
         """The update of step skipped: its reason's ("loss" or "grad") z-score was above the

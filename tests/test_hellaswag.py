@@ -154,20 +154,21 @@ def test_scores_match_pytorch(family_name):
     torch = pytest.importorskip("torch")
     torch.set_num_threads(1)
     family = get_family(family_name)
-    # maxT 24 < the longest rows (30 tokens): those lose their oldest tokens; T = 8 runs rows
-    # at 8, 16 and 24; B = 3 packs rows across examples (4 completions each)
+    # maxT 24 < the longest rows (30 tokens): those lose their oldest tokens; rows run at 16
+    # (RUN_MULTIPLE) and at 24, the model's context; B = 3 packs rows of unequal lengths
+    # across examples (4 completions each)
     config = family.config_class.from_name("d2", vocab_size=VOCAB, max_seq_len=24)
     model = family.model_class.random(config, seed=5)
     examples = made_up_examples(12, seed=3)
     assert max(len(e.context) + max(map(len, e.completions)) for e in examples) > 25
-    ours = evalloader.completion_losses(model, examples, B=3, T=8)
+    ours = evalloader.completion_losses(model, examples, B=3)
     expected = reference_losses(family, config, model.params, examples)
     np.testing.assert_allclose(ours, expected, rtol=0, atol=2e-5)
     order = np.sort(expected, axis=1)
     assert (order[:, 1] - order[:, 0]).min() > 1e-4   # no near tie: the choices must agree
     right = sum(int(np.argmin(row) == e.label) for row, e in zip(expected, examples))
     assert evalloader.count_correct(ours, examples) == right
-    assert evalloader.evaluate(model, examples, 3, 8, SINGLE) == right
+    assert evalloader.evaluate(model, examples, 3, SINGLE) == right
 
 
 def test_processes_share_the_examples_as_llmc():
@@ -206,15 +207,18 @@ def test_train_h1_prints_and_logs_the_accuracy(small_data, tmp_path):
     # the last one is the accuracy of the final model, on the first 8 examples
     model = GPT2.from_checkpoint(str(out / "model_00000003.bin"))
     examples = read_evalfile(d / "hellaswag.bin")[:8]
-    correct = evalloader.count_correct(evalloader.completion_losses(model, examples, 3, 8),
+    correct = evalloader.count_correct(evalloader.completion_losses(model, examples, 3),
                                        examples)
     assert lines[-1] == f"HellaSwag: {correct}/8 = {correct / 8:f}"
     log = (out / "main.log").read_text().splitlines()
     evals = [line for line in log if " eval:" in line]
     assert evals[0].startswith("s:2 eval:") and evals[1] == f"s:3 eval:{correct / 8:.4f}"
     records = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
-    assert [r for r in records if r["type"] == "eval"][-1] == dict(
+    last = [r for r in records if r["type"] == "eval"][-1]
+    assert last.pop("seconds") > 0 and last == dict(
         type="eval", step=3, accuracy=correct / 8, correct=correct, examples=8)
+    assert re.search(r"^time in HellaSwag \(-h 1\): \S+ s, 2 evals of 8 examples \(\S+ s an "
+                     r"example\)$", run.stdout, re.M)
 
 
 def test_a_resumed_run_logs_each_eval_once(small_data, tmp_path):
@@ -233,8 +237,10 @@ def test_a_resumed_run_logs_each_eval_once(small_data, tmp_path):
     assert (tmp_path / "resumed" / "main.log").read_text() == \
         (tmp_path / "straight" / "main.log").read_text()
 
-    def evals(out):
-        return [line for line in (out / "log.jsonl").read_text().splitlines() if '"eval"' in line]
+    def evals(out):   # each eval's record but its time
+        records = map(json.loads, (out / "log.jsonl").read_text().splitlines())
+        return [{k: v for k, v in r.items() if k != "seconds"} for r in records
+                if r["type"] == "eval"]
     assert evals(tmp_path / "resumed") == evals(tmp_path / "straight")
 
 
