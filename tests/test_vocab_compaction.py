@@ -18,7 +18,8 @@ import pytest
 
 from llmc.dataloader import DataError
 from llmc.formats import FormatError
-from llmc.formats.llama2c import write_llama2c_tokenizer
+from llmc.families import get_family
+from llmc.formats.llama2c import write_llama2c_tokenizer, write_llama_model
 from llmc.formats.llmc import read_shard, write_shard
 from llmc.logger import Console
 from llmc.sampler import generate
@@ -148,8 +149,10 @@ def test_errors(corpus, tmp_path):
     err = run_train(*corpus.flags, *corpus.data, "--compact-vocab", "--vocab-size", 31,
                     status=2).stderr
     assert err.count("\n") == 1 and "drop --vocab-size" in err
-    model = tmp_path / "model.bin"
-    write_shard(model, [1])   # exists: taken for a model file, refused before reading
+    model = tmp_path / "model.bin"   # a model file has its own vocabulary: refused
+    llama = get_family("llama")
+    config = llama.config_class.from_name("d1", vocab_size=64)
+    write_llama_model(model, config, np.zeros(config.num_parameters(), dtype=np.float32))
     err = run_train("--family", "llama", "-e", model, *corpus.data, "--compact-vocab",
                     status=1).stderr
     assert err.count("\n") == 1 and "needs a new random model" in err
