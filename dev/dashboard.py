@@ -11,8 +11,8 @@ A live terminal dashboard of a training run (rich): it follows the run's JSON lo
                                                 a new temporary one without -o), follow it; its
                                                 console output goes to DIR/train.out
 
-It shows the loss and the val loss as sparklines (the whole run, squeezed to the width), the
-step time and throughput (the last step's beside the mean after the first, TFLOPS against the
+It shows the loss, the val loss and HellaSwag's accuracy (-h 1) as sparklines (the whole run,
+squeezed to the width), the updates skipped as outliers (-sl, -sg), the step time and throughput (the last step's beside the mean after the first, TFLOPS against the
 peak, compile share, the kernel groups with --profile), and a sample decoded from the newest
 checkpoint in the run's dir (train.py -n N writes them), made by train.py's own sampling
 (llmc/sampler.generate, seed 1337: a checkpoint always gives the same sample) in a thread.
@@ -111,6 +111,8 @@ class Dashboard:
         self.gen_tokens, self.background = gen_tokens, background
         self.head, self.report, self.last = {}, None, None
         self.losses, self.val_losses, self.step_ms = {}, {}, {}
+        self.hellaswag = {}   # step -> HellaSwag's accuracy
+        self.skipped = {}     # step -> why its update was skipped ("loss" or "grad")
         self.sample_step, self.sample, self.sampling = None, None, None
         self.ended = False   # the run is over (follow() says so): no "(sampling ...)" then
 
@@ -126,6 +128,10 @@ class Dashboard:
                 self.last = r
             elif r["type"] == "val":
                 self.val_losses[r["step"]] = r["loss"]
+            elif r["type"] == "eval":
+                self.hellaswag[r["step"]] = r["accuracy"]
+            elif r["type"] == "skip":
+                self.skipped[r["step"]] = r["reason"]
             elif r["type"] == "report":
                 self.report = r
         return bool(records) | self._check_checkpoint()
@@ -204,6 +210,10 @@ class Dashboard:
             val_steps = sorted(self.val_losses)
             curves.add_row(f"val loss {self.val_losses[val_steps[-1]]:.4f}",
                            sparkline([self.val_losses[s] for s in val_steps], spark))
+        if self.hellaswag:
+            eval_steps = sorted(self.hellaswag)
+            curves.add_row(f"HellaSwag {self.hellaswag[eval_steps[-1]]:.4f}",
+                           sparkline([self.hellaswag[s] for s in eval_steps], spark))
         if last is not None:
             curves.add_row(f"ms/step {last['ms']:.1f}",
                            sparkline([self.step_ms[s] for s in steps[1:]], spark))
@@ -214,6 +224,10 @@ class Dashboard:
             done = last["step"] + 1
             stats.add_row(f"step {done}/{total}" + (", finished" if self.report else ""),
                           f"lr {last['lr']:.2e}", f"norm {last['norm']:.3f}")
+            if self.skipped:
+                newest = max(self.skipped)
+                stats.add_row(f"skipped updates {len(self.skipped)}",
+                              f"last at step {newest + 1} ({self.skipped[newest]} z-score)")
             for row in self._rates():
                 rates.add_row(*row)
             rates.add_row(f"compile {100 * last['compile_share']:.1f}%",

@@ -134,11 +134,12 @@ def json_logged_before(line, step):
 
 
 def read_log(path):
-    """The losses in a main.log: {"trl": {step: loss}, "tel": {step: loss}}."""
-    curves = {"trl": {}, "tel": {}}
+    """The curves in a main.log: {"trl": {step: loss}, "tel": {step: loss}, "eval": {step:
+    HellaSwag accuracy}}."""
+    curves = {"trl": {}, "tel": {}, "eval": {}}
     with open(path) as f:
         for line in f:
-            m = re.match(r"s:(\d+) (trl|tel):(\S+)", line)
+            m = re.match(r"s:(\d+) (trl|tel|eval):(\S+)", line)
             if m:
                 curves[m.group(2)][int(m.group(1))] = float(m.group(3))
     return curves
@@ -146,8 +147,9 @@ def read_log(path):
 
 def plot_losses(output_dir, title=None):
     """DIR/loss.png: the train and val losses of DIR/main.log, by step as the console counts
-    them (a train loss at step s + 1: after s + 1 updates, a val loss at step s), under title;
-    its path, or None (with a note) when matplotlib cannot be imported."""
+    them (a train loss at step s + 1: after s + 1 updates, a val loss at step s), under title,
+    and beside them HellaSwag's accuracy when the run scored it (-h 1), as llm.c's vislog
+    draws the two; its path, or None (with a note) when matplotlib cannot be imported."""
     try:
         import matplotlib
         matplotlib.use("Agg")  # files only, no display needed
@@ -157,7 +159,17 @@ def plot_losses(output_dir, title=None):
         note(f"cannot import matplotlib ({e}), skipping the loss plot (pip install matplotlib)")
         return None
     curves = read_log(os.path.join(output_dir, "main.log"))
-    fig, ax = plt.subplots(figsize=(8, 5))
+    if curves["eval"]:
+        fig, (ax, eval_ax) = plt.subplots(1, 2, figsize=(13, 5),
+                                          gridspec_kw={"width_ratios": (8, 5)})
+        steps = sorted(curves["eval"])
+        eval_ax.plot(steps, [curves["eval"][s] for s in steps], marker="o", color="tab:green")
+        eval_ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+        eval_ax.set_xlabel("step")
+        eval_ax.set_ylabel("HellaSwag accuracy")
+        eval_ax.grid(alpha=0.3)
+    else:
+        fig, ax = plt.subplots(figsize=(8, 5))
     for key, label, shown in (("trl", "train loss", 1), ("tel", "val loss", 0)):
         if curves[key]:
             steps = sorted(curves[key])

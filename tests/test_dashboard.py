@@ -40,6 +40,22 @@ def records():
         return [json.loads(line) for line in f]
 
 
+def test_hellaswag_and_skipped_updates(tmp_path):
+    """-h 1's eval records drawn as a curve, -sl/-sg's skip records counted (as train.py logs
+    them: the step 0-based, shown as the console counts it)."""
+    log = tmp_path / "log.jsonl"
+    rs = records()
+    extra = [dict(type="eval", step=4, accuracy=0.25, correct=1, examples=4, seconds=0.1),
+             dict(type="skip", step=6, reason="loss", z=7.5, threshold=5.0),
+             dict(type="eval", step=8, accuracy=0.5, correct=2, examples=4, seconds=0.1)]
+    log.write_text("".join(json.dumps(r) + "\n" for r in rs[:-1] + extra + rs[-1:]))
+    d = dashboard.Dashboard(str(log), background=False)
+    assert d.poll()
+    text = text_of(d.render(100))
+    assert "HellaSwag 0.5000" in text and dashboard.sparkline([0.25, 0.5], 70) in text
+    assert "skipped updates 1" in text and "last at step 7 (loss z-score)" in text
+
+
 def test_sparkline():
     assert dashboard.sparkline([1, 2, 3, 4, 5, 6, 7, 8], 20) == "▁▂▃▄▅▆▇█"
     assert dashboard.sparkline([5, 5, 5], 20) == "▁▁▁"

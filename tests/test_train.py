@@ -20,7 +20,7 @@ from llmc import checkpoint
 from llmc.dataloader import DataLoader
 from llmc.formats import FormatError
 from llmc.formats.llmc import write_shard
-from llmc.logger import plot_losses
+from llmc.logger import plot_losses, read_log
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -297,6 +297,17 @@ def test_plot_losses(tmp_path):
     (tmp_path / "main.log").write_text("s:0 tel:10.5000\n" + "\n".join(train_log) + "\n")
     assert plot_losses(str(tmp_path)) == str(tmp_path / "loss.png")
     assert (tmp_path / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_losses_draws_hellaswag_beside_them(tmp_path):
+    """-h 1's accuracies (main.log's eval lines) get a panel of their own: a wider picture."""
+    train_log = [f"s:{s} trl:{10 - s / 2:.4f} lr:0.000100 norm:1.00" for s in range(10)]
+    (tmp_path / "main.log").write_text("\n".join(train_log + ["s:5 tel:8.0000", "s:5 eval:0.2600",
+                                                            "s:9 eval:0.3100"]) + "\n")
+    assert read_log(tmp_path / "main.log")["eval"] == {5: 0.26, 9: 0.31}
+    plot_losses(str(tmp_path))
+    width = int.from_bytes((tmp_path / "loss.png").read_bytes()[16:20], "big")   # IHDR's
+    assert width == 1300   # 13 inches at 100 dpi, the losses alone 8
 
 
 def test_plot_losses_without_matplotlib(tmp_path, monkeypatch, capsys):
