@@ -72,7 +72,9 @@ class Sampler:
     def __call__(self, logits):
         if self.temperature == 0:
             return int(np.argmax(logits))   # the first of equals, as run.c's sample_argmax
-        logits = np.asarray(logits, dtype=np.float32) / np.float32(self.temperature)
+        logits = np.asarray(logits, dtype=np.float32)
+        with np.errstate(over="ignore"):   # the largest taken away first: a tiny temperature
+            logits = (logits - logits.max()) / np.float32(self.temperature)   # gives -inf
         if 0 < self.top_k < len(logits):
             top = np.argsort(-logits, kind="stable")[:self.top_k]
             kept = np.full_like(logits, -np.inf)

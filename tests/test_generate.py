@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -185,6 +186,17 @@ def test_temperature_and_top_k_against_a_direct_computation():
             continue
         expected = min(int(np.searchsorted(cdf, coin, side="right")), len(logits) - 1)
         assert Sampler(temperature, k, 1.0, seed)(logits) == expected, trial
+
+
+def test_a_tiny_temperature_draws_among_the_largest_logits_only():
+    """logits / 1e-45 overflow float32: the largest is taken away first, so the rest are -inf
+    and the draw is among the equal largest ones, without a warning."""
+    logits = np.array([1.0, 3.0, 2.0, 3.0, -5.0], dtype=np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        drawn = {Sampler(temperature, k, p, seed)(logits) for temperature in (1e-30, 1e-45)
+                 for k, p in ((0, 1.0), (2, 1.0), (0, 0.5)) for seed in range(1, 30)}
+    assert drawn == {1, 3}
 
 
 # ----------------------------------------------------------------------------
