@@ -12,9 +12,10 @@ checkpoint (GPT-2), llama2.c's version 0 or 1 or a GGUF (Llama); or train.py's o
 whose newest complete checkpoint it loads (llmc/checkpoint.py).
 
 The tokenizer: --tokenizer, a llama2.c tokenizer.bin (or llm.c's gpt2_tokenizer.bin) or `gpt2`
-(GPT-2's, through tiktoken). Without it, the one train.py used: the tokenizer.bin beside the
-training data's shards (from the run.json beside the checkpoint), else a tokenizer.bin beside
-the model file, else GPT-2's; a line on stderr says which. A prompt starts with the token the
+(GPT-2's, through tiktoken). Without it, a GGUF file's own vocabulary (SentencePiece, or GPT-2's),
+else the one train.py used: the tokenizer.bin beside the training data's shards (from the
+run.json beside the checkpoint), else a tokenizer.bin beside the model file, else GPT-2's; a
+line on stderr says which. A prompt starts with the token the
 documents start with (GPT-2's <|endoftext|>, SentencePiece's BOS), and a tokenizer.bin encodes
 it as run.c's encode() does (llmc/tokenizer.py), so it gets run.c's tokens; an empty prompt is
 that token alone. A --compact-vocab run's vocab_map.bin beside the checkpoint is used.
@@ -44,7 +45,7 @@ from llmc.checkpoint import newest_model_file, read_run_config
 from llmc.cli import Parser
 from llmc.dataloader import DataError
 from llmc.families import FamilyError, family_of_file
-from llmc.formats import FormatError
+from llmc.formats import FormatError, model_format
 from llmc.sampler import SAMPLE_SEED, Sampler
 from llmc.tokenizer import (Tokenizer, TokenizerError, gpt2_encoding, load_tokenizer,
                             tokenizer_beside_shards)
@@ -82,8 +83,9 @@ def parse_args(argv):
                    help="seed of the xorshift RNG that draws the tokens (default: "
                         "%(default)s)")
     p.add_argument("--tokenizer", metavar="PATH", default=None,
-                   help="a llama2.c tokenizer.bin, or gpt2 (GPT-2's) (default: the training "
-                        "data's, else a tokenizer.bin beside the model, else GPT-2's)")
+                   help="a llama2.c tokenizer.bin, or gpt2 (GPT-2's) (default: a GGUF's own, "
+                        "else the training data's, else a tokenizer.bin beside the model, else "
+                        "GPT-2's)")
     args = p.parse_args(argv)
     if args.steps is not None and args.steps < 1:
         p.error(f"argument -n: must be at least 1, got {args.steps}")
@@ -99,7 +101,7 @@ def parse_args(argv):
 
 
 def open_tokenizer(name):
-    """--tokenizer's: gpt2, or a tokenizer file."""
+    """--tokenizer's: gpt2, or a tokenizer file (a GGUF model's vocabulary too)."""
     if name == "gpt2":
         return Tokenizer.from_encoding(gpt2_encoding())
     if not os.path.exists(name):
@@ -108,12 +110,14 @@ def open_tokenizer(name):
 
 
 def assumed_tokenizer(path):
-    """The tokenizer train.py used for the model file at path: the one beside the training
-    data of the run.json beside it, else a tokenizer.bin beside it, else GPT-2's; said in a
-    line."""
+    """The tokenizer of the model file at path: a GGUF's own vocabulary, else the one train.py
+    used (beside the training data of the run.json beside it), else a tokenizer.bin beside it,
+    else GPT-2's; said in a line."""
     run = read_run_config(os.path.dirname(path) or ".")
     beside = os.path.join(os.path.dirname(path), "tokenizer.bin")
-    if run is not None and "-i" in run and tokenizer_beside_shards(run["-i"]):
+    if model_format(path) == "gguf":
+        name, why = path, "the GGUF file's own vocabulary"
+    elif run is not None and "-i" in run and tokenizer_beside_shards(run["-i"]):
         name, why = tokenizer_beside_shards(run["-i"]), "the training data's"
     elif os.path.exists(beside):
         name, why = beside, "the one beside the model"

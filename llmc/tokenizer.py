@@ -215,15 +215,19 @@ class Tokenizer:
 
     @classmethod
     def from_llama2c(cls, path):
-        """llama2.c's tokenizer.bin: byte-fallback pieces "<0x0A>" are their byte, BOS (id 1)
-        and EOS (id 2) decode to nothing, as SentencePiece decodes them."""
-        pieces, scores = read_llama2c_tokenizer(path)
+        """llama2.c's tokenizer.bin (from_pieces)."""
+        return cls.from_pieces(*read_llama2c_tokenizer(path), path)
+
+    @classmethod
+    def from_pieces(cls, pieces, scores, source):
+        """llama2.c's pieces and scores: byte-fallback pieces "<0x0A>" are their byte, BOS
+        (id 1) and EOS (id 2) decode to nothing, as SentencePiece decodes them."""
         token_bytes = [LLAMA2C_BYTE_PIECE.fullmatch(p) and bytes([int(p[3:5], 16)]) or p
                        for p in pieces]
         for special in (SP_BOS, SP_EOS):
             if special < len(token_bytes):
                 token_bytes[special] = b""
-        return cls(token_bytes, SP_BOS, path, space_after_eot=False,
+        return cls(token_bytes, SP_BOS, source, space_after_eot=False,
                    encoder=llama2c_encoder(pieces, scores))
 
     @classmethod
@@ -281,15 +285,34 @@ def tokenizer_beside_shards(pattern):
 
 
 def load_tokenizer(path="gpt2_tokenizer.bin"):
-    """The Tokenizer of the file at path if there is one (llm.c's tokenizer, or llama2.c's
-    tokenizer.bin), else of tiktoken's GPT-2."""
+    """The Tokenizer of the file at path if there is one (llm.c's tokenizer, llama2.c's
+    tokenizer.bin, or a GGUF model's own vocabulary), else of tiktoken's GPT-2."""
     if not os.path.exists(path):
         return Tokenizer.from_encoding(gpt2_encoding())
     with open(path, "rb") as f:
-        magic = int.from_bytes(f.read(4), "little")
-    if magic == TOKENIZER_MAGIC:
+        head = f.read(4)
+    if head == b"GGUF":
+        return gguf_tokenizer(path)
+    if int.from_bytes(head, "little") == TOKENIZER_MAGIC:
         return Tokenizer.from_file(path)
     return Tokenizer.from_llama2c(path)
+
+
+def gguf_tokenizer(path):
+    """The Tokenizer of a GGUF file's vocabulary: a SentencePiece one (llama.cpp's "llama"
+    model) as llama2.c's pieces and scores, or GPT-2's byte-level BPE through tiktoken, when its
+    tokens are GPT-2's; TokenizerError for another."""
+    from llmc.formats.gguf import gpt2_byte_text, llama2c_pieces, read_gguf_vocab
+    model, tokens, scores = read_gguf_vocab(path)
+    if model == "llama" and scores is not None:
+        return Tokenizer.from_pieces(llama2c_pieces(tokens), scores, path)
+    if model == "gpt2":   # GPT-2's tokens as GGUF spells them, then llm.c's padding if any
+        gpt2, byte_text = Tokenizer.from_encoding(gpt2_encoding()), gpt2_byte_text()
+        spelled = ["".join(byte_text[b] for b in t) for t in gpt2.token_bytes]
+        if list(tokens[:len(spelled)]) == spelled:
+            return gpt2
+    raise TokenizerError(f"{path}: its vocabulary ({model}, {len(tokens)} tokens) is neither a "
+                         f"SentencePiece one nor GPT-2's: give the tokenizer (--tokenizer)")
 
 
 # ----------------------------------------------------------------------------

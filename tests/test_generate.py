@@ -400,3 +400,41 @@ def test_run_c_prints_what_generate_generates():
                          capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stderr
     assert "match: run.c printed the pieces of generate.py's" in run.stdout
+
+
+def test_a_gguf_brings_its_own_vocabulary(capsys, tmp_path, vocabulary, gpt2_ranks):  # noqa: F811
+    """A GGUF model continues a prompt with the vocabulary written in it: a SentencePiece one
+    gives what the llama2.c file and its tokenizer.bin give; GPT-2's is tiktoken's; another
+    byte-level one is one line asking for --tokenizer."""
+    from llmc.formats.gguf import gpt2_gguf_vocab, sentencepiece_gguf_vocab, write_gguf
+    _, bin_path, _ = vocabulary
+    pieces, scores = read_llama2c_tokenizer(bin_path)
+    config = LlamaConfig.from_name("d1", vocab_size=len(pieces), max_seq_len=32)
+    model = Llama2.random(config, seed=4)
+    model.save(tmp_path / "model.bin")
+    write_gguf(tmp_path / "model.gguf", config, model.params,
+               sentencepiece_gguf_vocab(pieces, scores))
+    prompt = ["-p", "First Citizen: héllo", "-n", "10", "--temperature", "0"]
+    generate.run([str(tmp_path / "model.bin"), "--tokenizer", str(bin_path), *prompt])
+    from_bin = capsys.readouterr().out
+    generate.run([str(tmp_path / "model.gguf"), *prompt])
+    out, err = capsys.readouterr()
+    assert out == from_bin and "the GGUF file's own vocabulary" in err
+    ours, theirs = tokenizer.load_tokenizer(str(bin_path)), tokenizer.gguf_tokenizer(
+        str(tmp_path / "model.gguf"))
+    assert theirs.token_bytes == ours.token_bytes
+    for text in ("", "  two  spaces", "naïve ☃ 日本"):
+        assert theirs.encode_prompt(text) == ours.encode_prompt(text)
+
+    gpt2 = tokenizer.Tokenizer.from_encoding(tokenizer.gpt2_encoding())
+    config = LlamaConfig.from_name("d1", vocab_size=50304, max_seq_len=8)
+    params = np.zeros(config.num_parameters(), dtype=np.float32)
+    write_gguf(tmp_path / "gpt2.gguf", config, params,
+               gpt2_gguf_vocab(gpt2.token_bytes, gpt2.eot_token, 50304))
+    assert tokenizer.gguf_tokenizer(str(tmp_path / "gpt2.gguf")).source == "tiktoken gpt2"
+    other = list(gpt2.token_bytes)
+    other[300], other[301] = other[301], other[300]   # not GPT-2's: another vocabulary
+    write_gguf(tmp_path / "other.gguf", config, params,
+               gpt2_gguf_vocab(other, gpt2.eot_token, 50304))
+    with pytest.raises(tokenizer.TokenizerError, match="neither a SentencePiece one nor GPT-2's"):
+        tokenizer.gguf_tokenizer(str(tmp_path / "other.gguf"))

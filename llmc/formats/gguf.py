@@ -195,6 +195,30 @@ def write_gguf(path, config, params, vocab, name="llm.pyx llama"):
         raise
 
 
+def read_gguf_vocab(path):
+    """(llama.cpp's tokenizer model: "llama" or "gpt2", its tokens' texts, their scores or
+    None) of a GGUF file, through gguf's reader."""
+    import gguf
+    try:
+        reader = gguf.GGUFReader(path)
+    except (ValueError, OSError) as e:
+        raise FormatError(path, f"not a GGUF file: {' '.join(str(e).split())}") from None
+    fields = {key: reader.get_field(f"tokenizer.ggml.{key}") for key in ("model", "tokens",
+                                                                           "scores")}
+    if fields["model"] is None or fields["tokens"] is None:
+        raise FormatError(path, "no tokenizer.ggml.model or tokens: a GGUF without its vocabulary")
+    scores = fields["scores"]
+    return (fields["model"].contents(), fields["tokens"].contents(),
+            None if scores is None else [float(v) for v in scores.contents()])
+
+
+def llama2c_pieces(tokens):
+    """A SentencePiece GGUF vocabulary's tokens as llama2.c's tokenizer.bin spells its pieces
+    (bytes, U+2581 as a space, <s> and </s> within newlines): sentencepiece_gguf_vocab undone."""
+    return [{"<s>": b"\n<s>\n", "</s>": b"\n</s>\n"}.get(text) or
+            text.replace("\u2581", " ").encode("utf-8") for text in tokens]
+
+
 def read_gguf(path):
     """(LlamaConfig, params, tokens) of a float32 llama GGUF file, through gguf's reader."""
     import gguf
