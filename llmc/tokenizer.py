@@ -302,13 +302,13 @@ def gguf_tokenizer(path):
     """The Tokenizer of a GGUF file's vocabulary: a SentencePiece one (llama.cpp's "llama"
     model) as llama2.c's pieces and scores, or GPT-2's byte-level BPE through tiktoken, when its
     tokens are GPT-2's; TokenizerError for another."""
-    from llmc.formats.gguf import gpt2_byte_text, llama2c_pieces, read_gguf_vocab
+    from llmc.formats.gguf import gpt2_token_texts, llama2c_pieces, read_gguf_vocab
     model, tokens, scores = read_gguf_vocab(path)
     if model == "llama" and scores is not None:
         return Tokenizer.from_pieces(llama2c_pieces(tokens), scores, path)
     if model == "gpt2":   # GPT-2's tokens as GGUF spells them, then llm.c's padding if any
-        gpt2, byte_text = Tokenizer.from_encoding(gpt2_encoding()), gpt2_byte_text()
-        spelled = ["".join(byte_text[b] for b in t) for t in gpt2.token_bytes]
+        gpt2 = Tokenizer.from_encoding(gpt2_encoding())
+        spelled = gpt2_token_texts(gpt2.token_bytes, special=(gpt2.eot_token,))
         if list(tokens[:len(spelled)]) == spelled:
             return gpt2
     raise TokenizerError(f"{path}: its vocabulary ({model}, {len(tokens)} tokens) is neither a "

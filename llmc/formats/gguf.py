@@ -107,14 +107,22 @@ def bpe_merges(token_bytes, special=()):
     return merges
 
 
+def gpt2_token_texts(token_bytes, special=()):
+    """Each token's text as GPT-2's vocabulary files spell it, GGUF's and Hugging Face's alike
+    (gpt2_byte_text; a special token its own UTF-8 text)."""
+    byte_text = gpt2_byte_text()
+    return [t.decode("utf-8") if i in special else "".join(byte_text[x] for x in t)
+            for i, t in enumerate(token_bytes)]
+
+
 def gpt2_spelled(token_bytes, special=()):
     """A byte-level BPE vocabulary (each token's bytes in rank order) as GPT-2's vocabulary
-    files spell it, GGUF's and Hugging Face's alike: each token's text (gpt2_byte_text; a
-    special token its own UTF-8 text) and the merges "a b", rebuilt from the ranks."""
-    byte_text = gpt2_byte_text()
-    spell = lambda b: "".join(byte_text[x] for x in b)  # noqa: E731
-    tokens = [t.decode("utf-8") if i in special else spell(t) for i, t in enumerate(token_bytes)]
-    return tokens, [f"{spell(a)} {spell(b)}" for a, b in bpe_merges(token_bytes, special)]
+    files spell it: each token's text (gpt2_token_texts) and the merges "a b", rebuilt from
+    the ranks."""
+    merges = bpe_merges(token_bytes, special)
+    spelled = gpt2_token_texts([part for pair in merges for part in pair])
+    return (gpt2_token_texts(token_bytes, special),
+            [f"{a} {b}" for a, b in zip(spelled[::2], spelled[1::2])])
 
 
 def gpt2_gguf_vocab(token_bytes, eot_token, vocab_size):
