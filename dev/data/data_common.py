@@ -6,6 +6,7 @@ GPT-2's tokenizer (llmc.tokenizer.gpt2_encoding, with its offline fallbacks) and
 A token shard (llm.c's .bin) is a header of 256 int32 (magic 20240520, version 1, the number
 of tokens) followed by the tokens as uint16.
 """
+import contextlib
 import os
 import subprocess
 import sys
@@ -76,6 +77,18 @@ def write_datafile(path, tokens):
     write_shard(path, tokens)
     print(f"writing {len(tokens):,} tokens to {path} ({HEADER_BYTES + 2 * len(tokens):,} "
           f"bytes), llm.c's shard format")
+
+
+@contextlib.contextmanager
+def failing_in_one_line(script, cache_dir):
+    """A download script's body: its failure is one line, `SCRIPT: error: ...`, exit status 1,
+    and a failed first download leaves no empty cache_dir behind."""
+    try:
+        yield
+    except (DataPrepError, TokenizerError, OSError, ValueError) as e:
+        if os.path.isdir(cache_dir) and not os.listdir(cache_dir):
+            os.rmdir(cache_dir)
+        sys.exit(f"{script}: error: {e}")
 
 
 def temporary_directory():

@@ -20,9 +20,8 @@ context after a BOS as the data scripts start every document, and writes DIR/hel
 import argparse
 import json
 import os
-import sys
 
-from data_common import (DataPrepError, TokenizerError, download_file, gpt2_encoding,
+from data_common import (DataPrepError, download_file, failing_in_one_line, gpt2_encoding,
                          sentencepiece_processor)
 from llmc.formats.llmc import EvalExample, write_evalfile
 
@@ -98,14 +97,10 @@ def main(argv=None):
     args = parser.parse_args(argv)
     directory = DATA_CACHE_DIR if args.tokenizer is None else os.path.dirname(args.tokenizer)
     output = args.output or os.path.join(directory, f"{NAME}.bin")
-    try:
+    with failing_in_one_line("hellaswag.py", DATA_CACHE_DIR):
         examples = tokenize(read_examples(download()), args.tokenizer)
         print(f"writing {len(examples):,} examples to {output}")
         write_evalfile(output, examples)
-    except (DataPrepError, TokenizerError, OSError, ValueError) as e:
-        if os.path.isdir(DATA_CACHE_DIR) and not os.listdir(DATA_CACHE_DIR):
-            os.rmdir(DATA_CACHE_DIR)   # a failed first download leaves no empty folder behind
-        sys.exit(f"hellaswag.py: error: {e}")
 
 
 if __name__ == "__main__":

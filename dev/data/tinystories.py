@@ -20,13 +20,12 @@ import glob
 import json
 import os
 import random
-import sys
 import tarfile
 from multiprocessing import Pool
 
 import numpy as np
 
-from data_common import (DataPrepError, TokenizerError, download_file, gpt2_encoding,
+from data_common import (DataPrepError, download_file, failing_in_one_line, gpt2_encoding,
                          write_datafile)
 
 DATA_CACHE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tinystories")
@@ -89,12 +88,8 @@ def main(argv=None):
     argparse.ArgumentParser(
         description="Download TinyStories (~1.5 GB, online only) and tokenize it with GPT-2's "
                     "BPE into llm.c shards in dev/data/tinystories/.").parse_args(argv)
-    try:
+    with failing_in_one_line("tinystories.py", DATA_CACHE_DIR):
         tokenize(download())
-    except (DataPrepError, TokenizerError, OSError, ValueError) as e:
-        if os.path.isdir(DATA_CACHE_DIR) and not os.listdir(DATA_CACHE_DIR):
-            os.rmdir(DATA_CACHE_DIR)   # a failed first download leaves no empty folder behind
-        sys.exit(f"tinystories.py: error: {e}")
 
 
 if __name__ == "__main__":
