@@ -237,25 +237,29 @@ cdef class GPT2(Model):
     # the activations whose gradients no backward kernel takes: none are allocated
     NO_GRAD = frozenset(("ln1_mean", "ln1_rstd", "att_lse", "ln2_mean", "ln2_rstd", "lnf_mean",
                          "lnf_rstd", "probs"))
+    # float32 at every precision: the statistics, the probabilities and the losses
+    FP32_ACTIVATIONS = frozenset(("ln1_mean", "ln1_rstd", "att_lse", "ln2_mean", "ln2_rstd",
+                                  "lnf_mean", "lnf_rstd", "probs", "losses"))
     cdef int NH, C, V, Vp
     cdef readonly bint flash                    # flash attention (the backend has it)
     cdef ParameterTensors params_c, grads_c     # pointers into the buffers, llm.c's structs
 
-    def __init__(self, config, backend="cpu", recompute="all"):
+    def __init__(self, config, backend="cpu", recompute="all", precision=None):
         """A model of this GPT2Config with all parameters zero (see random / from_checkpoint),
         on a backend: "cpu", "check:cpu", ... (accel.backend.backend_names()), keeping its
-        activations by a recompute policy: "all", "sqrt", ... (llmc/recompute.py)."""
+        activations by a recompute policy: "all", "sqrt", ... (llmc/recompute.py), at a precision:
+        "fp32" or "bf16" (llmc/model.pyx; None: the backend's, else fp32)."""
         assert sizeof(LayerActivations) == 17 * sizeof(float*)
         assert sizeof(HeadActivations) == 6 * sizeof(float*)
         self.NH, self.C = config.num_heads, config.channels
         self.V, self.Vp = config.vocab_size, config.padded_vocab_size
-        super().__init__(config, backend, recompute)
+        super().__init__(config, backend, recompute, precision)
         self.flash = self.backend.supports("flash")
 
     cdef void point_parameters(self, float* params, float* grads) noexcept:
-        self.param_layout.point(<float**>&self.params_c, params)
+        self.param_layout.point(<float**>&self.params_c, params, self.itemsize)
         if grads != NULL:
-            self.param_layout.point(<float**>&self.grads_c, grads)
+            self.param_layout.point(<float**>&self.grads_c, grads, sizeof(float))
 
     @classmethod
     def activation_shapes(cls, config, int B, int T, bint flash=True):
@@ -280,18 +284,18 @@ cdef class GPT2(Model):
         return config.num_layers
 
     @classmethod
-    def from_checkpoint(cls, path, backend="cpu", recompute="all"):
+    def from_checkpoint(cls, path, backend="cpu", recompute="all", precision=None):
         """Load an llm.c model file (version 3 fp32 or 5 bf16)."""
         config, params = read_checkpoint(path)
-        model = cls(config, backend, recompute)
+        model = cls(config, backend, recompute, precision)
         model.params = params
         return model
 
     @classmethod
-    def random(cls, config, seed=0, backend="cpu", recompute="all"):
+    def random(cls, config, seed=0, backend="cpu", recompute="all", precision=None):
         """GPT-2's initialisation: N(0, 0.02) weights, residual projections scaled by
         1/sqrt(2L), LayerNorm weights 1, biases 0, padded vocabulary rows 0."""
-        model = cls(config, backend, recompute)
+        model = cls(config, backend, recompute, precision)
         rng = np.random.default_rng(seed)
         params = np.zeros(model.num_parameters, dtype=np.float32)
         tensors = model.param_layout.views(params)
@@ -332,18 +336,18 @@ cdef class GPT2(Model):
         cdef int NH = self.NH, C = self.C
         cdef Py_ssize_t BTC = <Py_ssize_t>B * T * C
         # this layer's weights
-        l_ln1w = params.ln1w + l * C
-        l_ln1b = params.ln1b + l * C
-        l_qkvw = params.qkvw + l * 3 * C * C
-        l_qkvb = params.qkvb + l * 3 * C
-        l_attprojw = params.attprojw + l * C * C
-        l_attprojb = params.attprojb + l * C
-        l_ln2w = params.ln2w + l * C
-        l_ln2b = params.ln2b + l * C
-        l_fcw = params.fcw + l * 4 * C * C
-        l_fcb = params.fcb + l * 4 * C
-        l_fcprojw = params.fcprojw + l * C * 4 * C
-        l_fcprojb = params.fcprojb + l * C
+        l_ln1w = self.param_at(params.ln1w, l * C)
+        l_ln1b = self.param_at(params.ln1b, l * C)
+        l_qkvw = self.param_at(params.qkvw, l * 3 * C * C)
+        l_qkvb = self.param_at(params.qkvb, l * 3 * C)
+        l_attprojw = self.param_at(params.attprojw, l * C * C)
+        l_attprojb = self.param_at(params.attprojb, l * C)
+        l_ln2w = self.param_at(params.ln2w, l * C)
+        l_ln2b = self.param_at(params.ln2b, l * C)
+        l_fcw = self.param_at(params.fcw, l * 4 * C * C)
+        l_fcb = self.param_at(params.fcb, l * 4 * C)
+        l_fcprojw = self.param_at(params.fcprojw, l * C * 4 * C)
+        l_fcprojb = self.param_at(params.fcprojb, l * C)
 
         self.table.layernorm_forward(ctx, acts.ln1, acts.ln1_mean, acts.ln1_rstd, residual, l_ln1w, l_ln1b, B, T, C)
         self.table.matmul_forward(ctx, acts.qkv, acts.ln1, l_qkvw, l_qkvb, B, T, C, 3 * C)
@@ -395,12 +399,12 @@ cdef class GPT2(Model):
         cdef int NH = self.NH, C = self.C
         cdef Py_ssize_t BTC = <Py_ssize_t>B * T * C
         # this layer's weights
-        l_ln1w = params.ln1w + l * C
-        l_qkvw = params.qkvw + l * 3 * C * C
-        l_attprojw = params.attprojw + l * C * C
-        l_ln2w = params.ln2w + l * C
-        l_fcw = params.fcw + l * 4 * C * C
-        l_fcprojw = params.fcprojw + l * C * 4 * C
+        l_ln1w = self.param_at(params.ln1w, l * C)
+        l_qkvw = self.param_at(params.qkvw, l * 3 * C * C)
+        l_attprojw = self.param_at(params.attprojw, l * C * C)
+        l_ln2w = self.param_at(params.ln2w, l * C)
+        l_fcw = self.param_at(params.fcw, l * 4 * C * C)
+        l_fcprojw = self.param_at(params.fcprojw, l * C * 4 * C)
         # this layer's weight gradients
         dl_ln1w = grads.ln1w + l * C
         dl_ln1b = grads.ln1b + l * C

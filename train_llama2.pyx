@@ -262,6 +262,8 @@ cdef class Llama2(Model):
     MATRICES = frozenset(("tok_embeddings", "wq", "wk", "wv", "wo", "w1", "w2", "w3", "output"))
     # the activations whose gradients no backward kernel takes: none are allocated
     NO_GRAD = frozenset(("ln1_rstd", "att", "ln2_rstd", "lnf_rstd", "logsum"))
+    # float32 at every precision: the statistics and the losses
+    FP32_ACTIVATIONS = frozenset(("ln1_rstd", "ln2_rstd", "lnf_rstd", "logsum", "losses"))
     cdef int NH, NKV, hs, C, H, V
     cdef float eps
     cdef ParameterTensors params_c, grads_c     # pointers into the buffers, llm.c's structs
@@ -269,16 +271,17 @@ cdef class Llama2(Model):
     cdef const float* freqs_cos
     cdef const float* freqs_sin
 
-    def __init__(self, config, backend="cpu", recompute="all"):
+    def __init__(self, config, backend="cpu", recompute="all", precision=None):
         """A model of this LlamaConfig with all parameters zero (see random / from_checkpoint),
         on a backend: "cpu", "check:cpu", ... (accel.backend.backend_names()), keeping its
-        activations by a recompute policy: "all", "sqrt", ... (llmc/recompute.py)."""
+        activations by a recompute policy: "all", "sqrt", ... (llmc/recompute.py), at a precision:
+        "fp32" or "bf16" (llmc/model.pyx; None: the backend's, else fp32)."""
         assert sizeof(LayerActivations) == 18 * sizeof(float*)
         assert sizeof(HeadActivations) == 5 * sizeof(float*)
         self.NH, self.NKV = config.n_heads, config.n_kv_heads
         self.hs, self.C, self.H = config.head_size, config.dim, config.hidden_dim
         self.V, self.eps = config.vocab_size, config.norm_eps
-        super().__init__(config, backend, recompute)
+        super().__init__(config, backend, recompute, precision)
         # the rotation tables, computed once on the host and uploaded (read-only from here on)
         freqs_cos, freqs_sin = rope_tables(config.max_seq_len, self.hs, config.rope_theta)
         cdef Py_ssize_t table_size = freqs_cos.size
@@ -288,11 +291,11 @@ cdef class Llama2(Model):
         self.freqs_sin = self.freqs_cos + table_size
 
     cdef void point_parameters(self, float* params, float* grads) noexcept:
-        self.param_layout.point(<float**>&self.params_c, params)
+        self.param_layout.point(<float**>&self.params_c, params, self.itemsize)
         if self.config.shared_classifier:
             self.params_c.output = self.params_c.tok_embeddings
         if grads != NULL:
-            self.param_layout.point(<float**>&self.grads_c, grads)
+            self.param_layout.point(<float**>&self.grads_c, grads, sizeof(float))
             if self.config.shared_classifier:   # both uses add into the one gradient
                 self.grads_c.output = self.grads_c.tok_embeddings
 
@@ -317,18 +320,18 @@ cdef class Llama2(Model):
                     layer_attention=2.0 * QD * (T + 1), head_matmul=2.0 * C * config.vocab_size)
 
     @classmethod
-    def from_checkpoint(cls, path, backend="cpu", recompute="all"):
+    def from_checkpoint(cls, path, backend="cpu", recompute="all", precision=None):
         """Load a llama2.c model file (version 0 or 1) or a float32 GGUF (read_model)."""
         config, params = read_model(path)
-        model = cls(config, backend, recompute)
+        model = cls(config, backend, recompute, precision)
         model.params = params
         return model
 
     @classmethod
-    def random(cls, config, seed=0, backend="cpu", recompute="all"):
+    def random(cls, config, seed=0, backend="cpu", recompute="all", precision=None):
         """llama2.c's initialisation (as train_llama2_torch.init_params, from NumPy's generator):
         every matrix and the embedding N(0, 0.02), wo and w3 N(0, 0.02/sqrt(2L)), norms 1."""
-        model = cls(config, backend, recompute)
+        model = cls(config, backend, recompute, precision)
         rng = np.random.default_rng(seed)
         params = np.zeros(model.num_parameters, dtype=np.float32)
         residual_std = 0.02 / np.sqrt(2 * config.n_layers)
@@ -373,15 +376,15 @@ cdef class Llama2(Model):
         cdef int QD = NH * hs, KVD = NKV * hs
         cdef Py_ssize_t BTC = <Py_ssize_t>B * T * C
         # this layer's weights
-        cdef const float* l_attention_norm = p.attention_norm + l * C
-        cdef const float* l_wq = p.wq + l * QD * C
-        cdef const float* l_wk = p.wk + l * KVD * C
-        cdef const float* l_wv = p.wv + l * KVD * C
-        cdef const float* l_wo = p.wo + l * C * QD
-        cdef const float* l_ffn_norm = p.ffn_norm + l * C
-        cdef const float* l_w1 = p.w1 + l * H * C
-        cdef const float* l_w2 = p.w2 + l * C * H
-        cdef const float* l_w3 = p.w3 + l * H * C
+        cdef const float* l_attention_norm = self.param_at(p.attention_norm, l * C)
+        cdef const float* l_wq = self.param_at(p.wq, l * QD * C)
+        cdef const float* l_wk = self.param_at(p.wk, l * KVD * C)
+        cdef const float* l_wv = self.param_at(p.wv, l * KVD * C)
+        cdef const float* l_wo = self.param_at(p.wo, l * C * QD)
+        cdef const float* l_ffn_norm = self.param_at(p.ffn_norm, l * C)
+        cdef const float* l_w1 = self.param_at(p.w1, l * H * C)
+        cdef const float* l_w2 = self.param_at(p.w2, l * C * H)
+        cdef const float* l_w3 = self.param_at(p.w3, l * H * C)
 
         self.table.rmsnorm_forward(ctx, a.ln1, a.ln1_rstd, residual, l_attention_norm, self.eps, B, T, C)
         self.table.matmul_forward(ctx, a.q, a.ln1, l_wq, NULL, B, T, C, QD)
@@ -440,15 +443,15 @@ cdef class Llama2(Model):
         cdef int QD = NH * hs, KVD = NKV * hs
         cdef Py_ssize_t BTC = <Py_ssize_t>B * T * C
         # this layer's weights
-        cdef const float* l_attention_norm = p.attention_norm + l * C
-        cdef const float* l_wq = p.wq + l * QD * C
-        cdef const float* l_wk = p.wk + l * KVD * C
-        cdef const float* l_wv = p.wv + l * KVD * C
-        cdef const float* l_wo = p.wo + l * C * QD
-        cdef const float* l_ffn_norm = p.ffn_norm + l * C
-        cdef const float* l_w1 = p.w1 + l * H * C
-        cdef const float* l_w2 = p.w2 + l * C * H
-        cdef const float* l_w3 = p.w3 + l * H * C
+        cdef const float* l_attention_norm = self.param_at(p.attention_norm, l * C)
+        cdef const float* l_wq = self.param_at(p.wq, l * QD * C)
+        cdef const float* l_wk = self.param_at(p.wk, l * KVD * C)
+        cdef const float* l_wv = self.param_at(p.wv, l * KVD * C)
+        cdef const float* l_wo = self.param_at(p.wo, l * C * QD)
+        cdef const float* l_ffn_norm = self.param_at(p.ffn_norm, l * C)
+        cdef const float* l_w1 = self.param_at(p.w1, l * H * C)
+        cdef const float* l_w2 = self.param_at(p.w2, l * C * H)
+        cdef const float* l_w3 = self.param_at(p.w3, l * H * C)
         # this layer's weight gradients
         cdef float* dl_attention_norm = g.attention_norm + l * C
         cdef float* dl_wq = g.wq + l * QD * C

@@ -25,6 +25,8 @@ cdef class Backend:
     cdef readonly tuple groups        # the entry groups the table fills (accel/spec.py)
     cdef object keepalive             # what owns ctx (and anything the table's functions use)
     cdef public dict tolerances       # check:'s tolerance by entry, for lower-precision entries
+    cdef readonly str precision       # what the floatX arguments point to: "fp32" or "bf16"
+    cdef readonly int itemsize        # bytes of one floatX element
     cdef void validate(self) except *
 
 

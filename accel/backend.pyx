@@ -16,7 +16,7 @@ import os
 import sys
 
 import accel.hip as _hip
-from accel.spec import ENTRY_GROUPS, GROUPS, ORDER
+from accel.spec import ENTRY_GROUPS, GROUPS, ORDER, PRECISIONS
 
 import numpy as np
 
@@ -71,12 +71,15 @@ cdef class Backend:
     tolerances (check:'s relative tolerance by entry, where the backend computes in lower
     precision), peak_tflops, compile_seconds (time spent compiling programs), summary()."""
 
-    def __init__(self, str name, bint host_visible, tuple groups, keepalive=None):
+    def __init__(self, str name, bint host_visible, tuple groups, keepalive=None,
+                 str precision="fp32"):
         self.name = name
         self.host_visible = host_visible
         self.groups = _with_core(groups)
         self.keepalive = keepalive
         self.tolerances = {}
+        self.precision = precision
+        self.itemsize = PRECISIONS[precision][1]
 
     cdef void validate(self) except *:
         """Refuse a table that lacks an entry of a group it claims."""
@@ -92,7 +95,7 @@ cdef class Backend:
     def _without_entry(self, str entry):
         """A copy of this backend with one entry left out (tests of the validation); raises
         BackendError as a backend module's create() would."""
-        cdef Backend copy = Backend(self.name, self.host_visible, self.groups, self)
+        cdef Backend copy = Backend(self.name, self.host_visible, self.groups, self, self.precision)
         copy.table = self.table
         entry_slots(&copy.table)[ORDER.index(entry)] = NULL
         copy.validate()
@@ -101,7 +104,7 @@ cdef class Backend:
     def _with_groups(self, tuple groups):
         """A copy of this backend claiming only these entry groups (tests of a model's
         refusal of a backend without its kernels)."""
-        cdef Backend copy = Backend(self.name, self.host_visible, groups, self)
+        cdef Backend copy = Backend(self.name, self.host_visible, groups, self, self.precision)
         copy.table = self.table
         copy.validate()
         return copy
@@ -342,18 +345,28 @@ def require_available(name):
         raise BackendError(f"backend '{name}' is unavailable: {unavailable} ({_available_line()})")
 
 
-def get_backend(name):
-    """The Backend called name ("cpu", "check:cpu", ...); BackendError in one line if there is
-    no such backend or it cannot run here."""
+def get_backend(name, str precision="fp32"):
+    """The Backend called name ("cpu", "check:cpu", ...) at a precision ("fp32", "bf16": what
+    its tables' floatX arguments point to, accel/spec.py); BackendError in one line if there is
+    no such backend, it cannot run here, or it has no table of that precision."""
     if isinstance(name, Backend):
+        if (<Backend>name).precision != precision:
+            raise BackendError(f"backend '{name.name}' runs at {name.precision}, not {precision}")
         return name
+    if precision not in PRECISIONS:
+        raise BackendError(f"unknown precision {precision!r} (known: {', '.join(PRECISIONS)})")
     require_available(name)
     wrapper, _, inner = name.partition(":")
     if inner:
         from accel import instrument
-        return instrument.create(wrapper, get_backend(inner))
+        return instrument.create(wrapper, get_backend(inner, precision))
     try:
-        backend = importlib.import_module(_REGISTRY[name][0]).create()
+        module = importlib.import_module(_REGISTRY[name][0])
+        precisions = getattr(module, "PRECISIONS", ("fp32",))
+        if precision not in precisions:
+            raise BackendError(f"backend '{name}' has no {precision} kernels (it runs "
+                               f"{', '.join(precisions)}; bf16 runs on: cpu)")
+        backend = module.create(precision=precision) if precision != "fp32" else module.create()
     except ImportError as e:
         raise BackendError(f"backend '{name}' is not built ({e}): run `make train_gpt2`") from None
     (<Backend?>backend).validate()

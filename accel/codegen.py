@@ -6,6 +6,8 @@ Writes the mechanical parts of the backend table from its one description, accel
     accel/_entry_enum.pxi the entries' numbers                       included by accel/instrument.pyx
     accel/_wrappers.pxi   check:/profile:/guard:'s wrappers          included by accel/instrument.pyx
     accel/_cpu_table.pxi  the CPU backend's adapters                 included by accel/cpu.pyx
+    accel/_cpu_bf16_table.pxi  the CPU's bf16 table: each fp32 entry on widened copies
+                                                                     included by accel/cpu.pyx
 
 setup.py runs it before Cython; a file is rewritten only when its text changes, so an unchanged
 spec rebuilds nothing.  The files are build outputs (.gitignore), never edited by hand.
@@ -76,9 +78,10 @@ def call_pxi():
             if not a.pointer:
                 converted.append(f"a[{i}]")
                 continue
-            nbytes = (f"4 * ({python_expression(a.elements, positions)})"
+            itemsize = "backend.itemsize" if a.floatx else "4"
+            nbytes = (f"{itemsize} * ({python_expression(a.elements, positions)})"
                       if uses_only(a.elements, positions) else "0")
-            converted.append(f"<{a.ctype.replace('const ', '')}>pointer(entry, {a.name!r}, a[{i}], "
+            converted.append(f"<{a.c_type.replace('const ', '')}>pointer(entry, {a.name!r}, a[{i}], "
                              f"{a.optional}, {nbytes})")
         call = f"t.{e.name}(c, {', '.join(converted)})"
         lines.append(f"        result = {call}" if e.returns != "void" else f"        {call}")
@@ -91,7 +94,7 @@ def call_pxi():
 def mapped(a):
     """An argument as the oracle sees it: the oracle's copy of the backend's memory."""
     if a.pointer and a.role != "host":
-        return f"<{a.ctype}>oracle_of(s, {a.name})"
+        return f"<{a.c_type}>oracle_of(s, {a.name})"
     return a.name
 
 
@@ -166,8 +169,57 @@ def cpu_pxi():
     return "\n".join(lines) + "\n"
 
 
+def cpu_bf16_pxi():
+    """The CPU's bf16 table: an entry with floatX arguments runs its fp32 CPU entry (cpu_NAME,
+    accel/cpu.pyx and _cpu_table.pxi) on float32 copies of them in the backend's scratch memory
+    (exact: every bf16 is a float32), then rounds what it wrote back to bf16, once, to nearest
+    even.  What the hardware does faster (the GEMMs) or what an adapter cannot size (a gather
+    from a table of V rows) is written by hand in accel/cpu.pyx (spec: bf16=None)."""
+    lines = [BANNER]
+    fills = []
+    for e in spec.ENTRIES:
+        if e.bf16 != "adapter":
+            continue
+        sizes = {a.name: c_expression(a.elements) for a in e.args if a.floatx}
+        names = {a.name for a in e.args if not a.pointer}
+        unsized = [a.name for a in e.args if a.floatx and not uses_only(a.elements, names)]
+        if unsized:
+            raise ValueError(f"accel/spec.py: {e.name}'s {unsized[0]} has no length in the call's "
+                             f"numbers: write its bf16 entry by hand (bf16=None)")
+        args = ", ".join(["void* ctx"] + [a.declaration for a in e.args])
+        lines.append(f"cdef {e.returns} bf16_{e.name}({args}) noexcept nogil:")
+        total = " + ".join(f"({n})" for n in sizes.values())
+        lines.append(f"    cdef float* w = reserve(<Scratch*>ctx, {total})")
+        lines.append("    if w == NULL:")
+        lines.append(f"        fail(b\"{e.name} (bf16): out of memory for its float32 copies\")")
+        lines.append("        return" + (" 0" if e.returns != "void" else ""))
+        offset = "0"
+        for a in e.args:
+            if a.floatx:
+                lines.append(f"    cdef float* w_{a.name} = w + {offset}")
+                offset = f"{offset} + {sizes[a.name]}" if offset != "0" else sizes[a.name]
+        for a in e.args:   # all but a pure output, which the entry writes whole
+            if a.floatx and (a.role != "out" or a.causal):
+                lines.append(f"    widen(w_{a.name}, <const bf16*>{a.name}, {sizes[a.name]})")
+        call_args = ", ".join(f"w_{a.name}" if a.floatx else a.name for a in e.args)
+        returns = e.returns != "void"
+        lines.append(f"    {'cdef ' + e.returns + ' result = ' if returns else ''}cpu_{e.name}(ctx, {call_args})")
+        for a in e.args:
+            if a.floatx and a.written:
+                lines.append(f"    narrow(<bf16*>{a.name}, w_{a.name}, {sizes[a.name]})")
+        if returns:
+            lines.append("    return result")
+        lines.append("")
+        fills.append(e.name)
+    lines.append("cdef void fill_bf16_adapters(BackendTable* t) noexcept:")
+    lines.append('    """The bf16 entries that run the fp32 entry on float32 copies."""')
+    lines += [f"    t.{name} = bf16_{name}" for name in fills]
+    return "\n".join(lines) + "\n"
+
+
 OUTPUTS = {"_table.pxi": table_pxi, "_call.pxi": call_pxi, "_entry_enum.pxi": entry_enum_pxi,
-           "_wrappers.pxi": wrappers_pxi, "_cpu_table.pxi": cpu_pxi}
+           "_wrappers.pxi": wrappers_pxi, "_cpu_table.pxi": cpu_pxi,
+           "_cpu_bf16_table.pxi": cpu_bf16_pxi}
 
 
 def main():

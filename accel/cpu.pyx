@@ -5,11 +5,23 @@ drops the context, which the CPU does not need; those are written from accel/spe
 (accel/_cpu_table.pxi).  What is here is what is not a kernel: memory, the loss's fill and mean,
 and the one entry that reports an error.
 
+Two tables: fp32, and bf16 (create(precision="bf16")), whose floatX arguments point to bf16.
+Most bf16 entries run the fp32 entry on float32 copies of their bf16 arguments, made in the
+backend's scratch memory (accel/_cpu_bf16_table.pxi, written from accel/spec.py); the GEMMs run
+on bf16 operands (kernels/matmul_bf16.pyx: AMX or AVX512_BF16 through oneMKL where the CPU has
+them), and the embeddings' gathers and the rounding of the parameters are written here.
+
 Memory comes from mmap: page-aligned (so guard:cpu can protect it), zero pages until first
 written, and large buffers advised to transparent huge pages as NumPy does for its arrays.
 """
 from accel.backend cimport Backend, BackendTable
 from kernels.attention_gqa cimport attention_gqa_backward
+from kernels.bf16 cimport bf16, narrow, narrow_stochastic, widen
+from kernels.embedding cimport embedding_forward_bf16
+from kernels.encoder cimport encoder_forward_bf16
+from kernels.matmul_bf16 cimport matmul_backward_bf16, matmul_forward_bf16
+from libc.stdint cimport uint64_t
+from libc.stdlib cimport calloc, free
 from kernels.zero cimport zero_bytes
 from libc.string cimport memcpy
 from posix.mman cimport mmap, munmap, madvise, MAP_FAILED, MAP_PRIVATE, MAP_ANONYMOUS, PROT_READ, PROT_WRITE
@@ -46,6 +58,11 @@ cdef void cpu_synchronize(void* ctx) noexcept nogil:
 # the message of a kernel that failed (out of scratch memory), until last_error hands it out
 cdef const char* pending_error = NULL
 
+cdef void fail(const char* message) noexcept nogil:
+    global pending_error
+    if pending_error == NULL:   # the first failure is the one to report
+        pending_error = message
+
 cdef const char* cpu_last_error(void* ctx) noexcept nogil:
     global pending_error
     cdef const char* message = pending_error
@@ -75,22 +92,94 @@ cdef void cpu_attention_gqa_backward(void* ctx, float* dq, float* dk, float* dv,
                                      const float* q, const float* k, const float* v,
                                      const float* att, int B, int T, int NH, int NKV,
                                      int hs) noexcept nogil:
-    global pending_error
     if attention_gqa_backward(dq, dk, dv, dout, q, k, v, att, B, T, NH, NKV, hs) != 0:
-        pending_error = "attention_gqa_backward: out of memory for its scratch buffers"
+        fail("attention_gqa_backward: out of memory for its scratch buffers")
 
 
 include "accel/_cpu_table.pxi"
 
 
-def create(bint flash=True):
-    """The CPU backend; with flash=False without the flash group (as a backend that has no
-    flash attention), for tests."""
-    cdef Backend backend = Backend("cpu" if flash else "cpu-without-flash", True,
-                                   ("linear", "gpt2", "llama", "flash") if flash else
-                                   ("linear", "gpt2", "llama"))
+# --- bf16 --------------------------------------------------------------------------------
+
+# The bf16 table's context: scratch memory for the float32 copies of an adapter's arguments,
+# kept between calls and grown to the largest call's (its pages are the step's, not new ones)
+ctypedef struct Scratch:
+    float* base
+    size_t nbytes
+
+cdef float* reserve(Scratch* s, Py_ssize_t floats) noexcept nogil:
+    """s's memory for this many floats, grown if need be; NULL where there is none."""
+    cdef size_t nbytes = <size_t>floats * sizeof(float)
+    if nbytes > s.nbytes:
+        if s.base != NULL:
+            munmap(s.base, s.nbytes)
+        s.base = <float*>cpu_alloc(NULL, nbytes)
+        s.nbytes = nbytes if s.base != NULL else 0
+    return s.base
+
+
+cdef class ScratchOwner:
+    """Owns a bf16 table's Scratch (its backend's keepalive)."""
+    cdef Scratch* s
+
+    def __dealloc__(self):
+        if self.s != NULL:
+            if self.s.base != NULL:
+                munmap(self.s.base, self.s.nbytes)
+            free(self.s)
+
+
+cdef void bf16_matmul_forward(void* ctx, float* out, const float* inp, const float* weight,
+                              const float* bias, int B, int T, int C, int OC) noexcept nogil:
+    if matmul_forward_bf16(<bf16*>out, <const bf16*>inp, <const bf16*>weight, <const bf16*>bias,
+                           B, T, C, OC) != 0:
+        fail("matmul_forward (bf16): out of memory for its float32 blocks")
+
+cdef void bf16_matmul_backward(void* ctx, float* dinp, float* dweight, float* dbias,
+                               const float* dout, const float* inp, const float* weight,
+                               int B, int T, int C, int OC) noexcept nogil:
+    if matmul_backward_bf16(<bf16*>dinp, dweight, dbias, <const bf16*>dout, <const bf16*>inp,
+                            <const bf16*>weight, B, T, C, OC) != 0:
+        fail("matmul_backward (bf16): out of memory for its float32 blocks")
+
+cdef void bf16_encoder_forward(void* ctx, float* out, const int* inp, const float* wte,
+                               const float* wpe, int B, int T, int C) noexcept nogil:
+    encoder_forward_bf16(<bf16*>out, inp, <const bf16*>wte, <const bf16*>wpe, B, T, C)
+
+cdef void bf16_embedding_forward(void* ctx, float* out, const int* inp, const float* wte,
+                                 int B, int T, int C) noexcept nogil:
+    embedding_forward_bf16(<bf16*>out, inp, <const bf16*>wte, B, T, C)
+
+cdef void bf16_narrow_params(void* ctx, float* params, const float* master, Py_ssize_t n,
+                             Py_ssize_t first, int seed) noexcept nogil:
+    if seed < 0:
+        narrow(<bf16*>params, master, n)
+    else:
+        narrow_stochastic(<bf16*>params, master, n, first, <uint64_t>seed)
+
+
+include "accel/_cpu_bf16_table.pxi"
+
+
+PRECISIONS = ("fp32", "bf16")
+
+
+def create(bint flash=True, str precision="fp32"):
+    """The CPU backend at a precision (PRECISIONS); with flash=False without the flash group
+    (as a backend that has no flash attention), for tests."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"accel.cpu: precision {precision!r} is not one of {PRECISIONS}")
+    groups = ("linear", "gpt2", "llama") + (("flash",) if flash else ()) + \
+        (("bf16",) if precision == "bf16" else ())
+    cdef ScratchOwner owner = ScratchOwner()
+    if precision == "bf16":
+        owner.s = <Scratch*>calloc(1, sizeof(Scratch))
+        if owner.s == NULL:
+            raise MemoryError()
+    cdef Backend backend = Backend("cpu" if flash else "cpu-without-flash", True, groups,
+                                   owner, precision)
     cdef BackendTable* t = &backend.table
-    t.ctx = NULL
+    t.ctx = owner.s
     t.alloc = cpu_alloc
     t.free = cpu_free
     t.zero = cpu_zero
@@ -103,6 +192,13 @@ def create(bint flash=True):
     t.mean = cpu_mean
     fill_kernels(t)
     t.attention_gqa_backward = cpu_attention_gqa_backward
+    if precision == "bf16":
+        fill_bf16_adapters(t)
+        t.matmul_forward = bf16_matmul_forward
+        t.matmul_backward = bf16_matmul_backward
+        t.encoder_forward = bf16_encoder_forward
+        t.embedding_forward = bf16_embedding_forward
+        t.narrow_params = bf16_narrow_params
     if not flash:
         t.flash_attention_forward = NULL
         t.flash_attention_backward = NULL

@@ -378,11 +378,15 @@ def create(str wrapper, Backend target):
     cdef int mode = {"check": CHECK, "profile": PROFILE, "guard": GUARD}[wrapper]
     if mode == GUARD and not target.host_visible:
         raise BackendError(f"guard:{target.name}: guarding needs host memory (guard:cpu)")
+    if mode == CHECK and target.precision != "fp32":
+        raise BackendError(f"check:{target.name}: check: compares fp32 tables only; the "
+                           f"{target.precision} entries are checked by tests/test_bf16.py")
     oracle = get_backend("cpu") if mode == CHECK else None
     # check: claims only the groups the oracle can check too
     groups = tuple(g for g in target.groups if oracle is None or oracle.supports(g))
     cdef InstrumentedBackend b = InstrumentedBackend(
-        f"{wrapper}:{target.name}", target.host_visible and mode == PROFILE, groups)
+        f"{wrapper}:{target.name}", target.host_visible and mode == PROFILE, groups,
+        None, target.precision)
     b.target = target
     b.oracle = oracle
     b.s = <Instrument*>calloc(1, sizeof(Instrument))

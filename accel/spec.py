@@ -15,6 +15,9 @@ An argument is one line: `<C type> <name>` for a number, and for a pointer
 
     <C type> <name>[<elements>] <role> [~<reduction>] [causal] [init=<kind>]
 
+    C type     float (float32 always), floatX (the table's precision: float32 in an fp32 table,
+               bf16 in a bf16 one; C sees float*, whatever it points to), int, void
+
     elements   the length the entry reads or writes, an expression in the call's numbers (an
                input's may use letters the call lacks, V, which the tests supply)
     role       in (read), out (written), grad (a gradient the entry adds into), inout (read and
@@ -44,7 +47,14 @@ GROUPS = {
              "attention, the classifier without a probability buffer",
     "flash": "attention that keeps each row's log-sum-exp instead of (B,NH,T,T) buffers; a "
              "model uses it when the backend has it",
+    "bf16": "mixed precision: the bf16 parameters rounded from the float32 master weights",
 }
+
+# The precisions a table can run at: the element type its floatX arguments point to.  A backend
+# makes one table per precision it has; a model runs at its backend's.  What stays float32 at
+# every precision is declared `float`: normalisation statistics, losses, log-sum-exps, the
+# parameter gradients (the GEMMs add into them in float32), AdamW's master weights and moments.
+PRECISIONS = {"fp32": ("float32", 4), "bf16": ("bfloat16", 2)}
 
 
 class Arg:
@@ -83,9 +93,25 @@ class Arg:
         return self.ctype.endswith("*")
 
     @property
-    def dtype(self):
-        """The NumPy dtype a pointer's elements have (None for void)."""
-        return {"float": "float32", "int": "int32"}.get(self.ctype.replace("const ", "").rstrip("*"))
+    def base_type(self):
+        return self.ctype.replace("const ", "").rstrip("*")
+
+    @property
+    def floatx(self):
+        """A pointer to elements of the table's precision."""
+        return self.base_type == "floatX"
+
+    def dtype(self, precision="fp32"):
+        """The dtype a pointer's elements have at a precision ("float32", "bfloat16", "int32";
+        None for void)."""
+        if self.floatx:
+            return PRECISIONS[precision][0]
+        return {"float": "float32", "int": "int32"}.get(self.base_type)
+
+    @property
+    def c_type(self):
+        """The C type of the table's field: floatX is float, whatever it points to."""
+        return self.ctype.replace("floatX", "float")
 
     @property
     def written(self):
@@ -94,19 +120,24 @@ class Arg:
 
     @property
     def declaration(self):
-        return f"{self.ctype} {self.name}"
+        return f"{self.c_type} {self.name}"
 
 
 class Entry:
     """One function pointer of the table: `returns name(void* ctx, args...)`."""
 
-    def __init__(self, name, group, args, returns="void", cpu=None, wrap=True, reduction="1"):
+    def __init__(self, name, group, args, returns="void", cpu=None, wrap=True, reduction="1",
+                 bf16="adapter"):
         self.name, self.group, self.returns = name, group, returns
         self.args = [Arg(a) for a in args]
         self.cpu = cpu              # "kernels.<module>": its function of this name, with the
         #                             same arguments; "kernels.<module>: call(...)": that call;
         #                             None: written by hand in accel/cpu.pyx
         self.wrap = wrap            # check:/profile:/guard: wrap it from the spec (memory: by hand)
+        self.bf16 = bf16 if any(a.floatx for a in self.args) else "same"
+        #                             the CPU's bf16 table: "adapter", the fp32 kernel on widened
+        #                             copies (accel/codegen.py writes it); "same", no floatX
+        #                             argument, so the fp32 entry; None, by hand in accel/cpu.pyx
         self.reduction = reduction  # a returned number's reduction length
         if group not in GROUPS:
             raise ValueError(f"accel/spec.py: {name}'s group {group!r} is not in GROUPS")
@@ -149,101 +180,104 @@ ENTRIES = [
     E("global_norm_squared", "core", "const float* x[n] in", "Py_ssize_t n", returns="double",
       cpu="kernels.adamw", reduction="n"),                                   # to the host
     # --- linear -------------------------------------------------------------------------
-    E("matmul_forward", "linear", "float* out[B*T*OC] out ~C", "const float* inp[B*T*C] in",
-      "const float* weight[OC*C] in", "const float* bias[OC] in optional", "int B", "int T", "int C",
-      "int OC", cpu="kernels.matmul"),
-    E("matmul_backward", "linear", "float* dinp[B*T*C] grad ~OC", "float* dweight[OC*C] grad ~B*T",
-      "float* dbias[OC] grad ~B*T", "const float* dout[B*T*OC] in", "const float* inp[B*T*C] in",
-      "const float* weight[OC*C] in", "int B", "int T", "int C", "int OC",
-      cpu="kernels.matmul"),
-    E("residual_forward", "linear", "float* out[N] out", "const float* inp1[N] in",
-      "const float* inp2[N] in", "Py_ssize_t N", cpu="kernels.residual"),
-    E("residual_backward", "linear", "float* dinp1[N] grad", "float* dinp2[N] grad",
-      "const float* dout[N] in", "Py_ssize_t N", cpu="kernels.residual"),
+    E("matmul_forward", "linear", "floatX* out[B*T*OC] out ~C", "const floatX* inp[B*T*C] in",
+      "const floatX* weight[OC*C] in", "const floatX* bias[OC] in optional", "int B", "int T",
+      "int C", "int OC", cpu="kernels.matmul", bf16=None),
+    E("matmul_backward", "linear", "floatX* dinp[B*T*C] grad ~OC", "float* dweight[OC*C] grad ~B*T",
+      "float* dbias[OC] grad ~B*T", "const floatX* dout[B*T*OC] in", "const floatX* inp[B*T*C] in",
+      "const floatX* weight[OC*C] in", "int B", "int T", "int C", "int OC",
+      cpu="kernels.matmul", bf16=None),
+    E("residual_forward", "linear", "floatX* out[N] out", "const floatX* inp1[N] in",
+      "const floatX* inp2[N] in", "Py_ssize_t N", cpu="kernels.residual"),
+    E("residual_backward", "linear", "floatX* dinp1[N] grad", "floatX* dinp2[N] grad",
+      "const floatX* dout[N] in", "Py_ssize_t N", cpu="kernels.residual"),
     # --- gpt2 ---------------------------------------------------------------------------
-    E("encoder_forward", "gpt2", "float* out[B*T*C] out", "const int* inp[B*T] in init=tokens",
-      "const float* wte[V*C] in", "const float* wpe[T*C] in", "int B", "int T", "int C",
-      cpu="kernels.encoder"),
+    E("encoder_forward", "gpt2", "floatX* out[B*T*C] out", "const int* inp[B*T] in init=tokens",
+      "const floatX* wte[V*C] in", "const floatX* wpe[T*C] in", "int B", "int T", "int C",
+      cpu="kernels.encoder", bf16=None),
     E("encoder_backward", "gpt2", "float* dwte[Vp*C] grad ~B*T", "float* dwpe[T*C] grad ~B",
-      "const float* dout[B*T*C] in", "const int* inp[B*T] in init=tokens", "int B", "int T",
+      "const floatX* dout[B*T*C] in", "const int* inp[B*T] in init=tokens", "int B", "int T",
       "int C", "int Vp",
       cpu="kernels.encoder: encoder_backward(dwte, dwpe, dout, inp, B, T, C)"),
-    E("layernorm_forward", "gpt2", "float* out[B*T*C] out ~C", "float* mean[B*T] out ~C",
-      "float* rstd[B*T] out ~C", "const float* inp[B*T*C] in", "const float* weight[C] in",
-      "const float* bias[C] in", "int B", "int T", "int C", cpu="kernels.layernorm"),
-    E("layernorm_backward", "gpt2", "float* dinp[B*T*C] grad ~C", "float* dweight[C] grad ~B*T",
-      "float* dbias[C] grad ~B*T", "const float* dout[B*T*C] in", "const float* inp[B*T*C] in",
-      "const float* weight[C] in", "const float* mean[B*T] in",
+    E("layernorm_forward", "gpt2", "floatX* out[B*T*C] out ~C", "float* mean[B*T] out ~C",
+      "float* rstd[B*T] out ~C", "const floatX* inp[B*T*C] in", "const floatX* weight[C] in",
+      "const floatX* bias[C] in", "int B", "int T", "int C", cpu="kernels.layernorm"),
+    E("layernorm_backward", "gpt2", "floatX* dinp[B*T*C] grad ~C", "float* dweight[C] grad ~B*T",
+      "float* dbias[C] grad ~B*T", "const floatX* dout[B*T*C] in", "const floatX* inp[B*T*C] in",
+      "const floatX* weight[C] in", "const float* mean[B*T] in",
       "const float* rstd[B*T] in init=small", "int B", "int T", "int C",
       cpu="kernels.layernorm"),
-    E("attention_forward", "gpt2", "float* out[B*T*C] out ~T", "float* preatt[B*NH*T*T] out ~C/NH causal",
-      "float* att[B*NH*T*T] out ~T causal", "const float* inp[B*T*3*C] in", "int B", "int T",
+    E("attention_forward", "gpt2", "floatX* out[B*T*C] out ~T", "floatX* preatt[B*NH*T*T] out ~C/NH causal",
+      "floatX* att[B*NH*T*T] out ~T causal", "const floatX* inp[B*T*3*C] in", "int B", "int T",
       "int C", "int NH", cpu="kernels.attention"),
-    E("attention_backward", "gpt2", "float* dinp[B*T*3*C] grad ~T", "float* dpreatt[B*NH*T*T] grad ~T causal",
-      "float* datt[B*NH*T*T] grad ~C/NH causal", "const float* dout[B*T*C] in",
-      "const float* inp[B*T*3*C] in", "const float* att[B*NH*T*T] in init=forward", "int B",
+    E("attention_backward", "gpt2", "floatX* dinp[B*T*3*C] grad ~T", "floatX* dpreatt[B*NH*T*T] grad ~T causal",
+      "floatX* datt[B*NH*T*T] grad ~C/NH causal", "const floatX* dout[B*T*C] in",
+      "const floatX* inp[B*T*3*C] in", "const floatX* att[B*NH*T*T] in init=forward", "int B",
       "int T", "int C", "int NH", cpu="kernels.attention"),
-    E("gelu_forward", "gpt2", "float* out[N] out", "const float* inp[N] in", "Py_ssize_t N",
+    E("gelu_forward", "gpt2", "floatX* out[N] out", "const floatX* inp[N] in", "Py_ssize_t N",
       cpu="kernels.gelu"),
-    E("gelu_backward", "gpt2", "float* dinp[N] grad", "const float* inp[N] in",
-      "const float* dout[N] in", "Py_ssize_t N", cpu="kernels.gelu"),
-    E("softmax_forward", "gpt2", "float* probs[B*T*Vp] out ~V", "const float* logits[B*T*Vp] in",
+    E("gelu_backward", "gpt2", "floatX* dinp[N] grad", "const floatX* inp[N] in",
+      "const floatX* dout[N] in", "Py_ssize_t N", cpu="kernels.gelu"),
+    E("softmax_forward", "gpt2", "float* probs[B*T*Vp] out ~V", "const floatX* logits[B*T*Vp] in",
       "int B", "int T", "int V", "int Vp", cpu="kernels.crossentropy"),
     E("crossentropy_forward", "gpt2", "float* losses[B*T] out", "const float* probs[B*T*Vp] in init=positive",
       "const int* targets[B*T] in init=tokens", "int B", "int T", "int Vp",
       cpu="kernels.crossentropy"),
-    E("crossentropy_softmax_backward", "gpt2", "float* dlogits[B*T*Vp] grad",
+    E("crossentropy_softmax_backward", "gpt2", "floatX* dlogits[B*T*Vp] grad",
       "const float* dlosses[B*T] in", "const float* probs[B*T*Vp] in init=positive",
       "const int* targets[B*T] in init=tokens", "int B", "int T", "int V", "int Vp",
       cpu="kernels.crossentropy"),
     # --- llama (letters as above, plus NKV key/value heads and hs the head size) -------------
-    E("embedding_forward", "llama", "float* out[B*T*C] out", "const int* inp[B*T] in init=tokens",
-      "const float* wte[V*C] in", "int B", "int T", "int C", cpu="kernels.embedding"),
-    E("embedding_backward", "llama", "float* dwte[V*C] grad ~B*T", "const float* dout[B*T*C] in",
+    E("embedding_forward", "llama", "floatX* out[B*T*C] out", "const int* inp[B*T] in init=tokens",
+      "const floatX* wte[V*C] in", "int B", "int T", "int C", cpu="kernels.embedding", bf16=None),
+    E("embedding_backward", "llama", "float* dwte[V*C] grad ~B*T", "const floatX* dout[B*T*C] in",
       "const int* inp[B*T] in init=tokens", "int B", "int T", "int C", "int V",
       cpu="kernels.embedding: embedding_backward(dwte, dout, inp, B, T, C)"),
-    E("rmsnorm_forward", "llama", "float* out[B*T*C] out ~C", "float* rstd[B*T] out ~C",
-      "const float* inp[B*T*C] in", "const float* weight[C] in", "float eps", "int B", "int T",
+    E("rmsnorm_forward", "llama", "floatX* out[B*T*C] out ~C", "float* rstd[B*T] out ~C",
+      "const floatX* inp[B*T*C] in", "const floatX* weight[C] in", "float eps", "int B", "int T",
       "int C", cpu="kernels.rmsnorm"),
-    E("rmsnorm_backward", "llama", "float* dinp[B*T*C] grad ~C", "float* dweight[C] grad ~B*T",
-      "const float* dout[B*T*C] in", "const float* inp[B*T*C] in", "const float* weight[C] in",
+    E("rmsnorm_backward", "llama", "floatX* dinp[B*T*C] grad ~C", "float* dweight[C] grad ~B*T",
+      "const floatX* dout[B*T*C] in", "const floatX* inp[B*T*C] in", "const floatX* weight[C] in",
       "const float* rstd[B*T] in init=small", "int B", "int T", "int C", cpu="kernels.rmsnorm"),
-    E("rope_forward", "llama", "float* out[B*T*NH*hs] out ~2", "const float* inp[B*T*NH*hs] in",
+    E("rope_forward", "llama", "floatX* out[B*T*NH*hs] out ~2", "const floatX* inp[B*T*NH*hs] in",
       "const float* freqs_cos[T*hs/2] in init=rope", "const float* freqs_sin[T*hs/2] in init=rope",
       "int B", "int T", "int NH", "int hs", cpu="kernels.rope"),
-    E("rope_backward", "llama", "float* dinp[B*T*NH*hs] grad ~2", "const float* dout[B*T*NH*hs] in",
+    E("rope_backward", "llama", "floatX* dinp[B*T*NH*hs] grad ~2", "const floatX* dout[B*T*NH*hs] in",
       "const float* freqs_cos[T*hs/2] in init=rope", "const float* freqs_sin[T*hs/2] in init=rope",
       "int B", "int T", "int NH", "int hs", cpu="kernels.rope"),
-    E("swiglu_forward", "llama", "float* out[N] out", "const float* a[N] in",
-      "const float* b[N] in", "Py_ssize_t N", cpu="kernels.swiglu"),
-    E("swiglu_backward", "llama", "float* da[N] grad", "float* db[N] grad",
-      "const float* dout[N] in", "const float* a[N] in", "const float* b[N] in",
+    E("swiglu_forward", "llama", "floatX* out[N] out", "const floatX* a[N] in",
+      "const floatX* b[N] in", "Py_ssize_t N", cpu="kernels.swiglu"),
+    E("swiglu_backward", "llama", "floatX* da[N] grad", "floatX* db[N] grad",
+      "const floatX* dout[N] in", "const floatX* a[N] in", "const floatX* b[N] in",
       "Py_ssize_t N", cpu="kernels.swiglu"),
-    E("attention_gqa_forward", "llama", "float* out[B*T*NH*hs] out ~T",
-      "float* att[B*NH*T*T] out ~hs causal", "const float* q[B*T*NH*hs] in",
-      "const float* k[B*T*NKV*hs] in", "const float* v[B*T*NKV*hs] in", "int B", "int T",
+    E("attention_gqa_forward", "llama", "floatX* out[B*T*NH*hs] out ~T",
+      "floatX* att[B*NH*T*T] out ~hs causal", "const floatX* q[B*T*NH*hs] in",
+      "const floatX* k[B*T*NKV*hs] in", "const floatX* v[B*T*NKV*hs] in", "int B", "int T",
       "int NH", "int NKV", "int hs", cpu="kernels.attention_gqa"),
-    E("attention_gqa_backward", "llama", "float* dq[B*T*NH*hs] grad ~T",
-      "float* dk[B*T*NKV*hs] grad ~T*NH/NKV", "float* dv[B*T*NKV*hs] grad ~T*NH/NKV",
-      "const float* dout[B*T*NH*hs] in", "const float* q[B*T*NH*hs] in",
-      "const float* k[B*T*NKV*hs] in", "const float* v[B*T*NKV*hs] in",
-      "const float* att[B*NH*T*T] in init=forward", "int B", "int T", "int NH", "int NKV",
+    E("attention_gqa_backward", "llama", "floatX* dq[B*T*NH*hs] grad ~T",
+      "floatX* dk[B*T*NKV*hs] grad ~T*NH/NKV", "floatX* dv[B*T*NKV*hs] grad ~T*NH/NKV",
+      "const floatX* dout[B*T*NH*hs] in", "const floatX* q[B*T*NH*hs] in",
+      "const floatX* k[B*T*NKV*hs] in", "const floatX* v[B*T*NKV*hs] in",
+      "const floatX* att[B*NH*T*T] in init=forward", "int B", "int T", "int NH", "int NKV",
       "int hs", cpu=None),   # reports running out of scratch memory through last_error
     E("classifier_forward", "llama", "float* losses[B*T] out ~V optional", "float* logsum[B*T] out ~V",
-      "const float* logits[B*T*V] in", "const int* targets[B*T] in init=tokens optional", "int B",
+      "const floatX* logits[B*T*V] in", "const int* targets[B*T] in init=tokens optional", "int B",
       "int T", "int V", cpu="kernels.classifier"),
-    E("classifier_backward", "llama", "float* dlogits[B*T*V] grad", "const float* dlosses[B*T] in",
-      "const float* logits[B*T*V] in", "const float* logsum[B*T] in",
+    E("classifier_backward", "llama", "floatX* dlogits[B*T*V] grad", "const float* dlosses[B*T] in",
+      "const floatX* logits[B*T*V] in", "const float* logsum[B*T] in",
       "const int* targets[B*T] in init=tokens", "int B", "int T", "int V",
       cpu="kernels.classifier"),
     # --- flash --------------------------------------------------------------------------
-    E("flash_attention_forward", "flash", "float* out[B*T*C] out ~T", "float* lse[B*NH*T] out ~T",
-      "const float* inp[B*T*3*C] in", "int B", "int T", "int C", "int NH",
+    E("flash_attention_forward", "flash", "floatX* out[B*T*C] out ~T", "float* lse[B*NH*T] out ~T",
+      "const floatX* inp[B*T*3*C] in", "int B", "int T", "int C", "int NH",
       cpu="kernels.flash_attention"),
-    E("flash_attention_backward", "flash", "float* dinp[B*T*3*C] grad ~T", "const float* dout[B*T*C] in",
-      "const float* inp[B*T*3*C] in", "const float* out[B*T*C] in init=forward",
+    E("flash_attention_backward", "flash", "floatX* dinp[B*T*3*C] grad ~T", "const floatX* dout[B*T*C] in",
+      "const floatX* inp[B*T*3*C] in", "const floatX* out[B*T*C] in init=forward",
       "const float* lse[B*NH*T] in init=forward",
       "int B", "int T", "int C", "int NH", cpu="kernels.flash_attention"),
+    # --- bf16 ---------------------------------------------------------------------------
+    E("narrow_params", "bf16", "floatX* params[n] out", "const float* master[n] in",
+      "Py_ssize_t n", "Py_ssize_t first", "int seed", cpu=None, bf16=None),
 ]
 
 BY_NAME = {e.name: e for e in ENTRIES}

@@ -22,6 +22,14 @@ cdef void embedding_forward(float* out, const int* inp, const float* wte,
         memcpy(out + bt * C, wte + <Py_ssize_t>inp[bt] * C, C * sizeof(float))
 
 
+cdef void embedding_forward_bf16(bf16* out, const int* inp, const bf16* wte,
+                                 int B, int T, int C) noexcept nogil:
+    cdef Py_ssize_t bt
+    for bt in prange(<Py_ssize_t>B * T, schedule="static",
+                     use_threads_if=<Py_ssize_t>B * T * C >= SERIAL_BELOW):
+        memcpy(out + bt * C, wte + <Py_ssize_t>inp[bt] * C, C * sizeof(bf16))
+
+
 cdef void embedding_backward(float* dwte, const float* dout, const int* inp,
                              int B, int T, int C) noexcept nogil:
     # parallel over channel blocks, sequential over positions: race-free when positions share

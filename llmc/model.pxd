@@ -8,21 +8,24 @@ from accel.backend cimport Backend, BackendTable, Buffer
 
 cdef class Layout:
     """Tensors (name, shape) back to back in one buffer."""
-    cdef readonly list names, shapes, offsets, sizes
-    cdef readonly Py_ssize_t size
-    cdef void point(self, float** fields, float* base) noexcept
+    cdef readonly list names, shapes, offsets, sizes, itemsizes, byte_offsets
+    cdef readonly Py_ssize_t size, nbytes
+    cdef void point(self, float** fields, float* base, int itemsize) noexcept
 
 
 cdef class Model:
     cdef readonly Backend backend
     cdef BackendTable table              # the backend's table, ctx first
     cdef readonly object config
+    cdef readonly str precision          # "fp32" or "bf16": the backend's (accel/spec.py)
+    cdef readonly int itemsize           # bytes of a parameter or activation the kernels read
     cdef readonly Layout param_layout
     cdef readonly object recompute_plan  # llmc.recompute.RecomputePlan of the policy
     cdef readonly Layout act_layout      # the kept activations of the current (B, T) under the
                                          # policy; None before the first forward
     cdef readonly Layout act_grad_layout # their gradients; None before the first backward
     cdef Buffer _params, _grads, _m, _v, _acts, _grads_acts, _inputs, _targets
+    cdef Buffer _master                  # bf16: the float32 master weights (None at fp32)
     cdef readonly int B, T               # shape of the last forward
     cdef bint has_targets                # the last forward had targets
     cdef float mean_loss
@@ -51,6 +54,11 @@ cdef class Model:
     cdef float* grads_acts_head          # the head's gradients, head_grad_bytes
     cdef float* layer_grads_base         # one layer's gradients, layer_grad_bytes
     cdef size_t head_grad_bytes, layer_grad_bytes, stream_bytes
+
+    # a parameter tensor's element `offset` (a layer's slice): the parameters are in the
+    # model's precision, so a family never adds to their pointers itself
+    cdef inline float* param_at(self, const float* tensor, Py_ssize_t offset) noexcept nogil:
+        return <float*>(<const char*>tensor + offset * self.itemsize)
 
     # what a model family fills in
     cdef void point_parameters(self, float* params, float* grads) noexcept

@@ -6,6 +6,8 @@ A family (GPT-2 in train_gpt2.pyx) subclasses Model and gives
     ENTRY_GROUPS                the backend's entry groups it runs on (accel/spec.py)
     MATRICES                    the parameter tensors weight decay applies to (decay_2d_only)
     NO_GRAD                     the activations no backward kernel needs a gradient of
+    FP32_ACTIVATIONS            the activations that stay float32 at every precision (the
+                                kernels' `float` arguments in accel/spec.py: statistics, losses)
     config.param_shapes()       its parameters, [(name, shape)] in file order
     classmethods of the config, so that llmc/plan.py prices a model without making it:
       activation_shapes(config, B, T)  its activations: the embedding's output (name, shape),
@@ -14,7 +16,9 @@ A family (GPT-2 in train_gpt2.pyx) subclasses Model and gives
       num_layers_of(config), flops_per_token(config, T)
       activation_options(backend)  the keyword options of activation_shapes that the backend
                                 decides (GPT-2: flash attention or not)
-    point_parameters            its struct of parameter pointers, from a Layout
+    point_parameters            its struct of parameter pointers, from a Layout (the
+                                parameters in the model's precision, their gradients float32;
+                                a layer's slice of a parameter tensor through self.param_at)
     embedding_forward / layer_forward(l, ...) / head_forward, and their backwards: its parts,
                                 through the backend table, on arrays of tensor pointers in the
                                 order of its shape lists (one layer's, the head's)
@@ -25,10 +29,18 @@ checkpoint policy (which layers' activations are kept, which recomputed in backw
 llmc/recompute.py), the loss gradient, zero_grad, the global gradient norm, and AdamW with
 weight decay by tensor.  It never reads or writes a buffer itself, so the same model runs on
 device memory; guard:cpu (accel/instrument.pyx) proves it in the tests.
+
+Precision (llm.c's PRECISION): at "fp32" every tensor is float32.  At "bf16" the backend's bf16
+table runs the model: the parameters the kernels read and the activations are bf16 (but for
+FP32_ACTIVATIONS), the parameter gradients, AdamW's m and v and the master weights are float32
+(llm.c's default), and each update rounds the master weights into the bf16 parameters
+stochastically, from a hash of each parameter's index and the step, so a resumed run rounds as
+the uninterrupted one.  `params` is always the float32 master weights.
 """
 import numpy as np
 
 from accel.backend import get_backend
+from kernels.bf16 import to_float32
 from libc.math cimport sqrt
 from llmc import recompute
 
@@ -36,20 +48,31 @@ __all__ = ["Layout", "Model"]
 
 
 cdef class Layout:
-    """Tensors (name, shape) back to back in one buffer of `size` floats."""
+    """Tensors (name, shape) back to back in one buffer of `size` elements, `nbytes` bytes.
+    Each tensor has its itemsize (4 unless given: a bf16 model's activations mix 2 and 4) and
+    starts at a multiple of it; offsets are in elements of the tensor's own size."""
 
-    def __init__(self, shapes):
+    def __init__(self, shapes, itemsizes=None):
         self.names = [name for name, _ in shapes]
         self.shapes = [tuple(int(d) for d in shape) for _, shape in shapes]
         self.sizes = [int(np.prod(shape)) for shape in self.shapes]
-        self.offsets = [sum(self.sizes[:i]) for i in range(len(self.sizes))]
+        self.itemsizes = [4] * len(self.names) if itemsizes is None else [int(i) for i in itemsizes]
+        self.byte_offsets = []
+        cdef Py_ssize_t end = 0
+        for size, itemsize in zip(self.sizes, self.itemsizes):
+            end = (end + itemsize - 1) // itemsize * itemsize
+            self.byte_offsets.append(end)
+            end += size * itemsize
+        self.offsets = [b // i for b, i in zip(self.byte_offsets, self.itemsizes)]
         self.size = sum(self.sizes)
+        self.nbytes = end
 
-    cdef void point(self, float** fields, float* base) noexcept:
-        """fields[i] = the i-th tensor in base: fills a struct of float* in layout order."""
+    cdef void point(self, float** fields, float* base, int itemsize) noexcept:
+        """fields[i] = the i-th tensor in base, a buffer of this layout at one itemsize: fills
+        a struct of float* in layout order."""
         cdef Py_ssize_t i
         for i in range(len(self.offsets)):
-            fields[i] = base + <Py_ssize_t>self.offsets[i]
+            fields[i] = <float*>(<char*>base + <Py_ssize_t>self.offsets[i] * itemsize)
 
     def offset(self, name):
         return self.offsets[self.names.index(name)]
@@ -73,17 +96,25 @@ cdef class Model:
     ENTRY_GROUPS = ()
     MATRICES = frozenset()
     NO_GRAD = frozenset()
+    FP32_ACTIVATIONS = frozenset()
 
-    def __init__(self, config, backend="cpu", recompute="all"):
+    def __init__(self, config, backend="cpu", recompute="all", precision=None):
         """A model of this config with all parameters zero, on a backend (a name, see
-        accel.backend.get_backend, or a Backend), keeping activations by a recompute policy
-        (llmc.recompute.POLICIES)."""
-        self.backend = get_backend(backend)
-        self.backend.require(self.ENTRY_GROUPS, self.FAMILY)
+        accel.backend.get_backend, or a Backend), at a precision ("fp32" or "bf16"; None: the
+        Backend's, or fp32), keeping activations by a recompute policy (llmc.recompute.POLICIES)."""
+        if precision is None:
+            precision = getattr(backend, "precision", "fp32")
+        self.backend = get_backend(backend, precision)
+        self.precision = self.backend.precision
+        self.itemsize = self.backend.itemsize
+        self.backend.require(self.ENTRY_GROUPS + (("bf16",) if self.precision == "bf16" else ()),
+                             self.FAMILY)
         self.table = self.backend.table
         self.config = config
         self.param_layout = Layout(config.param_shapes())
-        self._params = self.backend.alloc(self.param_layout.size * sizeof(float))
+        self._params = self.backend.alloc(self.param_layout.size * self.itemsize)
+        if self.precision != "fp32":
+            self._master = self.backend.alloc(self.param_layout.nbytes)
         self.point_parameters(floats(self._params), NULL)
         self.recompute = recompute
         self.mean_loss = -1.0
@@ -136,7 +167,7 @@ cdef class Model:
 
     cdef Buffer _lazy(self, Buffer buffer, Layout layout):
         """buffer, or a zeroed one of the layout's size when it is not there yet."""
-        return buffer if buffer is not None else self.backend.alloc(layout.size * sizeof(float))
+        return buffer if buffer is not None else self.backend.alloc(layout.nbytes)
 
     def _ensure_grads(self):
         if self._grads is None:
@@ -171,12 +202,40 @@ cdef class Model:
 
     @property
     def params(self):
-        """All parameters, one (num_parameters,) float32 array; assign to load new ones."""
-        return self._host(self._params, 0, self.param_layout.size)
+        """All parameters, one (num_parameters,) float32 array (at bf16: the master weights);
+        assign to load new ones (at bf16, the kernels' parameters are then the master weights
+        rounded to nearest)."""
+        return self._host(self._master if self._master is not None else self._params, 0,
+                          self.param_layout.size)
 
     @params.setter
     def params(self, values):
-        self._load(self._params, values, "params")
+        if self._master is None:
+            self._load(self._params, values, "params")
+            return
+        self._load(self._master, values, "params")
+        self.round_params(-1)
+
+    def round_params(self, int seed):
+        """At bf16: the parameters the kernels read, from the float32 master weights: rounded
+        stochastically from (each parameter's index, seed), or to nearest with seed -1 (the
+        update rounds its shard with the step as the seed; llmc/distributed.py rounds the rest
+        after its all-gather alike).  At fp32 there is nothing to round."""
+        if self._master is None:
+            return
+        cdef float* params = floats(self._params)
+        cdef const float* master = floats(self._master)
+        cdef Py_ssize_t n = self.param_layout.size
+        with nogil:
+            self.table.narrow_params(self.table.ctx, params, master, n, 0, seed)
+        self.backend.check_error()
+
+    def params_as_run(self):
+        """The parameters the kernels read, as float32 (at bf16, the bf16 values widened; at
+        fp32, params itself): what a model file of the run's precision holds."""
+        if self._master is None:
+            return self.params
+        return to_float32(self._params.to_numpy(np.uint16, 0, self.param_layout.size))
 
     @property
     def grads(self):
@@ -239,25 +298,30 @@ cdef class Model:
         return self.param_layout.views(self.grads)
 
     def activations(self):
-        """name -> shaped view (or copy) of the last forward's activation tensors.  Under a
-        recompute policy other than "all" a layer tensor holds the slots (its output: the
-        outputs) the policy keeps, not L layers (llmc/recompute.py)."""
+        """name -> shaped view (or copy; at bf16, a float32 copy of a bf16 tensor) of the last
+        forward's activation tensors.  Under a recompute policy other than "all" a layer tensor
+        holds the slots (its output: the outputs) the policy keeps, not L layers
+        (llmc/recompute.py)."""
         self._require_forward()
-        return self.act_layout.views(self._host(self._acts, 0, self.act_layout.size))
+        return {name: self.activation(name) for name in self.act_layout.names}
 
     def activation(self, name):
         """One activation tensor of the last forward (copies only that one off a device)."""
         self._require_forward()
-        i = self.act_layout.names.index(name)
-        flat = self._host(self._acts, self.act_layout.offsets[i], self.act_layout.sizes[i])
-        return flat.reshape(self.act_layout.shapes[i])
+        layout = self.act_layout
+        i = layout.names.index(name)
+        if layout.itemsizes[i] == 4:
+            flat = self._host(self._acts, layout.offsets[i], layout.sizes[i])
+        else:
+            flat = to_float32(self._acts.to_numpy(np.uint16, layout.byte_offsets[i], layout.sizes[i]))
+        return flat.reshape(layout.shapes[i])
 
     def memory(self):
         """Bytes allocated on the backend: {params, grads, adamw, activations,
         activation_grads, tokens} (what llmc.plan.memory_plan predicts)."""
         def size(*buffers):
             return sum(buf.nbytes for buf in buffers if buf is not None)
-        return dict(params=size(self._params), grads=size(self._grads),
+        return dict(params=size(self._params, self._master), grads=size(self._grads),
                     adamw=size(self._m, self._v), activations=size(self._acts),
                     activation_grads=size(self._grads_acts),
                     tokens=size(self._inputs, self._targets))
@@ -300,12 +364,13 @@ cdef class Model:
     def _allocate_activations(self, int B, int T):
         embedding, layer, head = self.activation_shapes(self.config, B, T,
                                                         **self.activation_options(self.backend))
-        layout = Layout(recompute.activation_shapes(self.recompute_plan, embedding, layer, head))
-        grad_layout = Layout(recompute.gradient_shapes(layer, head, self.NO_GRAD))
-        if self._acts is None or layout.size * sizeof(float) > self._acts.nbytes:
+        layout = self._activation_layout(
+            recompute.activation_shapes(self.recompute_plan, embedding, layer, head))
+        grad_layout = self._activation_layout(recompute.gradient_shapes(layer, head, self.NO_GRAD))
+        if self._acts is None or layout.nbytes > self._acts.nbytes:
             self._acts = None  # freed before its successor is allocated
-            self._acts = self.backend.alloc(layout.size * sizeof(float))
-        if self._grads_acts is not None and grad_layout.size * sizeof(float) > self._grads_acts.nbytes:
+            self._acts = self.backend.alloc(layout.nbytes)
+        if self._grads_acts is not None and grad_layout.nbytes > self._grads_acts.nbytes:
             self._grads_acts = None  # reallocated, at this size, by the next backward
         if self._inputs is None or B * T * sizeof(int) > self._inputs.nbytes:
             self._inputs = self.backend.alloc(B * T * sizeof(int))
@@ -316,6 +381,11 @@ cdef class Model:
         if self._grads_acts is not None:
             self._point_gradients()
         self.B, self.T = B, T
+
+    def _activation_layout(self, shapes):
+        """Activations (or their gradients) in the model's precision, FP32_ACTIVATIONS float32."""
+        return Layout(shapes, [4 if name in self.FP32_ACTIVATIONS else self.itemsize
+                               for name, _ in shapes])
 
     cdef void* _table(self, str name, values, dtype=np.uintp):
         """A table of pointers (or ints) in a numpy array that _tables keeps: its address."""
@@ -331,7 +401,7 @@ cdef class Model:
         def address(name, index=0):  # of name[index], in a stack of a layer's tensor
             i = names.index(name)
             stride = layout.sizes[i] // layout.shapes[i][0]
-            return base + (layout.offsets[i] + index * stride) * sizeof(float)
+            return base + layout.byte_offsets[i] + index * stride * layout.itemsizes[i]
         *internals, output = self._tables["layer"]
         self.L, self.layer_fields = plan.num_layers, len(internals) + 1
         self.slot_of = <const int*>self._table("slot_of", plan.slot_of, np.int32)
@@ -356,15 +426,16 @@ cdef class Model:
         def address(name):
             if name not in layout.names:
                 return 0
-            return base + layout.offset(name) * sizeof(float)
+            return base + layout.byte_offsets[layout.names.index(name)]
         *internals, _ = self._tables["layer"]
-        stream = layout.sizes[layout.names.index("dstream")] // 2
+        i = layout.names.index("dstream")
+        stream = layout.sizes[i] // 2 * layout.itemsizes[i]   # bytes of one of the two
         self.layer_grads = <float**>self._table(  # the last, its output's, is set per layer
             "layer_grads", [address(name) for name in internals] + [0])
         self.head_grads = <float**>self._table(
             "head_grads", [address(name) for name in self._tables["head"]])
         self.dstream = <float**>self._table(
-            "dstream", [address("dstream"), address("dstream") + stream * sizeof(float)])
+            "dstream", [address("dstream"), address("dstream") + stream])
         self.dlosses = <float*><size_t>address("losses")
         # the three regions zeroed apart: the head's gradients, one layer's, each stream's
         layer_start = min(address(name) for name in internals if name in layout.names)
@@ -372,7 +443,7 @@ cdef class Model:
         self.head_grad_bytes = layer_start - base
         self.layer_grads_base = <float*><size_t>layer_start
         self.layer_grad_bytes = address("dstream") - layer_start
-        self.stream_bytes = stream * sizeof(float)
+        self.stream_bytes = stream
 
     def forward(self, inputs, targets=None):
         """Run the model on inputs (B, T) token ids.  With targets (B, T), also the loss:
@@ -520,7 +591,8 @@ cdef class Model:
         self._ensure_grads()
         self._m = self._moments(self._m)
         self._v = self._moments(self._v)
-        cdef float* params = floats(self._params)
+        # at bf16 AdamW updates the master weights, then the shard is rounded into the bf16 ones
+        cdef float* params = floats(self._master if self._master is not None else self._params)
         cdef float* grads = floats(self._grads)
         cdef float* m = floats(self._m)  # m[i - shard_start] is parameter i's moment
         cdef float* v = floats(self._v)
@@ -537,5 +609,11 @@ cdef class Model:
                 self.table.adamw_update(self.table.ctx, params + start, m + (start - self.shard_start),
                                     v + (start - self.shard_start), grads + start, end - start,
                                     lr, beta1, beta2, eps, decay, grad_scale, t)
+        cdef float* rounded = self.param_at(floats(self._params), self.shard_start)
+        if self._master is not None:
+            start, end = self.shard_start, self.shard_end
+            with nogil:
+                self.table.narrow_params(self.table.ctx, rounded, params + start, end - start,
+                                         start, t)
         self.step = t
         self.backend.check_error()

@@ -1,0 +1,56 @@
+# bfloat16 (bf16): the upper 16 bits of a float32 (sign, 8 exponent bits, 7 mantissa bits),
+# held as uint16_t.  Widening to float32 is exact.  Narrowing rounds to nearest, ties to even
+# (as PyTorch's .to(torch.bfloat16) and the GPUs' __float2bfloat16_rn), or stochastically:
+# up with probability equal to the dropped fraction (llm.c's update of its bf16 parameters, so
+# that updates smaller than half a bf16 step are not all lost).  The random bits are a hash of
+# the element's index and a seed, so an element rounds the same whichever thread rounds it, and
+# a resumed run rounds as the uninterrupted one did.
+from libc.stdint cimport uint16_t, uint32_t, uint64_t
+from libc.string cimport memcpy
+
+ctypedef uint16_t bf16
+
+
+cdef inline float bf16_to_float(bf16 x) noexcept nogil:
+    cdef uint32_t bits = (<uint32_t>x) << 16
+    cdef float f
+    memcpy(&f, &bits, sizeof(float))
+    return f
+
+
+cdef inline uint32_t float_bits(float f) noexcept nogil:
+    cdef uint32_t bits
+    memcpy(&bits, &f, sizeof(float))
+    return bits
+
+
+cdef inline bf16 float_to_bf16(float f) noexcept nogil:
+    cdef uint32_t bits = float_bits(f)
+    if (bits & 0x7fffffff) > 0x7f800000:        # NaN stays a (quiet) NaN
+        return <bf16>((bits >> 16) | 0x40)
+    return <bf16>((bits + 0x7fff + ((bits >> 16) & 1)) >> 16)
+
+
+cdef inline uint32_t noise16(uint64_t index, uint64_t seed) noexcept nogil:
+    # 16 uniform bits from (index, seed): splitmix64's finaliser
+    cdef uint64_t z = index + (seed + 1) * <uint64_t>0x9E3779B97F4A7C15
+    z = (z ^ (z >> 30)) * <uint64_t>0xBF58476D1CE4E5B9
+    z = (z ^ (z >> 27)) * <uint64_t>0x94D049BB133111EB
+    return <uint32_t>((z ^ (z >> 31)) & 0xffff)
+
+
+cdef inline bf16 float_to_bf16_stochastic(float f, uint64_t index, uint64_t seed) noexcept nogil:
+    cdef uint32_t bits = float_bits(f)
+    if (bits & 0x7fffffff) > 0x7f800000:
+        return <bf16>((bits >> 16) | 0x40)
+    return <bf16>((bits + noise16(index, seed)) >> 16)
+
+
+# whole arrays, on the OpenMP threads above kernels.parallel's SERIAL_BELOW elements
+cdef void widen(float* out, const bf16* inp, Py_ssize_t n) noexcept nogil
+# out (n,) = inp (n,) as float32
+cdef void narrow(bf16* out, const float* inp, Py_ssize_t n) noexcept nogil
+# out (n,) = inp (n,) rounded to nearest even
+cdef void narrow_stochastic(bf16* out, const float* inp, Py_ssize_t n, Py_ssize_t first,
+                            uint64_t seed) noexcept nogil
+# out (n,) = inp (n,) rounded stochastically; element i draws its bits from (first + i, seed)

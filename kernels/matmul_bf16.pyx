@@ -1,0 +1,113 @@
+# Linear layer in bf16:  out = inp @ weight^T + bias,  llm.c's matmul with bf16 storage.
+#   inp (B,T,C), weight (OC,C), bias (OC,) or NULL  ->  out (B,T,OC), all bf16
+# Backward, all += :
+#   dinp (B,T,C) bf16      += dout @ weight
+#   dweight (OC,C) float32 += dout^T @ inp        (summed over the B*T rows)
+#   dbias (OC,) float32    += dout summed over the B*T rows
+# As kernels/matmul.pyx, each OpenMP thread takes a block of output columns and calls the GEMM
+# single-threaded.  A bf16 output is computed in float32 a block of ROWS rows at a time (the
+# bias, or the old gradient, first; the GEMM adds onto it) and rounded once into place.
+from cython.parallel cimport prange
+from libc.stdlib cimport free, malloc
+
+from kernels.bf16 cimport bf16_to_float, float_to_bf16
+from kernels.blas cimport gemm_bf16
+from kernels.cblas cimport CblasNoTrans, CblasRowMajor, CblasTrans
+from kernels.matmul cimport block_start, leading_dim
+from kernels.parallel cimport blas_single_threaded, max_threads
+
+cdef enum:
+    ROWS = 128   # rows of a float32 block of output: 128 x 768 floats is 384 KiB
+
+
+cdef int forward_block(bf16* out, const bf16* inp, const bf16* weight, const bf16* bias,
+                       int BT, int C, int OC, int o0, int o1) noexcept nogil:
+    """out[:, o0:o1] of the forward, ROWS rows at a time."""
+    cdef int n = o1 - o0, chunk, r0, rows, failed = 0
+    cdef Py_ssize_t r, o
+    if n <= 0:
+        return 0
+    cdef float* block = <float*>malloc(<size_t>ROWS * n * sizeof(float))
+    if block == NULL:
+        return -1
+    for chunk in range((BT + ROWS - 1) // ROWS):
+        r0 = chunk * ROWS
+        rows = min(ROWS, BT - r0)
+        for r in range(rows):
+            for o in range(n):
+                block[r * n + o] = bf16_to_float(bias[o0 + o]) if bias != NULL else 0.0
+        failed |= gemm_bf16(CblasRowMajor, CblasNoTrans, CblasTrans, rows, n, C,
+                            1.0, inp + <Py_ssize_t>r0 * C, leading_dim(C),
+                            weight + <Py_ssize_t>o0 * C, leading_dim(C), 1.0, block, n)
+        for r in range(rows):
+            for o in range(n):
+                out[(r0 + r) * <Py_ssize_t>OC + o0 + o] = float_to_bf16(block[r * n + o])
+    free(block)
+    return failed
+
+
+cdef int dinp_block(bf16* dinp, const bf16* dout, const bf16* weight, int BT, int C, int OC,
+                    int c0, int c1) noexcept nogil:
+    """dinp[:, c0:c1] += dout @ weight[:, c0:c1], ROWS rows at a time."""
+    cdef int n = c1 - c0, chunk, r0, rows, failed = 0
+    cdef Py_ssize_t r, c
+    if n <= 0:
+        return 0
+    cdef float* block = <float*>malloc(<size_t>ROWS * n * sizeof(float))
+    if block == NULL:
+        return -1
+    for chunk in range((BT + ROWS - 1) // ROWS):
+        r0 = chunk * ROWS
+        rows = min(ROWS, BT - r0)
+        for r in range(rows):
+            for c in range(n):
+                block[r * n + c] = bf16_to_float(dinp[(r0 + r) * <Py_ssize_t>C + c0 + c])
+        failed |= gemm_bf16(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, n, OC,
+                            1.0, dout + <Py_ssize_t>r0 * OC, leading_dim(OC), weight + c0,
+                            leading_dim(C), 1.0, block, n)
+        for r in range(rows):
+            for c in range(n):
+                dinp[(r0 + r) * <Py_ssize_t>C + c0 + c] = float_to_bf16(block[r * n + c])
+    free(block)
+    return failed
+
+
+cdef int dweight_block(float* dweight, float* dbias, const bf16* dout, const bf16* inp,
+                       int BT, int C, int OC, int o0, int o1) noexcept nogil:
+    """dweight[o0:o1] += dout[:, o0:o1]^T @ inp, straight into float32; dbias[o0:o1] too."""
+    cdef Py_ssize_t bt, o
+    cdef int failed
+    if o1 <= o0:
+        return 0
+    failed = gemm_bf16(CblasRowMajor, CblasTrans, CblasNoTrans, o1 - o0, C, BT,
+                       1.0, dout + o0, leading_dim(OC), inp, leading_dim(C),
+                       1.0, dweight + <Py_ssize_t>o0 * C, leading_dim(C))
+    if dbias != NULL:
+        for bt in range(BT):
+            for o in range(o0, o1):
+                dbias[o] = dbias[o] + bf16_to_float(dout[bt * OC + o])
+    return failed
+
+
+cdef int matmul_forward_bf16(bf16* out, const bf16* inp, const bf16* weight, const bf16* bias,
+                             int B, int T, int C, int OC) noexcept nogil:
+    cdef int BT = B * T, parts = max_threads(), part, failed = 0
+    blas_single_threaded()
+    for part in prange(parts, schedule="static", num_threads=parts):
+        failed |= forward_block(out, inp, weight, bias, BT, C, OC,
+                                block_start(part, parts, OC), block_start(part + 1, parts, OC))
+    return -1 if failed else 0
+
+
+cdef int matmul_backward_bf16(bf16* dinp, float* dweight, float* dbias, const bf16* dout,
+                              const bf16* inp, const bf16* weight, int B, int T, int C,
+                              int OC) noexcept nogil:
+    cdef int BT = B * T, parts = max_threads(), part, failed = 0
+    blas_single_threaded()
+    for part in prange(parts, schedule="static", num_threads=parts):
+        if dinp != NULL:
+            failed |= dinp_block(dinp, dout, weight, BT, C, OC,
+                                 block_start(part, parts, C), block_start(part + 1, parts, C))
+        failed |= dweight_block(dweight, dbias, dout, inp, BT, C, OC,
+                                block_start(part, parts, OC), block_start(part + 1, parts, OC))
+    return -1 if failed else 0
