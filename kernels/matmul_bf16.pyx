@@ -111,3 +111,45 @@ cdef int matmul_backward_bf16(bf16* dinp, float* dweight, float* dbias, const bf
         failed |= dweight_block(dweight, dbias, dout, inp, BT, C, OC,
                                 block_start(part, parts, OC), block_start(part + 1, parts, OC))
     return -1 if failed else 0
+
+
+# --- Python wrappers (tests, dev/bench_blas.py): bf16 tensors as uint16 arrays of their bits ---
+
+def forward(unsigned short[:, :, ::1] out, const unsigned short[:, :, ::1] inp,
+            const unsigned short[:, ::1] weight, const unsigned short[::1] bias=None):
+    """out (B,T,OC) = inp (B,T,C) @ weight (OC,C)^T + bias (OC,), all bf16 bits (uint16)."""
+    cdef int B = inp.shape[0], T = inp.shape[1], C = inp.shape[2], OC = weight.shape[0]
+    if weight.shape[1] != C or (out.shape[0], out.shape[1], out.shape[2]) != (B, T, OC) or \
+            (bias is not None and bias.shape[0] != OC):
+        raise ValueError("matmul_bf16.forward: shapes do not match (B,T,C) @ (OC,C)^T -> (B,T,OC)")
+    if B * T == 0 or OC == 0:
+        return
+    cdef const bf16* bias_ptr = <const bf16*>&bias[0] if bias is not None else NULL
+    cdef int failed
+    with nogil:
+        failed = matmul_forward_bf16(<bf16*>&out[0, 0, 0], <const bf16*>&inp[0, 0, 0],
+                                     <const bf16*>&weight[0, 0], bias_ptr, B, T, C, OC)
+    if failed:
+        raise MemoryError("matmul_bf16.forward: no memory for its float32 blocks")
+
+
+def backward(unsigned short[:, :, ::1] dinp, float[:, ::1] dweight, float[::1] dbias,
+             const unsigned short[:, :, ::1] dout, const unsigned short[:, :, ::1] inp,
+             const unsigned short[:, ::1] weight):
+    """dinp (B,T,C) bf16, dweight (OC,C) float32, dbias (OC,) float32 or None += gradients from
+    dout (B,T,OC) bf16."""
+    cdef int B = inp.shape[0], T = inp.shape[1], C = inp.shape[2], OC = weight.shape[0]
+    if weight.shape[1] != C or (dout.shape[0], dout.shape[1], dout.shape[2]) != (B, T, OC) or \
+            (dinp.shape[0], dinp.shape[1], dinp.shape[2]) != (B, T, C) or (dweight.shape[0], dweight.shape[1]) != (OC, C) or \
+            (dbias is not None and dbias.shape[0] != OC):
+        raise ValueError("matmul_bf16.backward: shapes do not match the forward's")
+    if B * T == 0 or OC == 0:
+        return
+    cdef float* dbias_ptr = &dbias[0] if dbias is not None else NULL
+    cdef int failed
+    with nogil:
+        failed = matmul_backward_bf16(<bf16*>&dinp[0, 0, 0], &dweight[0, 0], dbias_ptr,
+                                      <const bf16*>&dout[0, 0, 0], <const bf16*>&inp[0, 0, 0],
+                                      <const bf16*>&weight[0, 0], B, T, C, OC)
+    if failed:
+        raise MemoryError("matmul_bf16.backward: no memory for its float32 blocks")
