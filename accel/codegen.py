@@ -130,7 +130,7 @@ def wrappers_pxi():
         for a in e.outputs:
             causal = "<int>T" if a.causal else "0"
             lines.append(f"        compare(s, {tag}, {a.name}, {c_expression(a.elements)}, "
-                         f"<double>({c_expression(a.reduction)}), {causal})")
+                         f"<double>({c_expression(a.reduction)}), {causal}, {a.floatx})")
         if returns:
             lines.append("    return result")
         lines.append("")
@@ -198,8 +198,8 @@ def cpu_bf16_pxi():
             if a.floatx:
                 lines.append(f"    cdef float* w_{a.name} = w + {offset}")
                 offset = f"{offset} + {sizes[a.name]}" if offset != "0" else sizes[a.name]
-        for a in e.args:   # all but a pure output, which the entry writes whole
-            if a.floatx and (a.role != "out" or a.causal):
+        for a in e.args:   # outputs too: an entry may leave some elements as they were
+            if a.floatx:
                 lines.append(f"    widen(w_{a.name}, <const bf16*>{a.name}, {sizes[a.name]})")
         call_args = ", ".join(f"w_{a.name}" if a.floatx else a.name for a in e.args)
         returns = e.returns != "void"

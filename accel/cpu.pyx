@@ -20,7 +20,7 @@ from kernels.bf16 cimport bf16, narrow, narrow_stochastic, widen
 from kernels.embedding cimport embedding_forward_bf16
 from kernels.encoder cimport encoder_forward_bf16
 from kernels.matmul_bf16 cimport matmul_backward_bf16, matmul_forward_bf16
-from libc.stdint cimport uint64_t
+from libc.stdint cimport uint32_t
 from libc.stdlib cimport calloc, free
 from kernels.zero cimport zero_bytes
 from libc.string cimport memcpy
@@ -155,7 +155,7 @@ cdef void bf16_narrow_params(void* ctx, float* params, const float* master, Py_s
     if seed < 0:
         narrow(<bf16*>params, master, n)
     else:
-        narrow_stochastic(<bf16*>params, master, n, first, <uint64_t>seed)
+        narrow_stochastic(<bf16*>params, master, n, first, <uint32_t>seed)
 
 
 include "accel/_cpu_bf16_table.pxi"

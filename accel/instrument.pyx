@@ -24,7 +24,8 @@ import numpy as np
 
 cimport cython
 from accel.backend cimport Backend, BackendTable
-from libc.math cimport fabs, isnan, isinf, sqrt
+from kernels.bf16 cimport bf16, bf16_to_float
+from libc.math cimport fabs, frexp, isnan, isinf, sqrt
 from libc.stdio cimport fprintf, stderr, fflush
 from libc.stdlib cimport abort, calloc, free, malloc, realloc
 from libc.string cimport memcpy
@@ -48,6 +49,12 @@ for _i, _name in enumerate(_entry_bytes):
     entry_names[_i] = _name
 cdef double check_units = CHECK_UNITS
 cdef double unit_roundoff = UNIT_ROUNDOFF
+# bf16 outputs: both sides round a float32 result once to nearest, so where the two float32
+# results straddle a rounding boundary they differ by one ulp, at most 2^-7 of the largest
+# element; and the mean signed difference, in ulps of each element, stays near 0, where a store
+# that truncates (or rounds one way) moves it to about -0.5 ulp of every inexact element
+cdef double BF16_ULP = 2.0 ** -7
+cdef double BF16_BIAS_LIMIT = 0.05
 
 
 ctypedef struct Allocation:
@@ -67,6 +74,7 @@ ctypedef struct Instrument:
     BackendTable target
     BackendTable oracle
     int mode
+    bint bf16               # the tables' floatX outputs are bf16 (compare_bf16)
     Allocation* allocations
     int num_allocations, capacity
     float* scratch          # host copy of one target output, for comparing
@@ -161,18 +169,23 @@ cdef void record(Instrument* s, Entry entry, double abs_err, double rel_err, dou
         fflush(stderr)
 
 cdef void compare(Instrument* s, Entry entry, float* out, Py_ssize_t n, double reduction,
-                  int causal_T) noexcept nogil:
-    """Compare n floats of a target output with the oracle's, each element a sum of
+                  int causal_T, bint floatx) noexcept nogil:
+    """Compare n elements of a target output with the oracle's, each element a sum of
     `reduction` terms; on a mismatch, overwrite the target's with the oracle's.
-    causal_T > 0: (..., T, T) scores, compared at t2 <= t only."""
+    causal_T > 0: (..., T, T) scores, compared at t2 <= t only.  floatx: an output in the
+    tables' precision (at bf16, compared as compare_bf16 says)."""
     if out == NULL or n <= 0:
         return
+    cdef bint bf16_output = floatx and s.bf16
     cdef const float* expected = of(s, out)
-    cdef size_t nbytes = n * sizeof(float)
-    cdef Py_ssize_t i, row, col
-    cdef double a, e, diff, max_diff = 0.0, max_expected = 0.0, rel
+    cdef size_t nbytes = n * (sizeof(bf16) if bf16_output else sizeof(float))
+    cdef Py_ssize_t i, row, col, differ = 0, compared = 0
+    cdef double a, e, diff, max_diff = 0.0, max_expected = 0.0, rel, bias = 0.0
     cdef double tol = tolerance_of(s, entry, reduction)
     cdef bint broken = False
+    cdef int exponent
+    if bf16_output:
+        tol += BF16_ULP
     if nbytes > s.scratch_bytes:
         free(s.scratch)
         s.scratch = <float*>malloc(nbytes)
@@ -186,7 +199,17 @@ cdef void compare(Instrument* s, Entry entry, float* out, Py_ssize_t n, double r
             row, col = (i // causal_T) % causal_T, i % causal_T
             if col > row:
                 continue
-        a, e = s.scratch[i], expected[i]
+        if bf16_output:
+            a, e = bf16_to_float((<bf16*>s.scratch)[i]), bf16_to_float((<const bf16*>expected)[i])
+            compared += 1
+            if a != e and not (isnan(a) or isinf(a) or isnan(e) or isinf(e)) and e != 0.0:
+                # the difference in ulps of e, signed away from zero: rounding to nearest
+                # leaves these at +-1 in both directions, truncation always toward zero
+                frexp(e, &exponent)
+                differ += 1
+                bias += (a - e) / (fabs(e) / e) / (2.0 ** (exponent - 8))
+        else:
+            a, e = s.scratch[i], expected[i]
         if isnan(e) or isinf(e):
             if not (a == e or (isnan(a) and isnan(e))):
                 broken = True
@@ -200,6 +223,13 @@ cdef void compare(Instrument* s, Entry entry, float* out, Py_ssize_t n, double r
         if fabs(e) > max_expected:
             max_expected = fabs(e)
     rel = max_diff / max_expected if max_expected > 0.0 else max_diff
+    if compared > 0:
+        bias /= compared
+        if fabs(bias) > BF16_BIAS_LIMIT + 4.0 * sqrt(<double>differ) / compared:
+            fprintf(stderr, "check: %s's bf16 output is rounded with a bias of %.3f ulp over "
+                    "%zd elements (%zd differ): not to nearest\n", entry_names[<int>entry], bias,
+                    compared, differ)
+            broken = True
     if broken:
         rel = 1.0 / 0.0
     record(s, entry, max_diff, rel, tol)
@@ -378,10 +408,7 @@ def create(str wrapper, Backend target):
     cdef int mode = {"check": CHECK, "profile": PROFILE, "guard": GUARD}[wrapper]
     if mode == GUARD and not target.host_visible:
         raise BackendError(f"guard:{target.name}: guarding needs host memory (guard:cpu)")
-    if mode == CHECK and target.precision != "fp32":
-        raise BackendError(f"check:{target.name}: check: compares fp32 tables only; the "
-                           f"{target.precision} entries are checked by tests/test_bf16.py")
-    oracle = get_backend("cpu") if mode == CHECK else None
+    oracle = get_backend("cpu", target.precision) if mode == CHECK else None
     # check: claims only the groups the oracle can check too
     groups = tuple(g for g in target.groups if oracle is None or oracle.supports(g))
     cdef InstrumentedBackend b = InstrumentedBackend(
@@ -396,6 +423,7 @@ def create(str wrapper, Backend target):
     if b.oracle is not None:
         b.s.oracle = b.oracle.table
     b.s.mode = mode
+    b.s.bf16 = target.precision == "bf16"
     b.s.step, b.s.layer = 0, -1
     b.reset()
     for entry, tolerance in target.tolerances.items():   # a lower-precision backend's own

@@ -31,15 +31,21 @@ cdef inline bf16 float_to_bf16(float f) noexcept nogil:
     return <bf16>((bits + 0x7fff + ((bits >> 16) & 1)) >> 16)
 
 
-cdef inline uint32_t noise16(uint64_t index, uint64_t seed) noexcept nogil:
-    # 16 uniform bits from (index, seed): splitmix64's finaliser
-    cdef uint64_t z = index + (seed + 1) * <uint64_t>0x9E3779B97F4A7C15
-    z = (z ^ (z >> 30)) * <uint64_t>0xBF58476D1CE4E5B9
-    z = (z ^ (z >> 27)) * <uint64_t>0x94D049BB133111EB
-    return <uint32_t>((z ^ (z >> 31)) & 0xffff)
+cdef inline uint32_t noise16(uint64_t index, uint32_t seed) noexcept nogil:
+    # 16 uniform bits from (index, seed): for each seed, a bijection of the index's low 32 bits
+    # (a multiply by an odd constant, then murmur3's finaliser), 32-bit arithmetic throughout
+    # so that it vectorises here and costs a GPU thread little
+    cdef uint32_t h = (<uint32_t>index) * <uint32_t>0x9E3779B1
+    h += (<uint32_t>(index >> 32)) * <uint32_t>0x85EBCA77 + seed * <uint32_t>0xC2B2AE3D
+    h ^= h >> 16
+    h *= <uint32_t>0x85EBCA6B
+    h ^= h >> 13
+    h *= <uint32_t>0xC2B2AE35
+    h ^= h >> 16
+    return h & 0xffff
 
 
-cdef inline bf16 float_to_bf16_stochastic(float f, uint64_t index, uint64_t seed) noexcept nogil:
+cdef inline bf16 float_to_bf16_stochastic(float f, uint64_t index, uint32_t seed) noexcept nogil:
     cdef uint32_t bits = float_bits(f)
     if (bits & 0x7fffffff) > 0x7f800000:
         return <bf16>((bits >> 16) | 0x40)
@@ -52,5 +58,5 @@ cdef void widen(float* out, const bf16* inp, Py_ssize_t n) noexcept nogil
 cdef void narrow(bf16* out, const float* inp, Py_ssize_t n) noexcept nogil
 # out (n,) = inp (n,) rounded to nearest even
 cdef void narrow_stochastic(bf16* out, const float* inp, Py_ssize_t n, Py_ssize_t first,
-                            uint64_t seed) noexcept nogil
+                            uint32_t seed) noexcept nogil
 # out (n,) = inp (n,) rounded stochastically; element i draws its bits from (first + i, seed)

@@ -25,7 +25,7 @@ cdef void narrow(bf16* out, const float* inp, Py_ssize_t n) noexcept nogil:
 
 
 cdef void narrow_stochastic(bf16* out, const float* inp, Py_ssize_t n, Py_ssize_t first,
-                            uint64_t seed) noexcept nogil:
+                            uint32_t seed) noexcept nogil:
     cdef Py_ssize_t chunks = (n + CHUNK - 1) // CHUNK, chunk, i
     for chunk in prange(chunks, schedule="static", use_threads_if=n >= SERIAL_BELOW):
         for i in range(chunk * CHUNK, min(chunk * CHUNK + CHUNK, n)):
@@ -41,7 +41,7 @@ def to_bf16(x, seed=None, Py_ssize_t first=0):
     out = np.empty(src.shape[0], dtype=np.uint16)
     cdef bf16[::1] dst = out
     cdef Py_ssize_t n = src.shape[0]
-    cdef uint64_t s = 0 if seed is None else <uint64_t>seed
+    cdef uint32_t s = 0 if seed is None else <uint32_t>seed
     if n:
         with nogil:
             if seed is None:

@@ -4,10 +4,13 @@ Planted faults: deliberately wrong table entries, for the tests that prove check
     faulty_cpu("gelu_forward")    the CPU backend with that one entry wrong
 """
 from accel.backend cimport Backend, BackendTable
+from kernels.bf16 cimport bf16, float_bits, widen
+from kernels.gelu cimport gelu_forward
 from kernels.layernorm cimport layernorm_backward
 from kernels.matmul cimport matmul_forward
 from kernels.rope cimport rope_forward
 from libc.stdint cimport uint32_t
+from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy
 
 from accel import cpu
@@ -40,16 +43,33 @@ cdef void bf16_truncating_matmul_forward(void* ctx, float* out, const float* inp
     for i in range(<Py_ssize_t>B * T * OC):   # stored as bf16 by truncation: 2^-8 of each value
         bits[i] &= <uint32_t>0xFFFF0000
 
+cdef void bf16_truncating_gelu_forward(void* ctx, float* out, const float* inp,
+                                       Py_ssize_t N) noexcept nogil:
+    # GELU in float32 on the widened bf16 input, as the bf16 table's, but each output stored by
+    # dropping its low 16 bits instead of rounding to nearest: off by at most one ulp
+    cdef float* wide = <float*>malloc(2 * N * sizeof(float) + 1)
+    cdef Py_ssize_t i
+    if wide == NULL:
+        return
+    widen(wide, <const bf16*>inp, N)
+    gelu_forward(wide + N, wide, N)
+    for i in range(N):
+        (<bf16*>out)[i] = <bf16>(float_bits(wide[N + i]) >> 16)
+    free(wide)
+
 FAULTS = ("gelu_forward", "layernorm_backward",      # found by tests/test_backend.py
           "flash_attention_backward")                # and tests/test_flash_attention.py
 LLAMA_FAULTS = ("rope_backward",)                    # found by tests/test_llama_model.py
 SUBTLE_FAULTS = ("matmul_forward",)                  # found at d12's widths by test_check_tolerance.py
+BF16_FAULTS = ("bf16_gelu_forward",)                 # found by tests/test_bf16.py (a bf16 table)
 
 
 def faulty_cpu(str fault):
-    """The CPU backend with one entry (of FAULTS, LLAMA_FAULTS or SUBTLE_FAULTS) wrong."""
-    cdef Backend good = cpu.create()
-    cdef Backend backend = Backend(f"cpu-with-faulty-{fault}", True, good.groups, good)
+    """The CPU backend with one entry (of FAULTS, LLAMA_FAULTS, SUBTLE_FAULTS or BF16_FAULTS,
+    whose backend is the bf16 one) wrong."""
+    cdef str precision = "bf16" if fault in BF16_FAULTS else "fp32"
+    cdef Backend good = cpu.create(precision=precision)
+    cdef Backend backend = Backend(f"cpu-with-faulty-{fault}", True, good.groups, good, precision)
     backend.table = good.table
     cdef BackendTable* t = &backend.table
     if fault == "gelu_forward":
@@ -62,7 +82,9 @@ def faulty_cpu(str fault):
         t.flash_attention_backward = faulty_flash_attention_backward
     elif fault == "matmul_forward":
         t.matmul_forward = bf16_truncating_matmul_forward
+    elif fault == "bf16_gelu_forward":
+        t.gelu_forward = bf16_truncating_gelu_forward
     else:
         raise ValueError(f"no planted fault for {fault!r} (there are: "
-                         f"{', '.join(FAULTS + LLAMA_FAULTS + SUBTLE_FAULTS)})")
+                         f"{', '.join(FAULTS + LLAMA_FAULTS + SUBTLE_FAULTS + BF16_FAULTS)})")
     return backend
