@@ -170,15 +170,31 @@ def cpu_pxi():
 
 
 def cpu_bf16_pxi():
-    """The CPU's bf16 table: an entry with floatX arguments runs its fp32 CPU entry (cpu_NAME,
-    accel/cpu.pyx and _cpu_table.pxi) on float32 copies of them in the backend's scratch memory
-    (exact: every bf16 is a float32), then rounds what it wrote back to bf16, once, to nearest
-    even.  What the hardware does faster (the GEMMs) or what an adapter cannot size (a gather
-    from a table of V rows) is written by hand in accel/cpu.pyx (spec: bf16=None)."""
+    """The CPU's bf16 table, from each entry's bf16 mark (accel/spec.py):
+      "kernel"   the CPU kernel is written once for both precisions (kernels/bf16.pxd's floatX):
+                 called with its floatX arguments as bf16 pointers
+      "adapter"  the fp32 CPU entry (cpu_NAME, accel/cpu.pyx and _cpu_table.pxi) on float32
+                 copies of its bf16 arguments in the backend's scratch memory (exact: every bf16
+                 is a float32), what it wrote rounded back to bf16 once, to nearest even
+      None       written by hand in accel/cpu.pyx (the GEMMs, and what an adapter cannot size,
+                 a gather from a table of V rows)"""
     lines = [BANNER]
     fills = []
     for e in spec.ENTRIES:
-        if e.bf16 != "adapter":
+        if e.bf16 not in ("kernel", "adapter"):
+            continue
+        args = ", ".join(["void* ctx"] + [a.declaration for a in e.args])
+        lines.append(f"cdef {e.returns} bf16_{e.name}({args}) noexcept nogil:")
+        fills.append(e.name)
+        if e.bf16 == "kernel":
+            module, _, call = e.cpu.partition(":")
+            call = call.strip() or f"{e.name}({', '.join(a.name for a in e.args)})"
+            for a in e.args:
+                if a.floatx:
+                    cast = "<const bf16*>" if a.ctype.startswith("const") else "<bf16*>"
+                    call = re.sub(rf"\b{a.name}\b", f"{cast}{a.name}", call)
+            lines.append(f"    {'return ' if e.returns != 'void' else ''}{call}")
+            lines.append("")
             continue
         sizes = {a.name: c_expression(a.elements) for a in e.args if a.floatx}
         names = {a.name for a in e.args if not a.pointer}
@@ -186,8 +202,6 @@ def cpu_bf16_pxi():
         if unsized:
             raise ValueError(f"accel/spec.py: {e.name}'s {unsized[0]} has no length in the call's "
                              f"numbers: write its bf16 entry by hand (bf16=None)")
-        args = ", ".join(["void* ctx"] + [a.declaration for a in e.args])
-        lines.append(f"cdef {e.returns} bf16_{e.name}({args}) noexcept nogil:")
         total = " + ".join(f"({n})" for n in sizes.values())
         lines.append(f"    cdef float* w = reserve(<Scratch*>ctx, {total})")
         lines.append("    if w == NULL:")
@@ -210,9 +224,8 @@ def cpu_bf16_pxi():
         if returns:
             lines.append("    return result")
         lines.append("")
-        fills.append(e.name)
-    lines.append("cdef void fill_bf16_adapters(BackendTable* t) noexcept:")
-    lines.append('    """The bf16 entries that run the fp32 entry on float32 copies."""')
+    lines.append("cdef void fill_bf16(BackendTable* t) noexcept:")
+    lines.append('    """The bf16 entries written from the spec: generic kernels and adapters."""')
     lines += [f"    t.{name} = bf16_{name}" for name in fills]
     return "\n".join(lines) + "\n"
 

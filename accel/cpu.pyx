@@ -6,8 +6,9 @@ drops the context, which the CPU does not need; those are written from accel/spe
 and the one entry that reports an error.
 
 Two tables: fp32, and bf16 (create(precision="bf16")), whose floatX arguments point to bf16.
-Most bf16 entries run the fp32 entry on float32 copies of their bf16 arguments, made in the
-backend's scratch memory (accel/_cpu_bf16_table.pxi, written from accel/spec.py); the GEMMs run
+A bf16 entry is a kernel written once for both precisions, or else the fp32 entry run on
+float32 copies of its bf16 arguments made in the backend's scratch memory (both written from
+accel/spec.py into accel/_cpu_bf16_table.pxi); the GEMMs run
 on bf16 operands (kernels/matmul_bf16.pyx: AMX or AVX512_BF16 through oneMKL where the CPU has
 them), and the embeddings' gathers and the rounding of the parameters are written here.
 
@@ -193,7 +194,7 @@ def create(bint flash=True, str precision="fp32"):
     fill_kernels(t)
     t.attention_gqa_backward = cpu_attention_gqa_backward
     if precision == "bf16":
-        fill_bf16_adapters(t)
+        fill_bf16(t)
         t.matmul_forward = bf16_matmul_forward
         t.matmul_backward = bf16_matmul_backward
         t.encoder_forward = bf16_encoder_forward

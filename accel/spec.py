@@ -135,9 +135,10 @@ class Entry:
         #                             None: written by hand in accel/cpu.pyx
         self.wrap = wrap            # check:/profile:/guard: wrap it from the spec (memory: by hand)
         self.bf16 = bf16 if any(a.floatx for a in self.args) else "same"
-        #                             the CPU's bf16 table: "adapter", the fp32 kernel on widened
-        #                             copies (accel/codegen.py writes it); "same", no floatX
-        #                             argument, so the fp32 entry; None, by hand in accel/cpu.pyx
+        #                             the CPU's bf16 table (accel/codegen.py's cpu_bf16_pxi):
+        #                             "kernel", cpu's kernel is written for floatX; "adapter",
+        #                             the fp32 entry on widened copies; None, by hand in
+        #                             accel/cpu.pyx; "same" (no floatX argument), the fp32 entry
         self.reduction = reduction  # a returned number's reduction length
         if group not in GROUPS:
             raise ValueError(f"accel/spec.py: {name}'s group {group!r} is not in GROUPS")
@@ -215,9 +216,9 @@ ENTRIES = [
       "const floatX* inp[B*T*3*C] in", "const floatX* att[B*NH*T*T] in init=forward", "int B",
       "int T", "int C", "int NH", cpu="kernels.attention"),
     E("gelu_forward", "gpt2", "floatX* out[N] out", "const floatX* inp[N] in", "Py_ssize_t N",
-      cpu="kernels.gelu"),
+      cpu="kernels.gelu", bf16="kernel"),
     E("gelu_backward", "gpt2", "floatX* dinp[N] grad", "const floatX* inp[N] in",
-      "const floatX* dout[N] in", "Py_ssize_t N", cpu="kernels.gelu"),
+      "const floatX* dout[N] in", "Py_ssize_t N", cpu="kernels.gelu", bf16="kernel"),
     E("softmax_forward", "gpt2", "float* probs[B*T*Vp] out ~V", "const floatX* logits[B*T*Vp] in",
       "int B", "int T", "int V", "int Vp", cpu="kernels.crossentropy"),
     E("crossentropy_forward", "gpt2", "float* losses[B*T] out", "const float* probs[B*T*Vp] in init=positive",

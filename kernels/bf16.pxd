@@ -52,6 +52,27 @@ cdef inline bf16 float_to_bf16_stochastic(float f, uint64_t index, uint32_t seed
     return <bf16>((bits + noise16(index, seed)) >> 16)
 
 
+# A kernel written once for both precisions takes floatX pointers (Cython compiles it once per
+# type) and reads and writes its elements through load and store, which compute in float32.
+ctypedef fused floatX:
+    float
+    bf16
+
+
+cdef inline float load(const floatX* p, Py_ssize_t i) noexcept nogil:
+    if floatX is float:
+        return p[i]
+    else:
+        return bf16_to_float(p[i])
+
+
+cdef inline void store(floatX* p, Py_ssize_t i, float value) noexcept nogil:
+    if floatX is float:
+        p[i] = value
+    else:
+        p[i] = float_to_bf16(value)
+
+
 # whole arrays, on the OpenMP threads above kernels.parallel's SERIAL_BELOW elements
 cdef void widen(float* out, const bf16* inp, Py_ssize_t n) noexcept nogil
 # out (n,) = inp (n,) as float32

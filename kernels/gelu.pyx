@@ -6,6 +6,7 @@
 # One exp per element, and no cancellation where tanh(u) is near -1.  exp is kernels.vexp's
 # vectorisable vexpf, so the loops compile to SIMD code; threads take 64 KiB chunks.
 from cython.parallel cimport prange
+from kernels.bf16 cimport load, store
 from kernels.vexp cimport vexpf
 
 include "kernels/_gelu_wrappers.pxi"
@@ -18,25 +19,25 @@ cdef float GELU_SCALING_FACTOR = 0.7978845608028654   # sqrt(2/pi)
 cdef float GELU_CUBIC = 0.044715
 
 
-cdef void gelu_forward(float* out, const float* inp, Py_ssize_t N) noexcept nogil:
+cdef void gelu_forward(floatX* out, const floatX* inp, Py_ssize_t N) noexcept nogil:
     cdef Py_ssize_t num_chunks = (N + CHUNK - 1) // CHUNK
     cdef Py_ssize_t chunk, i
     cdef float x, u
     for chunk in prange(num_chunks, schedule="static", use_threads_if=num_chunks > 1):
         for i in range(chunk * CHUNK, min(chunk * CHUNK + CHUNK, N)):
-            x = inp[i]
+            x = load(inp, i)
             u = GELU_SCALING_FACTOR * (x + GELU_CUBIC * x * x * x)
-            out[i] = x / (1.0 + vexpf(-2.0 * u))
+            store(out, i, x / (1.0 + vexpf(-2.0 * u)))
 
 
-cdef void gelu_backward(float* dinp, const float* inp, const float* dout, Py_ssize_t N) noexcept nogil:
+cdef void gelu_backward(floatX* dinp, const floatX* inp, const floatX* dout, Py_ssize_t N) noexcept nogil:
     cdef Py_ssize_t num_chunks = (N + CHUNK - 1) // CHUNK
     cdef Py_ssize_t chunk, i
     cdef float x, u, s, local_grad
     for chunk in prange(num_chunks, schedule="static", use_threads_if=num_chunks > 1):
         for i in range(chunk * CHUNK, min(chunk * CHUNK + CHUNK, N)):
-            x = inp[i]
+            x = load(inp, i)
             u = GELU_SCALING_FACTOR * (x + GELU_CUBIC * x * x * x)
             s = 1.0 / (1.0 + vexpf(-2.0 * u))
             local_grad = s + x * s * (1.0 - s) * (2.0 * GELU_SCALING_FACTOR) * (1.0 + 3.0 * GELU_CUBIC * x * x)
-            dinp[i] = dinp[i] + local_grad * dout[i]
+            store(dinp, i, load(dinp, i) + local_grad * load(dout, i))

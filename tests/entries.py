@@ -9,6 +9,7 @@ run through check:NAME.
 import numpy as np
 
 from accel.spec import BY_NAME, ORDER, evaluate
+from kernels.bf16 import to_bf16
 
 # odd sizes: no dimension a multiple of a tile, a warp or another dimension
 SMALL = dict(B=3, T=7, C=20, NH=4, NKV=2, hs=5, OC=60, V=37, Vp=40)
@@ -20,13 +21,14 @@ def numbers(entry, dims):
     """The entry's number arguments at these dims: N, n (elements) are a wide layer's."""
     return dict(dims, N=dims["B"] * dims["T"] * 4 * dims["C"], n=101,
                 eps=1e-8 if entry == "adamw_update" else 1e-5, value=0.25, lr=1e-3, beta1=0.9,
-                beta2=0.999, weight_decay=0.01, grad_scale=1.0, t=3)
+                beta2=0.999, weight_decay=0.01, grad_scale=1.0, t=3, first=5, seed=7)
 
 
 def fill(backend, arg, dims, rng):
-    """A Buffer for a pointer argument, filled as the spec's init says."""
+    """A Buffer for a pointer argument, filled as the spec's init says (a floatX one in the
+    backend's precision)."""
     n = evaluate(arg.elements, dims)
-    buffer = backend.alloc(4 * n)
+    buffer = backend.alloc((backend.itemsize if arg.floatx else 4) * n)
     if arg.init == "tokens":
         data = rng.integers(0, dims["V"], n).astype(np.int32)
     elif arg.init == "positive":
@@ -37,7 +39,7 @@ def fill(backend, arg, dims, rng):
         data = np.cos(rng.random(n) * np.pi).astype(np.float32)
     else:
         data = rng.standard_normal(n).astype(np.float32)
-    buffer.load(data)
+    buffer.load(to_bf16(data) if arg.floatx and backend.precision == "bf16" else data)
     return buffer
 
 
