@@ -11,13 +11,17 @@ round by round, which dev/ab.py's one pass over fixed shapes is too noisy for wh
 difference is a few percent.  With --cold it compares kernels.matmul with itself, hot (the
 operands in the caches from the call before) against cold (a pass over twice the last-level
 cache before each call, so the operands come from DRAM as the step's mostly do): what the
-step's GEMMs lose to the memory bus that a hot 2048^3 peak does not show.
+step's GEMMs lose to the memory bus that a hot 2048^3 peak does not show.  With --precision
+bf16 it compares kernels.matmul (float32) with kernels.matmul_bf16 (bf16 operands, float32
+accumulation: what a bf16 step's GEMMs run, on kernels.blas.BF16_LIBRARY) at the same shapes,
+the bf16 side's inputs the float32 side's rounded (issue 21).
 
     python dev/bench_blas.py                          GPT-2 d12 at B=4, T=64
     python dev/bench_blas.py -t 1024
     python dev/bench_blas.py --model stories15M -t 256
     python dev/bench_blas.py --variant 8 --rounds 8   kernels.matmul vs dev/cpu/matmul_8
     python dev/bench_blas.py --model stories110M -t 256 --cold   hot vs cold caches
+    python dev/bench_blas.py --precision bf16         kernels.matmul vs kernels.matmul_bf16
 """
 import argparse
 import glob
@@ -35,6 +39,7 @@ from dev.bench_step import config_for, json_worker, matmul_shapes  # noqa: E402
 
 LIBRARIES = ("openblas", "mkl")
 CACHES = ("hot", "cold")
+PRECISIONS = ("fp32", "bf16")
 
 
 def parse_args(argv=None):
@@ -52,6 +57,8 @@ def parse_args(argv=None):
                        "libraries")
     other.add_argument("--cold", action="store_true", help="compare kernels.matmul with hot "
                        "and with cold caches (on the library LLMPYX_BLAS picks) instead")
+    other.add_argument("--precision", choices=["bf16"], help="bf16: compare kernels.matmul "
+                       "with kernels.matmul_bf16 (on the libraries kernels.blas picks) instead")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -71,9 +78,13 @@ def last_level_cache_bytes():
 def worker(args):
     """{"name": ..., "C,OC": [forward seconds..., backward seconds...]} for one round of the
     side args.worker: a library (kernels.matmul on it), "hot" or "cold" (kernels.matmul on the
-    library in use) or a matmul module's name."""
+    library in use), "fp32" or "bf16" (kernels.matmul or kernels.matmul_bf16 on the libraries
+    in use) or a matmul module's name."""
     from kernels import blas
-    module = args.worker if args.worker not in LIBRARIES + CACHES else "kernels.matmul"
+    from kernels.bf16 import to_bf16
+    bf16 = args.worker == "bf16"
+    module = "kernels.matmul_bf16" if bf16 else \
+        args.worker if args.worker not in LIBRARIES + CACHES + PRECISIONS else "kernels.matmul"
     matmul = importlib.import_module(module)
     rng = np.random.default_rng(0)
     BT = args.batch * args.seq
@@ -81,6 +92,8 @@ def worker(args):
         name = blas.LIBRARY
     elif args.worker in CACHES:
         name = f"hot ({blas.LIBRARY})" if args.worker == "hot" else "cold"
+    elif bf16:
+        name = f"{module} on {blas.BF16_LIBRARY}"
     else:
         name = f"{module} on {blas.LIBRARY}"
     result = {"name": name}
@@ -92,6 +105,9 @@ def worker(args):
         out = np.empty((1, BT, OC), np.float32)
         dout = rng.standard_normal((1, BT, OC), dtype=np.float32)
         dinp, dweight = np.zeros_like(inp), np.zeros_like(weight)
+        if bf16:   # bf16 operands and activation gradients; the weight gradient stays float32
+            inp, weight, dout = to_bf16(inp), to_bf16(weight), to_bf16(dout)
+            out, dinp = np.empty(out.shape, np.uint16), np.zeros(inp.shape, np.uint16)
         fwd, bwd = [], []
         for i in range(args.calls + 1):   # the first call of each is a warm-up
             if flush is not None:
@@ -121,6 +137,8 @@ def main(argv=None):
             "--calls", str(args.calls)] + (["--model", args.model] if args.model else [])
     if args.cold:
         sides, labels = CACHES, CACHES
+    elif args.precision:
+        sides, labels = PRECISIONS, PRECISIONS
     elif args.variant is None:
         sides, labels = LIBRARIES, ("OpenBLAS", "MKL")
     else:
@@ -148,7 +166,8 @@ def main(argv=None):
                 t[1].extend(bwd)
     BT = args.batch * args.seq
     ratio = f"{labels[1]}/{labels[0]}"
-    print(f"kernels.matmul at {args.model or f'd{args.depth}'}'s shapes, B*T={BT}, "
+    what = "kernels.matmul and kernels.matmul_bf16" if args.precision else "kernels.matmul"
+    print(f"{what} at {args.model or f'd{args.depth}'}'s shapes, B*T={BT}, "
           f"{args.threads} threads, {args.calls} calls x {args.rounds} rounds per side: "
           f"{names[sides[0]]} vs {names[sides[1]]}")
     print(f"GFLOP/s, best | median call; {ratio}: the ratio of the median times "
