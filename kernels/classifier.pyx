@@ -12,33 +12,35 @@
 from cython.parallel cimport prange
 from libc.math cimport expf, logf
 
+from kernels.bf16 cimport load, store
 from kernels.parallel cimport SERIAL_BELOW
 from kernels.rowmax cimport row_max
 from kernels.vexp cimport vexpf
 
 
-cdef void classifier_forward(float* losses, float* logsum, const float* logits, const int* targets,
+cdef void classifier_forward(float* losses, float* logsum, const floatX* logits, const int* targets,
                              int B, int T, int V) noexcept nogil:
     cdef Py_ssize_t BT = <Py_ssize_t>B * T, bt, i
-    cdef const float* row
+    cdef const floatX* row
     cdef float maxval, total
     for bt in prange(BT, schedule="static", use_threads_if=BT * V >= SERIAL_BELOW):
         row = logits + bt * V
         maxval = row_max(row, V)
         total = 0.0
         for i in range(V):
-            total = total + vexpf(row[i] - maxval)
+            total = total + vexpf(load(row, i) - maxval)
         logsum[bt] = logf(total)
         if targets != NULL and losses != NULL:
-            losses[bt] = (maxval - row[targets[bt]]) + logsum[bt]
+            losses[bt] = (maxval - load(row, targets[bt])) + logsum[bt]
 
 
-cdef void classifier_backward(float* dlogits, const float* dlosses, const float* logits,
+cdef void classifier_backward(floatX* dlogits, const float* dlosses, const floatX* logits,
                               const float* logsum, const int* targets, int B, int T, int V) noexcept nogil:
     cdef Py_ssize_t BT = <Py_ssize_t>B * T, bt, i
-    cdef const float* row
-    cdef float* drow
-    cdef float dloss, maxval, scale
+    cdef const floatX* row
+    cdef floatX* drow
+    cdef float dloss, maxval, scale, value
+    cdef Py_ssize_t target
     for bt in prange(BT, schedule="static", use_threads_if=BT * V >= SERIAL_BELOW):
         row = logits + bt * V
         drow = dlogits + bt * V
@@ -47,9 +49,14 @@ cdef void classifier_backward(float* dlogits, const float* dlosses, const float*
         # the softmax as exp(logits - max) / sum, not exp(logits - (max + logsum)):
         # -fassociative-math could fold the two subtractions and round away logits - max's digits
         scale = expf(-logsum[bt]) * dloss
+        target = targets[bt]
         for i in range(V):
-            drow[i] = drow[i] + vexpf(row[i] - maxval) * scale
-        drow[targets[bt]] = drow[targets[bt]] - dloss
+            # the target's -dloss after the sum, as two float32 roundings, before the one
+            # rounding of a bf16 store
+            value = load(drow, i) + vexpf(load(row, i) - maxval) * scale
+            if i == target:
+                value = value - dloss
+            store(drow, i, value)
 
 
 # ----------------------------------------------------------------------------

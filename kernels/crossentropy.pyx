@@ -8,17 +8,18 @@
 # which keeps its error at the level of a pairwise sum.  Each thread takes whole rows.
 from cython.parallel cimport prange
 from libc.math cimport logf
+from kernels.bf16 cimport load, store
 from kernels.rowmax cimport row_max
 from kernels.vexp cimport vexpf
 
 include "kernels/_crossentropy_wrappers.pxi"
 
 
-cdef inline void softmax_row(float* probs_bt, const float* logits_bt, int V, int Vp) noexcept nogil:
+cdef inline void softmax_row(float* probs_bt, const floatX* logits_bt, int V, int Vp) noexcept nogil:
     cdef Py_ssize_t i
     cdef float maxval = row_max(logits_bt, V), total = 0.0, e, scale
     for i in range(V):
-        e = vexpf(logits_bt[i] - maxval)
+        e = vexpf(load(logits_bt, i) - maxval)
         probs_bt[i] = e
         total = total + e
     scale = 1.0 / total
@@ -28,7 +29,7 @@ cdef inline void softmax_row(float* probs_bt, const float* logits_bt, int V, int
         probs_bt[i] = 0.0
 
 
-cdef void softmax_forward(float* probs, const float* logits, int B, int T, int V, int Vp) noexcept nogil:
+cdef void softmax_forward(float* probs, const floatX* logits, int B, int T, int V, int Vp) noexcept nogil:
     cdef Py_ssize_t bt
     for bt in prange(<Py_ssize_t>B * T, schedule="static"):
         softmax_row(probs + bt * Vp, logits + bt * Vp, V, Vp)
@@ -41,16 +42,22 @@ cdef void crossentropy_forward(float* losses, const float* probs, const int* tar
         losses[bt] = -logf(probs[bt * Vp + targets[bt]])
 
 
-cdef void crossentropy_softmax_backward(float* dlogits, const float* dlosses, const float* probs,
+cdef void crossentropy_softmax_backward(floatX* dlogits, const float* dlosses, const float* probs,
                                         const int* targets, int B, int T, int V, int Vp) noexcept nogil:
     cdef Py_ssize_t bt, i
-    cdef float* dlogits_bt
+    cdef floatX* dlogits_bt
     cdef const float* probs_bt
-    cdef float dloss
+    cdef float dloss, value
+    cdef Py_ssize_t target
     for bt in prange(<Py_ssize_t>B * T, schedule="static"):
         dlogits_bt = dlogits + bt * Vp
         probs_bt = probs + bt * Vp
         dloss = dlosses[bt]
+        target = targets[bt]
         for i in range(V):
-            dlogits_bt[i] = dlogits_bt[i] + probs_bt[i] * dloss
-        dlogits_bt[targets[bt]] = dlogits_bt[targets[bt]] - dloss
+            # the target's -dloss after the sum, as two float32 roundings, before the one
+            # rounding of a bf16 store
+            value = load(dlogits_bt, i) + probs_bt[i] * dloss
+            if i == target:
+                value = value - dloss
+            store(dlogits_bt, i, value)

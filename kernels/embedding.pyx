@@ -6,6 +6,7 @@
 from cython.parallel cimport prange
 from libc.string cimport memcpy
 
+from kernels.bf16 cimport load
 from kernels.parallel cimport SERIAL_BELOW
 
 # embedding_backward splits the channels into blocks of this many floats (128 bytes), one
@@ -30,14 +31,14 @@ cdef void embedding_forward_bf16(bf16* out, const int* inp, const bf16* wte,
         memcpy(out + bt * C, wte + <Py_ssize_t>inp[bt] * C, C * sizeof(bf16))
 
 
-cdef void embedding_backward(float* dwte, const float* dout, const int* inp,
+cdef void embedding_backward(float* dwte, const floatX* dout, const int* inp,
                              int B, int T, int C) noexcept nogil:
     # parallel over channel blocks, sequential over positions: race-free when positions share
     # a token id, and the sum order (hence the result) does not depend on the thread count
     cdef Py_ssize_t BT = <Py_ssize_t>B * T
     cdef Py_ssize_t num_blocks = (C + CHANNEL_BLOCK - 1) // CHANNEL_BLOCK
     cdef Py_ssize_t block, c0, c1, bt, i
-    cdef const float* dout_bt
+    cdef const floatX* dout_bt
     cdef float* dwte_ix
     for block in prange(num_blocks, schedule="static", use_threads_if=BT * C >= SERIAL_BELOW):
         c0 = block * CHANNEL_BLOCK
@@ -46,7 +47,7 @@ cdef void embedding_backward(float* dwte, const float* dout, const int* inp,
             dout_bt = dout + bt * C
             dwte_ix = dwte + <Py_ssize_t>inp[bt] * C
             for i in range(c0, c1):
-                dwte_ix[i] = dwte_ix[i] + dout_bt[i]
+                dwte_ix[i] = dwte_ix[i] + load(dout_bt, i)
 
 
 # ----------------------------------------------------------------------------

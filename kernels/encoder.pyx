@@ -6,7 +6,7 @@
 # that were read.
 from cython.parallel cimport prange
 
-from kernels.bf16 cimport bf16_to_float, float_to_bf16
+from kernels.bf16 cimport bf16_to_float, float_to_bf16, load
 from kernels.embedding cimport embedding_backward
 
 include "kernels/_encoder_wrappers.pxi"
@@ -27,20 +27,20 @@ cdef void encoder_forward(float* out, const int* inp, const float* wte, const fl
             out_bt[i] = wte_ix[i] + wpe_t[i]
 
 
-cdef void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* inp,
+cdef void encoder_backward(float* dwte, float* dwpe, const floatX* dout, const int* inp,
                            int B, int T, int C) noexcept nogil:
     # dwte: race-free even when many positions share a token id, and in an order that does not
     # depend on the number of threads; dwpe: a thread owns each position's row, summed over b
     embedding_backward(dwte, dout, inp, B, T, C)
     cdef Py_ssize_t t, b, i
-    cdef const float* dout_bt
+    cdef const floatX* dout_bt
     cdef float* dwpe_t
     for t in prange(T, schedule="static"):
         dwpe_t = dwpe + t * C
         for b in range(B):
             dout_bt = dout + (b * <Py_ssize_t>T + t) * C
             for i in range(C):
-                dwpe_t[i] = dwpe_t[i] + dout_bt[i]
+                dwpe_t[i] = dwpe_t[i] + load(dout_bt, i)
 
 
 cdef void encoder_forward_bf16(bf16* out, const int* inp, const bf16* wte, const bf16* wpe,

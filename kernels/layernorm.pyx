@@ -7,6 +7,7 @@ from cython.parallel cimport prange, threadid
 from libc.math cimport sqrtf
 from libc.stdlib cimport calloc, free
 
+from kernels.bf16 cimport load, store
 from kernels.parallel cimport max_threads
 
 include "kernels/_layernorm_wrappers.pxi"
@@ -18,36 +19,36 @@ cdef enum:
     FLOATS_PER_CACHE_LINE = 16
 
 
-cdef void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
-                            const float* weight, const float* bias, int B, int T, int C) noexcept nogil:
+cdef void layernorm_forward(floatX* out, float* mean, float* rstd, const floatX* inp,
+                            const floatX* weight, const floatX* bias, int B, int T, int C) noexcept nogil:
     cdef Py_ssize_t BT = <Py_ssize_t>B * T
     cdef Py_ssize_t bt, i
-    cdef const float* x
-    cdef float* out_bt
+    cdef const floatX* x
+    cdef floatX* out_bt
     cdef float m, v, s, xshift
     for bt in prange(BT, schedule="static"):
         x = inp + bt * C
         out_bt = out + bt * C
         m = 0.0
         for i in range(C):
-            m = m + x[i]
+            m = m + load(x, i)
         m = m / C
         # variance from the shifted values (two passes): no cancellation for large means
         v = 0.0
         for i in range(C):
-            xshift = x[i] - m
+            xshift = load(x, i) - m
             v = v + xshift * xshift
         v = v / C
         s = 1.0 / sqrtf(v + EPS)
         for i in range(C):
-            out_bt[i] = (s * (x[i] - m)) * weight[i] + bias[i]
+            store(out_bt, i, (s * (load(x, i) - m)) * load(weight, i) + load(bias, i))
         mean[bt] = m
         rstd[bt] = s
 
 
-cdef inline void layernorm_backward_row(float* dinp_bt, float* dweight, float* dbias,
-                                        const float* dout_bt, const float* inp_bt,
-                                        const float* weight, float mean_bt, float rstd_bt,
+cdef inline void layernorm_backward_row(floatX* dinp_bt, float* dweight, float* dbias,
+                                        const floatX* dout_bt, const floatX* inp_bt,
+                                        const floatX* weight, float mean_bt, float rstd_bt,
                                         int C) noexcept nogil:
     # one position: dinp_bt (C,) += ..., and this position's share of dweight, dbias (C,)
     cdef Py_ssize_t i
@@ -56,29 +57,29 @@ cdef inline void layernorm_backward_row(float* dinp_bt, float* dweight, float* d
     cdef float dnorm_mean = 0.0
     cdef float dnorm_norm_mean = 0.0
     for i in range(C):
-        norm_i = (inp_bt[i] - mean_bt) * rstd_bt
-        dnorm_i = weight[i] * dout_bt[i]
+        norm_i = (load(inp_bt, i) - mean_bt) * rstd_bt
+        dnorm_i = load(weight, i) * load(dout_bt, i)
         dnorm_mean += dnorm_i
         dnorm_norm_mean += dnorm_i * norm_i
     dnorm_mean = dnorm_mean / C
     dnorm_norm_mean = dnorm_norm_mean / C
     for i in range(C):
-        norm_i = (inp_bt[i] - mean_bt) * rstd_bt
-        dnorm_i = weight[i] * dout_bt[i]
+        norm_i = (load(inp_bt, i) - mean_bt) * rstd_bt
+        dnorm_i = load(weight, i) * load(dout_bt, i)
         # the gradient flows through the normalisation directly, through the mean, and
         # through the variance
         dval = dnorm_i - dnorm_mean - norm_i * dnorm_norm_mean
-        dinp_bt[i] += dval * rstd_bt
+        store(dinp_bt, i, load(dinp_bt, i) + dval * rstd_bt)
     # a separate loop for the parameter gradients: few enough pointers that the compiler
     # still vectorises both loops (it must check every output against every input)
     for i in range(C):
-        norm_i = (inp_bt[i] - mean_bt) * rstd_bt
-        dbias[i] += dout_bt[i]
-        dweight[i] += norm_i * dout_bt[i]
+        norm_i = (load(inp_bt, i) - mean_bt) * rstd_bt
+        dbias[i] += load(dout_bt, i)
+        dweight[i] += norm_i * load(dout_bt, i)
 
 
-cdef void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                             const float* inp, const float* weight, const float* mean,
+cdef void layernorm_backward(floatX* dinp, float* dweight, float* dbias, const floatX* dout,
+                             const floatX* inp, const floatX* weight, const float* mean,
                              const float* rstd, int B, int T, int C) noexcept nogil:
     # dinp is per position, so threads split the positions; dweight and dbias sum over all
     # positions, so each thread sums into its own scratch rows, added up at the end

@@ -3,6 +3,8 @@
 # Backward passes dout unchanged to both inputs.
 from cython.parallel cimport prange
 
+from kernels.bf16 cimport load, store
+
 include "kernels/_residual_wrappers.pxi"
 
 cdef enum:
@@ -11,22 +13,22 @@ cdef enum:
     CHUNK = 16384
 
 
-cdef void residual_forward(float* out, const float* inp1, const float* inp2, Py_ssize_t N) noexcept nogil:
+cdef void residual_forward(floatX* out, const floatX* inp1, const floatX* inp2, Py_ssize_t N) noexcept nogil:
     cdef Py_ssize_t num_chunks = (N + CHUNK - 1) // CHUNK
     cdef Py_ssize_t chunk, start, end, i
     for chunk in prange(num_chunks, schedule="static", use_threads_if=num_chunks > 1):
         start = chunk * CHUNK
         end = min(start + CHUNK, N)
         for i in range(start, end):
-            out[i] = inp1[i] + inp2[i]
+            store(out, i, load(inp1, i) + load(inp2, i))
 
 
-cdef void residual_backward(float* dinp1, float* dinp2, const float* dout, Py_ssize_t N) noexcept nogil:
+cdef void residual_backward(floatX* dinp1, floatX* dinp2, const floatX* dout, Py_ssize_t N) noexcept nogil:
     cdef Py_ssize_t num_chunks = (N + CHUNK - 1) // CHUNK
     cdef Py_ssize_t chunk, start, end, i
     for chunk in prange(num_chunks, schedule="static", use_threads_if=num_chunks > 1):
         start = chunk * CHUNK
         end = min(start + CHUNK, N)
         for i in range(start, end):
-            dinp1[i] = dinp1[i] + dout[i]
-            dinp2[i] = dinp2[i] + dout[i]
+            store(dinp1, i, load(dinp1, i) + load(dout, i))
+            store(dinp2, i, load(dinp2, i) + load(dout, i))

@@ -1,7 +1,9 @@
 # RMSNorm over the channel dimension (Llama):  out = inp / sqrt(mean(inp^2) + eps) * weight
-cdef void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight,
+# float32 or bf16 where a pointer is floatX (kernels/bf16.pxd), computed in float32
+from kernels.bf16 cimport floatX
+cdef void rmsnorm_forward(floatX* out, float* rstd, const floatX* inp, const floatX* weight,
                           float eps, int B, int T, int C) noexcept nogil
 # out (B,T,C), rstd (B,T) cached for backward; inp (B,T,C), weight (C,); llama2.c: eps 1e-5
-cdef void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp,
-                           const float* weight, const float* rstd, int B, int T, int C) noexcept nogil
+cdef void rmsnorm_backward(floatX* dinp, float* dweight, const floatX* dout, const floatX* inp,
+                           const floatX* weight, const float* rstd, int B, int T, int C) noexcept nogil
 # dinp (B,T,C), dweight (C,) += ...;  dout (B,T,C)

@@ -9,6 +9,7 @@ from cython.parallel cimport prange, threadid
 from libc.math cimport sqrtf
 from libc.stdlib cimport calloc, free
 
+from kernels.bf16 cimport load, store
 from kernels.parallel cimport SERIAL_BELOW, max_threads
 
 cdef enum:
@@ -16,27 +17,27 @@ cdef enum:
     FLOATS_PER_CACHE_LINE = 16
 
 
-cdef void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight,
+cdef void rmsnorm_forward(floatX* out, float* rstd, const floatX* inp, const floatX* weight,
                           float eps, int B, int T, int C) noexcept nogil:
     cdef Py_ssize_t BT = <Py_ssize_t>B * T
     cdef Py_ssize_t bt, i
-    cdef const float* x
-    cdef float* out_bt
+    cdef const floatX* x
+    cdef floatX* out_bt
     cdef float ss, s
     for bt in prange(BT, schedule="static", use_threads_if=BT * C >= SERIAL_BELOW):
         x = inp + bt * C
         out_bt = out + bt * C
         ss = 0.0
         for i in range(C):
-            ss = ss + x[i] * x[i]
+            ss = ss + load(x, i) * load(x, i)
         s = 1.0 / sqrtf(ss / C + eps)
         for i in range(C):
-            out_bt[i] = (x[i] * s) * weight[i]
+            store(out_bt, i, (load(x, i) * s) * load(weight, i))
         rstd[bt] = s
 
 
-cdef inline void rmsnorm_backward_row(float* dinp_bt, float* dweight, const float* dout_bt,
-                                      const float* inp_bt, const float* weight, float rstd_bt,
+cdef inline void rmsnorm_backward_row(floatX* dinp_bt, float* dweight, const floatX* dout_bt,
+                                      const floatX* inp_bt, const floatX* weight, float rstd_bt,
                                       int C) noexcept nogil:
     # one position: dinp_bt (C,) += ..., and this position's share of dweight (C,)
     cdef Py_ssize_t i
@@ -44,18 +45,18 @@ cdef inline void rmsnorm_backward_row(float* dinp_bt, float* dweight, const floa
     # the one reduction over the channels that every dinp_bt[i] depends on (through rstd)
     cdef float dnorm_norm_mean = 0.0
     for i in range(C):
-        dnorm_norm_mean += weight[i] * dout_bt[i] * (inp_bt[i] * rstd_bt)
+        dnorm_norm_mean += load(weight, i) * load(dout_bt, i) * (load(inp_bt, i) * rstd_bt)
     dnorm_norm_mean = dnorm_norm_mean / C
     for i in range(C):
-        norm_i = inp_bt[i] * rstd_bt
-        dinp_bt[i] += (weight[i] * dout_bt[i] - norm_i * dnorm_norm_mean) * rstd_bt
+        norm_i = load(inp_bt, i) * rstd_bt
+        store(dinp_bt, i, load(dinp_bt, i) + (load(weight, i) * load(dout_bt, i) - norm_i * dnorm_norm_mean) * rstd_bt)
     # separate loop: fewer pointers per loop, so the compiler still vectorises both
     for i in range(C):
-        dweight[i] += (inp_bt[i] * rstd_bt) * dout_bt[i]
+        dweight[i] += (load(inp_bt, i) * rstd_bt) * load(dout_bt, i)
 
 
-cdef void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp,
-                           const float* weight, const float* rstd, int B, int T, int C) noexcept nogil:
+cdef void rmsnorm_backward(floatX* dinp, float* dweight, const floatX* dout, const floatX* inp,
+                           const floatX* weight, const float* rstd, int B, int T, int C) noexcept nogil:
     # dinp is per position, so threads split the positions; dweight sums over all positions,
     # so each thread sums into its own scratch row, added up at the end (as layernorm does)
     cdef Py_ssize_t BT = <Py_ssize_t>B * T

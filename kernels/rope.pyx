@@ -12,18 +12,19 @@
 # kernels do no transcendental math (libm's sinf/cosf would not vectorise).
 from cython.parallel cimport prange
 
+from kernels.bf16 cimport load, store
 from kernels.parallel cimport SERIAL_BELOW
 
 
-cdef void rope_forward(float* out, const float* inp, const float* freqs_cos,
+cdef void rope_forward(floatX* out, const floatX* inp, const float* freqs_cos,
                        const float* freqs_sin, int B, int T, int NH, int hs) noexcept nogil:
     cdef Py_ssize_t BT = <Py_ssize_t>B * T
     cdef int half = hs // 2
     cdef Py_ssize_t bt, h, i
     cdef const float* c
     cdef const float* s
-    cdef const float* x
-    cdef float* y
+    cdef const floatX* x
+    cdef floatX* y
     cdef float x0, x1
     for bt in prange(BT, schedule="static", use_threads_if=BT * NH * hs >= SERIAL_BELOW):
         c = freqs_cos + (bt % T) * half
@@ -33,21 +34,21 @@ cdef void rope_forward(float* out, const float* inp, const float* freqs_cos,
             y = out + (bt * NH + h) * hs
             for i in range(half):
                 # both read before either is written: out may be inp
-                x0 = x[2 * i]
-                x1 = x[2 * i + 1]
-                y[2 * i] = x0 * c[i] - x1 * s[i]
-                y[2 * i + 1] = x0 * s[i] + x1 * c[i]
+                x0 = load(x, 2 * i)
+                x1 = load(x, 2 * i + 1)
+                store(y, 2 * i, x0 * c[i] - x1 * s[i])
+                store(y, 2 * i + 1, x0 * s[i] + x1 * c[i])
 
 
-cdef void rope_backward(float* dinp, const float* dout, const float* freqs_cos,
+cdef void rope_backward(floatX* dinp, const floatX* dout, const float* freqs_cos,
                         const float* freqs_sin, int B, int T, int NH, int hs) noexcept nogil:
     cdef Py_ssize_t BT = <Py_ssize_t>B * T
     cdef int half = hs // 2
     cdef Py_ssize_t bt, h, i
     cdef const float* c
     cdef const float* s
-    cdef const float* dy
-    cdef float* dx
+    cdef const floatX* dy
+    cdef floatX* dx
     for bt in prange(BT, schedule="static", use_threads_if=BT * NH * hs >= SERIAL_BELOW):
         c = freqs_cos + (bt % T) * half
         s = freqs_sin + (bt % T) * half
@@ -55,8 +56,8 @@ cdef void rope_backward(float* dinp, const float* dout, const float* freqs_cos,
             dy = dout + (bt * NH + h) * hs
             dx = dinp + (bt * NH + h) * hs
             for i in range(half):
-                dx[2 * i] += dy[2 * i] * c[i] + dy[2 * i + 1] * s[i]
-                dx[2 * i + 1] += dy[2 * i + 1] * c[i] - dy[2 * i] * s[i]
+                store(dx, 2 * i, load(dx, 2 * i) + (load(dy, 2 * i) * c[i] + load(dy, 2 * i + 1) * s[i]))
+                store(dx, 2 * i + 1, load(dx, 2 * i + 1) + (load(dy, 2 * i + 1) * c[i] - load(dy, 2 * i) * s[i]))
 
 
 # ----------------------------------------------------------------------------

@@ -7,6 +7,7 @@
 # (clamped, so a very negative a gives s ~ 1e-38, not 0, and silu(a) ~ 0); threads take
 # 64 KiB chunks, as in gelu, from kernels.parallel's SERIAL_BELOW floats on.
 from cython.parallel cimport prange
+from kernels.bf16 cimport load, store
 from kernels.parallel cimport SERIAL_BELOW
 from kernels.vexp cimport vexpf
 
@@ -14,27 +15,27 @@ cdef enum:
     CHUNK = 16384   # floats per task: 64 KiB, a whole number of cache lines
 
 
-cdef void swiglu_forward(float* out, const float* a, const float* b, Py_ssize_t N) noexcept nogil:
+cdef void swiglu_forward(floatX* out, const floatX* a, const floatX* b, Py_ssize_t N) noexcept nogil:
     cdef Py_ssize_t num_chunks = (N + CHUNK - 1) // CHUNK
     cdef Py_ssize_t chunk, i
     cdef float x
     for chunk in prange(num_chunks, schedule="static", use_threads_if=N >= SERIAL_BELOW):
         for i in range(chunk * CHUNK, min(chunk * CHUNK + CHUNK, N)):
-            x = a[i]
-            out[i] = x / (1.0 + vexpf(-x)) * b[i]
+            x = load(a, i)
+            store(out, i, x / (1.0 + vexpf(-x)) * load(b, i))
 
 
-cdef void swiglu_backward(float* da, float* db, const float* dout, const float* a,
-                          const float* b, Py_ssize_t N) noexcept nogil:
+cdef void swiglu_backward(floatX* da, floatX* db, const floatX* dout, const floatX* a,
+                          const floatX* b, Py_ssize_t N) noexcept nogil:
     cdef Py_ssize_t num_chunks = (N + CHUNK - 1) // CHUNK
     cdef Py_ssize_t chunk, i
     cdef float x, s
     for chunk in prange(num_chunks, schedule="static", use_threads_if=N >= SERIAL_BELOW):
         for i in range(chunk * CHUNK, min(chunk * CHUNK + CHUNK, N)):
-            x = a[i]
+            x = load(a, i)
             s = 1.0 / (1.0 + vexpf(-x))
-            da[i] = da[i] + dout[i] * b[i] * s * (1.0 + x * (1.0 - s))
-            db[i] = db[i] + dout[i] * x * s
+            store(da, i, load(da, i) + load(dout, i) * load(b, i) * s * (1.0 + x * (1.0 - s)))
+            store(db, i, load(db, i) + load(dout, i) * x * s)
 
 
 # ----------------------------------------------------------------------------

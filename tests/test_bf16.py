@@ -11,7 +11,7 @@ import pytest
 
 import train_llama2
 from accel.backend import BackendError, get_backend
-from accel.spec import BY_NAME, ORDER, evaluate
+from accel.spec import BY_NAME, ORDER, evaluate, tolerance
 from entries import SMALL, numbers
 from faults import faulty_cpu
 from kernels import bf16
@@ -140,8 +140,8 @@ KERNELS = [name for name in ORDER if BY_NAME[name].wrap and BY_NAME[name].group 
 @pytest.mark.parametrize("name", KERNELS)
 def test_each_bf16_entry_is_the_fp32_entry_rounded_once(name):
     """On bf16 inputs, a bf16 entry's outputs are the fp32 entry's rounded to nearest: bit for
-    bit where the bf16 table runs the fp32 kernel on widened copies, within an ulp (and
-    unbiased) where it runs its own GEMM."""
+    bit where the bf16 table runs the fp32 kernel on widened copies, within an ulp at a few
+    elements where it runs code of its own."""
     fp32, half = get_backend("cpu"), get_backend("cpu", "bf16")
     rng = np.random.default_rng(abs(hash(name)) % 2**32)
     dims = SMALL
@@ -165,11 +165,19 @@ def test_each_bf16_entry_is_the_fp32_entry_rounded_once(name):
             want, got_a = want.reshape(-1, T, T)[:, keep], got[a.name].reshape(-1, T, T)[:, keep]
         else:
             got_a = got[a.name]
-        if name.startswith("matmul"):   # a GEMM of its own: the sums' order differs
-            scale = np.abs(want).max()
-            assert np.abs(got_a - want).max() <= 2.0 ** -7 * scale, (name, a.name)
-        else:
+        if entry.bf16 == "adapter":   # the fp32 kernel itself on the same float32 values
             assert np.array_equal(got_a, want), (name, a.name, np.abs(got_a - want).max())
+            continue
+        # its own code (a GEMM, or a kernel compiled for bf16 loads): float32 sums in another
+        # order, so float32 outputs within check:'s error model, and a bf16 output an ulp off
+        # where the two float32 results straddle a rounding boundary, rarely
+        scale = np.abs(want).max()
+        if a.floatx:
+            assert np.abs(got_a - want).max() <= 2.0 ** -7 * scale, (name, a.name)
+            assert np.mean(got_a != want) <= 0.02, (name, a.name, np.mean(got_a != want))
+        else:
+            allowed = tolerance(evaluate(a.reduction, values)) * scale
+            assert np.abs(got_a - want).max() <= allowed, (name, a.name)
 
 
 # --- the bf16 GEMM: both paths ---------------------------------------------------------------
