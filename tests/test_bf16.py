@@ -312,3 +312,37 @@ def test_a_backend_without_bf16_kernels_is_refused_in_one_line():
     with pytest.raises(BackendError, match="runs at bf16, not fp32"):
         GPT2(GPT2Config.from_depth(1, max_seq_len=8, vocab_size=16),
              backend=get_backend("cpu", "bf16"), precision="fp32")
+
+
+MODEL_ON_PATH = """
+import numpy as np
+from kernels import blas
+from train_gpt2 import GPT2, GPT2Config
+config = GPT2Config.from_depth(2, max_seq_len=32, vocab_size=97)
+model = GPT2.random(config, seed=3, precision="bf16")
+rng = np.random.default_rng(0)
+tokens = rng.integers(0, 97, (2, 16)), rng.integers(0, 97, (2, 16))
+losses = []
+for t in range(1, 4):
+    model.zero_grad()
+    losses.append(model.forward(*tokens))
+    model.backward()
+    model.update(1e-3, 0.9, 0.95, 1e-8, 0.01, t)
+print(blas.HARDWARE_BF16, *losses)
+"""
+
+
+def test_a_bf16_model_trains_alike_on_both_gemm_paths():
+    """The fallback (float32 GEMMs on widened bf16, what a CPU without bf16 hardware runs) and
+    the hardware path differ only in the order of float32 sums: the same losses to bf16's
+    precision."""
+    runs = {}
+    for path in ("fp32", "auto"):
+        env = dict(os.environ, LLMPYX_BF16_GEMM=path)
+        result = subprocess.run([sys.executable, "-c", MODEL_ON_PATH], cwd=ROOT, env=env,
+                                capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr
+        hardware, *losses = result.stdout.split()
+        runs[path] = (hardware, np.array(losses, dtype=float))
+    assert runs["fp32"][0] == "False"
+    assert np.allclose(runs["fp32"][1], runs["auto"][1], atol=5e-3), runs
