@@ -19,7 +19,7 @@ import train
 from llmc import checkpoint
 from llmc.dataloader import DataLoader
 from llmc.formats import FormatError
-from llmc.formats.llmc import write_shard
+from llmc.formats.llmc import checkpoint_dtype, write_shard
 from llmc.logger import plot_losses, read_log
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -230,14 +230,16 @@ def test_find_max_step_takes_newest_complete(tmp_path):
 
 
 def fake_model(size, rng=None):
-    """What checkpoint.py uses of a model: its parameter count, AdamW's m and v, save()."""
+    """What checkpoint.py uses of a model at fp32: its parameter count, AdamW's m and v,
+    save()."""
     def save(path):
         with open(path, "wb") as f:
             f.write(b"model")
     m, v = np.zeros(size, np.float32), np.zeros(size, np.float32)
     if rng is not None:
         m, v = rng.standard_normal(size).astype(np.float32), rng.random(size).astype(np.float32)
-    return types.SimpleNamespace(params=np.zeros(size, np.float32), m=m, v=v, save=save)
+    return types.SimpleNamespace(params=np.zeros(size, np.float32), m=m, v=v, save=save,
+                                 precision="fp32")
 
 
 def test_checkpoint_state_layout_and_resume(tmp_path):
@@ -316,3 +318,78 @@ def test_plot_losses_without_matplotlib(tmp_path, monkeypatch, capsys):
     assert plot_losses(str(tmp_path)) is None
     assert "skipping the loss plot" in capsys.readouterr().err
     assert not (tmp_path / "loss.png").exists()
+
+
+# ----------------------------------------------------------------------------
+# bf16: llm.c's mixed precision, its files and its resume
+
+def state_header(path):
+    return np.fromfile(path, "<i4", 256)
+
+
+def test_model_files_cross_precisions(tmp_path):
+    """A bf16 model's llm.c file (version 5, its bf16 parameters) starts an fp32 model, and an
+    fp32 file (version 3) a bf16 one, rounded to nearest; a Llama's file is float32 at bf16,
+    the master weights."""
+    from llmc.formats import bfloat16_bits_to_float32, float32_to_bfloat16_bits
+    from train_gpt2 import GPT2, GPT2Config
+    from train_llama2 import Llama2, LlamaConfig
+    rng = np.random.default_rng(0)
+    config = GPT2Config.from_depth(1, max_seq_len=16, vocab_size=101)
+    bf16 = GPT2.random(config, seed=1, precision="bf16")
+    bf16.forward(rng.integers(0, 101, (2, 8)), rng.integers(0, 101, (2, 8)))
+    bf16.zero_grad()
+    bf16.backward()
+    bf16.update(1e-2, 0.9, 0.95, 1e-8, 0.0, 1)   # the master weights now off the bf16 grid
+    assert not np.array_equal(bf16.params, bf16.params_as_run())
+    bf16.save(tmp_path / "v5.bin")
+    assert checkpoint_dtype(tmp_path / "v5.bin") == "bfloat16"
+    fp32 = GPT2.from_checkpoint(tmp_path / "v5.bin", precision="fp32")
+    assert fp32.precision == "fp32" and np.array_equal(fp32.params, bf16.params_as_run())
+    fp32.params = bf16.params   # off the grid again
+    fp32.save(tmp_path / "v3.bin")
+    assert checkpoint_dtype(tmp_path / "v3.bin") == "float32"
+    again = GPT2.from_checkpoint(tmp_path / "v3.bin", precision="bf16")
+    assert np.array_equal(again.params, bf16.params)   # the master weights: the file's
+    nearest = bfloat16_bits_to_float32(float32_to_bfloat16_bits(bf16.params))
+    assert np.array_equal(again.params_as_run(), nearest)
+
+    llama = Llama2.random(LlamaConfig.from_name("d1", vocab_size=97, max_seq_len=16), seed=1,
+                          precision="bf16")
+    llama.save(tmp_path / "llama.bin")
+    assert np.array_equal(Llama2.from_checkpoint(tmp_path / "llama.bin").params, llama.params)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_a_bf16_resume_rounds_as_the_last_update_did(tmp_path, family):
+    """The bf16 parameters of a resumed model are those the run had, also when the last update
+    was before the checkpoint's step (updates skipped by -sl/-sg): from a bf16 model file
+    (GPT-2), else rounded from the state's master weights with the last update's t (Llama)."""
+    from train_gpt2 import GPT2, GPT2Config
+    from train_llama2 import Llama2, LlamaConfig
+    Model, config = {
+        "gpt2": (GPT2, GPT2Config.from_depth(1, max_seq_len=16, vocab_size=101)),
+        "llama": (Llama2, LlamaConfig.from_name("d1", vocab_size=101, max_seq_len=16))}[family]
+    rng = np.random.default_rng(0)
+    model = Model.random(config, seed=1, precision="bf16")
+    for t in (1, 2):   # then steps 3-5 skipped: the checkpoint at step 5 holds t = 2's rounding
+        model.forward(rng.integers(0, 101, (2, 8)), rng.integers(0, 101, (2, 8)))
+        model.zero_grad()
+        model.backward()
+        model.update(1e-2, 0.9, 0.95, 1e-8, 0.0, t)
+    write_shard(tmp_path / "s.bin", np.arange(200) % 101)
+    loader = DataLoader(str(tmp_path / "s.bin"), 2, 8, shuffle=True)
+    checkpoint.write_checkpoint(str(tmp_path), 5, model, loader)
+    assert state_header(tmp_path / "state_00000005_00000.bin")[11] == 2
+    model_path = checkpoint.checkpoint_paths(str(tmp_path), 5)[0]
+    resumed = Model.from_checkpoint(model_path, precision="bf16")
+    assert checkpoint.resume(str(tmp_path), 5, resumed, DataLoader(str(tmp_path / "s.bin"), 2, 8,
+                                                                    shuffle=True)) == 5
+    assert resumed.step == 2
+    assert np.array_equal(resumed.params, model.params)
+    assert np.array_equal(resumed.params_as_run(), model.params_as_run())
+    assert np.array_equal(resumed.m, model.m) and np.array_equal(resumed.v, model.v)
+    rounded_at_5 = Model.from_checkpoint(model_path, precision="bf16")
+    rounded_at_5.set_master_weights(model.params)
+    rounded_at_5.round_params(5)   # the step's seed would not give the run's parameters
+    assert not np.array_equal(rounded_at_5.params_as_run(), model.params_as_run())
