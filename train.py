@@ -35,6 +35,11 @@ dev/data/hellaswag.py; -hm examples of it), and -sl / -sg skip the update of a s
 gradient norm is an outlier (its z-score against the latest steps, llmc/outlier_detector.py),
 as llm.c's train_gpt2.cu.
 
+--precision bf16 is llm.c's mixed precision (its default there; fp32 here): bf16 parameters and
+activations in the kernels, float32 gradients, AdamW m and v and master weights (llmc/model.pyx);
+a GPT-2 checkpoint is then llm.c's bf16 model file (version 5), a Llama one stays llama2.c's
+float32 file (the master weights), and the state holds the master weights.
+
 --json-log writes each step's cost as a JSON line (ms, tokens/s, TFLOPS against the peak,
 compile time, kernel groups with --profile) and ends with an efficiency report
 (llmc/report.py; with --profile, the time per backend table entry); dev/dashboard.py follows
@@ -54,6 +59,7 @@ import re
 import time
 
 from accel.hooks import backend_hooks, every_backend_hooks, with_wrapper
+from accel.spec import PRECISIONS
 from llmc import default_data, distributed, evalloader
 from llmc.checkpoint import (RUN_NAME, checkpoint_files, checkpoint_paths, complete_steps,
                              find_max_step, outliers_path, read_outliers, resume,
@@ -209,7 +215,7 @@ def parse_args(argv):
                    help="keep only the newest this many checkpoints (0: all)")
     p.add_argument("-y", dest="resume", metavar="INT", type=int, default=0, choices=(0, 1),
                    help="1: resume from the newest checkpoint in -o (the run there, with its "
-                        "model, B, T, data and processes)")
+                        "model, B, T, data, precision and processes)")
     p.add_argument("--overwrite", action="store_true",
                    help="start over in -o: delete the run there first (its checkpoints, "
                         "main.log, loss.png, log.jsonl, vocab_map.bin, run.json; nothing else)")
@@ -221,6 +227,12 @@ def parse_args(argv):
     p.add_argument("--backend", metavar="NAME", default="cpu",
                    help="where the model runs: cpu, check:NAME, profile:NAME, ... "
                         "(accel/README.md)")
+    p.add_argument("--precision", choices=list(PRECISIONS), default="fp32",
+                   help="llm.c's PRECISION: fp32, or bf16 (bf16 parameters and activations in "
+                        "the kernels; float32 gradients, AdamW m and v and master weights). At "
+                        "bf16 a GPT-2 checkpoint is llm.c's bf16 model file (version 5, the bf16 "
+                        "parameters), a Llama one stays llama2.c's float32 file (the master "
+                        "weights: llama2.c has no bf16 file); the state holds the master weights")
     p.add_argument("--recompute", metavar="POLICY", default="all",
                    help="activation checkpointing: all (keep every layer's activations), "
                         "every-N, sqrt, boundary, none (keep fewer, recompute them in backward: "
@@ -423,7 +435,11 @@ def run_config(args):
     number of processes is checked against the training state, by resume)."""
     return {"--family": args.family, "-e": args.init or family_of(args.family).default_init,
             "-b": args.B, "-t": args.T, "-i": os.path.abspath(args.train_data),
-            "-j": os.path.abspath(args.val_data)}
+            "-j": os.path.abspath(args.val_data), "--precision": args.precision}
+
+
+# what a run.json written before a setting existed held: that setting's value then
+RUN_CONFIG_DEFAULTS = {"--precision": "fp32"}
 
 
 def run_files(output_dir):
@@ -463,7 +479,7 @@ def start_run(args, dist):
 
 def check_resumed_run(args):
     """-y 1 continues the run in -o only with its settings: say each one that differs."""
-    differences = run_differences(args.output_dir, run_config(args))
+    differences = run_differences(args.output_dir, run_config(args), RUN_CONFIG_DEFAULTS)
     if differences:
         raise TrainError(f"-y 1: {args.output_dir} holds a run with other settings: "
                          f"{'; '.join(differences)}: resume it with its settings, or give this "
@@ -522,13 +538,14 @@ def load_model(args, Model, resume_path):
     from accel.backend import BackendError
     try:
         if resume_path is not None:
-            return (Model.from_checkpoint(resume_path, args.backend, args.recompute),
-                    f"checkpoint {resume_path}")
+            return (Model.from_checkpoint(resume_path, args.backend, args.recompute,
+                                          args.precision), f"checkpoint {resume_path}")
         init, config = model_source(args)
         if config is not None:
             return (Model.random(config, seed=args.seed, backend=args.backend,
-                                 recompute=args.recompute), f"random {init} (seed {args.seed})")
-        model = Model.from_checkpoint(init, args.backend, args.recompute)
+                                 recompute=args.recompute, precision=args.precision),
+                    f"random {init} (seed {args.seed})")
+        model = Model.from_checkpoint(init, args.backend, args.recompute, args.precision)
         if args.family_note is not None:
             note(args.family_note)
         return model, f"checkpoint {init}"
@@ -558,12 +575,13 @@ def dry_run(args):
     if args.T > config.max_seq_len:
         raise TrainError(f"-t {args.T} exceeds the model's max sequence length {config.max_seq_len}")
     family = model_family.title
+    require_backend(args, here=False)   # one without --precision's kernels: not at it
     from accel.backend import BackendError
     try:   # the backend's own plan (the ANE's: its pipeline against the compile budget), if any
         text = backend_hooks(args.backend).dry_run_plan(Model, config, f"{family} {init}", args)
         if text is None:
             text = dry_run_text(Model, config, f"{family} {init}", args.B, args.T, args.recompute,
-                                backend=args.backend)
+                                backend=args.backend, precision=args.precision)
     except BackendError as e:   # one the plan cannot have here (metal on Linux), or refuses
         raise TrainError(str(e)) from None
     print(text)
@@ -619,11 +637,60 @@ def compact_vocabulary(args, resume_step, rank=0):
     return vocab_map
 
 
-def memory_line(memory):
-    """One line of what the model allocated on its backend, by kind (Model.memory())."""
+def memory_line(memory, precision="fp32"):
+    """One line of what the model allocated on its backend, by kind (Model.memory()); at bf16
+    it says what is bf16: the activations (half the bytes of fp32's; their statistics and
+    losses float32) and, beside the float32 master weights, the parameters."""
     mib = lambda n: f"{n / 2 ** 20:,.0f} MiB"  # noqa: E731
-    return ("memory allocated: " + ", ".join(f"{kind} {mib(n)}" for kind, n in memory.items())
+    what = dict(params=" (bf16 + float32 master weights)", activations=" (bf16)",
+                activation_grads=" (bf16)") if precision == "bf16" else {}
+    return ("memory allocated: " + ", ".join(f"{kind} {mib(n)}{what.get(kind, '')}"
+                                             for kind, n in memory.items())
             + f"; total {mib(sum(memory.values()))}")
+
+
+def precision_text(precision):
+    """The config table's precision: what it keeps in which type."""
+    if precision == "bf16":
+        return "bf16 (float32 master weights, gradients, AdamW)"
+    return precision
+
+
+def require_backend(args, here=True):
+    """A TrainError in one line when --backend cannot run here (unless not here: a dry run
+    plans backends of other machines), or has no kernels of --precision (accel/backend.pyx's
+    BackendError)."""
+    from accel.backend import BackendError, get_backend, require_available
+    try:
+        if here:
+            require_available(args.backend)
+        if args.precision != "fp32":   # a backend without them refuses before it is made
+            get_backend(args.backend, args.precision)
+    except BackendError as e:
+        raise TrainError(str(e)) from None
+
+
+def runs_on_cpu(backend):
+    """Whether the backend's kernels are the CPU's (cpu, or a wrapper around it)."""
+    return backend.rpartition(":")[2] == "cpu"
+
+
+def bf16_hardware_note():
+    """--precision bf16 on the CPU: one line when the bf16 GEMMs have no bf16 dot-product
+    hardware to run on (kernels.blas.HARDWARE_BF16: AVX512_BF16 or AMX-BF16, through oneMKL's
+    cblas_gemm_bf16bf16f32), else None."""
+    from kernels.blas import HARDWARE_BF16, cpu_bf16_features
+    if HARDWARE_BF16:
+        return None
+    features = cpu_bf16_features()
+    if not features:
+        why = "no AVX512_BF16 or AMX-BF16"
+    elif os.environ.get("LLMPYX_BF16_GEMM", "").strip().lower() == "fp32":
+        why = f"the CPU has {', '.join(features)}, unused under LLMPYX_BF16_GEMM=fp32"
+    else:
+        why = f"the CPU has {', '.join(features)}, but no oneMKL to use it: pip install mkl"
+    return (f"--precision bf16: this machine has no bf16 hardware in use ({why}): the bf16 "
+            f"GEMMs run as float32 GEMMs, and the run will be slower than fp32")
 
 
 def evaluate(model, loader, num_batches, dist):
@@ -730,12 +797,12 @@ def main(argv=None):
             check_resumed_run(args)
 
     Model = model_class(args)   # a missing build or a bad LLMPYX_BLAS fails now, not after the data
-    from kernels.blas import LIBRARY as cpu_gemms
-    from accel.backend import BackendError, require_available
-    try:   # and so does a backend that cannot run here
-        require_available(args.backend)
-    except BackendError as e:
-        raise TrainError(str(e)) from None
+    from kernels.blas import BF16_LIBRARY, LIBRARY as cpu_gemms
+    require_backend(args)   # and so does a backend that cannot run here, or not at --precision
+    if args.precision == "bf16" and runs_on_cpu(args.backend) and rank == 0:
+        hardware_note = bf16_hardware_note()
+        if hardware_note is not None:
+            note(hardware_note)
 
     # the data's shards (tinyshakespeare's prepared if they are the default and missing): the
     # model's vocabulary comes from them with --compact-vocab, or from their tokenizer.bin
@@ -794,7 +861,9 @@ def main(argv=None):
         ("vocab compaction", "off" if vocab_map is None else
          f"{len(vocab_map)} ids of the data (--compact-vocab)"),
         ("num_parameters", model.num_parameters),
-        ("backend", model.backend.name), ("CPU GEMMs", cpu_gemms),
+        ("backend", model.backend.name), ("precision", precision_text(model.precision)),
+        ("CPU GEMMs", cpu_gemms),
+        *([("bf16 GEMMs", BF16_LIBRARY)] if model.precision == "bf16" else []),
         ("recompute", model.recompute), None,
         ("train tokens", train_loader.num_tokens), ("val tokens", val_loader.num_tokens),
         ("run hellaswag", f"{len(hellaswag)} of the {hellaswag_total} examples of "
@@ -813,9 +882,9 @@ def main(argv=None):
         logger.log_json("run", max_steps=num_steps, B=B, T=T, grad_accum_steps=grad_accum_steps,
                         num_processes=num_processes, family=args.family, init=init_desc,
                         num_parameters=model.num_parameters, vocab_size=config.vocab_size,
-                        backend=model.backend.name, recompute=model.recompute,
-                        train_data=args.train_data, output_dir=args.output_dir,
-                        compact_vocab=vocab_map is not None,
+                        backend=model.backend.name, precision=model.precision,
+                        recompute=model.recompute, train_data=args.train_data,
+                        output_dir=args.output_dir, compact_vocab=vocab_map is not None,
                         **efficiency.header())
     options = (dict(decay_steps=args.cos_decay_steps, restart_mult=args.cos_decay_restart)
                if args.lr_schedule == "cosine-restarts" else {})
@@ -929,7 +998,7 @@ def main(argv=None):
         if skip is not None:
             logger.log_skip(step, *skip)
         if first_step:  # everything is allocated by now: say how much, as llm.c does
-            console.print(memory_line(model.memory()))
+            console.print(memory_line(model.memory(), model.precision))
         first_step = False
 
     if hellaswag_evals > 0:

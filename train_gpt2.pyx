@@ -309,8 +309,15 @@ cdef class GPT2(Model):
         model.params = params
         return model
 
-    def save(self, path, dtype="float32"):
-        """Write an llm.c model file: "float32" (version 3) or "bfloat16" (version 5)."""
+    def save(self, path, dtype=None):
+        """Write an llm.c model file: "float32" (version 3: params, at bf16 the master weights)
+        or "bfloat16" (version 5); None: the model's precision, at bf16 version 5 of the bf16
+        parameters the kernels read (params_as_run), as llm.c's bf16 runs write."""
+        if dtype is None:
+            if self.precision == "bf16":
+                write_checkpoint(path, self.config, self.params_as_run(), dtype="bfloat16")
+                return
+            dtype = "float32"
         write_checkpoint(path, self.config, self.params, dtype=dtype)
 
     @property

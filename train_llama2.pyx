@@ -345,7 +345,8 @@ cdef class Llama2(Model):
         return model
 
     def save(self, path):
-        """Write a llama2.c model file (version 1)."""
+        """Write a llama2.c model file (version 1), float32 at every precision (at bf16: the
+        master weights; llama2.c's files have no bf16)."""
         write_llama_model(path, self.config, self.params)
 
     @property

@@ -2,8 +2,9 @@
 Checkpoints, as llm.c's train_gpt2.cu writes them into the output dir every -n steps:
 
     model_%08d.bin          the model (llm.c's checkpoint format: llmc/formats/llmc.py)
-    state_%08d_%05d.bin     per process (rank): its AdamW m and v (of its shard under ZeRO-1)
-                            and its data loader (llmc.formats.llmc.write_state)
+    state_%08d_%05d.bin     per process (rank): its AdamW m and v (of its shard under ZeRO-1),
+                            at bf16 the float32 master weights of that shard, and its data
+                            loader (llmc.formats.llmc.write_state)
     outliers_%08d.json      with train.py -sl/-sg: the outlier detectors' windows, by rank 0
                             (llm.c's files have no room for them; llmc/outlier_detector.py)
     DONE_%08d               written last, by rank 0 once every rank's files are: complete
@@ -12,6 +13,14 @@ Each file is written whole or not at all (llmc.formats.atomic_write), so a run r
 newest checkpoint with a DONE, continuing bit for bit as if it had never stopped. Rank 0
 writes the model (the same on every rank); a run resumes only with the number of processes it
 was written by (llmc/distributed.py), else one line says so.
+
+Precision (train.py --precision): at bf16 the model file is the run's precision where the
+family's format has one (GPT-2: llm.c's version 5, the bf16 parameters the kernels read,
+Model.params_as_run; Llama: llama2.c's files are float32, so the master weights), and the
+state holds the float32 master weights, as llm.c's use_master_weights. A resume takes the
+master weights from the state and the bf16 parameters from a bf16 model file, else rounds
+them from the master weights with the seed of the last update, as that update did; a state
+of the other precision is refused in one line.
 
 An output dir holds one run: run.json is its configuration (model, B, T, data), which a
 resume must match (run_differences), as it must the number of processes of the training
@@ -22,9 +31,12 @@ import json
 import os
 import re
 
+import numpy as np
+
 from llmc.distributed import SINGLE
-from llmc.formats import FormatError, atomic_write
-from llmc.formats.llmc import read_state, read_state_processes, write_state
+from llmc.formats import FormatError, atomic_write, model_format
+from llmc.formats.llmc import (checkpoint_dtype, read_state_processes, read_training_state,
+                               write_state)
 
 
 def checkpoint_paths(output_dir, step, process_rank=0):
@@ -73,8 +85,12 @@ def write_checkpoint(output_dir, step, model, loader, keep=0, dist=SINGLE, outli
         model.save(model_path)
         if outliers is not None:
             atomic_write(outliers_path(output_dir, step), (json.dumps(outliers) + "\n").encode())
+    master, last_update = None, 0
+    if model.precision != "fp32":   # the float32 master weights of the optimizer shard
+        start, end = model.optimizer_shard
+        master, last_update = model.params[start:end], model.step
     write_state(state_path, step, model.m, model.v, loader.state(),
-                dist.num_processes, rank)
+                dist.num_processes, rank, master=master, last_update=last_update)
     dist.barrier()  # every rank's state is written
     if rank == 0:
         atomic_write(done_path, b"")
@@ -112,7 +128,8 @@ def delete_checkpoint(output_dir, step, process_rank=0):
 
 def resume(output_dir, step, model, loader, dist=SINGLE):
     """Load the optimizer and data loader state of the checkpoint at step into model (already
-    built from that checkpoint's model file) and loader; the step it was saved at."""
+    built from that checkpoint's model file) and loader, at bf16 the master weights too; the
+    step it was saved at."""
     # every rank checks rank 0's state first, so that all fail alike (one line) on a mismatch
     processes, _ = read_state_processes(checkpoint_paths(output_dir, step)[1])
     if processes != dist.num_processes:
@@ -120,13 +137,37 @@ def resume(output_dir, step, model, loader, dist=SINGLE):
                           f"{processes} process{'es' if processes > 1 else ''}, this run "
                           f"has {dist.num_processes}: resume with as many (mpirun -np "
                           f"{processes})")
-    state_path = checkpoint_paths(output_dir, step, dist.process_rank)[1]
-    saved_step, m, v, loader_state = read_state(state_path, model.m.size,
-                                                dist.num_processes, dist.process_rank)
-    model.m = m
-    model.v = v
-    loader.load_state(loader_state, source=state_path)
-    return saved_step
+    model_path, state_path, _ = checkpoint_paths(output_dir, step, dist.process_rank)
+    state = read_training_state(state_path, model.m.size, dist.num_processes, dist.process_rank)
+    bf16 = model.precision != "fp32"
+    if (state.master is not None) != bf16:
+        held = ("the float32 master weights of a bf16 run" if state.master is not None else
+                "no master weights: an fp32 run's state")
+        other = "bf16" if state.master is not None else "fp32"
+        raise FormatError(state_path, f"holds {held}, this run is {model.precision}: resume "
+                                      f"it with --precision {other}")
+    model.m = state.m
+    model.v = state.v
+    if bf16:
+        restore_master_weights(model, model_path, state, dist)
+    loader.load_state(state.loader_state, source=state_path)
+    return state.step
+
+
+def restore_master_weights(model, model_path, state, dist):
+    """A bf16 resume: the master weights of this rank's shard from its state, the others' by
+    an all-gather (ZeRO-1); the bf16 parameters are the model file's when it holds bf16 ones
+    (as built from it), else the master weights rounded as the last update rounded them (its
+    t the seed; to nearest, as the model file was read, when there was none)."""
+    start, end = model.optimizer_shard
+    master = np.array(model.params)   # the model file's, where the shard does not reach
+    master[start:end] = state.master
+    model.set_master_weights(master)
+    dist.gather_parameters(model, rounding=False)
+    model.step = state.last_update
+    bf16_file = model_format(model_path) == "llmc" and checkpoint_dtype(model_path) == "bfloat16"
+    if not bf16_file and state.last_update > 0:
+        model.round_params(state.last_update)
 
 
 def read_json(path, what):
@@ -165,11 +206,17 @@ def read_run_config(output_dir):
     return read_json(os.path.join(output_dir, RUN_NAME), "a run configuration")
 
 
-def run_differences(output_dir, config):
+def run_differences(output_dir, config, defaults=None):
     """What differs between config and the run.json in output_dir, as "KEY SAVED (this run:
-    NEW)" strings; none when the dir has no run.json."""
+    NEW)" strings; none when the dir has no run.json. defaults: the value of a key that a
+    run.json written before the key existed lacks."""
     saved = read_run_config(output_dir)
     if saved is None:
         return []
-    return [f"{key} {saved.get(key)} (this run: {value})" for key, value in config.items()
-            if saved.get(key) != value]
+    defaults = defaults or {}
+    differences = []
+    for key, value in config.items():
+        was = saved.get(key, defaults.get(key))
+        if was != value:
+            differences.append(f"{key} {was} (this run: {value})")
+    return differences

@@ -10,7 +10,9 @@ are summed across the processes, so every rank takes the same AdamW step:
 - zero_stage 0: an all-reduce of the whole gradient, and every rank updates every parameter;
 - zero_stage 1 (ZeRO-1, llm.c's -z 1): a reduce-scatter, after which each rank holds the summed
   gradient of its own span of the parameters only (its shard), keeps AdamW's m and v of that
-  span only (Model.optimizer_shard), updates it, and then all ranks all-gather the parameters.
+  span only (Model.optimizer_shard), updates it, and then all ranks all-gather the parameters
+  (at bf16: the float32 master weights, from which every rank then rounds its bf16 ones with
+  the update's seed, so that they are bit for bit those of one process).
   The spans are contiguous and balanced (any number of processes), where llm.c cuts each
   tensor in num_processes equal pieces: the per-rank state files hold this span of m and v.
 
@@ -115,10 +117,16 @@ class MultiProcessConfig:
         if not host_visible:  # the hook of a device backend: NCCL/RCCL would work in place
             model.grads = grads
 
-    def gather_parameters(self, model):
-        """ZeRO-1: every rank's updated span into every rank's parameters (an all-gather)."""
+    def gather_parameters(self, model, rounding=True):
+        """ZeRO-1: every rank's updated span into every rank's parameters (an all-gather). At
+        bf16 the float32 master weights are gathered, and then (rounding) every rank rounds all
+        of its bf16 parameters from them with the seed of the update, the AdamW t
+        (Model.round_params(model.step)): the bits one process's update gives; a resume
+        gathers without rounding (llmc/checkpoint.py)."""
         if self.comm is not None and self.zero_stage == 1:
             self._timed(self._gather_parameters, model)
+            if rounding and model.step > 0:
+                model.round_params(model.step)   # nothing to round at fp32
 
     def _gather_parameters(self, model):
         from mpi4py import MPI
@@ -127,7 +135,7 @@ class MultiProcessConfig:
         self.comm.Allgatherv(MPI.IN_PLACE, [params, self.shard_counts.tolist(),
                                             self.shard_offsets.tolist(), MPI.FLOAT])
         if not host_visible:
-            model.params = params
+            model.set_master_weights(params)   # at fp32: the parameters
 
     def grad_norm(self, model):
         """The global norm of the summed gradient: each rank's own shard under ZeRO-1, whose

@@ -29,7 +29,9 @@ cdef class Model:
     cdef readonly int B, T               # shape of the last forward
     cdef bint has_targets                # the last forward had targets
     cdef float mean_loss
-    cdef readonly int step               # AdamW updates done (the check backend reports it)
+    cdef public int step                 # the AdamW t of the last update, 0 before any (the
+                                         # check backend reports it; bf16: the seed that update
+                                         # rounded with; a resume sets it)
     cdef readonly Py_ssize_t shard_start, shard_end  # the parameters AdamW updates (ZeRO-1: a span)
 
     # where the layers' activations are, set by _point_activations (pointer tables in numpy

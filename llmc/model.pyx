@@ -230,6 +230,13 @@ cdef class Model:
             self.table.narrow_params(self.table.ctx, params, master, n, 0, seed)
         self.backend.check_error()
 
+    def set_master_weights(self, values):
+        """Load the float32 master weights alone (at fp32: the parameters), leaving the bf16
+        parameters the kernels read as they are: a resume (llmc/checkpoint.py), whose bf16
+        parameters come from the model file or from round_params, and the all-gather of
+        llmc/distributed.py, which rounds them after it."""
+        self._load(self._master if self._master is not None else self._params, values, "params")
+
     def params_as_run(self):
         """The parameters the kernels read, as float32 (at bf16, the bf16 values widened; at
         fp32, params itself): what a model file of the run's precision holds."""

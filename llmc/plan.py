@@ -7,17 +7,20 @@ memory_plan: the bytes the model allocates, the dict Model.memory() reports afte
 step (parameters, their gradients, AdamW's m and v, the activations kept under the recompute
 policy, the activation gradients, the tokens), from the family's shape functions
 (config.param_shapes, Family.activation_shapes) laid out by llmc/recompute.py: the code the
-model lays its buffers out with, so the plan and the model cannot disagree.
+model lays its buffers out with, so the plan and the model cannot disagree. At bf16
+(train.py --precision bf16, llmc/model.pyx) the activations and their gradients take 2 bytes
+(the family's FP32_ACTIVATIONS 4: statistics, losses), the parameters 2 bytes plus 4 of float32
+master weights, the gradients and AdamW's m and v 4 each.
 
 flops_plan: the family's forward FLOPs per token (Family.flops_per_token: matmuls 2*C*OC per
 token, causal attention 2*C*(T+1) per layer), and per step
     B*T * (3 * forward + recomputed layers * one layer's forward)
 (backward is twice the forward: dinp and dweight; the policy's recompute adds forwards).
 
-The step time estimate divides those FLOPs by the sgemm rate this machine reaches now
-(kernels.matmul, the product's own matmul, one 1024^3 product, best of 3, about 0.1 s): the
-time the FLOPs alone take, a floor; the memory-bound kernels (layernorm, GELU, softmax, AdamW)
-come on top.
+The step time estimate divides those FLOPs by the GEMM rate this machine reaches now
+(kernels.matmul, the product's own matmul, one 1024^3 product, best of 3, about 0.1 s; at bf16
+kernels.matmul_bf16's, on bf16 operands): the time the FLOPs alone take, a floor; the
+memory-bound kernels (layernorm, GELU, softmax, AdamW) come on top.
 
 dry_run_text: what train.py --dry-run prints, all of the above and every policy side by side.
 """
@@ -29,25 +32,37 @@ from llmc import recompute
 
 __all__ = ["dry_run_text", "flops_plan", "measure_gflops", "memory_plan"]
 
-FLOAT = 4   # bytes: float32 everywhere, int32 tokens
+FLOAT = 4   # bytes: float32 everywhere, int32 tokens (at bf16: the master weights, gradients,
+            # AdamW's m and v, FP32_ACTIVATIONS)
 
 
 def _floats(shapes):
     return sum(int(np.prod(shape, dtype=np.int64)) for _, shape in shapes)
 
 
-def memory_plan(family, config, B, T, policy="all", backend="cpu"):
+def memory_plan(family, config, B, T, policy="all", backend="cpu", precision="fp32"):
     """Bytes of each buffer a training step of family(config) at (B, T) allocates under the
-    policy on the backend: {params, grads, adamw, activations, activation_grads, tokens}."""
+    policy on the backend at the precision ("fp32" or "bf16"): {params, grads, adamw,
+    activations, activation_grads, tokens}."""
     from accel.backend import get_backend
+    from accel.spec import PRECISIONS
+    from llmc.model import Layout   # the model's own layout: each tensor aligned to its size
+    itemsize = PRECISIONS[precision][1]
     plan = recompute.RecomputePlan(policy, family.num_layers_of(config))
-    options = family.activation_options(get_backend(backend))
+    options = family.activation_options(get_backend(backend, precision))
     embedding, layer, head = family.activation_shapes(config, B, T, **options)
-    params = FLOAT * _floats(config.param_shapes())
+
+    def nbytes(shapes):   # as Model._activation_layout lays them out
+        return Layout(shapes, [FLOAT if name in family.FP32_ACTIVATIONS else itemsize
+                               for name, _ in shapes]).nbytes
+    count = _floats(config.param_shapes())
+    params = FLOAT * count
     return dict(
-        params=params, grads=params, adamw=2 * params,
-        activations=FLOAT * _floats(recompute.activation_shapes(plan, embedding, layer, head)),
-        activation_grads=FLOAT * _floats(recompute.gradient_shapes(layer, head, family.NO_GRAD)),
+        # at bf16 the kernels' bf16 parameters beside the float32 master weights
+        params=params + (itemsize * count if precision != "fp32" else 0),
+        grads=params, adamw=2 * params,
+        activations=nbytes(recompute.activation_shapes(plan, embedding, layer, head)),
+        activation_grads=nbytes(recompute.gradient_shapes(layer, head, family.NO_GRAD)),
         tokens=2 * FLOAT * B * T)
 
 
@@ -65,14 +80,22 @@ def flops_plan(family, config, B, T, policy="all"):
     return step
 
 
-def measure_gflops(n=1024, repeats=3):
-    """The sgemm rate (GFLOP/s) of kernels.matmul now, on its usual threads: an (n, n) x (n, n)
-    product, best of repeats after one warm-up."""
-    from kernels import matmul
+def measure_gflops(n=1024, repeats=3, precision="fp32"):
+    """The GEMM rate (GFLOP/s) of the kernels' matmul now, on its usual threads: an (n, n) x
+    (n, n) product, best of repeats after one warm-up; kernels.matmul's sgemm at fp32,
+    kernels.matmul_bf16's at bf16 (bf16 operands and output as uint16 bits, float32 sums: the
+    bf16 GEMM of kernels.blas.BF16_LIBRARY)."""
     rng = np.random.default_rng(0)
     inp = rng.standard_normal((1, n, n), dtype=np.float32)
     weight = rng.standard_normal((n, n), dtype=np.float32)
     out = np.empty((1, n, n), dtype=np.float32)
+    if precision == "fp32":
+        from kernels import matmul
+    else:
+        from kernels import matmul_bf16 as matmul
+        from llmc.formats import float32_to_bfloat16_bits
+        inp, weight = float32_to_bfloat16_bits(inp), float32_to_bfloat16_bits(weight)
+        out = np.empty((1, n, n), dtype=np.uint16)
     matmul.forward(out, inp, weight)
     best = float("inf")
     for _ in range(repeats):
@@ -95,22 +118,27 @@ def _seconds(t):
     return f"{t:,.1f} s" if t < 600 else f"{t / 3600:,.2f} h"
 
 
-def dry_run_text(family, config, name, B, T, policy="all", backend="cpu", gflops=None):
-    """The dry run's text: parameters, memory by buffer (on the backend), FLOPs, the step time
-    estimate (at gflops, measured when None), and every policy's activation memory and FLOPs
-    side by side."""
-    gflops = measure_gflops() if gflops is None else gflops
+def dry_run_text(family, config, name, B, T, policy="all", backend="cpu", gflops=None,
+                 precision="fp32"):
+    """The dry run's text at a precision: parameters, memory by buffer (on the backend), FLOPs,
+    the step time estimate (at gflops, the precision's GEMM rate measured when None), and every
+    policy's activation memory and FLOPs side by side."""
+    gflops = measure_gflops(precision=precision) if gflops is None else gflops
     plan = recompute.RecomputePlan(policy, family.num_layers_of(config))
-    memory = memory_plan(family, config, B, T, policy, backend)
+    memory = memory_plan(family, config, B, T, policy, backend, precision)
+    bf16 = precision == "bf16"
     flops = flops_plan(family, config, B, T, policy)
     f = family.flops_per_token(config, T)
     seconds = flops["step"] / (gflops * 1e9)
     internals = "1 layer's internals" if plan.slots == 1 else f"{plan.slots} layers' internals"
     lines = [
-        f"dry run: {name} ({config.describe()}), B={B} T={T}, recompute {plan.policy}",
+        f"dry run: {name} ({config.describe()}), B={B} T={T}, recompute {plan.policy}"
+        f"{', precision bf16' if bf16 else ''}",
         f"parameters: {config.num_parameters():,}",
-        "memory (float32):",
-        f"  parameters            {format_bytes(memory['params']):>12}",
+        "memory (bf16: parameters and activations; float32: master weights, gradients, AdamW, "
+        "statistics, losses):" if bf16 else "memory (float32):",
+        f"  parameters            {format_bytes(memory['params']):>12}"
+        f"{'   (bf16 + float32 master weights)' if bf16 else ''}",
         f"  gradients             {format_bytes(memory['grads']):>12}",
         f"  AdamW m + v           {format_bytes(memory['adamw']):>12}",
         f"  activations           {format_bytes(memory['activations']):>12}   ({internals}, "
@@ -126,14 +154,16 @@ def dry_run_text(family, config, name, B, T, policy="all", backend="cpu", gflops
         f"  per step: forward {flops['forward'] / 1e9:,.2f} G + backward (2x) "
         f"{flops['backward'] / 1e9:,.2f} G + recompute ({plan.recomputed} layer forwards) "
         f"{flops['recompute'] / 1e9:,.2f} G = {flops['step'] / 1e9:,.2f} G",
-        f"step time estimate: {_seconds(seconds)} at {gflops:.0f} GFLOP/s (this machine's sgemm "
-        f"now), {B * T / seconds:,.3g} tokens/s; a floor: the FLOPs alone",
+        f"step time estimate: {_seconds(seconds)} at {gflops:.0f} GFLOP/s (this machine's "
+        f"{'bf16 GEMM' if bf16 else 'sgemm'} now), {B * T / seconds:,.3g} tokens/s; a floor: "
+        f"the FLOPs alone",
         "every policy:          activations + grads   step FLOPs",
     ]
     L = plan.num_layers
     policies = ["all", "every-2" if L > 2 else None, "sqrt", "boundary", "none"]
     for p in dict.fromkeys(x for x in policies if x):   # d1..d4: sqrt may equal every-2
-        m, fl = memory_plan(family, config, B, T, p, backend), flops_plan(family, config, B, T, p)
+        m = memory_plan(family, config, B, T, p, backend, precision)
+        fl = flops_plan(family, config, B, T, p)
         mark = "  <-" if p == plan.policy else ""
         lines.append(f"  {p:<20} {format_bytes(m['activations'] + m['activation_grads']):>12}"
                      f"   {fl['step'] / 1e9:10,.2f} G{mark}")

@@ -21,7 +21,9 @@ policies (model FLOPs utilization). tokens/s = tokens per step * 1000 / ms.
 
 The peak (per process; times the number of processes for a run on many): --peak-tflops, else
 the backend's `peak_tflops` attribute where it has one, else, for a backend in host memory,
-the sgemm rate of kernels.matmul measured now (llmc/plan.py's measure_gflops, about 0.1 s).
+the GEMM rate of the backend's precision measured now (llmc/plan.py's measure_gflops, about
+0.1 s): kernels.matmul's sgemm at fp32, kernels.matmul_bf16's bf16 GEMM at bf16 (--precision
+bf16), so a bf16 run's TFLOPS count against the bf16 peak.
 
 Compile time: a backend that compiles programs (the ANE runtime) exposes `compile_seconds`,
 its seconds spent compiling so far; a step's compile time is its increase. 0 for the others.
@@ -50,6 +52,10 @@ def device_peak(backend, peak_tflops=None):
         return float(backend.peak_tflops), f"{backend.name}'s peak_tflops"
     if backend.host_visible:
         from llmc.plan import measure_gflops
+        if backend.precision == "bf16":
+            from kernels.blas import BF16_LIBRARY
+            return (measure_gflops(precision="bf16") / 1e3,
+                    f"kernels.matmul_bf16's bf16 GEMM ({BF16_LIBRARY}), measured now")
         return measure_gflops() / 1e3, "kernels.matmul's sgemm, measured now"
     return None, f"unknown for {backend.name}: give --peak-tflops"
 

@@ -16,8 +16,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from llmc.formats import (FormatError, atomic_write, bfloat16_bits_to_float32,  # noqa: E402
                           float32_to_bfloat16_bits, param_views)
 from llmc.formats.llmc import (read_checkpoint, read_debug_state, read_shard,  # noqa: E402
-                               read_state, read_tokenizer, write_checkpoint, write_debug_state,
-                               write_shard, write_state, write_tokenizer)
+                               read_state, read_tokenizer, read_training_state,
+                               write_checkpoint, write_debug_state, write_shard, write_state,
+                               write_tokenizer)
 from train_gpt2 import GPT2Config  # noqa: E402
 
 try:
@@ -362,6 +363,38 @@ def test_state_round_trip(tmp_path, rng_pos):
         np.testing.assert_array_equal(read[key], written[key], err_msg=key)
 
 
+def test_state_with_master_weights_is_llmcs_layout(tmp_path):
+    """A bf16 run's state: llm.c's use_master_weights 1 and the float32 master weights after m
+    and v (train_gpt2.cu save_state), and ours in header[11], the t of the last update."""
+    m, v = moments()
+    master = moments(seed=1)[0]
+    plain, path = tmp_path / "plain.bin", tmp_path / "master.bin"
+    write_state(plain, 42, m, v, loader_state())
+    write_state(path, 42, m, v, loader_state(), master=master, last_update=41)
+    raw, plain_raw = path.read_bytes(), plain.read_bytes()
+    h = np.frombuffer(raw, "<i4", 256)
+    assert list(h[:6]) == [20240527, 1, 1, 0, 1, 1] and h[10] == 42 and h[11] == 41
+    body = 1024 + 2 * 4 * 50
+    assert raw[1024:body] == plain_raw[1024:body]
+    assert raw[body:body + 4 * 50] == master.tobytes()
+    assert raw[body + 4 * 50:] == plain_raw[body:]   # then the data loader, as without
+    state = read_training_state(path, 50)
+    assert state.step == 42 and state.last_update == 41
+    for got, want in ((state.m, m), (state.v, v), (state.master, master)):
+        np.testing.assert_array_equal(got, want)
+    plain_state = read_training_state(plain, 50)
+    assert plain_state.master is None and plain_state.last_update == 0
+    for key, value in loader_state().items():
+        np.testing.assert_array_equal(state.loader_state[key], value, err_msg=key)
+    step, m2, _, _ = read_state(path, 50)   # the old reader: the same, the master weights aside
+    assert step == 42 and np.array_equal(m2, m)
+    assert_format_error(path, "does not fit a model of 51 parameters", read_training_state, 51)
+    path.write_bytes(raw[:body + 4 * 49])
+    assert_format_error(path, "does not fit a model of 50", read_training_state, 50)
+    with pytest.raises(ValueError, match="master weights must be laid out as m"):
+        write_state(path, 42, m, v, loader_state(), master=master[:49])
+
+
 def test_state_bad_files(tmp_path):
     m, v = moments()
     path = tmp_path / "state.bin"
@@ -377,9 +410,11 @@ def test_state_bad_files(tmp_path):
     assert_format_error(path, "written by process 0 of a run of 8, read by process 0 of 1",
                         read_state, 50)
     patch_header(path, 2, 1)
-    patch_header(path, 4, 1)
-    assert_format_error(path, "cannot continue (master weights 1, shuffled data 1)",
+    patch_header(path, 4, 2)
+    assert_format_error(path, "cannot continue (master weights 2, shuffled data 1)",
                         read_state, 50)
+    patch_header(path, 4, 1)   # master weights said, not there: the loader's bytes do not fit
+    assert_format_error(path, does_not_fit, read_state, 50)
     write_checkpoint(path, CONFIG, random_params(CONFIG))
     assert_format_error(path, "not a training state (magic 20240326, version 3)",
                         read_state, 50)

@@ -268,6 +268,37 @@ def test_resume_two_ranks_is_bit_identical(data, tmp_path):
         f"run has 1: resume with as many (mpirun -np 2)"]
 
 
+@needs_mpi
+def test_zero1_at_bf16_rounds_the_gathered_master_weights_and_resumes(data, tmp_path):
+    """-z 1 --precision bf16: after the all-gather of the float32 master weights every rank
+    rounds all of its bf16 parameters from them with the update's seed, so that rank 0's model
+    file (the bf16 parameters, gathered spans included) is the stochastic rounding of the two
+    ranks' master weights, bit for bit as one process rounds them; a 2-rank bf16 run resumes
+    bit for bit (each rank's state holds its span of the master weights)."""
+    common = [*COMMON, "-i", data.train, "-j", data.val, "-m", 1, "-z", 1, "--precision", "bf16"]
+    out, straight_dir = tmp_path / "out", tmp_path / "straight"
+    first = run_train(2, *common, "-x", 2, "-n", 2, "-o", out)
+    resumed = run_train(2, *common, "-x", 4, "-n", 2, "-o", out, "-y", 1)
+    straight = run_train(2, *common, "-x", 4, "-n", 2, "-o", straight_dir)
+    assert sorted(losses(resumed.stdout)) == [3, 4]
+    assert {**losses(first.stdout), **losses(resumed.stdout)} == losses(straight.stdout)
+    for name in ("model_00000004.bin", "state_00000004_00000.bin", "state_00000004_00001.bin"):
+        assert (out / name).read_bytes() == (straight_dir / name).read_bytes(), name
+
+    from llmc.formats.llmc import read_training_state
+    from train_gpt2 import GPT2
+    model = GPT2.from_checkpoint(str(out / "model_00000004.bin"), precision="bf16")
+    P = model.num_parameters
+    shards = [read_training_state(str(out / f"state_00000004_0000{rank}.bin"),
+                                  P // 2 + (rank < P % 2), num_processes=2, process_rank=rank)
+              for rank in (0, 1)]
+    assert [state.last_update for state in shards] == [4, 4]
+    file_params = model.params_as_run()
+    model.set_master_weights(np.concatenate([state.master for state in shards]))
+    model.round_params(4)   # what one process's update at t = 4 rounds all of them to
+    assert np.array_equal(model.params_as_run(), file_params)
+
+
 def start_tagged(tag, *args):
     env = {k: v for k, v in os.environ.items()
            if k not in distributed.LAUNCHER_SIZE_VARIABLES + distributed.LAUNCHER_RANK_VARIABLES}

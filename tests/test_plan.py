@@ -44,6 +44,40 @@ def test_planned_bytes_of_llama_are_what_it_allocates(name, B, T, policy):
     assert training_step_memory(model, B, T) == memory_plan(Llama2, config, B, T, policy)
 
 
+@pytest.mark.parametrize("policy", ["all", "sqrt", "none"])
+@pytest.mark.parametrize("family, config", [
+    (GPT2, GPT2Config.from_depth(3, max_seq_len=16, vocab_size=101)),
+    (Llama2, LlamaConfig.from_name("d3", vocab_size=97, max_seq_len=16))])
+def test_planned_bytes_at_bf16_are_what_a_training_step_allocates(family, config, policy):
+    """bf16: the activations and their gradients at 2 bytes but FP32_ACTIVATIONS, each tensor
+    aligned as the model lays it out; the parameters 2 bytes plus 4 of master weights; the
+    gradients and AdamW's m and v 4 each."""
+    B, T = 2, 7   # odd sizes: bf16 tensors that end off a 4-byte boundary
+    model = family.random(config, recompute=policy, precision="bf16")
+    planned = memory_plan(family, config, B, T, policy, precision="bf16")
+    assert training_step_memory(model, B, T) == planned
+    fp32 = memory_plan(family, config, B, T, policy)
+    P = config.num_parameters()
+    assert planned["params"] == 6 * P and fp32["params"] == 4 * P
+    assert {k: planned[k] for k in ("grads", "adamw", "tokens")} == \
+        {k: fp32[k] for k in ("grads", "adamw", "tokens")}
+    # the activations: the bf16 ones in half their fp32 bytes, the float32 ones (statistics,
+    # losses) in all of theirs, each of those after at most 2 bytes of alignment
+    layout = model.act_layout
+    bf16 = sum(2 * size for name, size in zip(layout.names, layout.sizes)
+               if name not in family.FP32_ACTIVATIONS)
+    fp32_tensors = len(set(layout.names) & family.FP32_ACTIVATIONS)
+    assert 0 <= planned["activations"] - (fp32["activations"] - bf16) <= 2 * fp32_tensors
+
+
+def test_the_plan_text_at_bf16():
+    text = dry_run_text(GPT2, GPT2Config.from_depth(12), "GPT-2 d12", 4, 256, "all",
+                        gflops=100.0, precision="bf16")
+    assert "recompute all, precision bf16" in text
+    assert "parameters               712.3 MiB   (bf16 + float32 master weights)" in text
+    assert "AdamW m + v              949.7 MiB" in text and "(this machine's bf16 GEMM now)" in text
+
+
 def test_planned_bytes_follow_the_backends_attention():
     """Without flash attention GPT-2 keeps (B,NH,T,T) buffers: the plan for that backend too."""
     config = GPT2Config.from_depth(2, max_seq_len=16, vocab_size=101)
@@ -86,6 +120,7 @@ def test_the_plan_text_of_gpt2_124m():
 
 def test_the_gemm_rate_is_measured():
     assert measure_gflops(n=128, repeats=1) > 0
+    assert measure_gflops(n=128, repeats=1, precision="bf16") > 0
 
 
 def run_train(*args):

@@ -182,3 +182,21 @@ def test_compile_hook_and_peak():
     assert device_peak(target, None) == (10.0, "ane's peak_tflops")
     gpu = types.SimpleNamespace(name="gpu", host_visible=False, peak_tflops=None)
     assert device_peak(gpu)[0] is None
+
+
+def test_a_bf16_run_counts_against_the_bf16_peak(data, tmp_path):
+    """--precision bf16 on the CPU: the peak is the bf16 GEMM's rate (kernels.matmul_bf16),
+    measured as the sgemm's is at fp32, and the run's JSON log says its precision."""
+    from accel.backend import get_backend
+    from kernels.blas import BF16_LIBRARY
+    peak, source = device_peak(get_backend("cpu", "bf16"))
+    assert peak > 0 and source == (f"kernels.matmul_bf16's bf16 GEMM ({BF16_LIBRARY}), "
+                                   f"measured now")
+    assert device_peak(get_backend("cpu"))[1] == "kernels.matmul's sgemm, measured now"
+    path = tmp_path / "run.jsonl"
+    run = run_train("-e", "d1", "-b", 2, "-t", 16, "-i", data.train, "-j", data.val, "-m", 0,
+                    "-s", 0, "-x", 1, "--json-log", path, "--precision", "bf16")
+    head, step, report = read_records(path)
+    assert head["precision"] == "bf16" and head["peak_source"] == source
+    assert close(step["peak_percent"], 100 * step["tflops"] / head["peak_tflops"])
+    assert f"| peak from             | {source}" in run.stdout

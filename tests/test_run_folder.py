@@ -97,8 +97,9 @@ def test_overwrite_needs_a_fresh_run_in_an_output_dir(data, tmp_path, capsys):
 
 
 class FakeModel:
-    """What write_checkpoint reads of a model: save, m and v."""
+    """What write_checkpoint reads of a model at fp32: save, m and v."""
     m = v = np.zeros(4, dtype=np.float32)
+    precision = "fp32"
 
     def save(self, path):
         with open(path, "wb") as f:

@@ -19,7 +19,7 @@ import train
 from llmc import checkpoint
 from llmc.dataloader import DataLoader
 from llmc.formats import FormatError
-from llmc.formats.llmc import write_shard
+from llmc.formats.llmc import checkpoint_dtype, read_training_state, write_shard
 from llmc.logger import plot_losses, read_log
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -230,14 +230,16 @@ def test_find_max_step_takes_newest_complete(tmp_path):
 
 
 def fake_model(size, rng=None):
-    """What checkpoint.py uses of a model: its parameter count, AdamW's m and v, save()."""
+    """What checkpoint.py uses of a model at fp32: its parameter count, AdamW's m and v,
+    save()."""
     def save(path):
         with open(path, "wb") as f:
             f.write(b"model")
     m, v = np.zeros(size, np.float32), np.zeros(size, np.float32)
     if rng is not None:
         m, v = rng.standard_normal(size).astype(np.float32), rng.random(size).astype(np.float32)
-    return types.SimpleNamespace(params=np.zeros(size, np.float32), m=m, v=v, save=save)
+    return types.SimpleNamespace(params=np.zeros(size, np.float32), m=m, v=v, save=save,
+                                 precision="fp32")
 
 
 def test_checkpoint_state_layout_and_resume(tmp_path):
@@ -316,3 +318,196 @@ def test_plot_losses_without_matplotlib(tmp_path, monkeypatch, capsys):
     assert plot_losses(str(tmp_path)) is None
     assert "skipping the loss plot" in capsys.readouterr().err
     assert not (tmp_path / "loss.png").exists()
+
+
+# ----------------------------------------------------------------------------
+# --precision bf16: llm.c's mixed precision, its files and its resume
+
+def run_train_env(*args, env=None, status=0):
+    """train.py in a subprocess with extra environment variables: the run (stdout, stderr)."""
+    env = dict(os.environ, LLMPYX_CACHE_DIR="/nonexistent-llmpyx-cache", **(env or {}))
+    run = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), *map(str, args)],
+                         capture_output=True, text=True, env=env, timeout=600)
+    assert run.returncode == status, run.stderr
+    assert "Traceback" not in run.stderr
+    return run
+
+
+def state_header(path):
+    return np.fromfile(path, "<i4", 256)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_resume_at_bf16_is_bit_identical(data, tmp_path, family):
+    """A bf16 run stopped at a checkpoint and resumed gives the losses and every byte of the
+    files of an uninterrupted one. GPT-2's checkpoint is llm.c's bf16 model file (version 5) of
+    the parameters the kernels ran; Llama's stays llama2.c's float32 file (the master weights);
+    both states hold the float32 master weights after m and v (use_master_weights 1)."""
+    common = ["--family", family, "-e", "d2", "-b", 4, "-t", 32, "-i", data.train, "-j", data.val,
+              "-m", 1, "-s", 0, "-l", 1e-3, "--precision", "bf16"]
+    out, straight_dir = tmp_path / "out", tmp_path / "straight"
+    first = run_train(*common, "-x", 2, "-n", 2, "-o", out)
+    resumed = run_train(*common, "-x", 4, "-n", 2, "-o", out, "-y", 1)
+    straight = run_train(*common, "-x", 4, "-n", 2, "-o", straight_dir)
+    assert sorted(step_losses(resumed)) == [3, 4]
+    assert {**step_losses(first), **step_losses(resumed)} == step_losses(straight)
+    for name in ("model_00000004.bin", "state_00000004_00000.bin"):
+        assert (out / name).read_bytes() == (straight_dir / name).read_bytes(), name
+    assert re.search(r"^\| precision\s+\| bf16 \(float32 master weights, gradients, AdamW\)",
+                     straight, re.M)
+    assert re.search(r"^\| bf16 GEMMs\s+\| \S", straight, re.M)
+    assert re.search(r"^memory allocated: params \d+ MiB \(bf16 \+ float32 master weights\), "
+                     r".*activations \d+ MiB \(bf16\)", straight, re.M)
+    assert checkpoint.read_run_config(str(out))["--precision"] == "bf16"
+
+    from llmc.families import get_family
+    Model = get_family(family).model_class
+    model_path = str(out / "model_00000004.bin")
+    header = state_header(out / "state_00000004_00000.bin")
+    assert header[4] == 1 and header[10] == 4 and header[11] == 4   # master weights; last t
+    at_fp32 = Model.from_checkpoint(model_path, precision="fp32")   # the files load back
+    n = at_fp32.num_parameters
+    state = read_training_state(str(out / "state_00000004_00000.bin"), n)
+    if family == "gpt2":   # version 5: the bf16 parameters, the stochastic rounding of the master
+        assert checkpoint_dtype(model_path) == "bfloat16"
+        at_bf16 = Model.from_checkpoint(model_path, precision="bf16")
+        assert np.array_equal(at_bf16.params_as_run(), at_bf16.params)
+        assert os.path.getsize(model_path) == 1024 + 2 * n
+        bits = lambda x: x.view(np.uint32)   # noqa: E731
+        up = ((bits(state.master) + np.uint32(0xFFFF)) & np.uint32(0xFFFF0000)).view(np.float32)
+        down = (bits(state.master) & np.uint32(0xFFFF0000)).view(np.float32)
+        assert np.all((at_fp32.params == up) | (at_fp32.params == down))
+        assert not np.array_equal(at_fp32.params, state.master)
+    else:   # llama2.c's float32 file: the master weights themselves
+        assert np.array_equal(at_fp32.params, state.master)
+
+
+def test_a_resume_at_another_precision_is_refused_in_one_line(data, tmp_path, capsys):
+    common = ["-e", "d1", "-b", 2, "-t", 16, "-i", data.train, "-j", data.val, "-m", 0, "-s", 0]
+    out = tmp_path / "out"
+    run_train(*common, "-x", 1, "-n", 1, "-o", out, "--precision", "bf16")
+    line = error_of(capsys, *common, "-x", 2, "-o", out, "-y", 1)
+    assert line == (f"train.py: error: -y 1: {out} holds a run with other settings: --precision "
+                    f"bf16 (this run: fp32): resume it with its settings, or give this run "
+                    f"another -o")
+    # without run.json (llm.c's dir, an older llm.pyx): the state says what it holds
+    os.remove(out / "run.json")
+    state = out / "state_00000001_00000.bin"
+    assert error_of(capsys, *common, "-x", 2, "-o", out, "-y", 1) == (
+        f"train.py: error: {state}: holds the float32 master weights of a bf16 run, this run is "
+        f"fp32: resume it with --precision bf16")
+    fp32_out = tmp_path / "fp32"
+    run_train(*common, "-x", 1, "-n", 1, "-o", fp32_out)
+    config = checkpoint.read_run_config(str(fp32_out))
+    assert config["--precision"] == "fp32"
+    os.remove(fp32_out / "run.json")
+    state = fp32_out / "state_00000001_00000.bin"
+    assert error_of(capsys, *common, "-x", 2, "-o", fp32_out, "-y", 1, "--precision", "bf16") == (
+        f"train.py: error: {state}: holds no master weights: an fp32 run's state, this run is "
+        f"bf16: resume it with --precision fp32")
+    # a run.json of before --precision was an fp32 run's
+    del config["--precision"]
+    checkpoint.write_run_config(str(fp32_out), config)
+    assert "--precision fp32 (this run: bf16)" in error_of(
+        capsys, *common, "-x", 2, "-o", fp32_out, "-y", 1, "--precision", "bf16")
+
+
+def test_precision_flag_errors_in_one_line(capsys, data):
+    line = error_of(capsys, "-e", "d1", "-i", data.train, "-j", data.val, "--precision", "fp16",
+                    status=2)
+    assert "argument --precision: invalid choice: 'fp16'" in line
+    # a backend without bf16 kernels, or a wrapper that cannot take them: accel's line
+    line = error_of(capsys, "-e", "d1", "-i", data.train, "-j", data.val, "--precision", "bf16",
+                    "--backend", "check:cpu")
+    assert "check: compares fp32 tables only" in line
+    line = error_of(capsys, "-e", "d1", "-i", data.train, "-j", data.val, "--precision", "bf16",
+                    "--backend", "ane-emu")
+    assert "backend 'ane-emu' has no bf16 kernels" in line
+
+
+def test_bf16_without_hardware_says_so_in_one_line(data):
+    """Where the bf16 GEMMs have no bf16 hardware (forced here: LLMPYX_BF16_GEMM=fp32), one
+    line says so before the run, which trains on; with the hardware, or at fp32, none."""
+    from kernels.blas import HARDWARE_BF16
+    args = ["-e", "d1", "-b", 2, "-t", 16, "-i", data.train, "-j", data.val, "-m", 0, "-s", 0,
+            "-x", 1]
+    run = run_train_env(*args, "--precision", "bf16", env={"LLMPYX_BF16_GEMM": "fp32"})
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        "train.py: --precision bf16: this machine has no bf16 hardware in use ("), run.stderr
+    assert lines[0].endswith("the bf16 GEMMs run as float32 GEMMs, and the run will be slower "
+                             "than fp32")
+    assert re.search(r"^\| bf16 GEMMs\s+\| float32 GEMMs on widened bf16", run.stdout, re.M)
+    assert step_losses(run.stdout)
+    quiet = run_train_env(*args, env={"LLMPYX_BF16_GEMM": "fp32"})   # fp32: nothing to say
+    assert "bf16" not in quiet.stderr and "bf16" not in quiet.stdout
+    if HARDWARE_BF16:
+        assert "no bf16 hardware" not in run_train_env(*args, "--precision", "bf16").stderr
+
+
+def test_model_files_cross_precisions(tmp_path):
+    """A bf16 model's llm.c file (version 5, its bf16 parameters) starts an fp32 model, and an
+    fp32 file (version 3) a bf16 one, rounded to nearest; a Llama's file is float32 at bf16,
+    the master weights."""
+    from llmc.formats import bfloat16_bits_to_float32, float32_to_bfloat16_bits
+    from train_gpt2 import GPT2, GPT2Config
+    from train_llama2 import Llama2, LlamaConfig
+    rng = np.random.default_rng(0)
+    config = GPT2Config.from_depth(1, max_seq_len=16, vocab_size=101)
+    bf16 = GPT2.random(config, seed=1, precision="bf16")
+    bf16.forward(rng.integers(0, 101, (2, 8)), rng.integers(0, 101, (2, 8)))
+    bf16.zero_grad()
+    bf16.backward()
+    bf16.update(1e-2, 0.9, 0.95, 1e-8, 0.0, 1)   # the master weights now off the bf16 grid
+    assert not np.array_equal(bf16.params, bf16.params_as_run())
+    bf16.save(tmp_path / "v5.bin")
+    assert checkpoint_dtype(tmp_path / "v5.bin") == "bfloat16"
+    fp32 = GPT2.from_checkpoint(tmp_path / "v5.bin", precision="fp32")
+    assert fp32.precision == "fp32" and np.array_equal(fp32.params, bf16.params_as_run())
+    fp32.params = bf16.params   # off the grid again
+    fp32.save(tmp_path / "v3.bin")
+    assert checkpoint_dtype(tmp_path / "v3.bin") == "float32"
+    again = GPT2.from_checkpoint(tmp_path / "v3.bin", precision="bf16")
+    assert np.array_equal(again.params, bf16.params)   # the master weights: the file's
+    nearest = bfloat16_bits_to_float32(float32_to_bfloat16_bits(bf16.params))
+    assert np.array_equal(again.params_as_run(), nearest)
+
+    llama = Llama2.random(LlamaConfig.from_name("d1", vocab_size=97, max_seq_len=16), seed=1,
+                          precision="bf16")
+    llama.save(tmp_path / "llama.bin")
+    assert np.array_equal(Llama2.from_checkpoint(tmp_path / "llama.bin").params, llama.params)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_a_bf16_resume_rounds_as_the_last_update_did(tmp_path, family):
+    """The bf16 parameters of a resumed model are those the run had, also when the last update
+    was before the checkpoint's step (updates skipped by -sl/-sg): from a bf16 model file
+    (GPT-2), else rounded from the state's master weights with the last update's t (Llama)."""
+    from train_gpt2 import GPT2, GPT2Config
+    from train_llama2 import Llama2, LlamaConfig
+    Model, config = {
+        "gpt2": (GPT2, GPT2Config.from_depth(1, max_seq_len=16, vocab_size=101)),
+        "llama": (Llama2, LlamaConfig.from_name("d1", vocab_size=101, max_seq_len=16))}[family]
+    rng = np.random.default_rng(0)
+    model = Model.random(config, seed=1, precision="bf16")
+    for t in (1, 2):   # then steps 3-5 skipped: the checkpoint at step 5 holds t = 2's rounding
+        model.forward(rng.integers(0, 101, (2, 8)), rng.integers(0, 101, (2, 8)))
+        model.zero_grad()
+        model.backward()
+        model.update(1e-2, 0.9, 0.95, 1e-8, 0.0, t)
+    write_shard(tmp_path / "s.bin", np.arange(200) % 101)
+    loader = DataLoader(str(tmp_path / "s.bin"), 2, 8, shuffle=True)
+    checkpoint.write_checkpoint(str(tmp_path), 5, model, loader)
+    assert state_header(tmp_path / "state_00000005_00000.bin")[11] == 2
+    model_path = checkpoint.checkpoint_paths(str(tmp_path), 5)[0]
+    resumed = Model.from_checkpoint(model_path, precision="bf16")
+    assert checkpoint.resume(str(tmp_path), 5, resumed, DataLoader(str(tmp_path / "s.bin"), 2, 8,
+                                                                    shuffle=True)) == 5
+    assert resumed.step == 2
+    assert np.array_equal(resumed.params, model.params)
+    assert np.array_equal(resumed.params_as_run(), model.params_as_run())
+    assert np.array_equal(resumed.m, model.m) and np.array_equal(resumed.v, model.v)
+    rounded_at_5 = Model.from_checkpoint(model_path, precision="bf16")
+    rounded_at_5.set_master_weights(model.params)
+    rounded_at_5.round_params(5)   # the step's seed would not give the run's parameters
+    assert not np.array_equal(rounded_at_5.params_as_run(), model.params_as_run())

@@ -25,11 +25,15 @@ Every file starts with a header of 256 little-endian int32 (1024 bytes); the dat
                index, the label (the right completion), the number of completions (4), the
                context's length and tokens, then each completion's length and tokens
     training state    magic 20240527, version 1 (train_gpt2.cu's state_%08d_%05d.bin)
-        header [2] processes [3] rank [4] master weights [5] shuffled data [10] step
+        header [2] processes [3] rank [4] master weights (1: a bf16 run's) [5] shuffled data
+               [10] step [11] llm.pyx's: the AdamW t of the last update, the seed of the
+               stochastic rounding of the bf16 parameters (0: none yet, or llm.c's file)
                [30:32] shard index, [32:34] sample index of the data loader (each a uint64)
-        data   AdamW's m and v (fp32, one per parameter), then the data loader: the number of
-               shards (uint64) and their order (int32), the number of samples of the current
-               shard (uint64) and their order (int32), and its RNG (llm.c's mt19937_state)
+        data   AdamW's m and v (fp32, one per parameter of the process's optimizer shard), with
+               master weights the fp32 master weights of that shard, then the data loader: the
+               number of shards (uint64) and their order (int32), the number of samples of the
+               current shard (uint64) and their order (int32), and its RNG (llm.c's
+               mt19937_state)
 
 The debug state and the training state serve the Llama family too (its parameters in its
 own layout); the checkpoint is GPT-2's (train_gpt2.GPT2Config).
@@ -474,18 +478,25 @@ MT_STATE_DTYPE = np.dtype([("seed", "<u8"), ("left", "<i4"), ("next", "<u4"),
 MT_STATE_WORDS = 624
 
 
-def write_state(path, step, m, v, loader_state, num_processes=1, process_rank=0):
+def write_state(path, step, m, v, loader_state, num_processes=1, process_rank=0, master=None,
+                last_update=0):
     """Write llm.c's training state (train_gpt2.cu save_state) of process process_rank of a
-    run of num_processes, no master weights, on shuffled data: the step, AdamW's m and v (1-D,
-    one value per parameter of this process's optimizer shard: all of them but under ZeRO-1)
-    and loader_state, the state() of a shuffling DataLoader."""
+    run of num_processes, on shuffled data: the step, AdamW's m and v (1-D, one value per
+    parameter of this process's optimizer shard: all of them but under ZeRO-1) and
+    loader_state, the state() of a shuffling DataLoader; a bf16 run also gives master, the
+    float32 master weights of the same shard (llm.c's use_master_weights), and last_update,
+    the AdamW t of its last update (the seed its bf16 parameters were rounded with)."""
     m, v = np.asarray(m), np.asarray(v)
     if m.ndim != 1 or v.shape != m.shape:
         raise ValueError(f"write_state: m and v must be 1-D and of one size, got {m.shape} "
                          f"and {v.shape}")
+    if master is not None and np.shape(master) != m.shape:
+        raise ValueError(f"write_state: the master weights must be laid out as m, {m.shape}, "
+                         f"got {np.shape(master)}")
     header = np.zeros(HEADER_INTS, dtype="<i4")
-    header[0:6] = [STATE_MAGIC, STATE_VERSION, num_processes, process_rank, 0, 1]  # shuffled
-    header[10] = step
+    header[0:6] = [STATE_MAGIC, STATE_VERSION, num_processes, process_rank,
+                   int(master is not None), 1]  # shuffled
+    header[10], header[11] = step, last_update
     header[30:34].view("<u8")[:] = [loader_state["shard_idx"], loader_state["sample_idx"]]
     pos = int(loader_state["rng_pos"])
     rng = np.zeros((), dtype=MT_STATE_DTYPE)
@@ -494,8 +505,10 @@ def write_state(path, step, m, v, loader_state, num_processes=1, process_rank=0)
     rng["state"] = loader_state["rng_key"]
     rng["matrix_a"] = [0, 0x9908B0DF]
     shards, samples = loader_state["shard_indices"], loader_state["intra_shard_indices"]
+    master = [] if master is None else [np.ascontiguousarray(master, dtype="<f4")]
     atomic_write(path, [
         header, np.ascontiguousarray(m, dtype="<f4"), np.ascontiguousarray(v, dtype="<f4"),
+        *master,
         np.array([len(shards)], "<u8"), np.asarray(shards).astype("<i4"),
         np.array([len(samples)], "<u8"), np.asarray(samples).astype("<i4"),
         rng.tobytes(),
@@ -511,17 +524,27 @@ def read_state_processes(path):
     return int(header[2]), int(header[3])
 
 
-def read_state(path, num_parameters, num_processes=1, process_rank=0):
-    """(step, m, v, loader_state) from the training state at path, for process process_rank of
-    a run of num_processes with num_parameters in its optimizer shard (all the model's unless
-    ZeRO-1); loader_state is what DataLoader.load_state takes."""
+@dataclass
+class TrainingState:
+    step: int                  # the steps done
+    m: np.ndarray              # AdamW's moments of the process's optimizer shard (float32)
+    v: np.ndarray
+    master: np.ndarray         # the float32 master weights of that shard (a bf16 run's), or None
+    last_update: int           # the AdamW t of the last update (0: none, or not recorded)
+    loader_state: dict         # what DataLoader.load_state takes
+
+
+def read_training_state(path, num_parameters, num_processes=1, process_rank=0):
+    """The TrainingState at path, for process process_rank of a run of num_processes with
+    num_parameters in its optimizer shard (all the model's unless ZeRO-1)."""
     n = num_parameters
     what = "a model" if num_processes == 1 else "an optimizer shard"
     mismatch = FormatError(path, f"does not fit {what} of {n} parameters (written for a model "
                                  f"of another size{', or -z' if num_processes > 1 else ''}, "
                                  f"or cut short)")
     with open_file(path) as f:
-        if os.fstat(f.fileno()).st_size < HEADER_BYTES + 8 * n:
+        size = os.fstat(f.fileno()).st_size
+        if size < HEADER_BYTES + 8 * n:
             raise mismatch
         header = read_array(f, path, "<i4", HEADER_INTS)
         if header[0] != STATE_MAGIC or header[1] != STATE_VERSION:
@@ -531,13 +554,18 @@ def read_state(path, num_parameters, num_processes=1, process_rank=0):
             raise FormatError(path, f"written by process {header[3]} of a run of {header[2]}, "
                                     f"read by process {process_rank} of {num_processes}: resume "
                                     f"with as many processes as the run had")
-        if tuple(header[4:6]) != (0, 1):
+        if header[4] not in (0, 1) or header[5] != 1:
             raise FormatError(path, f"written by a run this trainer cannot continue (master "
                                     f"weights {header[4]}, shuffled data {header[5]})")
+        has_master = header[4] == 1
+        if has_master and size < HEADER_BYTES + 12 * n:
+            raise mismatch
         m = read_array(f, path, "<f4", n).astype(np.float32, copy=False)
         v = read_array(f, path, "<f4", n).astype(np.float32, copy=False)
+        master = read_array(f, path, "<f4", n).astype(np.float32, copy=False) if has_master \
+            else None
         tail = f.read()
-    try:  # after m and v: the shard order, the sample order, the RNG
+    try:  # after m and v (and the master weights): the shard order, the sample order, the RNG
         num_shards = int(np.frombuffer(tail, "<u8", 1, 0)[0])
         shard_indices = np.frombuffer(tail, "<i4", num_shards, 8)
         offset = 8 + 4 * num_shards
@@ -557,4 +585,12 @@ def read_state(path, num_parameters, num_processes=1, process_rank=0):
         "intra_shard_indices": intra_shard_indices, "rng_key": rng["state"],
         "rng_pos": MT_STATE_WORDS if left <= 1 else MT_STATE_WORDS + 1 - left,
     }
-    return int(header[10]), m, v, loader_state
+    return TrainingState(step=int(header[10]), m=m, v=v, master=master,
+                         last_update=int(header[11]), loader_state=loader_state)
+
+
+def read_state(path, num_parameters, num_processes=1, process_rank=0):
+    """(step, m, v, loader_state) from the training state at path (read_training_state; its
+    master weights, if any, left out)."""
+    state = read_training_state(path, num_parameters, num_processes, process_rank)
+    return state.step, state.m, state.v, state.loader_state
