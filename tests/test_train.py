@@ -416,10 +416,10 @@ def test_precision_flag_errors_in_one_line(capsys, data):
     line = error_of(capsys, "-e", "d1", "-i", data.train, "-j", data.val, "--precision", "fp16",
                     status=2)
     assert "argument --precision: invalid choice: 'fp16'" in line
-    # a backend without bf16 kernels, or a wrapper that cannot take them: accel's line
-    line = error_of(capsys, "-e", "d1", "-i", data.train, "-j", data.val, "--precision", "bf16",
-                    "--backend", "check:cpu")
-    assert "check: compares fp32 tables only" in line
+    # a backend without bf16 kernels: accel's line
+    from accel.backend import backend_names
+    if dict((name, why) for name, _, why in backend_names())["ane-emu"] is not None:
+        pytest.skip("ane-emu (the backend without bf16 kernels here) is unavailable")
     line = error_of(capsys, "-e", "d1", "-i", data.train, "-j", data.val, "--precision", "bf16",
                     "--backend", "ane-emu")
     assert "backend 'ane-emu' has no bf16 kernels" in line
