@@ -176,8 +176,7 @@ def cpu_bf16_pxi():
       "adapter"  the fp32 CPU entry (cpu_NAME, accel/cpu.pyx and _cpu_table.pxi) on float32
                  copies of its bf16 arguments in the backend's scratch memory (exact: every bf16
                  is a float32), what it wrote rounded back to bf16 once, to nearest even
-      None       written by hand in accel/cpu.pyx (the GEMMs, and what an adapter cannot size,
-                 a gather from a table of V rows)"""
+      None       written by hand in accel/cpu.pyx (the GEMMs)"""
     lines = [BANNER]
     fills = []
     for e in spec.ENTRIES:

@@ -10,7 +10,7 @@ A bf16 entry is a kernel written once for both precisions, or else the fp32 entr
 float32 copies of its bf16 arguments made in the backend's scratch memory (both written from
 accel/spec.py into accel/_cpu_bf16_table.pxi); the GEMMs run
 on bf16 operands (kernels/matmul_bf16.pyx: AMX or AVX512_BF16 through oneMKL where the CPU has
-them), and the embeddings' gathers and the rounding of the parameters are written here.
+them), and the rounding of the parameters is written here.
 
 Memory comes from mmap: page-aligned (so guard:cpu can protect it), zero pages until first
 written, and large buffers advised to transparent huge pages as NumPy does for its arrays.
@@ -18,8 +18,6 @@ written, and large buffers advised to transparent huge pages as NumPy does for i
 from accel.backend cimport Backend, BackendTable
 from kernels.attention_gqa cimport attention_gqa_backward
 from kernels.bf16 cimport bf16, narrow, narrow_stochastic, widen
-from kernels.embedding cimport embedding_forward_bf16
-from kernels.encoder cimport encoder_forward_bf16
 from kernels.matmul_bf16 cimport matmul_backward_bf16, matmul_forward_bf16
 from libc.stdint cimport uint32_t
 from libc.stdlib cimport calloc, free
@@ -143,14 +141,6 @@ cdef void bf16_matmul_backward(void* ctx, float* dinp, float* dweight, float* db
                             <const bf16*>weight, B, T, C, OC) != 0:
         fail("matmul_backward (bf16): out of memory for its float32 blocks")
 
-cdef void bf16_encoder_forward(void* ctx, float* out, const int* inp, const float* wte,
-                               const float* wpe, int B, int T, int C) noexcept nogil:
-    encoder_forward_bf16(<bf16*>out, inp, <const bf16*>wte, <const bf16*>wpe, B, T, C)
-
-cdef void bf16_embedding_forward(void* ctx, float* out, const int* inp, const float* wte,
-                                 int B, int T, int C) noexcept nogil:
-    embedding_forward_bf16(<bf16*>out, inp, <const bf16*>wte, B, T, C)
-
 cdef void bf16_narrow_params(void* ctx, float* params, const float* master, Py_ssize_t n,
                              Py_ssize_t first, int seed) noexcept nogil:
     if seed < 0:
@@ -197,8 +187,6 @@ def create(bint flash=True, str precision="fp32"):
         fill_bf16(t)
         t.matmul_forward = bf16_matmul_forward
         t.matmul_backward = bf16_matmul_backward
-        t.encoder_forward = bf16_encoder_forward
-        t.embedding_forward = bf16_embedding_forward
         t.narrow_params = bf16_narrow_params
     if not flash:
         t.flash_attention_forward = NULL

@@ -195,7 +195,7 @@ ENTRIES = [
     # --- gpt2 ---------------------------------------------------------------------------
     E("encoder_forward", "gpt2", "floatX* out[B*T*C] out", "const int* inp[B*T] in init=tokens",
       "const floatX* wte[V*C] in", "const floatX* wpe[T*C] in", "int B", "int T", "int C",
-      cpu="kernels.encoder", bf16=None),
+      cpu="kernels.encoder", bf16="kernel"),
     E("encoder_backward", "gpt2", "float* dwte[Vp*C] grad ~B*T", "float* dwpe[T*C] grad ~B",
       "const floatX* dout[B*T*C] in", "const int* inp[B*T] in init=tokens", "int B", "int T",
       "int C", "int Vp",
@@ -230,7 +230,7 @@ ENTRIES = [
       cpu="kernels.crossentropy", bf16="kernel"),
     # --- llama (letters as above, plus NKV key/value heads and hs the head size) -------------
     E("embedding_forward", "llama", "floatX* out[B*T*C] out", "const int* inp[B*T] in init=tokens",
-      "const floatX* wte[V*C] in", "int B", "int T", "int C", cpu="kernels.embedding", bf16=None),
+      "const floatX* wte[V*C] in", "int B", "int T", "int C", cpu="kernels.embedding", bf16="kernel"),
     E("embedding_backward", "llama", "float* dwte[V*C] grad ~B*T", "const floatX* dout[B*T*C] in",
       "const int* inp[B*T] in init=tokens", "int B", "int T", "int C", "int V",
       cpu="kernels.embedding: embedding_backward(dwte, dout, inp, B, T, C)", bf16="kernel"),

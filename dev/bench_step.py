@@ -160,24 +160,6 @@ def batch(config, B, T, seed=1234):
 # ----------------------------------------------------------------------------
 # workers: each prints one JSON line
 
-def measure_bf16_gflops(n=2048, repeats=5):
-    """The bf16 GEMM rate (GFLOP/s) of kernels.matmul_bf16 now, on its usual threads: an (n, n)
-    x (n, n) product of bf16 operands into a bf16 output, best of repeats after one warm-up."""
-    from kernels import matmul_bf16
-    from kernels.bf16 import to_bf16
-    rng = np.random.default_rng(0)
-    inp = to_bf16(rng.standard_normal((1, n, n), dtype=np.float32))
-    weight = to_bf16(rng.standard_normal((n, n), dtype=np.float32))
-    out = np.empty((1, n, n), dtype=np.uint16)
-    matmul_bf16.forward(out, inp, weight)
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        matmul_bf16.forward(out, inp, weight)
-        best = min(best, time.perf_counter() - t0)
-    return 2.0 * n ** 3 / best / 1e9
-
-
 def worker_peak(args):
     """The sgemm rate of kernels.matmul (its library, split over --threads OpenMP threads),
     best of 5 calls after a warm-up; at bf16 also kernels.matmul_bf16's rate, the same way."""
@@ -185,7 +167,7 @@ def worker_peak(args):
     from llmc.plan import measure_gflops
     peak = dict(gflops=measure_gflops(2048, 5), source=f"kernels.matmul 2048^3 on {blas.LIBRARY}")
     if args.precision == "bf16":
-        peak.update(bf16_gflops=measure_bf16_gflops(2048, 5),
+        peak.update(bf16_gflops=measure_gflops(2048, 5, "bf16"),
                     bf16_source=f"kernels.matmul_bf16 2048^3 on {blas.BF16_LIBRARY}",
                     bf16_library=blas.BF16_LIBRARY, hardware_bf16=bool(blas.HARDWARE_BF16))
     return peak

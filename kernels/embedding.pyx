@@ -15,20 +15,12 @@ cdef enum:
     CHANNEL_BLOCK = 32
 
 
-cdef void embedding_forward(float* out, const int* inp, const float* wte,
+cdef void embedding_forward(floatX* out, const int* inp, const floatX* wte,
                             int B, int T, int C) noexcept nogil:
     cdef Py_ssize_t bt
     for bt in prange(<Py_ssize_t>B * T, schedule="static",
                      use_threads_if=<Py_ssize_t>B * T * C >= SERIAL_BELOW):
-        memcpy(out + bt * C, wte + <Py_ssize_t>inp[bt] * C, C * sizeof(float))
-
-
-cdef void embedding_forward_bf16(bf16* out, const int* inp, const bf16* wte,
-                                 int B, int T, int C) noexcept nogil:
-    cdef Py_ssize_t bt
-    for bt in prange(<Py_ssize_t>B * T, schedule="static",
-                     use_threads_if=<Py_ssize_t>B * T * C >= SERIAL_BELOW):
-        memcpy(out + bt * C, wte + <Py_ssize_t>inp[bt] * C, C * sizeof(bf16))
+        memcpy(out + bt * C, wte + <Py_ssize_t>inp[bt] * C, C * sizeof(floatX))
 
 
 cdef void embedding_backward(float* dwte, const floatX* dout, const int* inp,

@@ -1,11 +1,10 @@
 # Token + position embedding.  B batch, T time, C channels.
-from kernels.bf16 cimport bf16, floatX
-cdef void encoder_forward(float* out, const int* inp, const float* wte, const float* wpe,
+# float32 or bf16 where a pointer is floatX (kernels/bf16.pxd), computed in float32
+from kernels.bf16 cimport floatX
+
+cdef void encoder_forward(floatX* out, const int* inp, const floatX* wte, const floatX* wpe,
                           int B, int T, int C) noexcept nogil
 # out (B,T,C) = wte[inp] + wpe[t];  inp (B,T) token ids, wte (Vp,C), wpe (maxT,C)
 cdef void encoder_backward(float* dwte, float* dwpe, const floatX* dout, const int* inp,
                            int B, int T, int C) noexcept nogil
 # dwte, dwpe += ...;  dout (B,T,C)
-cdef void encoder_forward_bf16(bf16* out, const int* inp, const bf16* wte, const bf16* wpe,
-                               int B, int T, int C) noexcept nogil
-# the same in bf16: the sum of the two bf16 rows taken in float32, rounded once

@@ -6,25 +6,25 @@
 # that were read.
 from cython.parallel cimport prange
 
-from kernels.bf16 cimport bf16_to_float, float_to_bf16, load
+from kernels.bf16 cimport load, store
 from kernels.embedding cimport embedding_backward
 
 include "kernels/_encoder_wrappers.pxi"
 
 
-cdef void encoder_forward(float* out, const int* inp, const float* wte, const float* wpe,
+cdef void encoder_forward(floatX* out, const int* inp, const floatX* wte, const floatX* wpe,
                           int B, int T, int C) noexcept nogil:
     cdef Py_ssize_t BT = <Py_ssize_t>B * T
     cdef Py_ssize_t bt, i
-    cdef float* out_bt
-    cdef const float* wte_ix
-    cdef const float* wpe_t
+    cdef floatX* out_bt
+    cdef const floatX* wte_ix
+    cdef const floatX* wpe_t
     for bt in prange(BT, schedule="static"):
         out_bt = out + bt * C
         wte_ix = wte + <Py_ssize_t>inp[bt] * C
         wpe_t = wpe + (bt % T) * C
         for i in range(C):
-            out_bt[i] = wte_ix[i] + wpe_t[i]
+            store(out_bt, i, load(wte_ix, i) + load(wpe_t, i))
 
 
 cdef void encoder_backward(float* dwte, float* dwpe, const floatX* dout, const int* inp,
@@ -42,17 +42,3 @@ cdef void encoder_backward(float* dwte, float* dwpe, const floatX* dout, const i
             for i in range(C):
                 dwpe_t[i] = dwpe_t[i] + load(dout_bt, i)
 
-
-cdef void encoder_forward_bf16(bf16* out, const int* inp, const bf16* wte, const bf16* wpe,
-                               int B, int T, int C) noexcept nogil:
-    cdef Py_ssize_t BT = <Py_ssize_t>B * T
-    cdef Py_ssize_t bt, i
-    cdef bf16* out_bt
-    cdef const bf16* wte_ix
-    cdef const bf16* wpe_t
-    for bt in prange(BT, schedule="static"):
-        out_bt = out + bt * C
-        wte_ix = wte + <Py_ssize_t>inp[bt] * C
-        wpe_t = wpe + (bt % T) * C
-        for i in range(C):
-            out_bt[i] = float_to_bf16(bf16_to_float(wte_ix[i]) + bf16_to_float(wpe_t[i]))

@@ -12,7 +12,7 @@ from libc.stdlib cimport free, malloc
 
 from kernels.bf16 cimport bf16_to_float, float_to_bf16
 from kernels.blas cimport gemm_bf16
-from kernels.cblas cimport CblasNoTrans, CblasRowMajor, CblasTrans
+from kernels.cblas cimport CBLAS_TRANSPOSE, CblasNoTrans, CblasRowMajor, CblasTrans
 from kernels.matmul cimport block_start, leading_dim
 from kernels.parallel cimport blas_single_threaded, max_threads
 
@@ -20,11 +20,14 @@ cdef enum:
     ROWS = 128   # rows of a float32 block of output: 128 x 768 floats is 384 KiB
 
 
-cdef int forward_block(bf16* out, const bf16* inp, const bf16* weight, const bf16* bias,
-                       int BT, int C, int OC, int o0, int o1) noexcept nogil:
-    """out[:, o0:o1] of the forward, ROWS rows at a time."""
-    cdef int n = o1 - o0, chunk, r0, rows, failed = 0
-    cdef Py_ssize_t r, o
+cdef int gemm_rounded(bf16* out, int ldo, const bf16* bias, bint accumulate, int BT, int n,
+                      int K, const bf16* A, int lda, CBLAS_TRANSPOSE transb, const bf16* W,
+                      int ldw) noexcept nogil:
+    """out (BT, n), row stride ldo, = A (BT, K) @ op(W) (K, n) plus a start, ROWS rows at a time
+    in float32, each element rounded once: the start is bias (n,) where given, out's own values
+    when accumulating (a gradient added into), else 0."""
+    cdef int chunk, r0, rows, failed = 0
+    cdef Py_ssize_t r, j
     if n <= 0:
         return 0
     cdef float* block = <float*>malloc(<size_t>ROWS * n * sizeof(float))
@@ -34,40 +37,18 @@ cdef int forward_block(bf16* out, const bf16* inp, const bf16* weight, const bf1
         r0 = chunk * ROWS
         rows = min(ROWS, BT - r0)
         for r in range(rows):
-            for o in range(n):
-                block[r * n + o] = bf16_to_float(bias[o0 + o]) if bias != NULL else 0.0
-        failed |= gemm_bf16(CblasRowMajor, CblasNoTrans, CblasTrans, rows, n, C,
-                            1.0, inp + <Py_ssize_t>r0 * C, leading_dim(C),
-                            weight + <Py_ssize_t>o0 * C, leading_dim(C), 1.0, block, n)
+            for j in range(n):
+                if accumulate:
+                    block[r * n + j] = bf16_to_float(out[(r0 + r) * <Py_ssize_t>ldo + j])
+                elif bias != NULL:
+                    block[r * n + j] = bf16_to_float(bias[j])
+                else:
+                    block[r * n + j] = 0.0
+        failed |= gemm_bf16(CblasRowMajor, CblasNoTrans, transb, rows, n, K, 1.0,
+                            A + <Py_ssize_t>r0 * lda, lda, W, ldw, 1.0, block, n)
         for r in range(rows):
-            for o in range(n):
-                out[(r0 + r) * <Py_ssize_t>OC + o0 + o] = float_to_bf16(block[r * n + o])
-    free(block)
-    return failed
-
-
-cdef int dinp_block(bf16* dinp, const bf16* dout, const bf16* weight, int BT, int C, int OC,
-                    int c0, int c1) noexcept nogil:
-    """dinp[:, c0:c1] += dout @ weight[:, c0:c1], ROWS rows at a time."""
-    cdef int n = c1 - c0, chunk, r0, rows, failed = 0
-    cdef Py_ssize_t r, c
-    if n <= 0:
-        return 0
-    cdef float* block = <float*>malloc(<size_t>ROWS * n * sizeof(float))
-    if block == NULL:
-        return -1
-    for chunk in range((BT + ROWS - 1) // ROWS):
-        r0 = chunk * ROWS
-        rows = min(ROWS, BT - r0)
-        for r in range(rows):
-            for c in range(n):
-                block[r * n + c] = bf16_to_float(dinp[(r0 + r) * <Py_ssize_t>C + c0 + c])
-        failed |= gemm_bf16(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, n, OC,
-                            1.0, dout + <Py_ssize_t>r0 * OC, leading_dim(OC), weight + c0,
-                            leading_dim(C), 1.0, block, n)
-        for r in range(rows):
-            for c in range(n):
-                dinp[(r0 + r) * <Py_ssize_t>C + c0 + c] = float_to_bf16(block[r * n + c])
+            for j in range(n):
+                out[(r0 + r) * <Py_ssize_t>ldo + j] = float_to_bf16(block[r * n + j])
     free(block)
     return failed
 
@@ -91,23 +72,30 @@ cdef int dweight_block(float* dweight, float* dbias, const bf16* dout, const bf1
 
 cdef int matmul_forward_bf16(bf16* out, const bf16* inp, const bf16* weight, const bf16* bias,
                              int B, int T, int C, int OC) noexcept nogil:
-    cdef int BT = B * T, parts = max_threads(), part, failed = 0
+    cdef int BT = B * T, parts = max_threads(), part, o0, o1, failed = 0
     blas_single_threaded()
     for part in prange(parts, schedule="static", num_threads=parts):
-        failed |= forward_block(out, inp, weight, bias, BT, C, OC,
-                                block_start(part, parts, OC), block_start(part + 1, parts, OC))
+        o0 = block_start(part, parts, OC)
+        o1 = block_start(part + 1, parts, OC)
+        # out[:, o0:o1] = inp @ weight[o0:o1]^T + bias[o0:o1]
+        failed |= gemm_rounded(out + o0, OC, bias + o0 if bias != NULL else NULL, False, BT,
+                               o1 - o0, C, inp, leading_dim(C), CblasTrans,
+                               weight + <Py_ssize_t>o0 * C, leading_dim(C))
     return -1 if failed else 0
 
 
 cdef int matmul_backward_bf16(bf16* dinp, float* dweight, float* dbias, const bf16* dout,
                               const bf16* inp, const bf16* weight, int B, int T, int C,
                               int OC) noexcept nogil:
-    cdef int BT = B * T, parts = max_threads(), part, failed = 0
+    cdef int BT = B * T, parts = max_threads(), part, c0, c1, failed = 0
     blas_single_threaded()
     for part in prange(parts, schedule="static", num_threads=parts):
         if dinp != NULL:
-            failed |= dinp_block(dinp, dout, weight, BT, C, OC,
-                                 block_start(part, parts, C), block_start(part + 1, parts, C))
+            # dinp[:, c0:c1] += dout @ weight[:, c0:c1]
+            c0 = block_start(part, parts, C)
+            c1 = block_start(part + 1, parts, C)
+            failed |= gemm_rounded(dinp + c0, C, NULL, True, BT, c1 - c0, OC, dout,
+                                   leading_dim(OC), CblasNoTrans, weight + c0, leading_dim(C))
         failed |= dweight_block(dweight, dbias, dout, inp, BT, C, OC,
                                 block_start(part, parts, OC), block_start(part + 1, parts, OC))
     return -1 if failed else 0
