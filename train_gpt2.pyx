@@ -9,11 +9,13 @@ else (buffers, tokens in and loss out, running the layers under an activation ch
 policy, zero_grad, the gradient norm, AdamW) is the model-generic core, llmc/model.pyx, and
 every kernel call goes through the backend table (accel/backend.pxd):
 GPT2(config, backend="cpu", recompute="all").  One parameter buffer cut into 16 tensors, one
-activation buffer cut into 24: llm.c's 23 and the attention's log-sum-exp (with recompute="all",
-the default; other policies keep the layer tensors of fewer layers: llmc/recompute.py).
-Attention is flash attention (only a (B,NH,T) log-sum-exp per layer kept) where the backend has
-the "flash" kernels, else llm.c's with its (B,NH,T,T) pre-softmax and softmax buffers; the
-buffers of the one not used are empty.
+activation buffer cut into 25: llm.c's 23, the attention's log-sum-exp and the classifier's
+(with recompute="all", the default; other policies keep the layer tensors of fewer layers:
+llmc/recompute.py).  Attention is flash attention (only a (B,NH,T) log-sum-exp per layer kept)
+where the backend has the "flash" kernels, else llm.c's with its (B,NH,T,T) pre-softmax and
+softmax buffers; the loss is the classifier's (only a (B,T) log-sum-exp kept, as llm.c's fused
+classifier) where the backend has the "classifier" kernels, else llm.c's softmax into a
+(B,T,Vp) probability buffer and its cross-entropy.  The buffers of the ones not used are empty.
 
 Dimension letters:
     B batch size, T sequence length, C channels, L layers, NH heads,
@@ -198,15 +200,16 @@ ctypedef struct HeadActivations:
     float* lnf_mean   # (B, T)
     float* lnf_rstd   # (B, T)
     float* logits     # (B, T, Vp)
-    float* probs      # (B, T, Vp)
+    float* probs      # (B, T, Vp)  llm.c's softmax; empty with the classifier
+    float* logsum     # (B, T)      the classifier: each row's log-sum-exp; else empty
     float* losses     # (B, T)
 
 
-def activation_shapes(config, int B, int T, bint flash=True):
+def activation_shapes(config, int B, int T, bint flash=True, bint classifier=True):
     """The activations of a batch of B sequences of T tokens, with flash attention or llm.c's,
-    as (name, shape): (the embedding's output "encoded", one layer's 17 tensors, the head's 6).
-    The model's 24 tensors (llm.c's 23 and att_lse) are these with each layer tensor stacked
-    over the L layers."""
+    the classifier or llm.c's softmax, as (name, shape): (the embedding's output "encoded", one
+    layer's 17 tensors, the head's 7).  The model's 25 tensors (llm.c's 23, att_lse and logsum)
+    are these with each layer tensor stacked over the L layers."""
     cdef int C = config.channels, NH = config.num_heads
     Vp = config.padded_vocab_size
     empty = (0,)
@@ -220,7 +223,8 @@ def activation_shapes(config, int B, int T, bint flash=True):
         ("fch_gelu", (B, T, 4 * C)), ("fcproj", (B, T, C)), ("residual3", (B, T, C)),
     ]
     head = [("lnf", (B, T, C)), ("lnf_mean", (B, T)), ("lnf_rstd", (B, T)),
-            ("logits", (B, T, Vp)), ("probs", (B, T, Vp)), ("losses", (B, T))]
+            ("logits", (B, T, Vp)), ("probs", empty if classifier else (B, T, Vp)),
+            ("logsum", (B, T) if classifier else empty), ("losses", (B, T))]
     return ("encoded", (B, T, C)), layer, head
 
 
@@ -231,17 +235,19 @@ def activation_shapes(config, int B, int T, bint flash=True):
 cdef class GPT2(Model):
     """GPT-2 with llm.c's memory layout.  See the module docstring for the dimension letters."""
     FAMILY = "gpt2"
-    ENTRY_GROUPS = ("core", "linear", "gpt2")   # its kernels (accel/spec.py); flash when the backend has it
+    ENTRY_GROUPS = ("core", "linear", "gpt2")   # its kernels (accel/spec.py); flash and
+    #                                             classifier when the backend has them
     # the matrices: weight decay applies to them alone with decay_2d_only (llm.c's CUDA trainer)
     MATRICES = frozenset(("wte", "wpe", "qkvw", "attprojw", "fcw", "fcprojw"))
     # the activations whose gradients no backward kernel takes: none are allocated
     NO_GRAD = frozenset(("ln1_mean", "ln1_rstd", "att_lse", "ln2_mean", "ln2_rstd", "lnf_mean",
-                         "lnf_rstd", "probs"))
+                         "lnf_rstd", "probs", "logsum"))
     # float32 at every precision: the statistics, the probabilities and the losses
     FP32_ACTIVATIONS = frozenset(("ln1_mean", "ln1_rstd", "att_lse", "ln2_mean", "ln2_rstd",
-                                  "lnf_mean", "lnf_rstd", "probs", "losses"))
+                                  "lnf_mean", "lnf_rstd", "probs", "logsum", "losses"))
     cdef int NH, C, V, Vp
     cdef readonly bint flash                    # flash attention (the backend has it)
+    cdef readonly bint classifier               # the classifier's loss (the backend has it)
     cdef ParameterTensors params_c, grads_c     # pointers into the buffers, llm.c's structs
 
     def __init__(self, config, backend="cpu", recompute="all", precision=None):
@@ -250,11 +256,12 @@ cdef class GPT2(Model):
         activations by a recompute policy: "all", "sqrt", ... (llmc/recompute.py), at a precision:
         "fp32" or "bf16" (llmc/model.pyx; None: the backend's, else fp32)."""
         assert sizeof(LayerActivations) == 17 * sizeof(float*)
-        assert sizeof(HeadActivations) == 6 * sizeof(float*)
+        assert sizeof(HeadActivations) == 7 * sizeof(float*)
         self.NH, self.C = config.num_heads, config.channels
         self.V, self.Vp = config.vocab_size, config.padded_vocab_size
         super().__init__(config, backend, recompute, precision)
         self.flash = self.backend.supports("flash")
+        self.classifier = self.backend.supports("classifier")
 
     cdef void point_parameters(self, float* params, float* grads) noexcept:
         self.param_layout.point(<float**>&self.params_c, params, self.itemsize)
@@ -262,12 +269,12 @@ cdef class GPT2(Model):
             self.param_layout.point(<float**>&self.grads_c, grads, sizeof(float))
 
     @classmethod
-    def activation_shapes(cls, config, int B, int T, bint flash=True):
-        return activation_shapes(config, B, T, flash)
+    def activation_shapes(cls, config, int B, int T, bint flash=True, bint classifier=True):
+        return activation_shapes(config, B, T, flash, classifier)
 
     @classmethod
     def activation_options(cls, backend):
-        return dict(flash=backend.supports("flash"))
+        return dict(flash=backend.supports("flash"), classifier=backend.supports("classifier"))
 
     @classmethod
     def flops_per_token(cls, config, int T):
@@ -327,8 +334,18 @@ cdef class GPT2(Model):
 
     @property
     def probs(self):
-        """(B, T, Vp) softmax of the logits over the first V columns."""
-        return self.activation("probs")
+        """(B, T, Vp) softmax of the logits over the first V columns, zeros in the padding
+        (computed here from the logits and logsum where the classifier keeps no probabilities:
+        sampling is their only use)."""
+        if not self.classifier:
+            return self.activation("probs")
+        logits = self.activation("logits")
+        V = self.config.vocab_size
+        probs = np.zeros(logits.shape, dtype=np.float32)
+        real = logits[..., :V]
+        probs[..., :V] = np.exp(real - real.max(axis=-1, keepdims=True)) / \
+            np.exp(self.activation("logsum"))[..., None]
+        return probs
 
     # --- forward ---------------------------------------------------------------
 
@@ -378,6 +395,10 @@ cdef class GPT2(Model):
         cdef int C = self.C, V = self.V, Vp = self.Vp
         self.table.layernorm_forward(ctx, acts.lnf, acts.lnf_mean, acts.lnf_rstd, residual, params.lnfw, params.lnfb, B, T, C)
         self.table.matmul_forward(ctx, acts.logits, acts.lnf, params.wte, NULL, B, T, C, Vp)
+        if self.classifier:
+            self.table.classifier_forward(ctx, acts.losses if targets != NULL else NULL,
+                                          acts.logsum, acts.logits, targets, B, T, V, Vp)
+            return
         self.table.softmax_forward(ctx, acts.probs, acts.logits, B, T, V, Vp)
         if targets != NULL:
             self.table.crossentropy_forward(ctx, acts.losses, acts.probs, targets, B, T, Vp)
@@ -391,7 +412,12 @@ cdef class GPT2(Model):
         cdef HeadActivations* acts = <HeadActivations*>head_acts
         cdef HeadActivations* grads_acts = <HeadActivations*>head_grads
         cdef int C = self.C, V = self.V, Vp = self.Vp
-        self.table.crossentropy_softmax_backward(ctx, grads_acts.logits, grads_acts.losses, acts.probs, targets, B, T, V, Vp)
+        if self.classifier:
+            self.table.classifier_backward(ctx, grads_acts.logits, grads_acts.losses, acts.logits,
+                                           acts.logsum, targets, B, T, V, Vp)
+        else:
+            self.table.crossentropy_softmax_backward(ctx, grads_acts.logits, grads_acts.losses,
+                                                     acts.probs, targets, B, T, V, Vp)
         self.table.matmul_backward(ctx, grads_acts.lnf, grads.wte, NULL, grads_acts.logits, acts.lnf, params.wte, B, T, C, Vp)
         self.table.layernorm_backward(ctx, dresidual, grads.lnfw, grads.lnfb, grads_acts.lnf, residual, params.lnfw,
                                   acts.lnf_mean, acts.lnf_rstd, B, T, C)

@@ -257,7 +257,7 @@ def activation_shapes(config, int B, int T):
 cdef class Llama2(Model):
     """Llama 2 with one buffer per kind, as llm.c.  See the module docstring for the letters."""
     FAMILY = "llama"
-    ENTRY_GROUPS = ("core", "linear", "llama")   # its kernels (accel/spec.py)
+    ENTRY_GROUPS = ("core", "linear", "llama", "classifier")   # its kernels (accel/spec.py)
     # the matrices: weight decay applies to them alone with decay_2d_only (not the norms)
     MATRICES = frozenset(("tok_embeddings", "wq", "wk", "wv", "wo", "w1", "w2", "w3", "output"))
     # the activations whose gradients no backward kernel takes: none are allocated
@@ -412,7 +412,7 @@ cdef class Llama2(Model):
         self.table.rmsnorm_forward(ctx, acts.lnf, acts.lnf_rstd, residual, p.norm, self.eps, B, T, C)
         self.table.matmul_forward(ctx, acts.logits, acts.lnf, p.output, NULL, B, T, C, V)
         self.table.classifier_forward(ctx, acts.losses if targets != NULL else NULL, acts.logsum,
-                                  acts.logits, targets, B, T, V)
+                                  acts.logits, targets, B, T, V, V)
 
     # --- backward --------------------------------------------------------------
 
@@ -424,7 +424,7 @@ cdef class Llama2(Model):
         cdef HeadActivations* grads_acts = <HeadActivations*>head_grads
         cdef int C = self.C, V = self.V
         self.table.classifier_backward(ctx, grads_acts.logits, grads_acts.losses, acts.logits,
-                                   acts.logsum, targets, B, T, V)
+                                   acts.logsum, targets, B, T, V, V)
         self.table.matmul_backward(ctx, grads_acts.lnf, g.output, NULL, grads_acts.logits, acts.lnf,
                                p.output, B, T, C, V)
         self.table.rmsnorm_backward(ctx, dresidual, g.norm, grads_acts.lnf, residual, p.norm,

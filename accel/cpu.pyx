@@ -160,7 +160,7 @@ def create(bint flash=True, str precision="fp32"):
     (as a backend that has no flash attention), for tests."""
     if precision not in PRECISIONS:
         raise ValueError(f"accel.cpu: precision {precision!r} is not one of {PRECISIONS}")
-    groups = ("linear", "gpt2", "llama") + (("flash",) if flash else ()) + \
+    groups = ("linear", "gpt2", "llama", "classifier") + (("flash",) if flash else ()) + \
         (("bf16",) if precision == "bf16" else ())
     cdef ScratchOwner owner = ScratchOwner()
     if precision == "bf16":

@@ -45,6 +45,8 @@ GROUPS = {
             "(B,NH,T,T) buffers, softmax and cross-entropy",
     "llama": "the Llama family's layers: embedding, RMSNorm, RoPE, SwiGLU, grouped-query "
              "attention, the classifier without a probability buffer",
+    "classifier": "the loss and its gradient from the logits and each row's log-sum-exp, no "
+                  "probability buffer; Llama needs it, GPT-2 uses it when the backend has it",
     "flash": "attention that keeps each row's log-sum-exp instead of (B,NH,T,T) buffers; a "
              "model uses it when the backend has it",
     "bf16": "mixed precision: the bf16 parameters rounded from the float32 master weights",
@@ -261,13 +263,15 @@ ENTRIES = [
       "const floatX* k[B*T*NKV*hs] in", "const floatX* v[B*T*NKV*hs] in",
       "const floatX* att[B*NH*T*T] in init=forward", "int B", "int T", "int NH", "int NKV",
       "int hs", cpu=None),   # reports running out of scratch memory through last_error
-    E("classifier_forward", "llama", "float* losses[B*T] out ~V optional", "float* logsum[B*T] out ~V",
-      "const floatX* logits[B*T*V] in", "const int* targets[B*T] in init=tokens optional", "int B",
-      "int T", "int V", cpu="kernels.classifier", bf16="kernel"),
-    E("classifier_backward", "llama", "floatX* dlogits[B*T*V] grad", "const float* dlosses[B*T] in",
-      "const floatX* logits[B*T*V] in", "const float* logsum[B*T] in",
-      "const int* targets[B*T] in init=tokens", "int B", "int T", "int V",
+    # --- classifier (logits rows of Vp, the first V of them the vocabulary) -------------------
+    E("classifier_forward", "classifier", "float* losses[B*T] out ~V optional",
+      "float* logsum[B*T] out ~V", "const floatX* logits[B*T*Vp] in",
+      "const int* targets[B*T] in init=tokens optional", "int B", "int T", "int V", "int Vp",
       cpu="kernels.classifier", bf16="kernel"),
+    E("classifier_backward", "classifier", "floatX* dlogits[B*T*Vp] grad",
+      "const float* dlosses[B*T] in", "const floatX* logits[B*T*Vp] in",
+      "const float* logsum[B*T] in", "const int* targets[B*T] in init=tokens", "int B", "int T",
+      "int V", "int Vp", cpu="kernels.classifier", bf16="kernel"),
     # --- flash --------------------------------------------------------------------------
     E("flash_attention_forward", "flash", "floatX* out[B*T*C] out ~T", "float* lse[B*NH*T] out ~T",
       "const floatX* inp[B*T*3*C] in", "int B", "int T", "int C", "int NH",

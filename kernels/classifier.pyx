@@ -19,12 +19,12 @@ from kernels.vexp cimport vexpf
 
 
 cdef void classifier_forward(float* losses, float* logsum, const floatX* logits, const int* targets,
-                             int B, int T, int V) noexcept nogil:
+                             int B, int T, int V, int Vp) noexcept nogil:
     cdef Py_ssize_t BT = <Py_ssize_t>B * T, bt, i
     cdef const floatX* row
     cdef float maxval, total
     for bt in prange(BT, schedule="static", use_threads_if=BT * V >= SERIAL_BELOW):
-        row = logits + bt * V
+        row = logits + bt * Vp
         maxval = row_max(row, V)
         total = 0.0
         for i in range(V):
@@ -35,15 +35,16 @@ cdef void classifier_forward(float* losses, float* logsum, const floatX* logits,
 
 
 cdef void classifier_backward(floatX* dlogits, const float* dlosses, const floatX* logits,
-                              const float* logsum, const int* targets, int B, int T, int V) noexcept nogil:
+                              const float* logsum, const int* targets, int B, int T, int V,
+                              int Vp) noexcept nogil:
     cdef Py_ssize_t BT = <Py_ssize_t>B * T, bt, i
     cdef const floatX* row
     cdef floatX* drow
     cdef float dloss, maxval, scale, value
     cdef Py_ssize_t target
     for bt in prange(BT, schedule="static", use_threads_if=BT * V >= SERIAL_BELOW):
-        row = logits + bt * V
-        drow = dlogits + bt * V
+        row = logits + bt * Vp
+        drow = dlogits + bt * Vp
         dloss = dlosses[bt]
         maxval = row_max(row, V)
         # the softmax as exp(logits - max) / sum, not exp(logits - (max + logsum)):
@@ -97,7 +98,7 @@ def forward(float[:, ::1] logsum, const float[:, :, ::1] logits, float[:, ::1] l
     if targets is not None:
         losses_p, targets_p = &losses[0, 0], &targets[0, 0]
     with nogil:
-        classifier_forward(losses_p, &logsum[0, 0], &logits[0, 0, 0], targets_p, B, T, V)
+        classifier_forward(losses_p, &logsum[0, 0], &logits[0, 0, 0], targets_p, B, T, V, V)
 
 
 def backward(float[:, :, ::1] dlogits, const float[:, ::1] dlosses, const float[:, :, ::1] logits,
@@ -112,4 +113,4 @@ def backward(float[:, :, ::1] dlogits, const float[:, ::1] dlosses, const float[
         return
     with nogil:
         classifier_backward(&dlogits[0, 0, 0], &dlosses[0, 0], &logits[0, 0, 0], &logsum[0, 0],
-                            &targets[0, 0], B, T, V)
+                            &targets[0, 0], B, T, V, V)

@@ -407,6 +407,8 @@ cdef class Model:
 
         def address(name, index=0):  # of name[index], in a stack of a layer's tensor
             i = names.index(name)
+            if index == 0:   # an empty tensor's too
+                return base + layout.byte_offsets[i]
             stride = layout.sizes[i] // layout.shapes[i][0]
             return base + layout.byte_offsets[i] + index * stride * layout.itemsizes[i]
         *internals, output = self._tables["layer"]

@@ -116,7 +116,7 @@ def test_all_keeps_llmcs_activation_tensors(flash):
     embedding, layer, head = activation_shapes(model.config, 3, 7, flash)
     expected = [embedding] + [(n, (3,) + s) for n, s in layer] + head
     assert list(zip(model.act_layout.names, model.act_layout.shapes)) == expected
-    assert len(expected) == 24 and model.act_layout.names[17] == "residual3"
+    assert len(expected) == 25 and model.act_layout.names[17] == "residual3"
     assert model.activation("residual3").shape == (3, 3, 7, model.config.channels)
     assert model.activation("att").shape == ((3, 0) if flash else (3, 3, 3, 7, 7))
 

@@ -88,3 +88,28 @@ def test_bad_arguments_raise():
         classifier.backward(np.zeros((2, 3, 4), np.float32), lse, logits, lse, targets)
     with pytest.raises(ValueError, match="targets"):
         classifier.backward(np.zeros_like(logits), lse, logits, lse, bad)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_gpt2_loses_and_learns_alike_through_the_classifier_and_the_softmax(precision):
+    """GPT-2 uses the classifier (no probability buffer) where the backend has it, llm.c's
+    softmax and cross-entropy elsewhere: the same loss, probabilities and gradients."""
+    from accel.backend import get_backend
+    from train_gpt2 import GPT2, GPT2Config
+    config = GPT2Config.from_depth(2, max_seq_len=16, vocab_size=101)   # Vp 128: padded
+    full = get_backend("cpu", precision)
+    without = full._with_groups(tuple(g for g in full.groups if g != "classifier"))
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, 101, (2, 16)), rng.integers(0, 101, (2, 16))
+    models = [GPT2.random(config, seed=1, backend=b) for b in (full, without)]
+    assert [m.classifier for m in models] == [True, False]
+    losses = []
+    for model in models:
+        model.zero_grad()
+        losses.append(model.forward(*tokens))
+        model.backward()
+    assert losses[0] == pytest.approx(losses[1], abs=1e-5)
+    np.testing.assert_allclose(models[0].probs, models[1].probs, atol=1e-6)
+    scale = np.abs(models[1].grads).max()
+    tolerance = 1e-6 if precision == "fp32" else 2.0 ** -7   # bf16: dlogits rounded apart
+    assert np.abs(models[0].grads - models[1].grads).max() <= tolerance * scale

@@ -281,7 +281,7 @@ cdef void ane_swiglu_backward(void* ctx, float* da, float* db, const float* dout
 def create(runtime=None, name="ane-emu"):
     """The ane-emu backend, or with runtime=CoreMLRuntime() the ane one (families llama and
     gpt2: GPT-2's own layers run on the CPU)."""
-    cdef ANEBackend backend = ANEBackend(name, True, ("linear", "gpt2", "llama"))
+    cdef ANEBackend backend = ANEBackend(name, True, ("linear", "gpt2", "llama", "classifier"))
     backend.host = cpu.create(flash=False)
     backend.emulator = Emulator(runtime=runtime)
     backend.tolerances = dict(TOLERANCES)
