@@ -162,10 +162,11 @@ hipblasStatus_t hipblasSgemmStridedBatched(hipblasHandle_t handle, hipblasOperat
     return HIPBLAS_STATUS_SUCCESS;
 }
 
-hipblasStatus_t hipblasGemmEx(hipblasHandle_t handle, hipblasOperation_t transa, hipblasOperation_t transb, int m, int n,
-                              int k, const void* alpha, const void* A, hipDataType a_type, int lda, const void* B,
-                              hipDataType b_type, int ldb, const void* beta, void* C, hipDataType c_type, int ldc,
-                              hipblasComputeType_t compute_type, hipblasGemmAlgo_t algo) {
+hipblasStatus_t hipblasGemmEx(hipblasHandle_t handle, hipblasOperation_t transa, hipblasOperation_t transb, int m,
+                              int n, int k, const void* alpha, const void* A, hipDataType a_type, int lda,
+                              const void* B, hipDataType b_type, int ldb, const void* beta, void* C,
+                              hipDataType c_type, int ldc, hipblasComputeType_t compute_type,
+                              hipblasGemmAlgo_t algo) {
     return hipblasGemmStridedBatchedEx(handle, transa, transb, m, n, k, alpha, A, a_type, lda, 0, B, b_type, ldb, 0,
                                        beta, C, c_type, ldc, 0, 1, compute_type, algo);
 }

@@ -69,7 +69,8 @@ std::vector<float> to_float(const std::vector<__hip_bfloat16>& x) {
 void check_gemm_ex(hipblasHandle_t handle) {
     const int m = 70, n = 9, k = 131;
     const float alpha = 0.5f, one = 1.0f, zero = 0.0f;
-    const std::vector<__hip_bfloat16> A = to_bf16(random_matrix(size_t(m) * k, 6)), B = to_bf16(random_matrix(size_t(k) * n, 7));
+    const std::vector<__hip_bfloat16> A = to_bf16(random_matrix(size_t(m) * k, 6));
+    const std::vector<__hip_bfloat16> B = to_bf16(random_matrix(size_t(k) * n, 7));
     const std::vector<float> Af = to_float(A), Bf = to_float(B);
     std::vector<float> C(size_t(m) * n, NAN), expected(size_t(m) * n);
     reference(false, false, m, n, k, alpha, Af, m, Bf, k, zero, expected, m);
