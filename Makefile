@@ -8,8 +8,8 @@
 #   make bench           time a training step against PyTorch eager (dev/bench_step.py)
 #   make hip             the HIP backend for this machine's GPU: nvcc (NVIDIA) where found, else
 #                        hipcc (AMD); HIP_PLATFORM=amd|nvidia chooses (accel/hip/README.md)
-#   make hip-emu         the HIP backend on the CPU emulator (g++ only; what CI tests)
-#   make hip-check-nvcc  compile-check accel/hip for NVIDIA (nvcc, cuBLAS headers)
+#   make hip-emu         the HIP backend on the CPU emulator, fp32 and bf16 (g++ only; what CI tests)
+#   make hip-check-nvcc  compile-check accel/hip for NVIDIA, both precisions (nvcc, cuBLAS headers)
 #   make hip-check-amd   compile-check accel/hip for AMD (hipcc)
 #   make ane-private     the private ANE runtime (accel/ane/ane_private.m; needs macOS)
 #   make clean

@@ -365,7 +365,7 @@ def get_backend(name, str precision="fp32"):
         precisions = getattr(module, "PRECISIONS", ("fp32",))
         if precision not in precisions:
             raise BackendError(f"backend '{name}' has no {precision} kernels (it runs "
-                               f"{', '.join(precisions)}; bf16 runs on: cpu)")
+                               f"{', '.join(precisions)}; bf16 runs on: cpu, hip, hip-emu)")
         backend = module.create(precision=precision) if precision != "fp32" else module.create()
     except ImportError as e:
         raise BackendError(f"backend '{name}' is not built ({e}): run `make train_gpt2`") from None

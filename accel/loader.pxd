@@ -27,4 +27,4 @@ cdef class DeviceLibrary:
     cdef destroy_fn destroy
     cdef name_fn device_name
     cdef void* symbol(self, str entry) except NULL
-    cdef DeviceBackend backend(self, void* ctx, const char* error, tuple families)
+    cdef DeviceBackend backend(self, void* ctx, const char* error, tuple families, str precision=*)

@@ -63,17 +63,19 @@ cdef class DeviceLibrary:
                                f"build? run {self.rebuild} again)")
         return address
 
-    cdef DeviceBackend backend(self, void* ctx, const char* error, tuple groups):
+    cdef DeviceBackend backend(self, void* ctx, const char* error, tuple groups,
+                               str precision="fp32"):
         """The Backend over ctx, which PREFIXcreate returned (NULL: `error` says why), its table
         filled with the build's functions for the entries of these groups, by name; the other
-        groups' entries stay NULL and the Backend's groups say so."""
+        groups' entries stay NULL and the Backend's groups say so.  precision: what the build's
+        floatX arguments point to (accel/spec.py's PRECISIONS)."""
         if ctx == NULL:
             raise BackendError(f"backend '{self.name}' is unavailable: "
                                f"{(<bytes>error).decode(errors='replace')}")
         cdef DeviceContext owner = DeviceContext()
         owner.ctx = ctx
         owner.destroy = self.destroy
-        cdef DeviceBackend backend = DeviceBackend(self.name, False, groups, owner)
+        cdef DeviceBackend backend = DeviceBackend(self.name, False, groups, owner, precision)
         backend.device = (<bytes>self.device_name(ctx)).decode(errors="replace")
         backend.library = self.path
         backend.table.ctx = ctx

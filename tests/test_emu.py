@@ -154,4 +154,4 @@ def test_ucontext_fibers_agree_with_the_native_switch(build):
 def test_emulated_hipblas_matches_a_double_loop_and_refuses_bad_arguments(build):
     result = run(build, "hipblas")
     assert result.returncode == 0, result.stdout
-    assert result.stdout.count(" ok\n") == 9
+    assert result.stdout.count(" ok\n") == 13

@@ -202,8 +202,9 @@ def test_address_sanitizer_build_reports_a_write_past_an_output(builds):
     assert done.returncode != 0
     assert "ERROR: AddressSanitizer: heap-buffer-overflow" in done.stderr
     assert "WRITE of size 4" in done.stderr
-    line = next(i for i, text in enumerate(open(os.path.join(HIP, "gpt2.hip")), 1) if "out[N] = 0.0f" in text)
-    assert "in residual_forward_kernel" in done.stderr and f"gpt2.hip:{line}" in done.stderr
+    line = next(i for i, text in enumerate(open(os.path.join(HIP, "gpt2.hip")), 1)
+                if "out[N] = to_floatX(0.0f)" in text)
+    assert re.search(r"#0 .* in (void )?residual_forward_kernel", done.stderr) and f"gpt2.hip:{line}" in done.stderr
 
 
 # --- the whole model: test_gpt2.py --------------------------------------------------------------
@@ -264,6 +265,7 @@ def toolchain(*args):
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 def test_nvcc_build_compiles_and_says_no_gpu_without_one(tmp_path):
+    """Both precisions' libraries: compiled, linked against cuBLAS, loaded."""
     if toolchain("cublas-include").returncode != 0:
         pytest.skip("cuBLAS headers not found (pip install nvidia-cublas, or nvidia-cublas-cu12 for CUDA 12)")
     build = subprocess.run(["make", "-s", "-C", HIP, "gpu", "HIP_PLATFORM=nvidia", "NVCC_ARCH=sm_90",
@@ -271,9 +273,10 @@ def test_nvcc_build_compiles_and_says_no_gpu_without_one(tmp_path):
     assert build.returncode == 0, build.stderr[-3000:]
     if shutil.which("nvidia-smi") and subprocess.run(["nvidia-smi"], capture_output=True).returncode == 0:
         pytest.skip("this machine has an NVIDIA GPU: dev/gpu/check_and_time.sh tests the build on it")
-    with pytest.raises(BackendError, match=r"^backend 'hip' is unavailable: no GPU found \(") as e:
-        device.load(str(tmp_path / "libgpt2_hip.so"), "hip")
-    assert "\n" not in str(e.value)
+    for library, precision in (("libgpt2_hip.so", "fp32"), ("libgpt2_hip_bf16.so", "bf16")):
+        with pytest.raises(BackendError, match=r"^backend 'hip' is unavailable: no GPU found \(") as e:
+            device.load(str(tmp_path / library), "hip", precision)
+        assert "\n" not in str(e.value)
 
 
 @pytest.mark.skipif(shutil.which("hipcc") is None, reason="hipcc is not installed")

@@ -9,6 +9,9 @@ import os
 BUILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "build")
 GPU_LIBRARY = os.path.join(BUILD, "libgpt2_hip.so")
 EMU_LIBRARY = os.path.join(BUILD, "libgpt2_hip_emu.so")
+# the bf16 builds (-DACCEL_HIP_BF16): the same symbols, floatX bf16
+GPU_LIBRARY_BF16 = os.path.join(BUILD, "libgpt2_hip_bf16.so")
+EMU_LIBRARY_BF16 = os.path.join(BUILD, "libgpt2_hip_emu_bf16.so")
 
 NOT_BUILT = ("not built (run `make hip` on a machine with hipcc or nvcc, or `make hip-emu` for the "
              "CPU emulator)")

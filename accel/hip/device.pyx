@@ -8,6 +8,10 @@ loader that Metal shares (accel/loader.pyx).
     hip-emu   the emulated build (make hip-emu): the same kernels run thread by thread on the
               CPU emulator (accel/emu), for tests
 
+Each at two precisions (PRECISIONS; get_backend(name, precision)): fp32, and bf16, a build of its
+own (libgpt2_hip[_emu]_bf16.so, gpt2.hip with -DACCEL_HIP_BF16) whose floatX arguments are bf16
+and which fills the bf16 group (narrow_params) too.
+
 Nothing here links against a GPU library: the build is opened at run time (dlopen), so the CPU
 product builds and runs everywhere, and a missing build, toolchain library or GPU is one line
 from get_backend. Memory is the device's: host_visible is False even for the emulated build, so
@@ -18,47 +22,70 @@ from accel.loader cimport DeviceLibrary
 import os
 
 from accel.backend import BackendError
-from accel.hip import EMU_LIBRARY, GPU_LIBRARY, NOT_BUILT
+from accel.hip import EMU_LIBRARY, EMU_LIBRARY_BF16, GPU_LIBRARY, GPU_LIBRARY_BF16, NOT_BUILT
 
-__all__ = ["configure_emulator", "create", "create_emulated", "load"]
+__all__ = ["PRECISIONS", "configure_emulator", "create", "create_emulated", "load"]
 
-# the entry groups the build fills (accel/spec.py): the symbols the loader looks up
-GROUPS = ("linear", "gpt2")
+PRECISIONS = ("fp32", "bf16")
+# the entry groups a build fills at each precision (accel/spec.py): the symbols the loader looks up
+GROUPS = {"fp32": ("linear", "gpt2"), "bf16": ("linear", "gpt2", "bf16")}
+# the builds of each precision: (GPU, emulated)
+LIBRARIES = {"fp32": (GPU_LIBRARY, EMU_LIBRARY), "bf16": (GPU_LIBRARY_BF16, EMU_LIBRARY_BF16)}
 
 ctypedef void* (*create_fn)(char* error, size_t error_size) noexcept nogil
+ctypedef const char* (*precision_fn)() noexcept nogil
 ctypedef const char* (*configure_fn)(const char* schedule, unsigned long long seed,
                                      int warp_size, int compute_units) noexcept nogil
 
 REBUILD = "`make hip` or `make hip-emu`"
 
 
-def load(str path, str name):
+def load(str path, str name, str precision="fp32"):
     """The Backend `name` over the build of gpt2.hip at `path` (symbols accel_hip_ENTRY, filled
-    by accel/loader.pyx); BackendError in one line when it cannot be loaded or finds no device."""
+    by accel/loader.pyx), a build of this precision; BackendError in one line when it cannot be
+    loaded, is of another precision, or finds no device."""
+    if precision not in PRECISIONS:
+        raise BackendError(f"backend '{name}' has no {precision} kernels (it runs {', '.join(PRECISIONS)})")
     cdef DeviceLibrary library = DeviceLibrary(path, name, "accel_hip_", REBUILD)
+    cdef str built = (<precision_fn>library.symbol("precision"))().decode()
+    if built != precision:
+        raise BackendError(f"backend '{name}': {path} is a {built} build, not {precision} "
+                           f"(run {REBUILD} again)")
     cdef create_fn create_context = <create_fn>library.symbol("create")
     cdef char error[512]
     error[0] = 0
     cdef void* ctx
     with nogil:
         ctx = create_context(error, sizeof(error))
-    return library.backend(ctx, error, GROUPS)
+    return library.backend(ctx, error, GROUPS[precision], precision)
 
 
-def create():
-    """The backend `hip`: the GPU build, or the emulated build where only that one is built."""
-    if os.path.exists(GPU_LIBRARY):
-        return load(GPU_LIBRARY, "hip")
-    if os.path.exists(EMU_LIBRARY):
-        return load(EMU_LIBRARY, "hip-emu")
-    raise BackendError(f"backend 'hip' is unavailable: {NOT_BUILT}")
+def _suffix(str precision):
+    return "" if precision == "fp32" else f" at {precision}"
 
 
-def create_emulated():
-    """The backend `hip-emu`: the emulated build."""
-    if not os.path.exists(EMU_LIBRARY):
-        raise BackendError("backend 'hip-emu' is unavailable: not built (run `make hip-emu`)")
-    return load(EMU_LIBRARY, "hip-emu")
+def create(str precision="fp32"):
+    """The backend `hip` at a precision: the GPU build, or the emulated build where only that
+    one is built."""
+    if precision not in PRECISIONS:
+        raise BackendError(f"backend 'hip' has no {precision} kernels (it runs {', '.join(PRECISIONS)})")
+    gpu, emulated = LIBRARIES[precision]
+    if os.path.exists(gpu):
+        return load(gpu, "hip", precision)
+    if os.path.exists(emulated):
+        return load(emulated, "hip-emu", precision)
+    raise BackendError(f"backend 'hip' is unavailable{_suffix(precision)}: {NOT_BUILT}")
+
+
+def create_emulated(str precision="fp32"):
+    """The backend `hip-emu` at a precision: the emulated build."""
+    if precision not in PRECISIONS:
+        raise BackendError(f"backend 'hip-emu' has no {precision} kernels (it runs {', '.join(PRECISIONS)})")
+    library = LIBRARIES[precision][1]
+    if not os.path.exists(library):
+        raise BackendError(f"backend 'hip-emu' is unavailable{_suffix(precision)}: not built "
+                           f"(run `make hip-emu`)")
+    return load(library, "hip-emu", precision)
 
 
 def configure_emulator(str schedule="lockstep", unsigned long long seed=1, int warp_size=32,

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cublas_v2.h>
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 // ---- runtime ------------------------------------------------------------------------------
@@ -38,6 +39,11 @@ inline hipError_t hipMemcpy(void* dst, const void* src, size_t bytes, hipMemcpyK
     return cudaMemcpy(dst, src, bytes, kind);
 }
 
+// ---- bfloat16 (hip/hip_bf16.h): the functions have CUDA's names already ----------------------
+
+typedef __nv_bfloat16 __hip_bfloat16;
+typedef __nv_bfloat162 __hip_bfloat162;
+
 // ---- kernels ------------------------------------------------------------------------------
 
 #define hipLaunchKernelGGL(kernel, grid, block, shared_bytes, stream, ...) \
@@ -56,6 +62,14 @@ typedef long long hipblasStride;
 constexpr hipblasStatus_t HIPBLAS_STATUS_SUCCESS = CUBLAS_STATUS_SUCCESS;
 constexpr hipblasOperation_t HIPBLAS_OP_N = CUBLAS_OP_N;
 constexpr hipblasOperation_t HIPBLAS_OP_T = CUBLAS_OP_T;
+// the mixed-precision GEMMs (hipBLAS's V2 API: hipDataType, hipblasComputeType_t)
+typedef cudaDataType hipDataType;
+typedef cublasComputeType_t hipblasComputeType_t;
+typedef cublasGemmAlgo_t hipblasGemmAlgo_t;
+constexpr hipDataType HIP_R_32F = CUDA_R_32F;
+constexpr hipDataType HIP_R_16BF = CUDA_R_16BF;
+constexpr hipblasComputeType_t HIPBLAS_COMPUTE_32F = CUBLAS_COMPUTE_32F;
+constexpr hipblasGemmAlgo_t HIPBLAS_GEMM_DEFAULT = CUBLAS_GEMM_DEFAULT;
 
 inline hipblasStatus_t hipblasCreate(hipblasHandle_t* handle) { return cublasCreate(handle); }
 inline hipblasStatus_t hipblasDestroy(hipblasHandle_t handle) { return cublasDestroy(handle); }
@@ -71,4 +85,22 @@ inline hipblasStatus_t hipblasSgemmStridedBatched(hipblasHandle_t handle, hipbla
                                                   int ldc, hipblasStride strideC, int batchCount) {
     return cublasSgemmStridedBatched(handle, transa, transb, m, n, k, alpha, A, lda, strideA, B, ldb, strideB, beta, C,
                                      ldc, strideC, batchCount);
+}
+inline hipblasStatus_t hipblasGemmEx(hipblasHandle_t handle, hipblasOperation_t transa, hipblasOperation_t transb, int m,
+                                     int n, int k, const void* alpha, const void* A, hipDataType a_type, int lda,
+                                     const void* B, hipDataType b_type, int ldb, const void* beta, void* C,
+                                     hipDataType c_type, int ldc, hipblasComputeType_t compute_type,
+                                     hipblasGemmAlgo_t algo) {
+    return cublasGemmEx(handle, transa, transb, m, n, k, alpha, A, a_type, lda, B, b_type, ldb, beta, C, c_type, ldc,
+                        compute_type, algo);
+}
+inline hipblasStatus_t hipblasGemmStridedBatchedEx(hipblasHandle_t handle, hipblasOperation_t transa,
+                                                   hipblasOperation_t transb, int m, int n, int k, const void* alpha,
+                                                   const void* A, hipDataType a_type, int lda, hipblasStride strideA,
+                                                   const void* B, hipDataType b_type, int ldb, hipblasStride strideB,
+                                                   const void* beta, void* C, hipDataType c_type, int ldc,
+                                                   hipblasStride strideC, int batchCount,
+                                                   hipblasComputeType_t compute_type, hipblasGemmAlgo_t algo) {
+    return cublasGemmStridedBatchedEx(handle, transa, transb, m, n, k, alpha, A, a_type, lda, strideA, B, b_type, ldb,
+                                      strideB, beta, C, c_type, ldc, strideC, batchCount, compute_type, algo);
 }

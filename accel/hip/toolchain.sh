@@ -5,6 +5,8 @@
 #   toolchain.sh amd-archs ARCH...  those of the AMD targets that this hipcc compiles for (the
 #                                   others, and why, on stderr)
 #   toolchain.sh hipblas-include    the folder holding hipblas/hipblas.h, if ROCm has one
+#   toolchain.sh amd-bf16 ARCH      whether this hipcc has HIP's bf16 type (hip/hip_bf16.h, ROCm 6),
+#                                   which the bf16 build needs (exit 1, and why on stderr, if not)
 # cuBLAS is looked for in $CUBLAS_HOME, beside nvcc (the CUDA toolkit), then in the PyPI wheels
 # (nvidia-cublas for CUDA 13, nvidia-cublas-cu12 for CUDA 12). Prints nothing and exits 1 when
 # there is none.
@@ -58,12 +60,20 @@ amd-archs)
     done
     [ ${#found[@]} -gt 0 ] || exit 1
     echo "${found[@]}" ;;
+amd-bf16)
+    probe=$(mktemp -d)
+    trap 'rm -rf "$probe"' EXIT
+    printf '#include <hip/hip_runtime.h>\n#include <hip/hip_bf16.h>\n__global__ void k(__hip_bfloat16* x) { x[0] = __float2bfloat16(1.0f); }\n' > "$probe/probe.hip"
+    if ! why=$(HIP_PLATFORM=amd "${HIPCC:-hipcc}" --offload-arch="$2" -c "$probe/probe.hip" -o "$probe/probe.o" 2>&1); then
+        echo "accel/hip: this hipcc has no HIP bf16 type (hip/hip_bf16.h, ROCm 6 and later): $(echo "$why" | grep -m1 error || echo "$why" | head -1)" >&2
+        exit 1
+    fi ;;
 hipblas-include)
     for root in "${ROCM_PATH:-/opt/rocm}" /usr; do
         [ -f "$root/include/hipblas/hipblas.h" ] && { echo "$root/include"; exit 0; }
     done
     exit 1 ;;
 *)
-    echo "usage: $0 cublas-include | cublas-library | amd-archs ARCH... | hipblas-include" >&2
+    echo "usage: $0 cublas-include | cublas-library | amd-archs ARCH... | amd-bf16 ARCH | hipblas-include" >&2
     exit 2 ;;
 esac

@@ -1,7 +1,10 @@
 // accel/emu/tests/hipblas.hip — the emulated hipBLAS (accel/emu/blas) against a plain double
 // loop: every op(A) op(B) combination, alpha and beta, strided batches, beta = 0 ignoring the
-// NaNs in C, and bad arguments refused with HIPBLAS_STATUS_INVALID_VALUE as hipBLAS does.
+// NaNs in C, and bad arguments refused with HIPBLAS_STATUS_INVALID_VALUE as hipBLAS does; the
+// mixed-precision hipblasGemmEx (bf16 A and B, float32 compute, C float32 or bf16 rounded once
+// to nearest even) against the same loop on the bf16 values, and its unsupported types refused.
 // Prints one line per check; exits 1 when one fails.
+#include <hip/hip_bf16.h>
 #include <hip/hip_runtime.h>
 #include <hipblas/hipblas.h>
 
@@ -45,6 +48,60 @@ bool close(const std::vector<float>& a, const std::vector<float>& b) {
     for (size_t i = 0; i < a.size(); ++i)
         if (!(std::fabs(a[i] - b[i]) <= 1e-5f * (1.0f + std::fabs(b[i])))) return false;
     return true;
+}
+
+std::vector<__hip_bfloat16> to_bf16(const std::vector<float>& x) {
+    std::vector<__hip_bfloat16> out(x.size());
+    for (size_t i = 0; i < x.size(); ++i) out[i] = __float2bfloat16(x[i]);
+    return out;
+}
+
+std::vector<float> to_float(const std::vector<__hip_bfloat16>& x) {
+    std::vector<float> out(x.size());
+    for (size_t i = 0; i < x.size(); ++i) out[i] = __bfloat162float(x[i]);
+    return out;
+}
+
+// hipblasGemmEx with bf16 A and B (m x k and k x n, op N; C m x n): C float32 within float32's
+// error of the double loop on the widened values; C bf16 (beta = 1 onto its bf16 values) that
+// loop's result rounded to nearest even: within one bf16 step, and bit for bit nearly always
+// (they differ only where float32 sums land on opposite sides of a rounding midpoint)
+void check_gemm_ex(hipblasHandle_t handle) {
+    const int m = 70, n = 9, k = 131;
+    const float alpha = 0.5f, one = 1.0f, zero = 0.0f;
+    const std::vector<__hip_bfloat16> A = to_bf16(random_matrix(size_t(m) * k, 6));
+    const std::vector<__hip_bfloat16> B = to_bf16(random_matrix(size_t(k) * n, 7));
+    const std::vector<float> Af = to_float(A), Bf = to_float(B);
+    std::vector<float> C(size_t(m) * n, NAN), expected(size_t(m) * n);
+    reference(false, false, m, n, k, alpha, Af, m, Bf, k, zero, expected, m);
+    hipblasStatus_t status = hipblasGemmEx(handle, HIPBLAS_OP_N, HIPBLAS_OP_N, m, n, k, &alpha, A.data(), HIP_R_16BF, m,
+                                           B.data(), HIP_R_16BF, k, &zero, C.data(), HIP_R_32F, m, HIPBLAS_COMPUTE_32F,
+                                           HIPBLAS_GEMM_DEFAULT);
+    report("GemmEx bf16 x bf16 -> float32", status == HIPBLAS_STATUS_SUCCESS && close(C, expected));
+
+    std::vector<__hip_bfloat16> Cx = to_bf16(random_matrix(size_t(m) * n, 8));
+    std::vector<float> exact = to_float(Cx);
+    reference(false, false, m, n, k, alpha, Af, m, Bf, k, one, exact, m);
+    status = hipblasGemmEx(handle, HIPBLAS_OP_N, HIPBLAS_OP_N, m, n, k, &alpha, A.data(), HIP_R_16BF, m, B.data(),
+                           HIP_R_16BF, k, &one, Cx.data(), HIP_R_16BF, m, HIPBLAS_COMPUTE_32F, HIPBLAS_GEMM_DEFAULT);
+    size_t same = 0;
+    bool within = true;
+    for (size_t i = 0; i < exact.size(); ++i) {
+        const __hip_bfloat16 rounded = __float2bfloat16(exact[i]);
+        same += __bfloat16_as_ushort(rounded) == __bfloat16_as_ushort(Cx[i]);
+        within &= std::fabs(__bfloat162float(Cx[i]) - exact[i]) <= std::ldexp(std::fabs(exact[i]), -8) + 1e-6f;
+    }
+    report("GemmEx bf16 C: rounded once to nearest even",
+           status == HIPBLAS_STATUS_SUCCESS && within && same * 100 >= exact.size() * 99);
+
+    report("GemmEx float32 A with a bf16 C not supported",
+           hipblasGemmEx(handle, HIPBLAS_OP_N, HIPBLAS_OP_N, m, n, k, &alpha, Af.data(), HIP_R_32F, m, Bf.data(),
+                         HIP_R_32F, k, &zero, Cx.data(), HIP_R_16BF, m, HIPBLAS_COMPUTE_32F,
+                         HIPBLAS_GEMM_DEFAULT) == HIPBLAS_STATUS_NOT_SUPPORTED);
+    report("GemmEx with TF32 compute not supported",
+           hipblasGemmEx(handle, HIPBLAS_OP_N, HIPBLAS_OP_N, m, n, k, &alpha, Af.data(), HIP_R_32F, m, Bf.data(),
+                         HIP_R_32F, k, &zero, C.data(), HIP_R_32F, m, HIPBLAS_COMPUTE_32F_FAST_TF32,
+                         HIPBLAS_GEMM_DEFAULT) == HIPBLAS_STATUS_NOT_SUPPORTED);
 }
 
 }  // namespace
@@ -103,6 +160,7 @@ int main() {
     report("a handle never created refused", hipblasSgemm(nullptr, HIPBLAS_OP_N, HIPBLAS_OP_N, m, n, k, &one,
                                                           A.data(), m, B.data(), k, &zero, C.data(), m) ==
                                                  HIPBLAS_STATUS_NOT_INITIALIZED);
+    check_gemm_ex(handle);
     hipblasDestroy(handle);
     return all_ok ? 0 : 1;
 }
