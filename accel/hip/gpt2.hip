@@ -596,12 +596,18 @@ __global__ void adamw_kernel(float* params, float* m, float* v, const float* gra
 // ----------------------------------------------------------------------------
 // bf16: the parameters from the float32 master weights, as kernels/bf16.pxd rounds them
 
-// 16 uniform bits from (index, seed): splitmix64's finaliser (kernels/bf16.pxd's noise16)
-__device__ __forceinline__ uint32_t noise16(uint64_t index, uint64_t seed) {
-    uint64_t z = index + (seed + 1) * 0x9E3779B97F4A7C15ull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return uint32_t((z ^ (z >> 31)) & 0xffff);
+// 16 uniform bits from (index, seed), kernels/bf16.pxd's noise16: for each seed a bijection of
+// the index's low 32 bits (a multiply by an odd constant, then murmur3's finaliser), 32-bit
+// arithmetic throughout
+__device__ __forceinline__ uint32_t noise16(uint64_t index, uint32_t seed) {
+    uint32_t h = uint32_t(index) * 0x9E3779B1u;
+    h += uint32_t(index >> 32) * 0x85EBCA77u + seed * 0xC2B2AE3Du;
+    h ^= h >> 16;
+    h *= 0x85EBCA6Bu;
+    h ^= h >> 13;
+    h *= 0xC2B2AE35u;
+    h ^= h >> 16;
+    return h & 0xffffu;
 }
 
 // params (n,) bf16 = master (n,) rounded: to nearest even when seed < 0, else stochastically, up
@@ -616,7 +622,7 @@ __global__ void narrow_params_kernel(floatX* params, const float* master, long n
         else if (seed < 0)
             rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
         else
-            rounded = (bits + noise16(uint64_t(first + i), uint64_t(seed))) >> 16;
+            rounded = (bits + noise16(uint64_t(first + i), uint32_t(seed))) >> 16;
         params[i] = __ushort_as_bfloat16((unsigned short)rounded);
     }
 }
