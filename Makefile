@@ -3,8 +3,8 @@
 #                        the product: every .pyx outside dev/ (NO_OMP=1, DEBUG=1, NO_NATIVE=1 switch)
 #   make dev             the kernel lab too: the variants in dev/cpu (dev/ab.py, dev/README.md)
 #   make test            unit tests (pytest) and the PyTorch parity checks (test_gpt2.py,
-#                        test_llama2.py); the variants' tests need `make dev` first, and are
-#                        skipped without it
+#                        test_llama2.py, each in fp32 and in bf16); the variants' tests need
+#                        `make dev` first, and are skipped without it
 #   make bench           time a training step against PyTorch eager (dev/bench_step.py)
 #   make hip             the HIP backend for this machine's GPU: nvcc (NVIDIA) where found, else
 #                        hipcc (AMD); HIP_PLATFORM=amd|nvidia chooses (accel/hip/README.md)
@@ -28,6 +28,8 @@ test: train_gpt2
 	$(PYTHON) -m pytest -q tests
 	$(PYTHON) test_gpt2.py
 	$(PYTHON) test_llama2.py
+	$(PYTHON) test_gpt2.py --precision bf16
+	$(PYTHON) test_llama2.py --precision bf16
 
 bench: train_gpt2
 	$(PYTHON) dev/bench_step.py

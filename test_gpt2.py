@@ -7,10 +7,38 @@ tensors, then take 10 AdamW steps on the batch and compare the losses.
     python test_gpt2.py                                   # the committed tiny fixture
     python test_gpt2.py --model M.bin --state S.bin       # any llm.c-format pair
     python test_gpt2.py --backend check:cpu               # on a backend (accel/README.md)
+    python test_gpt2.py --precision bf16                  # the model in bf16 (llm.c's PRECISION)
 
 The tolerances are fp32's, or a lower-precision backend's own (ane-emu's fp16: see
 parity_tolerances); the output says which. Exits 0 only when every comparison passes
 ("overall okay: 1"), 2 for a bad argument, 1 for a bad file or a backend that cannot run here.
+
+--precision bf16 runs the model as llm.c's bf16 build (bf16 parameters and activations, float32
+gradients and master weights) and compares it, as llm.c's test_gpt2.cu does, with the float32
+reference: the state's logits, loss and gradients and the float32 run's 10 step losses; and,
+where PyTorch is installed, with the live PyTorch reference at bf16 autocast as well (llm.c's
+train_gpt2.py --dtype bfloat16: float32 parameters and AdamW, bf16 matmuls), whose own bf16
+errors are of the same size as ours.  The tolerances (BF16_*, below) are llm.c's bf16 ones, made
+scale-free, since llm.c's absolute numbers belong to GPT-2 124M's magnitudes:
+  - logits and each gradient tensor: test_gpt2.cu's check_tensor, elementwise
+    |ours - ref| <= floor + 0.079 |ref|, with llm.c's 0.079 (its "BF16 epsilon", ten bf16
+    epsilons 2^-7) and, for its per-tensor absolute floors (wte 0.5, ln1w 0.1, ..., fcprojb
+    0.01, set by hand on 124M), 2^-5 (four bf16 epsilons) of the tensor's largest |ref|.  On the
+    tiny fixtures llm.c's floors would let a gradient of zeros pass (wte's largest gradient is
+    0.6, ln1w's 0.003), and its logits' 25 exceeds every logit (0.3 at most).  The correct
+    model takes at most 39% of this tolerance against either reference (GPT-2 d12, 124M
+    parameters, B=4 T=64: fcw), 19% on the GPT-2 fixture and 32% on the Llama one.
+  - the loss and the 10 step losses: llm.c's loss_diff_threshold 0.05 (absolute), and at most
+    3% of the reference's 10-step drop (its first loss minus its last).  llm.c's 0.05 is 1% of
+    its 10-step drop (5.27 to 0.19 on GPT-2 124M); the fixtures' 10 steps drop 0.027 nats, so
+    0.05 alone would pass a model that does not train at all.  bf16's own noise on these
+    losses is up to 1.3% of their drop (up to 3.5e-4 nats): hence 3%.
+What they catch (tests/test_bf16_parity.py): an update that keeps no float32 master weights and
+truncates into bf16 (its small steps lost: the step losses, 1.4 to 1.7 times their tolerance on
+the fixtures), parameters off by a tenth of their init's spread, one gradient element off by a
+tenth of its tensor's largest.  What no tolerance of this size can catch: a bf16 store that
+truncates instead of rounding (off by up to one bf16 step where rounding is off by half of
+one; the fixtures pass with every matmul output truncated), a kernel test's job.
 """
 import argparse
 import importlib.util
@@ -33,6 +61,14 @@ FIXTURE_STATE = os.path.join(HERE, "tests", "fixtures", "gpt2_tiny_debug_state.b
 LOGITS_TOL = 1e-4
 GRAD_TOL = 1e-3
 LOSS_STEP_TOL = 1e-3
+# --precision bf16 (see the module docstring): elementwise |ours - ref| <= BF16_FLOOR * max|ref|
+# + BF16_EPSILON * |ref| for logits and gradients; the losses within BF16_LOSS_TOL, and within
+# BF16_LOSS_DROP of the reference's 10-step drop
+BF16_EPSILON = 0.079
+BF16_FLOOR = 2.0 ** -5
+BF16_LOSS_TOL = 0.05
+BF16_LOSS_DROP = 0.03
+PRECISIONS = ("fp32", "bf16")
 STEPS = 10
 # llm.c's test_gpt2.c optimizer: AdamW on every tensor
 LR, BETA1, BETA2, EPS, WEIGHT_DECAY = 1e-4, 0.9, 0.999, 1e-8, 0.01
@@ -64,6 +100,38 @@ def expected_losses(config, params, state, state_path):
     return None, None
 
 
+def bf16_tolerance(expected):
+    """The elementwise bf16 tolerance of a tensor: BF16_FLOOR of its largest magnitude plus
+    BF16_EPSILON of each element's (llm.c's check_tensor, scaled to the tensor)."""
+    expected = np.abs(np.asarray(expected, np.float64))
+    return BF16_FLOOR * expected.max() + BF16_EPSILON * expected
+
+
+def tolerance_used(err, tol):
+    """The largest err / tol, the share of its tolerance the worst element takes (0 where err
+    and tol are both 0; inf where only tol is)."""
+    err, tol = np.asarray(err, np.float64), np.asarray(tol, np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        used = np.where(err > 0, err / tol, 0.0)
+    return float(used.max()) if used.size else 0.0
+
+
+def bf16_loss_tolerance(expected_losses):
+    """The bf16 tolerance of the loss and the step losses: llm.c's BF16_LOSS_TOL, and at most
+    BF16_LOSS_DROP of the reference's drop over its steps (when it has them)."""
+    if expected_losses is None or len(expected_losses) < 2:
+        return BF16_LOSS_TOL
+    drop = abs(expected_losses[0] - expected_losses[min(STEPS, len(expected_losses)) - 1])
+    return min(BF16_LOSS_TOL, BF16_LOSS_DROP * drop)
+
+
+def bf16_tolerance_line(loss_tol):
+    return (f"tolerances bf16 (llm.c's test_gpt2.cu, scaled to each tensor): logits and "
+            f"gradients |ours - ref| <= {BF16_FLOOR:g} max|ref| + {BF16_EPSILON:g} |ref|, loss "
+            f"and step losses {loss_tol:.3g} (llm.c's {BF16_LOSS_TOL:g}, at most "
+            f"{BF16_LOSS_DROP:g} of the reference's {STEPS}-step drop)")
+
+
 def parity_tolerances(backend):
     """(logits, gradients, step losses) tolerances and a line saying which: fp32's, or for a
     backend that computes some entries in lower precision (its Backend.tolerances: the ANE's
@@ -80,22 +148,53 @@ def parity_tolerances(backend):
                         f"step losses {tolerances[2]:g}")
 
 
-def check_parity(model, state, expected_grads, losses_source):
+def check_parity(model, state, expected_grads, losses_source, autocast_source=None):
     """The parity check of any model family: STEPS steps (forward, zero_grad, backward, AdamW)
     on the debug state's batch; at the first, logits and loss against the state's and every
     gradient tensor against expected_grads (name -> array); then the step losses against
-    losses_source() -> (losses or None, where they came from).  Prints a line per comparison
-    and "overall okay: 0/1"; returns whether all passed."""
-    V = state.logits.shape[2]
+    losses_source() -> (losses or None, where they came from).  A bf16 model (model.precision)
+    is held to the bf16 tolerances (module docstring), and, given autocast_source() ->
+    (logits, loss, grads by name, step losses) or None, compared with that reference too.
+    Prints a line per comparison and "overall okay: 0/1"; returns whether all passed."""
     okay = True
-    (logits_tol, grad_tol, loss_step_tol), which = parity_tolerances(model.backend)
-    print(which)
+    bf16 = model.precision == "bf16"
+    if bf16:   # the loss's tolerance depends on the expected step losses: first (at fp32, last)
+        expected, source = losses_source()
+        loss_tol = bf16_loss_tolerance(expected)
+        print(bf16_tolerance_line(loss_tol))
+    else:
+        (logits_tol, grad_tol, loss_step_tol), which = parity_tolerances(model.backend)
+        print(which)
 
     def report(what, ok, detail):
         nonlocal okay
         okay &= bool(ok)
         print(f"{what:<10} {'OK' if ok else 'NOT OK':<7} {detail}")
 
+    def compare_bf16(logits, loss, grads, ref_logits, ref_loss, ref_grads, loss_tol):
+        """The first step's comparisons at the bf16 tolerances, against one reference."""
+        err = np.abs(logits.astype(np.float64) - ref_logits)
+        tol = bf16_tolerance(ref_logits)
+        bad = err > tol
+        report("logits", not bad.any(), f"max abs err {err.max():.2e}, {bad.sum()} of {err.size} "
+               f"outside, {tolerance_used(err, tol):.0%} of the tolerance at worst")
+        report("loss", abs(loss - ref_loss) <= loss_tol,
+               f"{loss:.6f} vs {ref_loss:.6f} (|diff| {abs(loss - ref_loss):.2e})")
+        for name, grad in grads.items():
+            expected = np.asarray(ref_grads[name], np.float64)
+            err = np.abs(grad - expected)
+            scale = np.abs(expected).max()
+            rel = err.max() / scale if scale > 0 else err.max()
+            used = tolerance_used(err, bf16_tolerance(expected))
+            report(name, used <= 1.0, f"max abs err / max |grad| = {rel:.2e}, {used:.0%} of the "
+                   f"tolerance at worst")
+
+    def compare_losses(losses, expected, source, tol):
+        diff = np.abs(np.array(losses) - np.array(expected[:STEPS]))
+        report("losses", diff.max() <= tol, f"max |diff| {diff.max():.2e} vs {source}" +
+               (f" ({diff.max() / tol:.0%} of the tolerance)" if bf16 else ""))
+
+    V = state.logits.shape[2]
     losses = []
     for step in range(STEPS):
         start = time.perf_counter()
@@ -103,7 +202,11 @@ def check_parity(model, state, expected_grads, losses_source):
         model.zero_grad()
         model.backward()
         elapsed_ms = (time.perf_counter() - start) * 1e3
-        if step == 0:
+        if step == 0 and bf16:
+            first = (model.logits[:, :, :V].copy(), loss,
+                     {name: grad.copy() for name, grad in model.grad_tensors().items()})
+            compare_bf16(*first, state.logits, state.loss, expected_grads, loss_tol)
+        elif step == 0:
             logits = model.logits[:, :, :V]
             err = np.abs(logits.astype(np.float64) - state.logits)
             bad = ~within(logits, state.logits, logits_tol)
@@ -111,24 +214,46 @@ def check_parity(model, state, expected_grads, losses_source):
                    f"outside {logits_tol:g} rel-or-abs")
             report("loss", within(loss, state.loss, logits_tol), f"{loss:.6f} vs {state.loss:.6f}")
             for name, grad in model.grad_tensors().items():
-                expected = expected_grads[name]
-                scale = np.abs(expected).max()
-                rel = np.abs(grad - expected).max() / scale if scale > 0 else np.abs(grad).max()
+                expected_grad = expected_grads[name]
+                scale = np.abs(expected_grad).max()
+                rel = np.abs(grad - expected_grad).max() / scale if scale > 0 else np.abs(grad).max()
                 report(name, rel <= grad_tol, f"max abs err / max |grad| = {rel:.2e}")
         losses.append(loss)
         print(f"step {step}: loss {loss:.6f} (took {elapsed_ms:.1f} ms)")
         model.update(LR, BETA1, BETA2, EPS, WEIGHT_DECAY, step + 1)
 
-    expected, source = losses_source()
+    if not bf16:
+        expected, source = losses_source()
     if expected is None:
         print("losses     no expected step losses (no PyTorch, no .losses.json beside the state): not compared")
     else:
-        diff = np.abs(np.array(losses) - np.array(expected[:STEPS]))
-        report("losses", diff.max() <= loss_step_tol, f"max |diff| {diff.max():.2e} vs {source}")
+        compare_losses(losses, expected, source, loss_tol if bf16 else loss_step_tol)
+    if bf16 and autocast_source is not None:
+        autocast = autocast_source()
+        if autocast is None:
+            print("against the PyTorch bf16-autocast reference: not compared (no PyTorch)")
+        else:
+            ref_logits, ref_loss, ref_grads, ref_losses = autocast
+            tol = bf16_loss_tolerance(ref_losses)
+            print(f"against the PyTorch bf16-autocast reference (loss and step losses {tol:.3g}):")
+            compare_bf16(*first, ref_logits, ref_loss, ref_grads, tol)
+            compare_losses(losses, ref_losses, "the PyTorch bf16-autocast reference", tol)
     if model.backend.name.startswith("check:"):
         report("check", model.backend.report()["mismatches"] == 0, model.backend.summary())
     print(f"overall okay: {int(okay)}")
     return okay
+
+
+def autocast_reference(config, params, state):
+    """The live PyTorch reference at bf16 autocast (train_gpt2_torch.py --dtype bfloat16) on
+    the state's batch: (logits, loss, gradients by name, step losses); None without PyTorch."""
+    if importlib.util.find_spec("torch") is None:
+        return None
+    from train_gpt2_torch import reference_forward_backward, reference_losses
+    logits, loss, grads = reference_forward_backward(config, params, state.x, state.y,
+                                                     dtype="bfloat16")
+    losses = reference_losses(config, params, state.x, state.y, steps=STEPS, dtype="bfloat16")
+    return logits, loss, param_views(config, grads), losses
 
 
 def main():
@@ -138,6 +263,10 @@ def main():
     parser.add_argument("--state", default=FIXTURE_STATE, help="llm.c debug state file")
     parser.add_argument("--backend", default="cpu",
                         help="the backend to run on: cpu, check:NAME, profile:NAME, ...")
+    parser.add_argument("--precision", choices=PRECISIONS, default="fp32",
+                        help="the model's precision (llm.c's PRECISION; bf16: bf16 parameters "
+                             "and activations, float32 master weights), compared with the "
+                             "reference at its tolerances (default: fp32)")
     args = parser.parse_args()
 
     # after argument parsing, so --help works before a build
@@ -146,7 +275,7 @@ def main():
     try:
         config, params = read_checkpoint(args.model)
         state = read_debug_state(args.state, config)
-        model = GPT2(config, backend=args.backend)
+        model = GPT2(config, backend=args.backend, precision=args.precision)
     except (FormatError, BackendError) as e:
         parser.exit(1, f"test_gpt2.py: error: {e}\n")
     model.params = params
@@ -156,9 +285,11 @@ def main():
           f"V={V} Vp={config.padded_vocab_size} maxT={config.max_seq_len}, "
           f"{config.num_parameters():,} parameters")
     print(f"[State] {args.state}: B={B} T={T}")
-    print(f"[Backend] {model.backend.name}")
+    print(f"[Backend] {model.backend.name}" +
+          (f", precision {model.precision}" if model.precision != "fp32" else ""))
     okay = check_parity(model, state, param_views(config, state.grads),
-                        lambda: expected_losses(config, params, state, args.state))
+                        lambda: expected_losses(config, params, state, args.state),
+                        lambda: autocast_reference(config, params, state))
     return 0 if okay else 1
 
 

@@ -5,6 +5,15 @@ The PyTorch reference for llm.pyx, in the role of llm.c's train_gpt2.py: GPT-2 i
     python train_gpt2_torch.py -e d12 -b 4 -t 64 -o out        random init, llm.c's d12 sizes
     python train_gpt2_torch.py -e gpt2 -b 4 -t 64 -o .         OpenAI's GPT-2 124M weights
                                                                (needs transformers + internet)
+    python train_gpt2_torch.py -e d12 --dtype bfloat16 -o out  the debug state and step losses
+                                                               of bf16 autocast forwards
+
+--dtype bfloat16 runs every forward under bf16 autocast on the CPU, as llm.c's train_gpt2.py
+--dtype bfloat16 does on a GPU: the matmuls take bf16 operands (the parameters rounded to
+nearest on each use) and give bf16 results, while the parameters, their gradients and AdamW
+stay float32 (autocast takes the cross-entropy of the bf16 logits in float32, as our bf16 model
+does).  llm.c's C tests compare their bf16 build with the float32 debug state only;
+test_gpt2.py --precision bf16 compares ours with both.
 
 writes to the output directory, for NAME (--name; default gpt2_dN or gpt2_124M):
     NAME.bin                      the model, llm.c checkpoint in fp32 (version 3)
@@ -14,11 +23,15 @@ writes to the output directory, for NAME (--name; default gpt2_dN or gpt2_124M):
     NAME_debug_state.losses.json  the losses of 10 AdamW steps on that same batch, as llm.c's
                                   test_gpt2.c runs them, with the optimizer's settings
     gpt2_tokenizer.bin            with --tokenizer: the GPT-2 tokenizer for decoding
+(with --dtype bfloat16 the last two are NAME_debug_state_bf16.bin and
+NAME_debug_state_bf16.losses.json, whose record says "dtype": "bfloat16")
 
 Tests and test_gpt2.py import reference_forward_backward() and reference_losses(), which
-start from a parameter vector in llm.c's layout (train_gpt2.GPT2Config.param_shapes).
+start from a parameter vector in llm.c's layout (train_gpt2.GPT2Config.param_shapes) and take
+dtype="float32" or "bfloat16" (autocast, as --dtype).
 """
 import argparse
+import contextlib
 import dataclasses
 import json
 import math
@@ -41,6 +54,20 @@ PRETRAINED = {"gpt2": "124M", "gpt2-medium": "355M", "gpt2-large": "774M", "gpt2
 # AdamW as llm.c's test_gpt2.c runs it: weight decay on every parameter
 ADAMW = {"lr": 1e-4, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.01}
 INIT_STD = 0.02
+
+# the precisions the forward runs at (--dtype); see autocast
+DTYPES = ("float32", "bfloat16")
+
+
+def autocast(dtype):
+    """The context a forward runs in at dtype: none at float32; at bfloat16, autocast on the
+    CPU (llm.c's train_gpt2.py --dtype bfloat16): matmuls on bf16 operands with bf16 results,
+    the parameters, the cross-entropy and what autocast leaves alone float32."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if dtype == "float32":
+        return contextlib.nullcontext()
+    return torch.autocast("cpu", dtype=torch.bfloat16)
 
 
 # ----------------------------------------------------------------------------
@@ -239,26 +266,38 @@ def as_tokens(a):
     return torch.from_numpy(np.asarray(a, dtype=np.int64))
 
 
-def reference_forward_backward(config, params, x, y):
-    """One forward + backward of the model params (llm.c layout) on inputs x, targets y
-    (B,T): (logits (B,T,V) float32, mean loss, gradients as llm.c's padded vector)."""
-    model = build_model(config, params)
-    logits, loss = model(as_tokens(x), as_tokens(y))
+def forward_backward(model, x, y, dtype="float32"):
+    """One forward (at dtype, see autocast) + backward of model (any family's) on inputs x,
+    targets y (B,T): (logits (B,T,V) float32, mean loss); the gradients are in the model."""
+    with autocast(dtype):
+        logits, loss = model(as_tokens(x), as_tokens(y))
     loss.backward()
-    return logits.detach().numpy(), float(loss.item()), llmc_vector(model, grads=True)
+    return logits.detach().float().numpy(), float(loss.item())
+
+
+def reference_forward_backward(config, params, x, y, dtype="float32"):
+    """One forward (at dtype: "float32", or "bfloat16" autocast) + backward of the model params
+    (llm.c layout) on inputs x, targets y (B,T): (logits (B,T,V) float32, mean loss, gradients
+    as llm.c's padded vector)."""
+    model = build_model(config, params)
+    logits, loss = forward_backward(model, x, y, dtype)
+    return logits, loss, llmc_vector(model, grads=True)
 
 
 def step_losses(model, x, y, steps=10, lr=ADAMW["lr"], beta1=ADAMW["beta1"],
-                beta2=ADAMW["beta2"], eps=ADAMW["eps"], weight_decay=ADAMW["weight_decay"]):
+                beta2=ADAMW["beta2"], eps=ADAMW["eps"], weight_decay=ADAMW["weight_decay"],
+                dtype="float32"):
     """The losses of `steps` training steps of model (any family's) on the one batch (x, y),
-    as test_gpt2.c runs them: forward (its loss is recorded), zero_grad, backward, AdamW
-    update with weight decay on every parameter."""
+    as test_gpt2.c runs them: forward (its loss is recorded; at dtype, see autocast),
+    zero_grad, backward, AdamW update with weight decay on every parameter (in float32, the
+    model's own precision, at every dtype)."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(beta1, beta2), eps=eps,
                                   weight_decay=weight_decay)
     x, y = as_tokens(x), as_tokens(y)
     losses = []
     for _ in range(steps):
-        _, loss = model(x, y)
+        with autocast(dtype):
+            _, loss = model(x, y)
         losses.append(float(loss.item()))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -267,8 +306,31 @@ def step_losses(model, x, y, steps=10, lr=ADAMW["lr"], beta1=ADAMW["beta1"],
 
 
 def reference_losses(config, params, x, y, **options):
-    """step_losses of the model params (llm.c layout); options as step_losses'."""
+    """step_losses of the model params (llm.c layout); options as step_losses' (dtype too)."""
     return step_losses(build_model(config, params), x, y, **options)
+
+
+def debug_state_name(name, dtype):
+    """The debug state's file name for a model NAME at dtype (its losses: .losses.json)."""
+    return f"{name}_debug_state.bin" if dtype == "float32" else f"{name}_debug_state_bf16.bin"
+
+
+def write_reference_run(path, forward_backward_of, losses_of, config, params, x, y, steps,
+                        dtype):
+    """A family's debug state at path (forward_backward_of(config, params, x, y, dtype=)) and
+    the losses of its `steps` AdamW steps (losses_of, likewise) beside it, .losses.json."""
+    logits, loss, grads = forward_backward_of(config, params, x, y, dtype=dtype)
+    write_debug_state(path, x, y, logits, loss, grads)
+    print(f"wrote {path} (loss {loss:.6f}{', bf16 autocast' if dtype != 'float32' else ''})")
+    losses = losses_of(config, params, x, y, steps=steps, dtype=dtype)
+    for step, step_loss in enumerate(losses):
+        print(f"step {step}: loss {step_loss:.6f}")
+    record = {"losses": losses, **ADAMW, "decay": "all"}
+    if dtype != "float32":
+        record["dtype"] = dtype
+    losses_path = os.path.splitext(path)[0] + ".losses.json"
+    atomic_write(losses_path, [json.dumps(record, indent=2).encode() + b"\n"])
+    print(f"wrote {losses_path}")
 
 
 # ----------------------------------------------------------------------------
@@ -343,6 +405,11 @@ def parse_args(argv):
     parser.add_argument("--name", help="file name stem (default: gpt2_dN, or gpt2_124M etc.)")
     parser.add_argument("--seed", type=int, default=0, help="init and batch seed (default: 0)")
     parser.add_argument("--steps", type=int, default=10, help="AdamW steps (default: 10)")
+    parser.add_argument("--dtype", choices=DTYPES, default="float32",
+                        help="the forwards behind the debug state and the step losses: float32, "
+                             "or bfloat16 autocast with float32 parameters and AdamW, as llm.c's "
+                             "train_gpt2.py --dtype bfloat16; written as NAME_debug_state_bf16.* "
+                             "(default: float32)")
     parser.add_argument("--input-text", metavar="FILE",
                         help="take the batch from this text (e.g. tinyshakespeare), tokenized with "
                              "GPT-2's BPE; default: random token ids")
@@ -407,17 +474,8 @@ def main(argv=None):
     write_checkpoint(out(f"{name}_bf16.bin"), config, params, dtype="bfloat16")
     print(f"wrote {out(name + '.bin')} and {out(name + '_bf16.bin')}")
 
-    logits, loss, grads = reference_forward_backward(config, params, x, y)
-    write_debug_state(out(f"{name}_debug_state.bin"), x, y, logits, loss, grads)
-    print(f"wrote {out(name + '_debug_state.bin')} (loss {loss:.6f})")
-
-    losses = reference_losses(config, params, x, y, steps=args.steps)
-    for step, step_loss in enumerate(losses):
-        print(f"step {step}: loss {step_loss:.6f}")
-    record = {"losses": losses, **ADAMW, "decay": "all"}
-    atomic_write(out(f"{name}_debug_state.losses.json"),
-                 [json.dumps(record, indent=2).encode() + b"\n"])
-    print(f"wrote {out(name + '_debug_state.losses.json')}")
+    write_reference_run(out(debug_state_name(name, args.dtype)), reference_forward_backward,
+                        reference_losses, config, params, x, y, args.steps, args.dtype)
 
     if args.tokenizer:
         write_gpt2_tokenizer(out("gpt2_tokenizer.bin"))

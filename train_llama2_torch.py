@@ -5,6 +5,7 @@ files that the Cython trainer will be checked against.
 
     python train_llama2_torch.py -e stories15M -b 4 -t 64 -o out     llama2.c's 15M sizes
     python train_llama2_torch.py -e d2 --vocab-size 61 -o out        a tiny test model
+    python train_llama2_torch.py -e d2 --dtype bfloat16 -o out       its bf16 autocast state
 
 The model, per layer:  x += wo(attention(rope(wq(rmsnorm(x))), rope(wk(..)), wv(..)))
                        x += w2(silu(w1(rmsnorm(x))) * w3(rmsnorm(x)))
@@ -19,12 +20,14 @@ writes to the output directory, for NAME (--name; default llama2_<model>):
                                   of one forward + backward on it (llm.c's debug state format)
     NAME_debug_state.losses.json  the losses of 10 AdamW steps on that same batch, as llm.c's
                                   test_gpt2.c runs them, with the optimizer's settings
+(with --dtype bfloat16, as train_gpt2_torch.py's: every forward under bf16 autocast on the CPU,
+float32 parameters and AdamW, written as NAME_debug_state_bf16.bin and .losses.json)
 
 Tests import reference_forward_backward() and reference_losses(), which start from a flat
-parameter vector in train_llama2.LlamaConfig.param_shapes() order.
+parameter vector in train_llama2.LlamaConfig.param_shapes() order and take dtype="float32" or
+"bfloat16" (autocast).
 """
 import argparse
-import json
 import math
 import os
 
@@ -33,13 +36,13 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from llmc.formats import atomic_write, param_views
+from llmc.formats import param_views
 from llmc.formats.llama2c import write_llama_model
-from llmc.formats.llmc import write_debug_state
 from llmc.rope import rope_tables
 from train_llama2 import PRESETS, LlamaConfig, llama2c_hidden_dim
-# test_gpt2.c's AdamW settings and training loop, and the init's std, as for GPT-2
-from train_gpt2_torch import ADAMW, INIT_STD, as_tokens, step_losses
+# test_gpt2.c's training loop and its files, the init's std and the dtypes, as for GPT-2
+from train_gpt2_torch import (DTYPES, INIT_STD, debug_state_name, forward_backward,
+                              step_losses, write_reference_run)
 
 
 # ----------------------------------------------------------------------------
@@ -220,18 +223,18 @@ def init_params(config, seed):
 # ----------------------------------------------------------------------------
 # the reference computations
 
-def reference_forward_backward(config, params, x, y):
-    """One forward + backward of the model params (flat vector) on inputs x, targets y
-    (B,T): (logits (B,T,V) float32, mean loss, gradients as a flat vector)."""
+def reference_forward_backward(config, params, x, y, dtype="float32"):
+    """One forward (at dtype: "float32", or "bfloat16" autocast) + backward of the model params
+    (flat vector) on inputs x, targets y (B,T): (logits (B,T,V) float32, mean loss, gradients
+    as a flat vector)."""
     model = build_model(config, params)
-    logits, loss = model(as_tokens(x), as_tokens(y))
-    loss.backward()
-    return logits.detach().numpy(), float(loss.item()), flat_vector(model, grads=True)
+    logits, loss = forward_backward(model, x, y, dtype)
+    return logits, loss, flat_vector(model, grads=True)
 
 
 def reference_losses(config, params, x, y, **options):
     """step_losses (train_gpt2_torch's: test_gpt2.c's 10 AdamW steps on one batch) of the
-    model params (flat vector); options as step_losses'."""
+    model params (flat vector); options as step_losses' (dtype too)."""
     return step_losses(build_model(config, params), x, y, **options)
 
 
@@ -265,6 +268,11 @@ def parse_args(argv):
     parser.add_argument("--name", help="file name stem (default: llama2_<model>)")
     parser.add_argument("--seed", type=int, default=0, help="init and batch seed (default: 0)")
     parser.add_argument("--steps", type=int, default=10, help="AdamW steps (default: 10)")
+    parser.add_argument("--dtype", choices=DTYPES, default="float32",
+                        help="the forwards behind the debug state and the step losses: float32, "
+                             "or bfloat16 autocast with float32 parameters and AdamW (as "
+                             "train_gpt2_torch.py's); written as NAME_debug_state_bf16.* "
+                             "(default: float32)")
     sizes = parser.add_argument_group("size overrides (tiny test models)")
     sizes.add_argument("--dim", type=int, help="C")
     sizes.add_argument("--layers", type=int, help="L")
@@ -315,17 +323,8 @@ def main(argv=None):
     write_llama_model(out(f"{name}.bin"), config, params)
     print(f"wrote {out(name + '.bin')} (llama2.c version 1, float32)")
 
-    logits, loss, grads = reference_forward_backward(config, params, x, y)
-    write_debug_state(out(f"{name}_debug_state.bin"), x, y, logits, loss, grads)
-    print(f"wrote {out(name + '_debug_state.bin')} (loss {loss:.6f})")
-
-    losses = reference_losses(config, params, x, y, steps=args.steps)
-    for step, step_loss in enumerate(losses):
-        print(f"step {step}: loss {step_loss:.6f}")
-    record = {"losses": losses, **ADAMW, "decay": "all"}
-    atomic_write(out(f"{name}_debug_state.losses.json"),
-                 [json.dumps(record, indent=2).encode() + b"\n"])
-    print(f"wrote {out(name + '_debug_state.losses.json')}")
+    write_reference_run(out(debug_state_name(name, args.dtype)), reference_forward_backward,
+                        reference_losses, config, params, x, y, args.steps, args.dtype)
 
 
 if __name__ == "__main__":
