@@ -79,7 +79,8 @@ def test_json_log_adds_up(data, tmp_path):
         assert close(r["peak_percent"], 100 * r["tflops"] / head["peak_tflops"])
         assert r["compile_ms"] == 0 and r["compile_share"] == 0   # the CPU compiles nothing
         groups = r["groups_ms"]
-        assert {"core", "linear", "gpt2", "other"} <= set(groups) <= {"core", "linear", "gpt2", "flash", "other"}
+        assert {"core", "linear", "gpt2", "other"} <= set(groups) <= {"core", "linear", "gpt2",
+                                                                       "classifier", "flash", "other"}
         assert all(t > 0 for g, t in groups.items() if g != "other")
         assert close(sum(groups.values()), r["ms"])
         assert 0 <= groups["other"] < r["ms"]   # the kernels ran within the step
