@@ -16,6 +16,7 @@ Memory comes from mmap: page-aligned (so guard:cpu can protect it), zero pages u
 written, and large buffers advised to transparent huge pages as NumPy does for its arrays.
 """
 from accel.backend cimport Backend, BackendTable
+from kernels.adamw cimport adamw_update_rounded
 from kernels.attention_gqa cimport attention_gqa_backward
 from kernels.bf16 cimport bf16, narrow, narrow_stochastic, widen
 from kernels.matmul_bf16 cimport matmul_backward_bf16, matmul_forward_bf16
@@ -149,6 +150,14 @@ cdef void bf16_narrow_params(void* ctx, float* params, const float* master, Py_s
         narrow_stochastic(<bf16*>params, master, n, first, <uint32_t>seed)
 
 
+cdef void bf16_adamw_update_rounded(void* ctx, float* params, float* master, float* m, float* v,
+                                    const float* grads, Py_ssize_t n, float lr, float beta1,
+                                    float beta2, float eps, float weight_decay, float grad_scale,
+                                    int t, Py_ssize_t first) noexcept nogil:
+    adamw_update_rounded(<bf16*>params, master, m, v, grads, n, lr, beta1, beta2, eps,
+                         weight_decay, grad_scale, t, first)
+
+
 include "accel/_cpu_bf16_table.pxi"
 
 
@@ -188,6 +197,7 @@ def create(bint flash=True, str precision="fp32"):
         t.matmul_forward = bf16_matmul_forward
         t.matmul_backward = bf16_matmul_backward
         t.narrow_params = bf16_narrow_params
+        t.adamw_update_rounded = bf16_adamw_update_rounded
     if not flash:
         t.flash_attention_forward = NULL
         t.flash_attention_backward = NULL

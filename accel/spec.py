@@ -49,7 +49,8 @@ GROUPS = {
                   "probability buffer; Llama needs it, GPT-2 uses it when the backend has it",
     "flash": "attention that keeps each row's log-sum-exp instead of (B,NH,T,T) buffers; a "
              "model uses it when the backend has it",
-    "bf16": "mixed precision: the bf16 parameters rounded from the float32 master weights",
+    "bf16": "mixed precision: the bf16 parameters rounded from the float32 master weights, "
+            "alone or in AdamW's pass",
 }
 
 # The precisions a table can run at: the element type its floatX arguments point to.  A backend
@@ -283,6 +284,13 @@ ENTRIES = [
     # --- bf16 ---------------------------------------------------------------------------
     E("narrow_params", "bf16", "floatX* params[n] out", "const float* master[n] in",
       "Py_ssize_t n", "Py_ssize_t first", "int seed", cpu=None, bf16=None),
+    # AdamW on the master weights, each new one also rounded into params as narrow_params does
+    # with seed t: one pass over memory (llm.c's update with master weights)
+    E("adamw_update_rounded", "bf16", "floatX* params[n] out", "float* master[n] inout ~2",
+      "float* m[n] inout ~2", "float* v[n] inout ~2 init=positive", "const float* grads[n] in",
+      "Py_ssize_t n", "float lr", "float beta1", "float beta2", "float eps",
+      "float weight_decay", "float grad_scale", "int t", "Py_ssize_t first", cpu=None,
+      bf16=None),
 ]
 
 BY_NAME = {e.name: e for e in ENTRIES}

@@ -600,8 +600,11 @@ cdef class Model:
         self._ensure_grads()
         self._m = self._moments(self._m)
         self._v = self._moments(self._v)
-        # at bf16 AdamW updates the master weights, then the shard is rounded into the bf16 ones
-        cdef float* params = floats(self._master if self._master is not None else self._params)
+        # at bf16 AdamW updates the master weights and rounds each into the bf16 ones, seeded
+        # by t (as round_params(t) would), in the same pass
+        cdef bint mixed = self._master is not None
+        cdef float* params = floats(self._master if mixed else self._params)
+        cdef float* rounded = floats(self._params)
         cdef float* grads = floats(self._grads)
         cdef float* m = floats(self._m)  # m[i - shard_start] is parameter i's moment
         cdef float* v = floats(self._v)
@@ -615,14 +618,15 @@ cdef class Model:
                 continue
             decay = weight_decay if decayed else 0.0
             with nogil:
-                self.table.adamw_update(self.table.ctx, params + start, m + (start - self.shard_start),
-                                    v + (start - self.shard_start), grads + start, end - start,
-                                    lr, beta1, beta2, eps, decay, grad_scale, t)
-        cdef float* rounded = self.param_at(floats(self._params), self.shard_start)
-        if self._master is not None:
-            start, end = self.shard_start, self.shard_end
-            with nogil:
-                self.table.narrow_params(self.table.ctx, rounded, params + start, end - start,
-                                         start, t)
+                if mixed:
+                    self.table.adamw_update_rounded(
+                        self.table.ctx, self.param_at(rounded, start), params + start,
+                        m + (start - self.shard_start), v + (start - self.shard_start),
+                        grads + start, end - start, lr, beta1, beta2, eps, decay, grad_scale, t,
+                        start)
+                else:
+                    self.table.adamw_update(self.table.ctx, params + start, m + (start - self.shard_start),
+                                        v + (start - self.shard_start), grads + start, end - start,
+                                        lr, beta1, beta2, eps, decay, grad_scale, t)
         self.step = t
         self.backend.check_error()

@@ -10,7 +10,7 @@ loader that Metal shares (accel/loader.pyx).
 
 Each at two precisions (PRECISIONS; get_backend(name, precision)): fp32, and bf16, a build of its
 own (libgpt2_hip[_emu]_bf16.so, gpt2.hip with -DACCEL_HIP_BF16) whose floatX arguments are bf16
-and which fills the bf16 group (narrow_params) too.
+and which fills the bf16 group (narrow_params, adamw_update_rounded) too.
 
 Nothing here links against a GPU library: the build is opened at run time (dlopen), so the CPU
 product builds and runs everywhere, and a missing build, toolchain library or GPU is one line

@@ -577,19 +577,28 @@ __global__ void sum_kernel(double* partials, const float* x, long n) {
     if (threadIdx.x == 0) partials[blockIdx.x] = sum;
 }
 
-// AdamW as kernels/adamw.pxd: grads scaled first, bias corrections 1 - beta^t from the host
+// AdamW as kernels/adamw.pxd: grads scaled first, bias corrections 1 - beta^t from the host;
+// parameter i's update, returning its new value
+__device__ __forceinline__ float adamw_one(float* params, float* m, float* v, const float* grads, long i,
+                                           float lr, float beta1, float beta2, float beta1_correction,
+                                           float beta2_correction, float eps, float weight_decay,
+                                           float grad_scale) {
+    const float grad = grads[i] * grad_scale;
+    const float m_i = beta1 * m[i] + (1.0f - beta1) * grad;
+    const float v_i = beta2 * v[i] + (1.0f - beta2) * grad * grad;
+    m[i] = m_i;
+    v[i] = v_i;
+    const float m_hat = m_i / beta1_correction, v_hat = v_i / beta2_correction;
+    params[i] -= lr * (m_hat / (sqrtf(v_hat) + eps) + weight_decay * params[i]);
+    return params[i];
+}
+
 __global__ void adamw_kernel(float* params, float* m, float* v, const float* grads, long n, float lr, float beta1,
                              float beta2, float beta1_correction, float beta2_correction, float eps,
                              float weight_decay, float grad_scale) {
-    for (long i = blockIdx.x * long(blockDim.x) + threadIdx.x; i < n; i += long(gridDim.x) * blockDim.x) {
-        const float grad = grads[i] * grad_scale;
-        const float m_i = beta1 * m[i] + (1.0f - beta1) * grad;
-        const float v_i = beta2 * v[i] + (1.0f - beta2) * grad * grad;
-        m[i] = m_i;
-        v[i] = v_i;
-        const float m_hat = m_i / beta1_correction, v_hat = v_i / beta2_correction;
-        params[i] -= lr * (m_hat / (sqrtf(v_hat) + eps) + weight_decay * params[i]);
-    }
+    for (long i = blockIdx.x * long(blockDim.x) + threadIdx.x; i < n; i += long(gridDim.x) * blockDim.x)
+        adamw_one(params, m, v, grads, i, lr, beta1, beta2, beta1_correction, beta2_correction, eps,
+                  weight_decay, grad_scale);
 }
 
 #ifdef ACCEL_HIP_BF16
@@ -613,18 +622,32 @@ __device__ __forceinline__ uint32_t noise16(uint64_t index, uint32_t seed) {
 // params (n,) bf16 = master (n,) rounded: to nearest even when seed < 0, else stochastically, up
 // with probability the dropped fraction, element i's bits from (first + i, seed); a NaN stays a
 // quiet NaN. The bit arithmetic of float_to_bf16 and float_to_bf16_stochastic (kernels/bf16.pxd).
+__device__ __forceinline__ floatX rounded_param(float value, long index, int seed) {
+    const uint32_t bits = __float_as_uint(value);
+    uint32_t rounded;
+    if ((bits & 0x7fffffffu) > 0x7f800000u)
+        rounded = (bits >> 16) | 0x40u;
+    else if (seed < 0)
+        rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+    else
+        rounded = (bits + noise16(uint64_t(index), uint32_t(seed))) >> 16;
+    return __ushort_as_bfloat16((unsigned short)rounded);
+}
+
 __global__ void narrow_params_kernel(floatX* params, const float* master, long n, long first, int seed) {
-    for (long i = blockIdx.x * long(blockDim.x) + threadIdx.x; i < n; i += long(gridDim.x) * blockDim.x) {
-        const uint32_t bits = __float_as_uint(master[i]);
-        uint32_t rounded;
-        if ((bits & 0x7fffffffu) > 0x7f800000u)
-            rounded = (bits >> 16) | 0x40u;
-        else if (seed < 0)
-            rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
-        else
-            rounded = (bits + noise16(uint64_t(first + i), uint32_t(seed))) >> 16;
-        params[i] = __ushort_as_bfloat16((unsigned short)rounded);
-    }
+    for (long i = blockIdx.x * long(blockDim.x) + threadIdx.x; i < n; i += long(gridDim.x) * blockDim.x)
+        params[i] = rounded_param(master[i], first + i, seed);
+}
+
+// AdamW on the master weights, each new one rounded into params as narrow_params does with seed t
+__global__ void adamw_rounded_kernel(floatX* params, float* master, float* m, float* v, const float* grads, long n,
+                                     float lr, float beta1, float beta2, float beta1_correction,
+                                     float beta2_correction, float eps, float weight_decay, float grad_scale,
+                                     int t, long first) {
+    for (long i = blockIdx.x * long(blockDim.x) + threadIdx.x; i < n; i += long(gridDim.x) * blockDim.x)
+        params[i] = rounded_param(adamw_one(master, m, v, grads, i, lr, beta1, beta2, beta1_correction,
+                                            beta2_correction, eps, weight_decay, grad_scale),
+                                  first + i, t);
 }
 #endif
 
@@ -1139,5 +1162,17 @@ ACCEL_HIP_API void accel_hip_narrow_params(void* ctx, floatX* params, const floa
     hipLaunchKernelGGL(narrow_params_kernel, dim3(grid_for(c, n)), dim3(BLOCK), 0, 0, params, master, long(n),
                        long(first), seed);
     check_launch(c, "narrow_params");
+}
+
+ACCEL_HIP_API void accel_hip_adamw_update_rounded(void* ctx, floatX* params, float* master, float* m, float* v,
+                                                  const float* grads, ptrdiff_t n, float lr, float beta1,
+                                                  float beta2, float eps, float weight_decay, float grad_scale,
+                                                  int t, ptrdiff_t first) {
+    Context* c = context(ctx);
+    const float beta1_correction = 1.0f - powf(beta1, float(t)), beta2_correction = 1.0f - powf(beta2, float(t));
+    hipLaunchKernelGGL(adamw_rounded_kernel, dim3(grid_for(c, n)), dim3(BLOCK), 0, 0, params, master, m, v, grads,
+                       long(n), lr, beta1, beta2, beta1_correction, beta2_correction, eps, weight_decay,
+                       grad_scale, t, long(first));
+    check_launch(c, "adamw_update_rounded");
 }
 #endif
