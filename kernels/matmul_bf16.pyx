@@ -9,6 +9,7 @@
 # bias, or the old gradient, first; the GEMM adds onto it) and rounded once into place.
 from cython.parallel cimport prange
 from libc.stdlib cimport free, malloc
+from libc.string cimport memset
 
 from kernels.bf16 cimport bf16_to_float, float_to_bf16
 from kernels.blas cimport gemm_bf16
@@ -36,14 +37,17 @@ cdef int gemm_rounded(bf16* out, int ldo, const bf16* bias, bint accumulate, int
     for chunk in range((BT + ROWS - 1) // ROWS):
         r0 = chunk * ROWS
         rows = min(ROWS, BT - r0)
-        for r in range(rows):
-            for j in range(n):
-                if accumulate:
+        # the start, each case its own loop so that each vectorises
+        if accumulate:
+            for r in range(rows):
+                for j in range(n):
                     block[r * n + j] = bf16_to_float(out[(r0 + r) * <Py_ssize_t>ldo + j])
-                elif bias != NULL:
+        elif bias != NULL:
+            for r in range(rows):
+                for j in range(n):
                     block[r * n + j] = bf16_to_float(bias[j])
-                else:
-                    block[r * n + j] = 0.0
+        else:
+            memset(block, 0, <size_t>rows * n * sizeof(float))
         failed |= gemm_bf16(CblasRowMajor, CblasNoTrans, transb, rows, n, K, 1.0,
                             A + <Py_ssize_t>r0 * lda, lda, W, ldw, 1.0, block, n)
         for r in range(rows):
