@@ -29,14 +29,16 @@ import sys
 import numpy as np
 import pytest
 
+from accel import instrument
 from accel.backend import BackendError, get_backend
 from accel.spec import BY_NAME, ORDER, evaluate, tolerance
-from entries import D12_WIDTHS, SMALL, numbers
+from entries import D12_WIDTHS, SMALL, numbers, run_every_entry
 from kernels.bf16 import to_bf16, to_float32
 from train_gpt2 import GPT2, GPT2Config
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-HIP = os.path.join(os.path.dirname(HERE), "accel", "hip")
+ROOT = os.path.dirname(HERE)
+HIP = os.path.join(ROOT, "accel", "hip")
 CXX = os.environ.get("CXX", "g++")
 
 device = pytest.importorskip("accel.hip.device", reason="accel/hip/device.pyx is not built (make train_gpt2)")
@@ -349,3 +351,30 @@ def test_unbuilt_bf16_library_is_one_line_naming_the_target(monkeypatch, tmp_pat
 def test_a_library_of_the_other_precision_is_refused(builds):
     with pytest.raises(BackendError, match=r"is a bf16 build, not fp32"):
         device.load(builds["emu"], "hip-emu", "fp32")
+
+
+# --- check: at bf16, and test_gpt2.py at bf16 ----------------------------------------------------
+
+@pytest.mark.parametrize("dims", [SMALL, D12_WIDTHS], ids=["small", "d12"])
+def test_check_hip_emu_at_bf16_is_clean_at_real_widths(builds, dims):
+    """check: (accel/instrument.pyx) compares every bf16 entry with the CPU's bf16 table within an
+    ulp and for a rounding bias; it does not cry wolf at d12's widths."""
+    backend = instrument.create("check", emulated(builds["emu"]))
+    run_every_entry(backend, dims=dims)
+    assert backend.report()["mismatches"] == 0, backend.summary()
+
+
+def test_check_names_the_truncating_store_by_its_bias(builds, capfd):
+    backend = instrument.create("check", emulated(builds["truncate"]))
+    run_every_entry(backend, dims=D12_WIDTHS)
+    report = backend.report()
+    assert report["first"]["entry"] == "gelu_forward", backend.summary()
+    assert "rounded with a bias" in capfd.readouterr().err
+
+
+def test_test_gpt2_passes_at_bf16_on_check_hip(builds):
+    done = subprocess.run([sys.executable, "test_gpt2.py", "--backend", "check:hip-emu",
+                           "--precision", "bf16"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0 and "overall okay: 1" in done.stdout, done.stdout[-3000:]
+    assert "outputs compared, all within tolerance" in done.stdout
