@@ -41,6 +41,7 @@ truncates instead of rounding (off by up to one bf16 step where rounding is off 
 one; the fixtures pass with every matmul output truncated), a kernel test's job.
 """
 import argparse
+import importlib
 import importlib.util
 import json
 import os
@@ -244,12 +245,14 @@ def check_parity(model, state, expected_grads, losses_source, autocast_source=No
     return okay
 
 
-def autocast_reference(config, params, state):
-    """The live PyTorch reference at bf16 autocast (train_gpt2_torch.py --dtype bfloat16) on
-    the state's batch: (logits, loss, gradients by name, step losses); None without PyTorch."""
+def autocast_reference(config, params, state, reference="train_gpt2_torch"):
+    """The live PyTorch reference at bf16 autocast (the reference module's --dtype bfloat16:
+    train_gpt2_torch, train_llama2_torch) on the state's batch: (logits, loss, gradients by
+    name, step losses); None without PyTorch."""
     if importlib.util.find_spec("torch") is None:
         return None
-    from train_gpt2_torch import reference_forward_backward, reference_losses
+    module = importlib.import_module(reference)
+    reference_forward_backward, reference_losses = module.reference_forward_backward, module.reference_losses
     logits, loss, grads = reference_forward_backward(config, params, state.x, state.y,
                                                      dtype="bfloat16")
     losses = reference_losses(config, params, state.x, state.y, steps=STEPS, dtype="bfloat16")

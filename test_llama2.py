@@ -27,7 +27,7 @@ import sys
 
 from llmc.formats import FormatError, param_views
 from llmc.formats.llmc import read_debug_state
-from test_gpt2 import PRECISIONS, STEPS, check_parity
+from test_gpt2 import PRECISIONS, STEPS, autocast_reference, check_parity
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIXTURE_MODEL = os.path.join(HERE, "tests", "fixtures", "llama2_tiny.bin")
@@ -44,18 +44,6 @@ def expected_losses(config, params, state, state_path):
         with open(losses_path) as f:
             return json.load(f)["losses"], losses_path
     return None, None
-
-
-def autocast_reference(config, params, state):
-    """The live PyTorch reference at bf16 autocast (train_llama2_torch.py --dtype bfloat16) on
-    the state's batch: (logits, loss, gradients by name, step losses); None without PyTorch."""
-    if importlib.util.find_spec("torch") is None:
-        return None
-    from train_llama2_torch import reference_forward_backward, reference_losses
-    logits, loss, grads = reference_forward_backward(config, params, state.x, state.y,
-                                                     dtype="bfloat16")
-    losses = reference_losses(config, params, state.x, state.y, steps=STEPS, dtype="bfloat16")
-    return logits, loss, param_views(config, grads), losses
 
 
 def main():
@@ -86,7 +74,7 @@ def main():
           (f", precision {model.precision}" if model.precision != "fp32" else ""))
     okay = check_parity(model, state, param_views(config, state.grads),
                         lambda: expected_losses(config, params, state, args.state),
-                        lambda: autocast_reference(config, params, state))
+                        lambda: autocast_reference(config, params, state, "train_llama2_torch"))
     return 0 if okay else 1
 
 
