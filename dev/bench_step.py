@@ -113,10 +113,9 @@ def config_for(args):
     return family_for(args).config_class.from_name(args.model or f"d{args.depth}")
 
 
-def model_class(args):
-    """(llm.pyx's model class, the PyTorch reference module) of the benchmarked family."""
-    family = family_for(args)
-    return family.model_class, importlib.import_module(family.reference)
+def reference_module(args):
+    """The PyTorch reference module of the benchmarked family (imports torch)."""
+    return importlib.import_module(family_for(args).reference)
 
 
 def matmul_shapes(config):
@@ -190,7 +189,7 @@ def llmpyx_steps(model, x, y, first_t, steps):
 
 def worker_llmpyx(args):
     # the training path as it runs: OMP_NUM_THREADS from --threads, BLAS threads left to it
-    Model, _ = model_class(args)
+    Model = family_for(args).model_class
     config = config_for(args)
     model = Model.random(config, seed=0, backend=args.backend, recompute=args.recompute,
                          precision=args.precision)
@@ -208,7 +207,7 @@ def worker_torch(args):
     --dtype bfloat16 on a CPU."""
     import contextlib
     import torch
-    _, reference = model_class(args)
+    reference = reference_module(args)
     torch.set_num_threads(args.threads)
     config = config_for(args)
     if args.params:
@@ -241,7 +240,7 @@ def worker_torch(args):
 def worker_profile(args):
     """The step on profile:BACKEND: {entry: seconds per step} of the table's entries, and the
     wall time per step (the rest is Python and the model's bookkeeping)."""
-    Model, _ = model_class(args)
+    Model = family_for(args).model_class
     config = config_for(args)
     model = Model.random(config, seed=0, backend="profile:" + args.backend,
                          recompute=args.recompute, precision=args.precision)
