@@ -27,7 +27,7 @@ import sys
 
 from llmc.formats import FormatError, param_views
 from llmc.formats.llmc import read_debug_state
-from test_gpt2 import PRECISIONS, STEPS, autocast_reference, check_parity
+from test_gpt2 import PRECISIONS, STEPS, autocast_reference as gpt2s_autocast_reference, check_parity
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIXTURE_MODEL = os.path.join(HERE, "tests", "fixtures", "llama2_tiny.bin")
@@ -44,6 +44,12 @@ def expected_losses(config, params, state, state_path):
         with open(losses_path) as f:
             return json.load(f)["losses"], losses_path
     return None, None
+
+
+def autocast_reference(config, params, state):
+    """The live PyTorch bf16-autocast reference (train_llama2_torch.py --dtype bfloat16), as
+    test_gpt2.py's; None without PyTorch."""
+    return gpt2s_autocast_reference(config, params, state, "train_llama2_torch")
 
 
 def main():
@@ -74,7 +80,7 @@ def main():
           (f", precision {model.precision}" if model.precision != "fp32" else ""))
     okay = check_parity(model, state, param_views(config, state.grads),
                         lambda: expected_losses(config, params, state, args.state),
-                        lambda: autocast_reference(config, params, state, "train_llama2_torch"))
+                        lambda: autocast_reference(config, params, state))
     return 0 if okay else 1
 
 
