@@ -659,13 +659,12 @@ def precision_text(precision):
 def require_backend(args, here=True):
     """A TrainError in one line when --backend cannot run here (unless not here: a dry run
     plans backends of other machines), or has no kernels of --precision (accel/backend.pyx's
-    BackendError)."""
-    from accel.backend import BackendError, get_backend, require_available
+    BackendError), without making the backend."""
+    from accel.backend import BackendError, require_available, require_precision
     try:
         if here:
             require_available(args.backend)
-        if args.precision != "fp32":   # a backend without them refuses before it is made
-            get_backend(args.backend, args.precision)
+        require_precision(args.backend, args.precision)
     except BackendError as e:
         raise TrainError(str(e)) from None
 

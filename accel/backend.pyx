@@ -25,7 +25,7 @@ from cpython.buffer cimport PyBUF_WRITABLE
 from libc.stdint cimport uintptr_t
 
 __all__ = ["Backend", "BackendError", "Buffer", "backend_module", "backend_names", "get_backend",
-           "register_backend", "require_available", "ENTRY_GROUPS"]
+           "register_backend", "require_available", "require_precision", "ENTRY_GROUPS"]
 
 
 class BackendError(RuntimeError):
@@ -345,6 +345,26 @@ def require_available(name):
         raise BackendError(f"backend '{name}' is unavailable: {unavailable} ({_available_line()})")
 
 
+def require_precision(name, str precision):
+    """Raise the BackendError get_backend(name, precision) would for a backend with no table of
+    that precision, in one line, without making the backend (its module says: PRECISIONS,
+    default fp32 alone); returns that module, None for a name not registered."""
+    if precision not in PRECISIONS:
+        raise BackendError(f"unknown precision {precision!r} (known: {', '.join(PRECISIONS)})")
+    name = name.rpartition(":")[2]   # a wrapper runs at its backend's precision
+    if name not in _REGISTRY:
+        return None
+    try:
+        module = importlib.import_module(_REGISTRY[name][0])
+    except ImportError as e:
+        raise BackendError(f"backend '{name}' is not built ({e}): run `make train_gpt2`") from None
+    precisions = getattr(module, "PRECISIONS", ("fp32",))
+    if precision not in precisions:
+        raise BackendError(f"backend '{name}' has no {precision} kernels (it runs "
+                           f"{', '.join(precisions)}; bf16 runs on: cpu, hip, hip-emu)")
+    return module
+
+
 def get_backend(name, str precision="fp32"):
     """The Backend called name ("cpu", "check:cpu", ...) at a precision ("fp32", "bf16": what
     its tables' floatX arguments point to, accel/spec.py); BackendError in one line if there is
@@ -353,19 +373,13 @@ def get_backend(name, str precision="fp32"):
         if (<Backend>name).precision != precision:
             raise BackendError(f"backend '{name.name}' runs at {name.precision}, not {precision}")
         return name
-    if precision not in PRECISIONS:
-        raise BackendError(f"unknown precision {precision!r} (known: {', '.join(PRECISIONS)})")
     require_available(name)
     wrapper, _, inner = name.partition(":")
     if inner:
         from accel import instrument
         return instrument.create(wrapper, get_backend(inner, precision))
+    module = require_precision(name, precision)
     try:
-        module = importlib.import_module(_REGISTRY[name][0])
-        precisions = getattr(module, "PRECISIONS", ("fp32",))
-        if precision not in precisions:
-            raise BackendError(f"backend '{name}' has no {precision} kernels (it runs "
-                               f"{', '.join(precisions)}; bf16 runs on: cpu, hip, hip-emu)")
         backend = module.create(precision=precision) if precision != "fp32" else module.create()
     except ImportError as e:
         raise BackendError(f"backend '{name}' is not built ({e}): run `make train_gpt2`") from None
