@@ -52,7 +52,8 @@ SCHEDULES = [("lockstep", 1), ("lockstep-reverse", 1), ("warp-ahead", 1), ("warp
 WARP_SIZES = (32, 64)
 # at most one element in ONE_IN of a bf16 output may have other bits than the CPU's (see above)
 ONE_IN = 50
-KERNELS = [name for name in ORDER if BY_NAME[name].wrap and BY_NAME[name].group in ("core", "linear", "gpt2", "bf16")]
+KERNELS = [name for name in ORDER if BY_NAME[name].wrap and BY_NAME[name].group in ("core", "linear", "gpt2", "llama",
+                                                                                  "classifier", "bf16")]
 
 
 def make(*targets, build=None, defines=""):
