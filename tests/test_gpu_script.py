@@ -168,3 +168,16 @@ def test_llmc_trainers_run_from_the_parameters_given(tmp_path, fake_llmc):
     assert (tmp_path / "fp32.args").read_text().split()[:6] == ["-i", "train.bin", "-j", "val.bin", "-b", "2"]
     bf16_args = (tmp_path / "bf16.args").read_text()
     assert "-e gpt2_d12_bf16.bin" in bf16_args and "-x 3 " in bf16_args and "-r 0" in bf16_args
+
+
+def test_the_build_steps_pass_with_only_the_machines_packages_and_the_wheels():
+    """dev/gpu/bare_box.py, one module built (the whole product: run it by hand, dev/gpu/README.md)."""
+    wheels = os.path.join(GPU, "wheels")
+    if not any(name.endswith(".whl") for name in os.listdir(wheels)):
+        pytest.skip("no wheels in dev/gpu/wheels (bash dev/gpu/check_and_time.sh --download)")
+    done = subprocess.run([sys.executable, os.path.join(GPU, "bare_box.py"), "--only", "kernels.blas"],
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    skipped = [line for line in done.stdout.splitlines() if line.startswith("dev/ensure_requirements.py: optional")]
+    assert len(skipped) == 1 and "skipped (PIP_NO_INDEX: pip reaches no index)" in skipped[0]
+    assert "kernels.blas: OpenBLAS (scipy-openblas32)" in done.stdout
