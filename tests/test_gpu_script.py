@@ -73,6 +73,12 @@ def test_dry_run_with_an_llmc_checkout_builds_and_times_it(tmp_path, fake_llmc):
     assert "--llmc" not in done.stdout.split("== bench-llama")[1]
 
 
+def test_bench_flags_pass_through(tmp_path):
+    done = check_and_time(tmp_path, STEPS="bench-gpt2 bench-llama", BENCH_FLAGS="--no-compile --steps 5")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("-b 8 -t 1024 --no-compile --steps 5") == 2
+
+
 def test_an_unknown_step_is_one_line(tmp_path):
     done = check_and_time(tmp_path, STEPS="build-product parity")
     assert done.returncode == 2 and done.stderr.startswith("check_and_time.sh: no step 'parity' (steps: wheels ")
@@ -181,3 +187,29 @@ def test_the_build_steps_pass_with_only_the_machines_packages_and_the_wheels():
     skipped = [line for line in done.stdout.splitlines() if line.startswith("dev/ensure_requirements.py: optional")]
     assert len(skipped) == 1 and "skipped (PIP_NO_INDEX: pip reaches no index)" in skipped[0]
     assert "kernels.blas: OpenBLAS (scipy-openblas32)" in done.stdout
+
+
+def test_bench_gpu_puts_llmc_beside_llmpyx_and_pytorch(tmp_path, fake_llmc):
+    """bench_gpu.py --llmc's whole flow, on the CPU: llm.pyx's CPU backend, PyTorch on the CPU,
+    and a fake llm.c checkout's trainers (the rows, the ratios, issue 22's targets)."""
+    pytest.importorskip("torch", reason="the bench's other side is PyTorch")
+    fake_trainer(fake_llmc / "train_gpt2fp32cu", FP32_LINES, tmp_path / "fp32")
+    fake_trainer(fake_llmc / "train_gpt2cu", BF16_LINES, tmp_path / "bf16")
+    done = subprocess.run([sys.executable, os.path.join(GPU, "bench_gpu.py"), "--backend", "cpu", "--torch-device", "cpu",
+                           "-e", "12", "-b", "1", "-t", "8", "--steps", "1", "--warmup", "1", "--no-compile",
+                           "--llmc", str(fake_llmc), "--json", str(tmp_path / "bench.json")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = re.findall(r"^(llm\.pyx|PyTorch eager|llm\.c) (fp32|bf16) +[0-9.]+ ", done.stdout, re.MULTILINE)
+    assert sorted(rows) == sorted((side, p) for side in ("llm.pyx", "PyTorch eager", "llm.c") for p in ("fp32", "bf16"))
+    assert re.search(r"^llm\.c fp32 +100\.2 .*\(TF32 on: llm\.c's own choice\)$", done.stdout, re.MULTILINE)
+    assert re.search(r"^llm\.pyx bf16 / llm\.c bf16: .*issue 22's target: at most 1\.0, (met|NOT met)$", done.stdout,
+                     re.MULTILINE)
+    assert re.search(r"^llm\.pyx fp32 / llm\.c fp32: ", done.stdout, re.MULTILINE)
+    assert "-e 12" not in done.stdout
+
+
+def test_bench_gpu_refuses_llmc_for_another_model():
+    done = subprocess.run([sys.executable, os.path.join(GPU, "bench_gpu.py"), "--model", "stories110M", "--llmc", "x"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "--llmc times GPT-2 d12 only" in done.stderr

@@ -14,7 +14,8 @@
 #
 # Settings: PYTHON (python3), OUT (out_gpu), WHEELS (dev/gpu/wheels), LLMC_DIR (shared/llm.c: llm.c's
 # checkout; where there is none its rows are left out, said in one line), NVCC_ARCH (sm_XY from
-# nvidia-smi's compute capability, else native).
+# nvidia-smi's compute capability, else native), BENCH_FLAGS (more bench_gpu.py flags, e.g.
+# "--no-compile --steps 5" where device time is short).
 #   wheels            pip install --no-index --find-links $WHEELS -r dev/gpu/wheels.txt (what is missing)
 #   build-product     make train_gpt2 with PIP_NO_INDEX=1: the optional packages (MKL, ...) skipped in a line
 #   build-hip         make hip NVCC_ARCH=...: both precisions, against cuBLAS beside nvcc (or PyTorch's
@@ -164,6 +165,7 @@ run train-gpt2 "$PYTHON" train.py -e d12 "${train[@]}" "${gpt2_data[@]}" -o "$OU
 run train-llama "$PYTHON" train.py --model stories110M "${train[@]}" "${random_data[@]}" -o "$OUT/train_llama"
 
 # 4. speed against PyTorch and llm.c on the same GPU
-run bench-gpt2 "$PYTHON" dev/gpu/bench_gpu.py -e 12 -b 8 -t 1024 "${llmc[@]}" --json "$OUT/bench_gpt2.json"
-run bench-llama "$PYTHON" dev/gpu/bench_gpu.py --model stories110M -b 8 -t 1024 --json "$OUT/bench_llama.json"
+bench=(-b 8 -t 1024 ${BENCH_FLAGS:-})
+run bench-gpt2 "$PYTHON" dev/gpu/bench_gpu.py -e 12 "${bench[@]}" "${llmc[@]}" --json "$OUT/bench_gpt2.json"
+run bench-llama "$PYTHON" dev/gpu/bench_gpu.py --model stories110M "${bench[@]}" --json "$OUT/bench_llama.json"
 echo "check_and_time.sh: done; logs and bench_*.json in $OUT/ (record the bench tables in dev/BENCHMARKS.md)"
