@@ -58,7 +58,8 @@ for step in $STEPS; do
 done
 mkdir -p "$OUT"
 # nothing below reaches a package index: pip finds only the wheels brought along
-export PIP_NO_INDEX=1 PIP_FIND_LINKS="$ROOT/$WHEELS" PIP_DISABLE_PIP_VERSION_CHECK=1
+case "$WHEELS" in /*) find_links=$WHEELS ;; *) find_links=$ROOT/$WHEELS ;; esac
+export PIP_NO_INDEX=1 PIP_FIND_LINKS="$find_links" PIP_DISABLE_PIP_VERSION_CHECK=1
 
 # run NAME COMMAND...: the command with its output in $OUT/NAME.log (and on the terminal), when
 # NAME is one of $STEPS
