@@ -90,7 +90,8 @@ def test_the_wheels_and_what_the_machine_has_cover_every_required_package():
         text = f.read()
     has = next(line for line in text.splitlines() if line.startswith("# has:")).split()[2:]
     brought = [line for line, _ in ensure_requirements.requirements(os.path.join(GPU, "wheels.txt"))]
-    names = {ensure_requirements.REQUIREMENT.match(line).group(1).lower() for line in brought} | {n.lower() for n in has}
+    names = {ensure_requirements.REQUIREMENT.match(line).group(1).lower() for line in brought}
+    names |= {n.lower() for n in has}
     required = [line for line, optional in ensure_requirements.requirements(os.path.join(ROOT, "requirements.txt"))
                 if not optional]
     assert required
@@ -195,7 +196,8 @@ def test_bench_gpu_puts_llmc_beside_llmpyx_and_pytorch(tmp_path, fake_llmc):
     pytest.importorskip("torch", reason="the bench's other side is PyTorch")
     fake_trainer(fake_llmc / "train_gpt2fp32cu", FP32_LINES, tmp_path / "fp32")
     fake_trainer(fake_llmc / "train_gpt2cu", BF16_LINES, tmp_path / "bf16")
-    done = subprocess.run([sys.executable, os.path.join(GPU, "bench_gpu.py"), "--backend", "cpu", "--torch-device", "cpu",
+    done = subprocess.run([sys.executable, os.path.join(GPU, "bench_gpu.py"), "--backend", "cpu",
+                           "--torch-device", "cpu",
                            "-e", "12", "-b", "1", "-t", "8", "--steps", "1", "--warmup", "1", "--no-compile",
                            "--llmc", str(fake_llmc), "--json", str(tmp_path / "bench.json")],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)

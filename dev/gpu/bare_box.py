@@ -115,7 +115,8 @@ def main(argv=None):
     p.add_argument("--wheels", default=os.path.join(HERE, "wheels"), help="the wheels folder (default: dev/gpu/wheels)")
     args = p.parse_args(argv)
     if not [f for f in os.listdir(args.wheels) if f.endswith(".whl")]:
-        sys.exit(f"dev/gpu/bare_box.py: no wheels in {args.wheels}: run `bash dev/gpu/check_and_time.sh --download` first")
+        sys.exit(f"dev/gpu/bare_box.py: no wheels in {args.wheels}: "
+                 "run `bash dev/gpu/check_and_time.sh --download` first")
     work = args.keep or tempfile.mkdtemp(prefix="bare_box_")
     os.makedirs(work, exist_ok=True)
     try:

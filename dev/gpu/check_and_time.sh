@@ -54,7 +54,8 @@ if [ "${1:-}" = --download ]; then
     exit 0
 fi
 for step in $STEPS; do
-    [[ " $(echo $ALL_STEPS) " == *" $step "* ]] || { echo "check_and_time.sh: no step '$step' (steps: $(echo $ALL_STEPS))" >&2; exit 2; }
+    [[ " $(echo $ALL_STEPS) " == *" $step "* ]] ||
+        { echo "check_and_time.sh: no step '$step' (steps: $(echo $ALL_STEPS))" >&2; exit 2; }
 done
 mkdir -p "$OUT"
 # nothing below reaches a package index: pip finds only the wheels brought along
@@ -80,7 +81,8 @@ missing=0
 arch=${NVCC_ARCH:-}
 if command -v nvcc >/dev/null && [ "${HIP_PLATFORM:-nvidia}" = nvidia ]; then
     echo "compiler: $(nvcc --version | tail -1)"
-    if command -v nvidia-smi >/dev/null && gpu=$(nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv,noheader | head -1); then
+    if command -v nvidia-smi >/dev/null &&
+        gpu=$(nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv,noheader | head -1); then
         echo "GPU: $gpu"
         cap=$(echo "$gpu" | cut -d, -f2 | tr -d ' .')
         [ -n "$arch" ] || arch=sm_$cap
@@ -92,7 +94,8 @@ if command -v nvcc >/dev/null && [ "${HIP_PLATFORM:-nvidia}" = nvidia ]; then
     if cublas=$(accel/hip/toolchain.sh cublas-library) && accel/hip/toolchain.sh cublas-include >/dev/null; then
         echo "cuBLAS: $cublas"
     else
-        echo "check_and_time.sh: no cuBLAS beside nvcc or in PyTorch's nvidia-cublas wheel; the nvidia-cublas wheel (444 MB) is over what a run carries: use a machine whose CUDA toolkit has cuBLAS" >&2
+        echo "check_and_time.sh: no cuBLAS beside nvcc or in PyTorch's nvidia-cublas wheel; the nvidia-cublas" \
+             "wheel (444 MB) is over what a run carries: use a machine whose CUDA toolkit has cuBLAS" >&2
         missing=1
     fi
 elif command -v hipcc >/dev/null; then
@@ -134,13 +137,16 @@ run build-llmc env GPU_COMPUTE_CAPABILITY="${cap:-}" "$PYTHON" dev/gpu/llmc_peer
 parity() {   # parity NAME SCRIPT ARGS...: the step, then its verdict
     run "$@"
     [[ " $(echo $STEPS) " == *" $1 "* ]] || return 0
-    [ "$DRY_RUN" = 1 ] || grep -q "overall okay: 1" "$OUT/$1.log" || { echo "check_and_time.sh: $1 failed" >&2; exit 1; }
+    [ "$DRY_RUN" = 1 ] || grep -q "overall okay: 1" "$OUT/$1.log" ||
+        { echo "check_and_time.sh: $1 failed" >&2; exit 1; }
 }
-run reference-gpt2 env OMP_NUM_THREADS="$(nproc)" "$PYTHON" train_gpt2_torch.py -e d12 -b 4 -t 64 -o "$OUT" --name gpt2_d12
+threads=(env OMP_NUM_THREADS="$(nproc)")
+run reference-gpt2 "${threads[@]}" "$PYTHON" train_gpt2_torch.py -e d12 -b 4 -t 64 -o "$OUT" --name gpt2_d12
 gpt2=(--model "$OUT/gpt2_d12.bin" --state "$OUT/gpt2_d12_debug_state.bin")
 parity parity-gpt2 "$PYTHON" test_gpt2.py --backend hip "${gpt2[@]}"
 parity parity-gpt2-bf16 "$PYTHON" test_gpt2.py --backend hip --precision bf16 "${gpt2[@]}"
-run reference-llama env OMP_NUM_THREADS="$(nproc)" "$PYTHON" train_llama2_torch.py -e stories110M -b 4 -t 64 -o "$OUT" --name llama2_stories110M
+run reference-llama "${threads[@]}" "$PYTHON" train_llama2_torch.py -e stories110M -b 4 -t 64 -o "$OUT" \
+    --name llama2_stories110M
 llama=(--model "$OUT/llama2_stories110M.bin" --state "$OUT/llama2_stories110M_debug_state.bin")
 parity parity-llama "$PYTHON" test_llama2.py --backend hip "${llama[@]}"
 parity parity-llama-bf16 "$PYTHON" test_llama2.py --backend hip --precision bf16 "${llama[@]}"

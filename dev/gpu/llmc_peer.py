@@ -134,7 +134,8 @@ def build(llmc, precisions=("fp32", "bf16"), arch=None):
         if not dry_run():
             done = subprocess.run(command, capture_output=True, text=True)
             if done.returncode != 0:
-                raise PeerError(f"llm.c's {BUILDS[precision][0]} did not build:\n{done.stdout[-2000:]}{done.stderr[-3000:]}")
+                raise PeerError(f"llm.c's {BUILDS[precision][0]} did not build:\n"
+                                f"{done.stdout[-2000:]}{done.stderr[-3000:]}")
         binaries.append(os.path.join(llmc, BUILDS[precision][0]))
     return binaries
 
@@ -203,8 +204,9 @@ def main(argv=None):
             return 0
         from train_gpt2 import GPT2Config
         check_checkout(args.llmc)
+        n = GPT2Config.from_depth(12).num_parameters()
         params = np.load(args.params) if args.params else \
-            (np.random.default_rng(0).standard_normal(GPT2Config.from_depth(12).num_parameters()) * 0.02).astype(np.float32)
+            (np.random.default_rng(0).standard_normal(n) * 0.02).astype(np.float32)
         for precision in precisions:
             r = time_steps(args.llmc, precision, params, args.batch, args.seq, args.steps, args.warmup)
             if r["times"]:
