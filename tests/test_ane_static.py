@@ -210,3 +210,30 @@ def test_busy_overlap():
     assert table.busy_overlap([(0, 2), (5, 7)], [(1, 6)]) == 2
     assert table.busy_overlap([(0, 1)], [(1, 2)]) == 0
     assert table.busy_overlap([], [(0, 1)]) == 0
+
+
+# ----------------------------------------------------------------------------
+# dev/ane/check_and_time.sh, the Mac user's check: its dry run
+
+def test_mac_script_dry_run_lists_every_step_and_runs_the_plans(tmp_path):
+    script = os.path.join(ROOT, "dev", "ane", "check_and_time.sh")
+    assert subprocess.run(["bash", "-n", script]).returncode == 0
+    done = subprocess.run(["bash", script], env=dict(os.environ, DRY_RUN="1", OUT=str(tmp_path)),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    steps = [line.split(":", 1)[0][3:] for line in done.stdout.splitlines()
+             if line.startswith("== ")]
+    runs = [f"{kind}-{runtime}-{model}-{pipeline}" for runtime in ("coreml", "private")
+            for model in ("stories15M", "stories110M") for pipeline in ("dynamic", "static")
+            for kind in ("plan", "train")]
+    assert steps == ["build", "build-product", "build-private", "parity-coreml",
+                     *runs[:8], "parity-private", *runs[8:]]
+    assert ("train.py --model stories110M --backend ane --ane-pipeline static -b 1 -t 256 -x 20"
+            in done.stdout)
+    # the plans ran (train.py --dry-run, any machine) and say what the step compiles today
+    plan = open(tmp_path / "plan-coreml-stories110M-static.log").read()
+    assert "compiles per step: 74" in plan
+    assert "the table's pieces, not yet these fused kernels: 170 static programs a step" in plan
+    assert "more than a process gets: refused" in plan
+    plan = open(tmp_path / "plan-private-stories15M-static.log").read()
+    assert "86 static programs a step" in plan and "restarting between steps" in plan

@@ -156,9 +156,9 @@ class Emulator:
         matrices (7 a layer and the classifier), all rebuilt after every update, and the
         weight-free programs (attention's and SwiGLU's forward and backward) not yet compiled
         here; measured equal by tests/test_ane_emu.py."""
-        weight_free = {"attention_forward", "attention_backward", "swiglu_forward",
-                       "swiglu_backward"} - {piece for piece, _ in self.kernels}
-        return 2 * (7 * config.n_layers + 1) + len(weight_free)
+        from accel.ane.plan import WEIGHT_FREE_TABLE_PIECES, table_step_compiles
+        weight_free = set(WEIGHT_FREE_TABLE_PIECES) - {piece for piece, _ in self.kernels}
+        return table_step_compiles(config) + len(weight_free)
 
     def step_times(self, dw_spans):
         """{engine_ms, dw_ms, overlap_ms} since the last call: the engine's busy time, the
