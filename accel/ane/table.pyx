@@ -375,7 +375,8 @@ cdef void ane_synchronize(void* ctx) noexcept nogil:
     drain(ctx, "matmul_backward")
 
 
-cdef void ane_copy_to_host(void* ctx, void* host_dst, const void* src, size_t nbytes) noexcept nogil:
+cdef void ane_copy_to_host(void* ctx, void* host_dst, const void* src,
+                           size_t nbytes) noexcept nogil:
     cdef BackendTable* host = host_table(ctx)
     drain(ctx, "matmul_backward")
     host.copy_to_host(host.ctx, host_dst, src, nbytes)

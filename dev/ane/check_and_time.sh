@@ -41,7 +41,7 @@ run() {
         tail -n 3 "$OUT/$name.log"
         return 0
     fi
-    if [ "$(grep -c . "$OUT/$name.log")" -ge 1 ] && tail -n 1 "$OUT/$name.log" | grep -q "^train.py: error: "; then
+    if tail -n 1 "$OUT/$name.log" | grep -q "^train.py: error: "; then
         echo "   refused: $(tail -n 1 "$OUT/$name.log")"
         return 2
     fi
