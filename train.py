@@ -843,8 +843,17 @@ def main(argv=None):
     if val_batches == -1:
         val_batches = val_loader.num_tokens // tokens_per_fwdbwd
     hellaswag, hellaswag_total = load_hellaswag(args, config)
+    hooks = backend_hooks(args.backend)   # what the backend adds to the run (accel/hooks.py)
+    from accel.backend import BackendError
+    try:
+        hooks.start_training(model, args, num_steps)
+    except BackendError as e:
+        raise TrainError(str(e)) from None
+    restarted = hooks.restarted()
 
-    console.table([
+    # the backend's own restart (accel/hooks.py) says one line, not the settings again
+    settings = Console(open(os.devnull, "w")) if restarted else console
+    settings.table([
         ("train data pattern", args.train_data), ("val data pattern", args.val_data),
         ("output log dir", args.output_dir or "none"), ("checkpoint every", args.checkpoint_every),
         ("checkpoints keep", args.checkpoints_keep), ("resume", args.resume),
@@ -870,7 +879,7 @@ def main(argv=None):
         ("num_processes", num_processes), ("zero_stage", dist.zero_stage),
     ])
     processes = f" * num_processes={num_processes}" if num_processes > 1 else ""
-    console.print(f"batch_size B={B} * seq_len T={T}{processes} and total_batch_size="
+    settings.print(f"batch_size B={B} * seq_len T={T}{processes} and total_batch_size="
                   f"{total_batch_size} => grad_accum_steps={grad_accum_steps}")
 
     logger = Logger(args.output_dir if rank == 0 else None, resume_step=resume_step,
@@ -878,6 +887,7 @@ def main(argv=None):
     efficiency = None
     if args.json_log is not None or args.profile or args.peak_tflops is not None:
         efficiency = Efficiency(model, B, T, total_batch_size, num_processes, args.peak_tflops)
+    if efficiency is not None and not restarted:
         logger.log_json("run", max_steps=num_steps, B=B, T=T, grad_accum_steps=grad_accum_steps,
                         num_processes=num_processes, family=args.family, init=init_desc,
                         num_parameters=model.num_parameters, vocab_size=config.vocab_size,
@@ -897,7 +907,8 @@ def main(argv=None):
         step = resume(args.output_dir, resume_step, model, train_loader, dist)
         if outliers is not None:
             outliers = resumed_outliers(args, resume_step)
-        console.print(f"resuming from the checkpoint at step {step} in {args.output_dir}")
+        if not restarted:
+            console.print(f"resuming from the checkpoint at step {step} in {args.output_dir}")
         if step >= num_steps:
             console.print(f"the run is at step {step} already, -x {args.max_steps} asks for "
                           f"{num_steps}: nothing to train (raise -x to go on)")
@@ -935,16 +946,22 @@ def main(argv=None):
                 tokenizer, tokenizer_loaded = load_sample_tokenizer(args, vocab_map), True
             generate(model, tokenizer, args.gen_tokens, console)
 
-        if (args.checkpoint_every > 0 and not resuming and
-                (step > 0 and step % args.checkpoint_every == 0 or last_step)):
+        def save(step=step):
             write_checkpoint(args.output_dir, step, model, train_loader, args.checkpoints_keep,
                              dist, outliers=None if outliers is None else
                              {name: detector.state() for name, detector in outliers.items()})
+
+        if (args.checkpoint_every > 0 and not resuming and
+                (step > 0 and step % args.checkpoint_every == 0 or last_step)):
+            save()
             console.print(f"checkpoint at step {step} written to {args.output_dir}")
         resuming = False
 
         if last_step:
             break
+        # the ANE's static pipeline saves the run here and exec()s itself past its compile
+        # budget, resuming at this step (accel/ane/device.py)
+        hooks.before_step(model, step, save)
 
         # --------------- one step of training -----------------
         if efficiency is not None:
@@ -992,11 +1009,13 @@ def main(argv=None):
         console.status(f"step {step + 1:4d}/{num_steps} | loss {loss:.6f}{zscores[0]} | norm "
                        f"{grad_norm:.4f}{zscores[1]} | lr {lr:.2e} | {elapsed_s * 1000:.2f} ms | "
                        f"{shown_tokens_per_second:.0f} tok/s")
+        backend_metrics = hooks.after_step(model)   # the ANE's engine, dW, compiles
         logger.log_train(step, loss, lr, grad_norm,
-                         **(efficiency.end(elapsed_s) if efficiency is not None else {}))
+                         **(efficiency.end(elapsed_s) if efficiency is not None else {}),
+                         **(backend_metrics if efficiency is not None else {}))
         if skip is not None:
             logger.log_skip(step, *skip)
-        if first_step:  # everything is allocated by now: say how much, as llm.c does
+        if first_step and not restarted:  # everything is allocated now: how much, as llm.c
             console.print(memory_line(model.memory(), model.precision))
         first_step = False
 

@@ -8,6 +8,10 @@ BackendHooks subclass (accel/ane/device.py's, for ane); a backend that does not 
     hooks = backend_hooks(args.backend)                                the chosen backend's
     hooks.check_arguments(args, parser.error)
     hooks.dry_run_plan(Model, config, name, args)                      None: llmc/plan.py's plan
+    hooks.restarted()                              the process is the backend's own restart
+    hooks.start_training(model, args, num_steps)   before the first step (BackendError: refused)
+    hooks.before_step(model, step, save)           may save() the run and replace the process
+    hooks.after_step(model)                        the step's numbers for the JSON log
 
 A wrapped name (check:ane) has no hooks, and neither has a backend whose module cannot be
 imported here (get_backend says why when the backend is asked for); a module with hooks keeps
@@ -33,6 +37,26 @@ class BackendHooks:
         name what the text calls the model.  BackendError in one line for what cannot be
         planned."""
         return None
+
+    def restarted(self):
+        """Whether this process is the backend's own restart of the run (before_step's
+        exec()): train.py then prints its settings, the resume and the memory not again."""
+        return False
+
+    def start_training(self, model, args, num_steps):
+        """After the model is made and before the first step: BackendError in one line for a
+        run the backend cannot train (args: train.py's, num_steps: the steps it will run)."""
+
+    def before_step(self, model, step, save):
+        """Before training step `step` (0-based; its evaluations, samples and checkpoint are
+        done): the backend may save() the run (its checkpoint at step) and replace the
+        process with one that resumes it there (the ANE's static pipeline past its compile
+        budget)."""
+
+    def after_step(self, model):
+        """After the step's update: {name: number} of the step for the JSON log's train
+        record (named for the backend: ane_...)."""
+        return {}
 
 
 NO_HOOKS = BackendHooks()

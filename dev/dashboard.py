@@ -236,6 +236,13 @@ class Dashboard:
             if len(last.get("groups_ms", {})) > 2:
                 rates.add_row("", *[f"{g} {100 * t / last['ms']:.0f}%"
                                     for g, t in last["groups_ms"].items()][2:4])
+            if "ane_engine_ms" in last:   # the ANE backends' step (accel/ane/device.py)
+                rates.add_row(f"ANE engine {last['ane_engine_ms']:.1f} ms",
+                              f"CPU dW {last['ane_dw_ms']:.1f} ms",
+                              f"overlap {last['ane_overlap_ms']:.1f} ms")
+            if "ane_compiles" in last:    # its static pipeline
+                rates.add_row(f"ANE compiles {last['ane_compiles']}",
+                              f"restarts {last['ane_restarts']}", "")
         elif not os.path.exists(self.log_path):
             stats.add_row(f"no {self.log_path} yet: train.py writes it with --json-log (a run "
                           f"without it cannot be followed)")

@@ -56,6 +56,23 @@ def test_hellaswag_and_skipped_updates(tmp_path):
     assert "skipped updates 1" in text and "last at step 7 (loss z-score)" in text
 
 
+def test_the_ane_steps_engine_dw_overlap_compiles_and_restarts(tmp_path):
+    """The ANE backends' numbers of a step (train.py --backend ane-emu --json-log, static
+    pipeline) beside ms/step."""
+    log = tmp_path / "log.jsonl"
+    rs = records()
+    last = max(i for i, r in enumerate(rs) if r["type"] == "train")
+    rs[last] = dict(rs[last], ane_engine_ms=12.5, ane_dw_ms=7.25, ane_overlap_ms=5.0,
+                  ane_compiles=30, ane_restarts=2)
+    log.write_text("".join(json.dumps(r) + "\n" for r in rs))
+    d = dashboard.Dashboard(str(log), background=False)
+    assert d.poll()
+    text = text_of(d.render(100))
+    assert re.search(r"ANE engine 12.5 ms +CPU dW 7.2 ms +overlap 5.0 ms", text)
+    assert re.search(r"ANE compiles 30 +restarts 2", text)
+    assert "ANE" not in text_of(dashboard.Dashboard(FIXTURE, background=False).render(100))
+
+
 def test_sparkline():
     assert dashboard.sparkline([1, 2, 3, 4, 5, 6, 7, 8], 20) == "▁▂▃▄▅▆▇█"
     assert dashboard.sparkline([5, 5, 5], 20) == "▁▁▁"

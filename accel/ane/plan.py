@@ -44,7 +44,8 @@ from llmc import recompute
 from llmc.plan import FLOAT, format_bytes, memory_plan
 
 __all__ = ["FORWARD", "BACKWARD", "PIPELINES", "Phase", "PlanError", "Plan", "Process",
-           "format_pipeline_plan", "inner_sizes", "kernel_id", "make_plan", "place", "step_fits"]
+           "format_pipeline_plan", "inner_sizes", "kernel_id", "make_plan", "place", "step_fits",
+           "table_step_compiles"]
 
 PIPELINES = ("static", "dynamic")
 # (kernel, takes the layer's weights): accel/ane/mil.py's pieces, in the order a layer runs them
@@ -52,6 +53,11 @@ FORWARD = (("qkv_forward", True), ("attention_forward", False), ("wo_forward", T
            ("ffn_forward", True))
 BACKWARD = (("ffn_backward", True), ("wo_backward", True), ("attention_backward", False),
             ("qkv_backward", True))
+# what train.py's step runs today (accel/ane/table.pyx): the table's pieces, not the fused block
+# kernels above: a forward and a dx program per weight matrix (7 a layer and the classifier),
+# and attention's and SwiGLU's weight-free forward and backward once a process
+WEIGHT_FREE_TABLE_PIECES = ("attention_forward", "attention_backward", "swiglu_forward",
+                            "swiglu_backward")
 SECONDS_PER_COMPILE = 0.105   # the anchor's M-series figure: 7.6 s for 72 kernels
 HALF = 2   # bytes of an fp16
 
@@ -159,6 +165,12 @@ def place(pipeline, phases, budget, steps):
                           "dynamic pipeline")
             events.append((step, i, number, len(process.enter(phase))))
     return events
+
+
+def table_step_compiles(config):
+    """The static programs a training step compiles at the table's granularity (train.py's
+    step today): 2 (7 L + 1); a process's first step adds the WEIGHT_FREE_TABLE_PIECES."""
+    return 2 * (7 * config.n_layers + 1)
 
 
 def inner_sizes(config, T):
@@ -348,6 +360,13 @@ def format_pipeline_plan(plan, family, name=""):
     lines.append(f"compiles per step: {steady} (first step {plan.first_step_compiles}), about "
                  f"{steady * SECONDS_PER_COMPILE:,.1f} s of compiling at "
                  f"{SECONDS_PER_COMPILE * 1e3:.0f} ms each (the anchor's M-series figure)")
+    if plan.pipeline == "static":
+        table = table_step_compiles(c)
+        lines.append(f"  train.py's step runs the table's pieces, not yet these fused kernels: "
+                     f"{table} static programs a step ({len(WEIGHT_FREE_TABLE_PIECES)} weight-free "
+                     f"ones more in a process's first), "
+                     + ("restarting between steps" if table + len(WEIGHT_FREE_TABLE_PIECES) <=
+                        plan.budget.usable else "more than a process gets: refused"))
     lines.append("schedule of a step: forward -> backward -> update, by process (layer groups):")
     for number, passes, compiles in plan.groups():
         what = ", ".join("update (CPU AdamW)" if kind == "update" else

@@ -176,15 +176,22 @@ class Runtime:
 
 class InterpreterRuntime(Runtime):
     """The NumPy interpreter of accel/ane/interp.py as a runtime: compile keeps the program,
-    run interprets it (fp16 storage, as the ANE). Counts compiles but has no limit."""
+    run interprets it (fp16 storage, as the ANE). Counts compiles; with `limit` it also refuses
+    past its budget and fails past `limit` compiles as the ANE compiler (and MockRuntime) do
+    (ane-emu's static pipeline), without it it has no limit (the dynamic one)."""
     name = "interp"
 
-    def __init__(self, budget=None):
-        super().__init__(budget, enforce_budget=False)
+    def __init__(self, budget=None, limit=None):
+        super().__init__(budget, enforce_budget=limit is not None)
         from accel.ane import interp
         self.interp = interp
+        self.limit = limit
 
     def _compile(self, program, weights):
+        if self.limit is not None and self.compile_count >= self.limit:
+            raise CompileLimitError(f"interpreter as the ANE compiler: compile "
+                                    f"{self.compile_count + 1} of a process that allows "
+                                    f"{self.limit}")
         return program
 
     def _run(self, kernel, inputs):

@@ -28,8 +28,28 @@ magnitude lands at 2^LOSS_SCALE_TARGET_LOG2 (far below fp16's 65504, leaving roo
 growth inside the program): a loss gradient of 1/(B*T) times small weights is below fp16's
 smallest subnormal (6e-8) long before training ends.  Emulator(loss_scale=False) turns it off
 (the test that shows the underflow).
+
+Two pipelines (accel/ane/README.md): dynamic, the weights are inputs and a program of each
+shape is compiled once per process; static, a matmul's weight is a constant baked into its
+program, one program per weight (its forward and its dx), rebuilt when the weight has changed
+(after each update: its fp16 copy is compared with the baked one), every compile counted
+against the runtime's CompileBudget.  In the static pipeline only the training step runs on
+the engine (the backend's hooks, accel/ane/device.py, switch it on around the step); the
+evaluations and samples between steps run on the CPU, so that they compile nothing.
+
+The weight gradients (matmul_backward's dweight, dbias) are the CPU's GEMMs; by default a
+worker thread with its own queue runs them while the engine runs the dx programs (and the next
+programs after them), on copies of their inputs, in the order they were queued, so the results
+are those of the sequential order; parallel_dw=False runs them in place, one after the other.
+The queue is drained before anything reads or writes a gradient or a buffer on the host's
+behalf: last_error (the model checks it after every pass), synchronize, copy_to_host (check:'s
+comparisons), zero, and embedding_backward (a shared classifier's gradient is the
+embedding's).  engine, dW and their overlap are timed per step (step_times).
 """
 import math
+import os
+import queue
+import threading
 import time
 
 import numpy as np
@@ -60,31 +80,93 @@ def pad_rows(x, n):
     return out
 
 
-class Emulator:
-    """The ANE's entries: programs built and compiled once per shape on a runtime
-    (accel/ane/runtime.py; the interpreter unless told), run there."""
+def busy_overlap(a, b):
+    """Seconds during which both span lists [(start, end)] (each list's spans disjoint) are
+    busy at once."""
+    a, b = sorted(a), sorted(b)
+    i = j = 0
+    total = 0.0
+    while i < len(a) and j < len(b):
+        total += max(0.0, min(a[i][1], b[j][1]) - max(a[i][0], b[j][0]))
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
 
-    def __init__(self, loss_scale=True, runtime=None):
+
+class Emulator:
+    """The ANE's entries: programs built and compiled on a runtime (accel/ane/runtime.py; the
+    interpreter unless told), run there: once per shape (dynamic), or per weight and rebuilt
+    when it changes (static).  on_cpu: the entries run the CPU's kernels instead (the static
+    pipeline between training steps)."""
+
+    def __init__(self, loss_scale=True, runtime=None, pipeline="dynamic"):
         from accel.ane import mil
         from accel.ane.runtime import InterpreterRuntime
+        if pipeline not in ("dynamic", "static"):
+            raise ValueError(f"ANE pipeline {pipeline!r}: dynamic or static")
         self.mil = mil
         self.runtime = runtime if runtime is not None else InterpreterRuntime()
         self.loss_scale = loss_scale
+        self.pipeline = pipeline
+        self.on_cpu = False
         self.kernels = {}
+        self.baked = {}              # static: (piece, dims, weight address) -> (fp16 W, kernel)
         self.compile_seconds = 0.0   # building and compiling programs (llmc/report.py reads it)
+        self.engine_spans = []       # (start, end) of each program run since step_times
 
     @property
     def builds(self):
-        """Programs compiled so far (one per piece and shape)."""
-        return len(self.kernels)
+        """Programs compiled so far (one per piece and shape, and per weight when static)."""
+        return self.runtime.compile_count
+
+    def _compile(self, program_of):
+        start = time.perf_counter()
+        kernel = self.runtime.compile(program_of())
+        self.compile_seconds += time.perf_counter() - start
+        return kernel
+
+    def _run(self, kernel, x):
+        start = time.perf_counter()
+        out = self.runtime.run(kernel, {"x": x})["out"]
+        self.engine_spans.append((start, time.perf_counter()))
+        return out
 
     def run(self, piece, dims, x):
         key = (piece, dims)
         if key not in self.kernels:
-            start = time.perf_counter()
-            self.kernels[key] = self.runtime.compile(getattr(self.mil, piece)(*dims))
-            self.compile_seconds += time.perf_counter() - start
-        return self.runtime.run(self.kernels[key], {"x": x})["out"]
+            self.kernels[key] = self._compile(lambda: getattr(self.mil, piece)(*dims))
+        return self._run(self.kernels[key], x)
+
+    def run_static(self, piece, dims, weight, x):
+        """piece (linear_forward or linear_backward) with weight baked in: its program is
+        rebuilt when the weight's fp16 values are not those baked into it."""
+        key = (piece, dims, weight.ctypes.data)
+        w16 = weight.astype(np.float16)
+        baked = self.baked.get(key)
+        if baked is None or not np.array_equal(baked[0], w16):
+            kernel = self._compile(lambda: getattr(self.mil, piece)(*dims, "static", weight.copy()))
+            baked = self.baked[key] = (w16, kernel)
+        return self._run(baked[1], x)
+
+    def static_step_compiles(self, config):
+        """The compiles a training step of the Llama config makes in this process, static
+        pipeline, at the table's granularity: the forward and the dx program of each of its
+        matrices (7 a layer and the classifier), all rebuilt after every update, and the
+        weight-free programs (attention's and SwiGLU's forward and backward) not yet compiled
+        here; measured equal by tests/test_ane_emu.py."""
+        from accel.ane.plan import WEIGHT_FREE_TABLE_PIECES, table_step_compiles
+        weight_free = set(WEIGHT_FREE_TABLE_PIECES) - {piece for piece, _ in self.kernels}
+        return table_step_compiles(config) + len(weight_free)
+
+    def step_times(self, dw_spans):
+        """{engine_ms, dw_ms, overlap_ms} since the last call: the engine's busy time, the
+        CPU's weight-gradient GEMMs' (dw_spans) and the time both ran at once."""
+        engine, self.engine_spans = self.engine_spans, []
+        ms = lambda spans: 1e3 * sum(b - a for a, b in spans)
+        return dict(engine_ms=ms(engine), dw_ms=ms(dw_spans),
+                    overlap_ms=1e3 * busy_overlap(engine, dw_spans))
 
     def scale_of(self, dout):
         """The power of two the gradient dout is multiplied by before it becomes fp16."""
@@ -98,7 +180,10 @@ class Emulator:
     def matmul_forward(self, out, inp, weight, bias, int BT, int C, int OC):
         """out (BT, OC) = inp (BT, C) @ weight (OC, C)^T (+ bias on the CPU)."""
         mil, S = self.mil, padded(BT)
-        y = self.run("linear_forward", (C, OC, S), mil.pack(pad_rows(inp, S).T, weight.T))
+        if self.pipeline == "static":
+            y = self.run_static("linear_forward", (C, OC, S), weight, mil.to_ane(pad_rows(inp, S)))
+        else:
+            y = self.run("linear_forward", (C, OC, S), mil.pack(pad_rows(inp, S).T, weight.T))
         out[:] = mil.from_ane(y)[:BT]
         if bias is not None:
             out += bias
@@ -107,7 +192,12 @@ class Emulator:
         """dinp (BT, C) += dout (BT, OC) @ weight (OC, C)."""
         mil, S = self.mil, padded(BT)
         scale = self.scale_of(dout)
-        dx = self.run("linear_backward", (C, OC, S), mil.pack(pad_rows(dout, S).T * scale, weight))
+        if self.pipeline == "static":
+            dx = self.run_static("linear_backward", (C, OC, S), weight,
+                                 mil.to_ane(pad_rows(dout, S) * scale))
+        else:
+            dx = self.run("linear_backward", (C, OC, S),
+                          mil.pack(pad_rows(dout, S).T * scale, weight))
         dinp += mil.from_ane(dx)[:BT] / scale
 
     def attention_forward(self, out, att, q, k, v, int B, int T, int NH, int NKV, int hs):
@@ -156,9 +246,75 @@ cdef class ANEBackend(Backend):
     cdef bytes failure                # the last failed entry's message, until last_error reads it
     cdef bytes reported               # the message last_error returned: alive until its next call
 
+    cdef readonly object dw            # the DWeights: matmul's weight gradients on the CPU
+
     @property
     def compile_seconds(self):
         return self.emulator.compile_seconds
+
+    def step_times(self):
+        """{engine_ms, dw_ms, overlap_ms} since the last call (Emulator.step_times)."""
+        return self.emulator.step_times(self.dw.take_spans())
+
+
+def host_dweight(ANEBackend backend, size_t dweight, size_t dbias, float[:, ::1] dout,
+                 float[:, ::1] inp, size_t weight, int B, int T, int C, int OC):
+    """The CPU's matmul_backward without its dinp: dweight (OC, C) += dout^T inp, dbias (OC)
+    += dout's column sums, without the GIL (the worker's GEMMs overlap the engine's runs)."""
+    cdef BackendTable* host = &backend.host.table
+    with nogil:
+        host.matmul_backward(host.ctx, NULL, <float*>dweight, <float*>dbias, &dout[0, 0],
+                             &inp[0, 0], <const float*>weight, B, T, C, OC)
+
+
+class DWeights:
+    """matmul's weight gradients on the CPU: in a worker thread with its own queue (parallel,
+    on copies of dout and inp: the model reuses those buffers) or in place at once
+    (sequential).  One worker, first in first out: a gradient summed over several calls adds
+    them in the order the sequential run does, so the bits are the same."""
+
+    def __init__(self, backend, parallel=True):
+        self.backend, self.parallel = backend, parallel
+        self.jobs = queue.Queue()
+        self.thread = None
+        self.spans = []      # (start, end) of each GEMM since take_spans
+        self.failure = None  # the first exception of a queued job, until drain reports it
+
+    def submit(self, size_t dweight, size_t dbias, dout, inp, size_t weight, int B, int T,
+               int C, int OC):
+        if not self.parallel:
+            return self._run((dweight, dbias, dout, inp, weight, B, T, C, OC))
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._work, name="ane-dweight", daemon=True)
+            self.thread.start()
+        self.jobs.put((dweight, dbias, dout.copy(), inp.copy(), weight, B, T, C, OC))
+
+    def _run(self, job):
+        start = time.perf_counter()
+        host_dweight(self.backend, *job)
+        self.spans.append((start, time.perf_counter()))
+
+    def _work(self):
+        while True:
+            job = self.jobs.get()
+            try:
+                self._run(job)
+            except BaseException as e:
+                self.failure = self.failure or e
+            finally:
+                self.jobs.task_done()
+
+    def drain(self):
+        """Wait for the queued GEMMs; raise the first one's failure."""
+        if self.thread is not None:
+            self.jobs.join()
+        failure, self.failure = self.failure, None
+        if failure is not None:
+            raise failure
+
+    def take_spans(self):
+        spans, self.spans = self.spans, []
+        return spans
 
 
 cdef object view(const float* p, Py_ssize_t n, shape=None):
@@ -183,6 +339,19 @@ cdef BackendTable* host_table(void* ctx) noexcept with gil:
     return &(<ANEBackend>ctx).host.table
 
 
+cdef bint on_cpu(void* ctx) noexcept with gil:
+    """Whether the ANE's entries run the CPU's kernels now (static pipeline, between steps)."""
+    return (<ANEBackend>ctx).emulator.on_cpu
+
+
+cdef void drain(void* ctx, str entry) noexcept with gil:
+    """Wait for the weight gradients queued on the CPU; a failure is the entry's."""
+    try:
+        (<ANEBackend>ctx).dw.drain()
+    except BaseException as e:
+        failed(ctx, entry, e)
+
+
 cdef const char* take_failure(void* ctx) noexcept with gil:
     """The last failed entry's message, or NULL; alive until the next call."""
     cdef ANEBackend backend = <ANEBackend>ctx
@@ -193,6 +362,7 @@ cdef const char* take_failure(void* ctx) noexcept with gil:
 
 
 cdef const char* ane_last_error(void* ctx) noexcept nogil:
+    drain(ctx, "matmul_backward")
     cdef const char* message = take_failure(ctx)
     cdef BackendTable* host
     if message != NULL:
@@ -201,9 +371,38 @@ cdef const char* ane_last_error(void* ctx) noexcept nogil:
     return host.last_error(host.ctx)
 
 
+cdef void ane_synchronize(void* ctx) noexcept nogil:
+    drain(ctx, "matmul_backward")
+
+
+cdef void ane_copy_to_host(void* ctx, void* host_dst, const void* src,
+                           size_t nbytes) noexcept nogil:
+    cdef BackendTable* host = host_table(ctx)
+    drain(ctx, "matmul_backward")
+    host.copy_to_host(host.ctx, host_dst, src, nbytes)
+
+
+cdef void ane_zero(void* ctx, void* ptr, size_t nbytes) noexcept nogil:
+    cdef BackendTable* host = host_table(ctx)
+    drain(ctx, "matmul_backward")
+    host.zero(host.ctx, ptr, nbytes)
+
+
+cdef void ane_embedding_backward(void* ctx, float* dwte, const float* dout, const int* inp,
+                                 int B, int T, int C, int V) noexcept nogil:
+    cdef BackendTable* host = host_table(ctx)
+    drain(ctx, "matmul_backward")
+    host.embedding_backward(host.ctx, dwte, dout, inp, B, T, C, V)
+
+
 cdef void ane_matmul_forward(void* ctx, float* out, const float* inp, const float* weight,
                              const float* bias, int B, int T, int C, int OC) noexcept nogil:
     cdef Py_ssize_t BT = <Py_ssize_t>B * T
+    cdef BackendTable* host
+    if on_cpu(ctx):
+        host = host_table(ctx)
+        host.matmul_forward(host.ctx, out, inp, weight, bias, B, T, C, OC)
+        return
     with gil:
         try:
             emulator_of(ctx).matmul_forward(view(out, BT * OC, (BT, OC)),
@@ -219,10 +418,17 @@ cdef void ane_matmul_backward(void* ctx, float* dinp, float* dweight, float* dbi
                               int B, int T, int C, int OC) noexcept nogil:
     cdef Py_ssize_t BT = <Py_ssize_t>B * T
     cdef BackendTable* host = host_table(ctx)
+    if on_cpu(ctx):
+        drain(ctx, "matmul_backward")
+        host.matmul_backward(host.ctx, dinp, dweight, dbias, dout, inp, weight, B, T, C, OC)
+        return
     with gil:
         try:
-            # the weight gradients on the CPU: its kernel, without its dinp (NULL)
-            host.matmul_backward(host.ctx, NULL, dweight, dbias, dout, inp, weight, B, T, C, OC)
+            # the weight gradients on the CPU (queued first: they run while the engine runs dx)
+            if dweight != NULL:
+                (<ANEBackend>ctx).dw.submit(<size_t>dweight, <size_t>dbias,
+                                            view(dout, BT * OC, (BT, OC)),
+                                            view(inp, BT * C, (BT, C)), <size_t>weight, B, T, C, OC)
             emulator_of(ctx).matmul_dinp(view(dinp, BT * C, (BT, C)), view(dout, BT * OC, (BT, OC)),
                                          view(weight, <Py_ssize_t>OC * C, (OC, C)), BT, C, OC)
         except BaseException as e:
@@ -233,6 +439,11 @@ cdef void ane_attention_gqa_forward(void* ctx, float* out, float* att, const flo
                                     const float* k, const float* v, int B, int T, int NH,
                                     int NKV, int hs) noexcept nogil:
     cdef Py_ssize_t BT = <Py_ssize_t>B * T, QD = <Py_ssize_t>NH * hs, KVD = <Py_ssize_t>NKV * hs
+    cdef BackendTable* host
+    if on_cpu(ctx):
+        host = host_table(ctx)
+        host.attention_gqa_forward(host.ctx, out, att, q, k, v, B, T, NH, NKV, hs)
+        return
     with gil:
         try:
             emulator_of(ctx).attention_forward(
@@ -248,6 +459,11 @@ cdef void ane_attention_gqa_backward(void* ctx, float* dq, float* dk, float* dv,
                                      const float* v, const float* att, int B, int T, int NH,
                                      int NKV, int hs) noexcept nogil:
     cdef Py_ssize_t BT = <Py_ssize_t>B * T, QD = <Py_ssize_t>NH * hs, KVD = <Py_ssize_t>NKV * hs
+    cdef BackendTable* host
+    if on_cpu(ctx):
+        host = host_table(ctx)
+        host.attention_gqa_backward(host.ctx, dq, dk, dv, dout, q, k, v, att, B, T, NH, NKV, hs)
+        return
     with gil:
         try:
             emulator_of(ctx).attention_backward(
@@ -261,6 +477,11 @@ cdef void ane_attention_gqa_backward(void* ctx, float* dq, float* dk, float* dv,
 
 cdef void ane_swiglu_forward(void* ctx, float* out, const float* a, const float* b,
                              Py_ssize_t N) noexcept nogil:
+    cdef BackendTable* host
+    if on_cpu(ctx):
+        host = host_table(ctx)
+        host.swiglu_forward(host.ctx, out, a, b, N)
+        return
     with gil:
         try:
             emulator_of(ctx).swiglu_forward(view(out, N), view(a, N), view(b, N))
@@ -270,6 +491,11 @@ cdef void ane_swiglu_forward(void* ctx, float* out, const float* a, const float*
 
 cdef void ane_swiglu_backward(void* ctx, float* da, float* db, const float* dout, const float* a,
                               const float* b, Py_ssize_t N) noexcept nogil:
+    cdef BackendTable* host
+    if on_cpu(ctx):
+        host = host_table(ctx)
+        host.swiglu_backward(host.ctx, da, db, dout, a, b, N)
+        return
     with gil:
         try:
             emulator_of(ctx).swiglu_backward(view(da, N), view(db, N), view(dout, N), view(a, N),
@@ -278,12 +504,27 @@ cdef void ane_swiglu_backward(void* ctx, float* da, float* db, const float* dout
             failed(ctx, "swiglu_backward", e)
 
 
-def create(runtime=None, name="ane-emu"):
+def create(runtime=None, name="ane-emu", pipeline=None, budget=None, parallel_dw=None):
     """The ane-emu backend, or with runtime=CoreMLRuntime() the ane one (families llama and
-    gpt2: GPT-2's own layers run on the CPU)."""
+    gpt2: GPT-2's own layers run on the CPU).  pipeline, budget (a CompileBudget) and
+    parallel_dw default to what train.py's flags set (accel/ane/device.py's OPTIONS: dynamic,
+    119 compiles, parallel); ane-emu's static pipeline runs on an interpreter that refuses
+    compiles past the budget and fails past its limit as the ANE compiler does (or with
+    LLMPYX_ANE_RUNTIME=mock on MockRuntime: the same, float32 storage)."""
+    from accel.ane.device import OPTIONS
+    from accel.ane.runtime import InterpreterRuntime, MockRuntime
+    pipeline = OPTIONS["pipeline"] if pipeline is None else pipeline
+    budget = OPTIONS["budget"] if budget is None else budget
+    parallel_dw = OPTIONS["parallel_dw"] if parallel_dw is None else parallel_dw
+    if runtime is None:
+        if os.environ.get("LLMPYX_ANE_RUNTIME") == "mock":
+            runtime = MockRuntime(budget)
+        else:
+            runtime = InterpreterRuntime(budget, budget.limit if pipeline == "static" else None)
     cdef ANEBackend backend = ANEBackend(name, True, ("linear", "gpt2", "llama", "classifier"))
     backend.host = cpu.create(flash=False)
-    backend.emulator = Emulator(runtime=runtime)
+    backend.emulator = Emulator(runtime=runtime, pipeline=pipeline)
+    backend.dw = DWeights(backend, parallel_dw)
     backend.tolerances = dict(TOLERANCES)
     backend.table = backend.host.table   # the CPU's adapters ignore ctx: they serve it as is
     cdef BackendTable* t = &backend.table
@@ -295,5 +536,12 @@ def create(runtime=None, name="ane-emu"):
     t.attention_gqa_backward = ane_attention_gqa_backward
     t.swiglu_forward = ane_swiglu_forward
     t.swiglu_backward = ane_swiglu_backward
+    t.synchronize = ane_synchronize
+    t.copy_to_host = ane_copy_to_host
+    t.zero = ane_zero
+    t.embedding_backward = ane_embedding_backward
     backend.validate()
     return backend
+
+
+from accel.ane.device import HOOKS   # train.py's --ane-* flags and the restarts (accel/hooks.py)

@@ -1,0 +1,239 @@
+"""
+The ANE's static pipeline in training (accel/ane/table.pyx, accel/ane/device.py's hooks):
+weights baked into the programs and rebuilt after each update, the compiles counted against
+the one CompileBudget, the process replaced by exec() before a step that would pass it and
+resumed from the run's checkpoint; and the weight gradients' GEMMs on a CPU worker thread
+while the engine runs.  On the interpreter and the mock runtime, Linux.
+"""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+pytest.importorskip("accel.ane.mil")   # coremltools
+
+from accel.backend import BackendError  # noqa: E402
+from llmc.formats.llmc import write_shard  # noqa: E402
+from test_train import ROOT, run_train, step_losses  # noqa: E402
+from train_llama2 import Llama2, LlamaConfig  # noqa: E402
+
+table = pytest.importorskip("accel.ane.table")
+from accel.ane import runtime  # noqa: E402
+
+STEPS = 5
+RESTART_LINE = re.compile(r"^ANE static pipeline: (\d+) compiles in this process, step (\d+) "
+                          r"needs (\d+) more, past .*: checkpoint at step (\d+), exec\(\) "
+                          r"restart (\d+)$", re.M)
+
+
+@pytest.fixture
+def shard(tmp_path):
+    """Data a d2 Llama learns in a few steps (a repeating sequence): the steps matter."""
+    path = tmp_path / "train_000.bin"
+    write_shard(path, np.tile(np.arange(37) * 7 % 300, 200))
+    return path
+
+
+def common(shard):
+    return ["--model", "d2", "--family", "llama", "--vocab-size", 300, "-b", 2, "-t", 16,
+            "-i", shard, "-j", shard, "-m", 1, "-s", 0, "-x", STEPS, "-l", 3e-3]
+
+
+def train_records(path):
+    return [r for r in map(json.loads, open(path)) if r["type"] == "train"]
+
+
+def run_static(shard, out, *extra, env=None, status=0):
+    args = [sys.executable, os.path.join(ROOT, "train.py"), *map(str, common(shard)),
+            "--backend", "ane-emu", "--ane-pipeline", "static", "-o", str(out), "--json-log",
+            *map(str, extra)]
+    run = subprocess.run(args, capture_output=True, text=True, timeout=600, cwd=ROOT,
+                         env=dict(os.environ, LLMPYX_CACHE_DIR="/nonexistent", **(env or {})))
+    assert run.returncode == status, run.stderr
+    assert "Traceback" not in run.stderr
+    return run
+
+
+def test_restarts_give_the_losses_of_a_run_without_them(shard, tmp_path):
+    """d2 (2 layers: 15 matrices, 30 static programs a step and 4 weight-free ones once a
+    process) under a budget of 45 (35 usable) restarts before every step but the first: the
+    losses, main.log and the JSON log's losses are those of the same run with a budget that
+    never restarts, both within fp16 of the CPU's (1e-3 relative, as tests/test_ane_emu.py's
+    dynamic run), and the compiles each step made are what the hooks predicted."""
+    whole = run_static(shard, tmp_path / "whole", "--ane-budget", 1000)
+    split = run_static(shard, tmp_path / "split", "--ane-budget", 45)
+    cpu = step_losses(run_train(*common(shard), "--backend", "cpu", "-o", tmp_path / "cpu"))
+
+    assert not RESTART_LINE.search(whole.stdout)
+    restarts = RESTART_LINE.findall(split.stdout)
+    assert [(int(c), int(s), int(n), int(at), int(k)) for c, s, n, at, k in restarts] == [
+        (34, step + 1, 30, step, step) for step in range(1, STEPS)]
+    # the restarted processes print nothing else twice: one settings table, one memory line
+    assert split.stdout.count("| max_steps ") == 1 and split.stdout.count("memory allocated") == 1
+    assert step_losses(split.stdout) == step_losses(whole.stdout)
+    assert sorted(step_losses(split.stdout)) == list(range(1, STEPS + 1))
+    for name in ("main.log",):
+        assert open(tmp_path / "split" / name).read() == open(tmp_path / "whole" / name).read()
+    split_log, whole_log = (train_records(tmp_path / d / "log.jsonl") for d in ("split", "whole"))
+    assert [r["loss"] for r in split_log] == [r["loss"] for r in whole_log]
+    assert [r["step"] for r in split_log] == list(range(STEPS))
+    assert [r["ane_compiles"] for r in whole_log] == [34] + [30] * (STEPS - 1)
+    assert [r["ane_compiles"] for r in split_log] == [34] * STEPS
+    assert [r["ane_restarts"] for r in split_log] == list(range(STEPS))
+    run_records = [r for r in map(json.loads, open(tmp_path / "split" / "log.jsonl"))
+                   if r["type"] == "run"]
+    assert len(run_records) == 1
+    # only the newest restart's checkpoint is left (no -n): the run folder does not fill up
+    assert sorted(os.listdir(tmp_path / "split")) == sorted(
+        ["DONE_00000004", "model_00000004.bin", "state_00000004_00000.bin", "run.json",
+         "main.log", "log.jsonl", "loss.png"])
+
+    ane = np.array([float(split_log[k]["loss"]) for k in range(STEPS)])
+    reference = np.array([float(cpu[k + 1]) for k in range(STEPS)])
+    assert reference[-1] < reference[0] - 0.1   # it learns, so the steps matter
+    np.testing.assert_allclose(ane, reference, rtol=1e-3)
+    # between steps the static pipeline evaluates on the CPU (no compiles): step 0's val loss
+    # is the CPU run's, to the bit
+    val = lambda out: re.findall(r"^val loss (\S+)$", out, re.M)  # noqa: E731
+    cpu_val = val(run_train(*common(shard), "--backend", "cpu", "-x", 1))
+    assert val(split.stdout)[0] == cpu_val[0]
+
+
+def test_a_kill_between_the_save_and_the_exec_loses_nothing(shard, tmp_path):
+    """SIGKILL right after the restart's checkpoint is written (LLMPYX_ANE_KILL_BEFORE_EXEC):
+    running the command again with -y 1 (what the exec would have run) resumes at that step
+    and ends with the losses and main.log of a run never stopped."""
+    whole = run_static(shard, tmp_path / "whole", "--ane-budget", 1000)
+    out = tmp_path / "killed"
+    killed = run_static(shard, out, "--ane-budget", 80, status=-signal.SIGKILL,
+                        env={"LLMPYX_ANE_KILL_BEFORE_EXEC": "1"})
+    (restart,) = RESTART_LINE.findall(killed.stdout)
+    at = int(restart[3])
+    assert at == 2 and sorted(step_losses(killed.stdout)) == [1, 2]
+    assert os.path.exists(out / f"DONE_{at:08d}")
+    resumed = run_static(shard, out, "--ane-budget", 80, "-y", 1)
+    assert "resuming from the checkpoint at step 2" in resumed.stdout
+    assert sorted(step_losses(resumed.stdout)) == [3, 4, 5]
+    losses = {**step_losses(killed.stdout), **step_losses(resumed.stdout)}
+    assert losses == step_losses(whole.stdout)
+    assert open(out / "main.log").read() == open(tmp_path / "whole" / "main.log").read()
+
+
+def test_the_mock_runtime_restarts_alike_and_fails_where_the_budget_is_ignored(shard, tmp_path):
+    """On MockRuntime (LLMPYX_ANE_RUNTIME=mock: float32 storage) the restarts give the same
+    losses too; and the same static steps on a mock that does not refuse at the budget fail
+    where the ANE compiler would, in one line."""
+    mock = {"LLMPYX_ANE_RUNTIME": "mock"}
+    whole = run_static(shard, tmp_path / "whole", "--ane-budget", 1000, env=mock)
+    split = run_static(shard, tmp_path / "split", "--ane-budget", 45, env=mock)
+    assert len(RESTART_LINE.findall(split.stdout)) == STEPS - 1
+    assert step_losses(split.stdout) == step_losses(whole.stdout)
+
+    config = LlamaConfig.from_name("d2", vocab_size=300)
+    naive = runtime.MockRuntime(runtime.CompileBudget(45, 10), enforce_budget=False)
+    model = Llama2.random(config, seed=0, backend=table.create(naive, pipeline="static"))
+    x = np.arange(32).reshape(2, 16) % 300
+    model.forward(x, x)
+    model.backward()
+    model.update(1e-2, 0.9, 0.95, 1e-8, 0.0, 1)
+    with pytest.raises(BackendError, match=r"mock ANE compiler: compile 46 of a process that "
+                                           r"allows 45") as e:
+        model.forward(x, x)
+    assert "\n" not in str(e.value)
+
+
+def test_a_step_past_the_budget_and_a_restart_without_a_folder_are_one_line(shard, tmp_path):
+    cases = [(["--ane-budget", 40, "-o", tmp_path / "a"], "a step of this model compiles 34 "
+              "programs .* more than a process gets .*use --ane-pipeline dynamic.*"),
+             (["--ane-budget", 45], "5 steps of 34 compiles pass the budget .*give it -o DIR")]
+    for extra, message in cases:
+        run = subprocess.run([sys.executable, "train.py", *map(str, common(shard)), "--backend",
+                              "ane-emu", "--ane-pipeline", "static", *map(str, extra)], cwd=ROOT,
+                             capture_output=True, text=True, timeout=300)
+        assert run.returncode == 1
+        assert re.fullmatch(f"train.py: error: --ane-pipeline static: {message}\n", run.stderr), \
+            run.stderr
+
+
+# ----------------------------------------------------------------------------
+# the weight gradients on the CPU's worker thread
+
+def two_steps(parallel_dw, pipeline):
+    config = LlamaConfig.from_name("d2", vocab_size=300)
+    backend = table.create(pipeline=pipeline, parallel_dw=parallel_dw,
+                           budget=runtime.CompileBudget(1000, 10))
+    model = Llama2.random(config, seed=3, backend=backend)
+    rng = np.random.default_rng(0)
+    times = []
+    for step in range(2):
+        x, y = rng.integers(0, 300, (2, 16)), rng.integers(0, 300, (2, 16))
+        model.zero_grad()
+        for _ in range(2):   # two micro-batches: the queued GEMMs add into the same gradients
+            model.forward(x, y)
+            model.backward()
+        # AdamW reads the gradients straight after the backward, as train.py's step does
+        model.update(1e-2, 0.9, 0.95, 1e-8, 0.1, step + 1)
+        times.append(backend.step_times())
+    return model.grads.copy(), model.params.copy(), times
+
+
+@pytest.mark.parametrize("pipeline", ["dynamic", "static"])
+def test_parallel_weight_gradients_are_the_sequential_ones(pipeline, monkeypatch):
+    """The weight gradients computed on the worker while the engine runs the dx programs are
+    those of the sequential order, bit for bit; both orders are timed (engine, dW, overlap).
+    The worker is slowed down (each GEMM starts 3 ms late) so that a gradient read before the
+    queue is drained, or a job's input changed under it, shows."""
+    run = table.DWeights._run
+
+    def late(self, job):
+        if self.parallel:
+            time.sleep(0.003)
+        run(self, job)
+    monkeypatch.setattr(table.DWeights, "_run", late)
+    par_grads, par_params, par_times = two_steps(True, pipeline)
+    seq_grads, seq_params, seq_times = two_steps(False, pipeline)
+    assert np.array_equal(par_grads, seq_grads) and np.array_equal(par_params, seq_params)
+    assert np.any(par_grads != 0)
+    for times in par_times + seq_times:
+        assert times["engine_ms"] > 0 and times["dw_ms"] > 0
+        assert 0 <= times["overlap_ms"] <= min(times["engine_ms"], times["dw_ms"])
+    assert all(t["overlap_ms"] == 0 for t in seq_times)   # one thread: nothing overlaps
+
+
+def test_busy_overlap():
+    assert table.busy_overlap([(0, 2), (5, 7)], [(1, 6)]) == 2
+    assert table.busy_overlap([(0, 1)], [(1, 2)]) == 0
+    assert table.busy_overlap([], [(0, 1)]) == 0
+
+
+# ----------------------------------------------------------------------------
+# dev/ane/check_and_time.sh, the Mac user's check: its dry run
+
+def test_mac_script_dry_run_lists_every_step_and_runs_the_plans(tmp_path):
+    script = os.path.join(ROOT, "dev", "ane", "check_and_time.sh")
+    assert subprocess.run(["bash", "-n", script]).returncode == 0
+    done = subprocess.run(["bash", script], env=dict(os.environ, DRY_RUN="1", OUT=str(tmp_path)),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    steps = [line.split(":", 1)[0][3:] for line in done.stdout.splitlines()
+             if line.startswith("== ")]
+    runs = [f"{kind}-{runtime}-{model}-{pipeline}" for runtime in ("coreml", "private")
+            for model in ("stories15M", "stories110M") for pipeline in ("dynamic", "static")
+            for kind in ("plan", "train")]
+    assert steps == ["build", "build-product", "build-private", "parity-coreml",
+                     *runs[:8], "parity-private", *runs[8:]]
+    assert ("train.py --model stories110M --backend ane --ane-pipeline static -b 1 -t 256 -x 20"
+            in done.stdout)
+    # the plans ran (train.py --dry-run, any machine) and say what the step compiles today
+    plan = open(tmp_path / "plan-coreml-stories110M-static.log").read()
+    assert "compiles per step: 74" in plan
+    assert "the table's pieces, not yet these fused kernels: 170 static programs a step" in plan
+    assert "more than a process gets: refused" in plan
+    plan = open(tmp_path / "plan-private-stories15M-static.log").read()
+    assert "86 static programs a step" in plan and "restarting between steps" in plan
