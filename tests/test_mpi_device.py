@@ -3,7 +3,8 @@ Many processes on a device backend: the collectives group (accel/spec.py) of acc
 its emulated build (each rank a process, the emulated RCCL of accel/emu/rccl), and
 llmc/distributed.py's use of it in train.py.
 
-- the entries: one rank (no MPI), errors in one line; 2 and 3 ranks through mpiexec, every
+- the entries: one rank (no MPI), errors in one line; a build without them (no NCCL) leaves
+  the group out; 2 and 3 ranks through mpiexec, every
   collective bit for bit the sum in rank order (values chosen so that any other order differs),
   whatever order the ranks arrive in, at lengths with equal and unequal spans and across the
   emulation's chunks;
@@ -75,6 +76,19 @@ def test_one_rank_communicator_and_its_errors():
     # nothing left in /dev/shm by the communicator (rank 0 unlinks its name once all joined)
     if os.path.isdir("/dev/shm"):
         assert not [name for name in os.listdir("/dev/shm") if name.startswith(f"llmpyx-rccl-emu-{os.getpid()}-")]
+
+
+def test_a_build_without_nccl_lacks_the_group(tmp_path):
+    """A GPU build made where no NCCL/RCCL was found (-DACCEL_HIP_NO_COLLECTIVES): the loader
+    leaves the group out, so many processes sum through host copies."""
+    from accel.hip import device
+    build = subprocess.run(["make", "-s", "-C", os.path.join(ROOT, "accel", "hip"), "emu-fp32", f"BUILD={tmp_path}",
+                            "DEFINES=-DACCEL_HIP_NO_COLLECTIVES"], capture_output=True, text=True, timeout=600)
+    assert build.returncode == 0, build.stderr[-3000:]
+    backend = device.load(str(tmp_path / "libgpt2_hip_emu.so"), "hip-emu")
+    assert backend.groups == ("core", "linear", "gpt2") and emulated().supports("collectives")
+    with pytest.raises(BackendError, match=r"backend 'hip-emu' has no collectives kernels \(all_reduce_sum\)"):
+        backend.call("all_reduce_sum", backend.alloc(4), 1)
 
 
 # --- many processes: the entries ------------------------------------------------------------
