@@ -12,10 +12,13 @@ llmc/distributed.py's use of it in train.py.
   train.py with a rank killed: the job ends within seconds;
 - train.py on 2 hip-emu ranks equals 1 rank accumulating 2 micro-batches (losses within 1e-5,
   norms within 1e-4, 5 steps), -z 0 and -z 1, fp32 and bf16, on the device and, with
-  LLMPYX_HOST_COLLECTIVES=1, through host copies; the table says which path ran.
+  LLMPYX_HOST_COLLECTIVES=1, through host copies; the table says which path ran; -z 1 at bf16
+  on the device resumes bit for bit;
+- make hip-check-nvcc compiles the NCCL calls (where nvcc and NCCL's headers are).
 """
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -257,3 +260,37 @@ def test_two_emulated_ranks_equal_one_rank_accumulating(data, precision):
             for step, (loss, norm) in expected.items():
                 assert abs(got[step][0] - loss) < 1e-5 and abs(got[step][1] - norm) < 1e-4, \
                     (zero_stage, path, step, got[step], (loss, norm))
+
+
+@needs_mpi
+def test_zero1_bf16_on_the_device_resumes_bit_for_bit(data, tmp_path):
+    """-z 1 --precision bf16 on 2 hip-emu ranks, device path: a run stopped at step 2 and resumed
+    (the all-gather of the master weights without rounding, llmc/checkpoint.py) writes the model
+    and both ranks' state files of the run that went straight to step 4."""
+    common = [*COMMON, "-i", data.train, "-j", data.val, "-m", 1, "-z", 1, "--precision", "bf16",
+              "--backend", "hip-emu", "-n", 2]
+    out, straight_dir = tmp_path / "out", tmp_path / "straight"
+    first = run_train(2, *common, "-x", 2, "-o", out)
+    resumed = run_train(2, *common, "-x", 4, "-o", out, "-y", 1)
+    straight = run_train(2, *common, "-x", 4, "-o", straight_dir)
+    assert path_of(straight.stdout) == DEVICE_PATH
+    assert sorted(losses(resumed.stdout)) == [3, 4]
+    assert {**losses(first.stdout), **losses(resumed.stdout)} == losses(straight.stdout)
+    for name in ("model_00000004.bin", "state_00000004_00000.bin", "state_00000004_00001.bin"):
+        assert (out / name).read_bytes() == (straight_dir / name).read_bytes(), name
+
+
+def toolchain(*args):
+    return subprocess.run([os.path.join(ROOT, "accel", "hip", "toolchain.sh"), *args], capture_output=True, text=True)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+def test_nvcc_compiles_the_nccl_calls(tmp_path):
+    """make hip-check-nvcc with NCCL's headers (the PyPI wheel nvidia-nccl-cu13): collectives.hip
+    compiles for sm_90 at both precisions."""
+    if toolchain("cublas-include").returncode != 0 or toolchain("nccl-include").returncode != 0:
+        pytest.skip("cuBLAS or NCCL headers not found (pip install nvidia-cublas nvidia-nccl-cu13)")
+    check = subprocess.run(["make", "-s", "-C", os.path.join(ROOT, "accel", "hip"), "check-nvcc", f"BUILD={tmp_path}"],
+                           capture_output=True, text=True, timeout=900)
+    assert check.returncode == 0, check.stderr[-3000:]
+    assert "gpt2.hip compiles with nvcc for sm_90, fp32 and bf16, with NCCL's collectives" in check.stdout
