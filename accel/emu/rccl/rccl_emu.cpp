@@ -54,7 +54,6 @@ static_assert(sizeof(Id) == sizeof(ncclUniqueId), "the unique id is NCCL's 128 b
 // The start of the shared memory object; the slots follow it.
 struct Header {
     std::atomic<uint32_t> ready;
-    std::atomic<uint32_t> joined;
     std::atomic<uint64_t> arrivals;  // barrier arrivals since the start, of all ranks
     std::atomic<int32_t> pids[MAX_RANKS];
 };
@@ -189,7 +188,7 @@ ncclResult_t ncclCommInitRank(ncclComm_t* out, int nranks, ncclUniqueId unique_i
         return ncclSystemError;
     }
     struct stat st;
-    while (fstat(fd, &st) == 0 && size_t(st.st_size) < bytes)  // the creator is sizing it
+    while (fstat(fd, &st) == 0 && st.st_size == 0)  // the creator is sizing it (in one step)
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
     if (size_t(st.st_size) != bytes) {  // sized for another number of ranks
         close(fd);
@@ -214,7 +213,6 @@ ncclResult_t ncclCommInitRank(ncclComm_t* out, int nranks, ncclUniqueId unique_i
         delete comm;
         return ncclInvalidUsage;  // two processes joined as the same rank
     }
-    comm->header->joined.fetch_add(1);
     const ncclResult_t joined = comm->barrier();
     if (rank == 0 || joined != ncclSuccess) shm_unlink(id.name);
     if (joined != ncclSuccess) {
