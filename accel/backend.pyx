@@ -144,7 +144,8 @@ cdef class Backend:
 
     def call(self, str entry, *args):
         """Run one entry of the table from Python (tests, dev/ab.py): a Buffer or None for each
-        pointer, numbers for the rest, in the entry's order without ctx (accel/spec.py).
+        pointer (a NumPy array for host memory), numbers for the rest, in the entry's order
+        without ctx (accel/spec.py).
         Returns what the entry returns (mean, global_norm_squared), else None."""
         if entry in ORDER:
             group = next(g for g, names in ENTRY_GROUPS.items() if entry in names)
