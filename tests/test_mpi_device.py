@@ -294,3 +294,26 @@ def test_nvcc_compiles_the_nccl_calls(tmp_path):
                            capture_output=True, text=True, timeout=900)
     assert check.returncode == 0, check.stderr[-3000:]
     assert "gpt2.hip compiles with nvcc for sm_90, fp32 and bf16, with NCCL's collectives" in check.stdout
+
+
+def hydra():
+    """Whether MPIEXEC is MPICH's (hydra), whose -env gives one process its own variable."""
+    if MPIEXEC is None:
+        return False
+    return "HYDRA" in subprocess.run([MPIEXEC, "--version"], capture_output=True, text=True).stdout
+
+
+@needs_mpi
+@pytest.mark.skipif(not hydra(), reason="starts ranks with different environments through hydra's -env")
+def test_the_ranks_agree_on_one_path(data):
+    """Only rank 1 has LLMPYX_HOST_COLLECTIVES=1: rank 0 would take the device, but the ranks
+    agree through MPI, so both go through host copies (each on the device alone: a hang)."""
+    train = [sys.executable, os.path.join(ROOT, "train.py"), *map(str, COMMON), "-i", data.single, "-j", data.val,
+             "-x", 2, "-v", 5, "-m", 4, "--backend", "hip-emu"]
+    train = list(map(str, train))
+    env = {k: v for k, v in os.environ.items() if k != "LLMPYX_HOST_COLLECTIVES"}
+    run = subprocess.run([MPIEXEC, "-n", "1", *train, ":", "-n", "1", "-env", "LLMPYX_HOST_COLLECTIVES", "1", *train],
+                         capture_output=True, text=True, timeout=120, env=dict(env, **MPI_ENV))
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert path_of(run.stdout) == HOST_PATH
+    assert sorted(losses(run.stdout)) == [1, 2]

@@ -168,7 +168,8 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId* unique_id) {
 }
 
 // Every rank opens the object (the first creates and sizes it), says its pid and waits for the
-// others at a barrier; then rank 0 unlinks the name, so that nothing is left in /dev/shm.
+// others at a barrier; then rank 0 unlinks the name, so that nothing is left in /dev/shm (but by
+// a job killed while its ranks join: /dev/shm/llmpyx-rccl-emu-*, which may be removed).
 ncclResult_t ncclCommInitRank(ncclComm_t* out, int nranks, ncclUniqueId unique_id, int rank) {
     *out = nullptr;
     Id id;
