@@ -877,6 +877,7 @@ def main(argv=None):
         ("run hellaswag", f"{len(hellaswag)} of the {hellaswag_total} examples of "
                           f"{args.hellaswag_file}" if hellaswag else "no"), None,
         ("num_processes", num_processes), ("zero_stage", dist.zero_stage),
+        *([("all-reduce", dist.path(model.backend))] if num_processes > 1 else []),
     ])
     processes = f" * num_processes={num_processes}" if num_processes > 1 else ""
     settings.print(f"batch_size B={B} * seq_len T={T}{processes} and total_batch_size="
@@ -1025,8 +1026,8 @@ def main(argv=None):
                       f"s an example)")
     if timed_steps > 0:
         console.print(f"total average iteration time: {total_time_s / timed_steps * 1000:f} ms")
-        if num_processes > 1:  # MPI's part of it, waiting for the slowest rank included
-            console.print(f"of it in MPI collectives: {total_collective_s / timed_steps * 1000:f} "
+        if num_processes > 1:  # the collectives' part, waiting for the slowest rank included
+            console.print(f"of it in collectives: {total_collective_s / timed_steps * 1000:f} "
                           f"ms ({100 * total_collective_s / total_time_s:.1f}%)")
     if efficiency is not None:
         summary = efficiency.summary()

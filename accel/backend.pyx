@@ -144,7 +144,8 @@ cdef class Backend:
 
     def call(self, str entry, *args):
         """Run one entry of the table from Python (tests, dev/ab.py): a Buffer or None for each
-        pointer, numbers for the rest, in the entry's order without ctx (accel/spec.py).
+        pointer (a NumPy array for host memory), numbers for the rest, in the entry's order
+        without ctx (accel/spec.py).
         Returns what the entry returns (mean, global_norm_squared), else None."""
         if entry in ORDER:
             group = next(g for g, names in ENTRY_GROUPS.items() if entry in names)
@@ -168,6 +169,19 @@ cdef void* pointer(str entry, str name, value, bint optional, Py_ssize_t nbytes)
         raise ValueError(f"{entry}: argument '{name}' has {buffer.nbytes} bytes, the call "
                          f"touches {nbytes}")
     return buffer.ptr
+
+
+cdef void* host_pointer(str entry, str name, value, Py_ssize_t nbytes) except NULL:
+    """A NumPy array's memory for an entry's host argument (at least nbytes of it, contiguous
+    and writable); it lives as long as the array, which the call's arguments hold."""
+    if not isinstance(value, np.ndarray) or not value.flags.c_contiguous or not value.flags.writeable:
+        raise ValueError(f"{entry}: argument '{name}' is host memory: a contiguous, writable "
+                         f"NumPy array")
+    if value.nbytes < max(nbytes, 1):
+        raise ValueError(f"{entry}: argument '{name}' has {value.nbytes} bytes, the call "
+                         f"touches {nbytes}")
+    cdef char[::1] data = value.reshape(-1).view(np.int8)
+    return &data[0]
 
 
 cdef void arity(str entry, tuple args, Py_ssize_t count) except *:

@@ -59,8 +59,9 @@ def table_pxi():
 
 
 def call_pxi():
-    """call_entry(backend, entry, args): each Buffer checked against the length the entry
-    will touch (where the call's numbers give it), then the entry called."""
+    """call_entry(backend, entry, args): each Buffer (a NumPy array for host memory) checked
+    against the length the entry will touch (where the call's numbers give it), then the entry
+    called."""
     lines = [BANNER,
              "cdef object call_entry(Backend backend, str entry, tuple a):",
              "    cdef BackendTable* t = &backend.table",
@@ -78,9 +79,13 @@ def call_pxi():
             if not a.pointer:
                 converted.append(f"a[{i}]")
                 continue
-            itemsize = "backend.itemsize" if a.floatx else "4"
+            itemsize = "backend.itemsize" if a.floatx else "1" if a.base_type == "void" else "4"
             nbytes = (f"{itemsize} * ({python_expression(a.elements, positions)})"
                       if uses_only(a.elements, positions) else "0")
+            if a.role == "host":   # host memory: a NumPy array
+                converted.append(f"<{a.c_type.replace('const ', '')}>host_pointer(entry, {a.name!r}, "
+                                 f"a[{i}], {nbytes})")
+                continue
             converted.append(f"<{a.c_type.replace('const ', '')}>pointer(entry, {a.name!r}, a[{i}], "
                              f"{a.optional}, {nbytes})")
         call = f"t.{e.name}(c, {', '.join(converted)})"

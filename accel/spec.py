@@ -21,7 +21,8 @@ An argument is one line: `<C type> <name>` for a number, and for a pointer
     elements   the length the entry reads or writes, an expression in the call's numbers (an
                input's may use letters the call lacks, V, which the tests supply)
     role       in (read), out (written), grad (a gradient the entry adds into), inout (read and
-               written: AdamW's state), host (host memory, for copies)
+               written: AdamW's state), host (host memory: copies, a communicator's id; from
+               Python a NumPy array)
     ~K         the output's reduction length (summands per element): check:'s error model
     causal     (..., T, T) scores: only t2 <= t is compared (the rest is never written)
     optional   may be NULL (a matmul without bias, the classifier's loss without targets)
@@ -51,6 +52,9 @@ GROUPS = {
              "model uses it when the backend has it",
     "bf16": "mixed precision: the bf16 parameters rounded from the float32 master weights, "
             "alone or in AdamW's pass",
+    "collectives": "many processes, one device each (llmc/distributed.py): a communicator set "
+                   "up from rank 0's id, and the sums and gathers of float32 buffers on the "
+                   "device (NCCL, RCCL); the CPU does without (MPI on its memory)",
 }
 
 # The precisions a table can run at: the element type its floatX arguments point to.  A backend
@@ -291,6 +295,21 @@ ENTRIES = [
       "Py_ssize_t n", "float lr", "float beta1", "float beta2", "float eps",
       "float weight_decay", "float grad_scale", "int t", "Py_ssize_t first", cpu=None,
       bf16=None),
+    # --- collectives (every process calls each, in the same order; in place, float32) ---------
+    # Rank r's span of n elements is llmc/distributed.py's balanced one: n // N elements, one
+    # more for the first n % N ranks, back to back.  The sums add the ranks' values in rank
+    # order where the library lets the order be chosen (the emulator); NCCL's is its own.
+    # the communicator's id (NCCL's 128 bytes), made by rank 0 and sent to the others (MPI)
+    E("comm_unique_id", "collectives", "void* unique_id[128] host", cpu=None),
+    # joins this process to the communicator of nranks, as rank; each must call it
+    E("comm_init", "collectives", "const void* unique_id[128] host", "int rank", "int nranks",
+      cpu=None),
+    # x: the sum over the ranks of their x, on every rank
+    E("all_reduce_sum", "collectives", "float* x[n] inout", "Py_ssize_t n", cpu=None),
+    # x's span of this rank: the sum over the ranks of their x's span; the rest as it was
+    E("reduce_scatter_sum", "collectives", "float* x[n] inout", "Py_ssize_t n", cpu=None),
+    # each span of x: its rank's, on every rank
+    E("all_gather", "collectives", "float* x[n] inout", "Py_ssize_t n", cpu=None),
 ]
 
 BY_NAME = {e.name: e for e in ENTRIES}

@@ -87,7 +87,7 @@ def run_train(processes, threads, data, steps, total_batch):
           f"python train.py {' '.join(train[2:])}", flush=True)
     out = subprocess.run(command, capture_output=True, text=True, env=env, check=True).stdout
     step = float(re.search(r"total average iteration time: (\S+) ms", out).group(1)) / 1e3
-    mpi = re.search(r"of it in MPI collectives: (\S+) ms", out)
+    mpi = re.search(r"of it in collectives: (\S+) ms", out)
     return step, float(mpi.group(1)) / 1e3 if mpi else 0.0
 
 

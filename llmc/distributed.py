@@ -25,11 +25,22 @@ Only rank 0 prints: the others have their stdout and stderr sent to /dev/null at
 on any rank ends the whole job through MPI_Abort (fail() / abort_on_exception()), never a
 rank left waiting in a collective.
 
-The buffers: on a backend whose memory is the host's (cpu), MPI reduces the model's gradient
-buffer and gathers its parameter buffer in place (zero-copy NumPy views). On a device backend
-they are copied to the host and back (correct, slow); the GPU path of llm.c, NCCL (RCCL on AMD)
-on the device buffers with its communicator set up through MPI (rank 0's ncclUniqueId
-broadcast), would take the place of _reduce_on_host / _gather_on_host: not built, no GPU here.
+The buffers, by where the backend's memory is (the path train.py names in its table, "all-reduce"):
+- the host's (cpu): MPI reduces the model's gradient buffer and gathers its parameter buffer in
+  place (zero-copy NumPy views);
+- a device's, with the backend's collectives group (accel/spec.py; hip: NCCL on NVIDIA, RCCL on
+  AMD, accel/hip/collectives.hip): on the device, in place, as llm.c's zero.cuh. The
+  communicator is set up as llm.c's: rank 0 makes the unique id (comm_unique_id), MPI broadcasts
+  it, every rank joins (comm_init). ZeRO-1 is a reduce-scatter of the gradients, each rank's
+  update of its span, an all-gather of the float32 master weights, as on the host. Each process
+  takes its own device: its rank among the processes of its machine (LLMPYX_LOCAL_RANK, which
+  the HIP backend reads when it makes its context). Never run on a GPU (none was lent to this
+  work): the emulated build of accel/hip runs it in CI, each rank a process and the emulated
+  RCCL's ranks meeting in shared memory (accel/emu/rccl);
+- a device's without that group (guard:cpu, check:hip, a GPU build made without NCCL/RCCL), or
+  with LLMPYX_HOST_COLLECTIVES=1 (the fallback, kept tested): copied to the host, MPI there, and
+  copied back (correct, slow).
+Every rank takes the same path (they agree through MPI before the first collective).
 """
 import os
 import sys
@@ -42,6 +53,9 @@ import numpy as np
 LAUNCHER_SIZE_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE")
 LAUNCHER_RANK_VARIABLES = ("PMIX_RANK",)  # PMIx (srun --mpi=pmix, prterun) tells no size
 ERROR_GRACE_S = 1.0  # a rank other than 0 waits this long before printing its error (see fail)
+HOST_COLLECTIVES_VARIABLE = "LLMPYX_HOST_COLLECTIVES"  # "1": a device backend's through host copies
+LOCAL_RANK_VARIABLE = "LLMPYX_LOCAL_RANK"  # set by init(): this process's rank on its machine
+DEVICE_COLLECTIVES = "collectives"  # the backend's entry group (accel/spec.py)
 
 
 class DistributedError(Exception):
@@ -72,12 +86,15 @@ class MultiProcessConfig:
         self.shard_offsets = None  # and where each rank's span starts
         self.collective_time_s = 0.0  # seconds spent in collectives (train.py's share of step)
         self._scratch = None  # the reduce-scatter's output (MPI forbids in-place with offsets)
+        self.on_device = False  # the gradients and parameters are summed on the device
+        self._communicator_of = None  # the backend whose device communicator is set up
 
     # --- setup ----------------------------------------------------------------------------
 
     def set_zero_stage(self, zero_stage, model):
         """llm.c's set_zero_configs: ZeRO-1 gives each rank a balanced contiguous span of the
-        parameters for its optimizer (Model.optimizer_shard); stage 0 keeps the whole."""
+        parameters for its optimizer (Model.optimizer_shard); stage 0 keeps the whole. Then
+        the collectives' path for the model's backend (choose_path)."""
         P, N = model.num_parameters, self.num_processes
         self.zero_stage = zero_stage if N > 1 else 0  # one process: the shard is everything
         if self.zero_stage == 1:
@@ -87,6 +104,44 @@ class MultiProcessConfig:
             self.shard_offsets = np.concatenate(([0], np.cumsum(self.shard_counts)[:-1]))
             start = int(self.shard_offsets[self.process_rank])
             model.optimizer_shard = (start, start + int(self.shard_counts[self.process_rank]))
+        self.choose_path(model.backend)
+
+    def choose_path(self, backend):
+        """On the device where the backend has the collectives group, its memory is a device's
+        and LLMPYX_HOST_COLLECTIVES is not 1, on every rank; then the device communicator is set
+        up (once per backend). Else MPI on the host (in place, or through copies)."""
+        if self.comm is None:
+            return
+        from mpi4py import MPI
+        wanted = (not backend.host_visible and backend.supports(DEVICE_COLLECTIVES)
+                  and os.environ.get(HOST_COLLECTIVES_VARIABLE, "") != "1")
+        self.on_device = bool(self.comm.allreduce(int(wanted), op=MPI.MIN))
+        if self.on_device and self._communicator_of is not backend:
+            unique_id = np.zeros(128, dtype=np.uint8)  # NCCL's ncclUniqueId
+            if self.process_rank == 0:
+                self._device(backend, "comm_unique_id", unique_id)
+            self.comm.Bcast(unique_id, root=0)
+            self._device(backend, "comm_init", unique_id, self.process_rank, self.num_processes)
+            self._communicator_of = backend
+
+    def path(self, backend):
+        """The collectives' path, in a few words (train.py's table); None for one process."""
+        if self.comm is None:
+            return None
+        if self.on_device:
+            return f"on the device ({backend.name}'s collectives: NCCL / RCCL)"
+        if backend.host_visible:
+            return "MPI on the host memory, in place"
+        return "MPI through host copies"
+
+    def _device(self, backend, entry, *args):
+        """One entry of the backend's collectives group; its failure (a rank that ended, a
+        library error) as a DistributedError, one line."""
+        from accel.backend import BackendError
+        try:
+            backend.call(entry, *args)
+        except BackendError as e:
+            raise DistributedError(f"the device collectives failed: {e}") from None
 
     # --- collectives ----------------------------------------------------------------------
 
@@ -103,6 +158,12 @@ class MultiProcessConfig:
             self._timed(self._reduce_gradients, model)
 
     def _reduce_gradients(self, model):
+        if self.on_device:
+            grads, _ = model.collective_buffers()
+            entry = "all_reduce_sum" if self.zero_stage == 0 else "reduce_scatter_sum"
+            self._device(model.backend, entry, grads, model.num_parameters)
+            model.backend.synchronize()  # so that collective_time_s is the collective's
+            return
         from mpi4py import MPI
         host_visible = model.backend.host_visible
         grads = model.grads if host_visible else model.grads.copy()
@@ -114,7 +175,7 @@ class MultiProcessConfig:
                 self._scratch = np.empty(end - start, dtype=np.float32)
             self.comm.Reduce_scatter(grads, self._scratch, self.shard_counts.tolist(), op=MPI.SUM)
             grads[start:end] = self._scratch
-        if not host_visible:  # the hook of a device backend: NCCL/RCCL would work in place
+        if not host_visible:  # back to the device
             model.grads = grads
 
     def gather_parameters(self, model, rounding=True):
@@ -129,6 +190,11 @@ class MultiProcessConfig:
                 model.round_params(model.step)   # nothing to round at fp32
 
     def _gather_parameters(self, model):
+        if self.on_device:
+            _, master = model.collective_buffers()
+            self._device(model.backend, "all_gather", master, model.num_parameters)
+            model.backend.synchronize()
+            return
         from mpi4py import MPI
         host_visible = model.backend.host_visible
         params = model.params if host_visible else model.params.copy()
@@ -194,6 +260,8 @@ def init():
                                f"): use the mpirun of the MPI that mpi4py runs on")
     if comm.Get_size() == 1:
         return SINGLE
+    # this process's rank among those of its machine: the device it takes (accel/hip)
+    os.environ[LOCAL_RANK_VARIABLE] = str(comm.Split_type(MPI.COMM_TYPE_SHARED).Get_rank())
     _config = MultiProcessConfig(comm)
     if _config.process_rank != 0:  # only rank 0 prints (llm.c's printf0), errors still do
         _error_stream = os.fdopen(os.dup(2), "w")

@@ -256,6 +256,13 @@ cdef class Model:
         self._ensure_grads()
         self._load(self._grads, values, "grads")
 
+    def collective_buffers(self):
+        """(gradients, master weights): the float32 Buffers that llmc/distributed.py sums and
+        gathers in place on the device (the backend's collectives group); the master weights
+        are the parameters at fp32."""
+        self._ensure_grads()
+        return self._grads, self._master if self._master is not None else self._params
+
     @property
     def optimizer_shard(self):
         """(start, end): the span of params that update() changes and whose AdamW m and v this

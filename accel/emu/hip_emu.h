@@ -343,6 +343,8 @@ inline hipError_t hipGetDeviceCount(int* count) {
     return hipSuccess;
 }
 
+inline hipError_t hipSetDevice(int device) { return device == 0 ? hipSuccess : hipErrorInvalidValue; }
+
 inline hipError_t hipGetDeviceProperties(hipDeviceProp_t* prop, int) {
     *prop = {};
     std::snprintf(prop->name, sizeof prop->name, "emu (CPU emulator, warp size %d)", warpSize);

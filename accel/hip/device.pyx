@@ -10,7 +10,8 @@ loader that Metal shares (accel/loader.pyx).
 
 Each at two precisions (PRECISIONS; get_backend(name, precision)): fp32, and bf16, a build of its
 own (libgpt2_hip[_emu]_bf16.so, gpt2.hip with -DACCEL_HIP_BF16) whose floatX arguments are bf16
-and which fills the bf16 group (narrow_params, adamw_update_rounded) too.
+and which fills the bf16 group (narrow_params, adamw_update_rounded) too. A build with NCCL/RCCL
+(every emulated one) fills the collectives group as well (accel/hip/collectives.hip).
 
 Nothing here links against a GPU library: the build is opened at run time (dlopen), so the CPU
 product builds and runs everywhere, and a missing build, toolchain library or GPU is one line
@@ -30,6 +31,9 @@ PRECISIONS = ("fp32", "bf16")
 # the entry groups a build fills at each precision (accel/spec.py): the symbols the loader looks up
 GROUPS = {"fp32": ("linear", "gpt2", "llama", "classifier"),
           "bf16": ("linear", "gpt2", "llama", "classifier", "bf16")}
+# and the device collectives (NCCL/RCCL), where the build has them: every emulated build; a GPU
+# build made where no NCCL/RCCL was found has not (accel/hip/Makefile)
+OPTIONAL_GROUPS = (("collectives", "comm_init"),)
 # the builds of each precision: (GPU, emulated)
 LIBRARIES = {"fp32": (GPU_LIBRARY, EMU_LIBRARY), "bf16": (GPU_LIBRARY_BF16, EMU_LIBRARY_BF16)}
 
@@ -55,10 +59,17 @@ def load(str path, str name, str precision="fp32"):
     cdef create_fn create_context = <create_fn>library.symbol("create")
     cdef char error[512]
     error[0] = 0
+    groups = GROUPS[precision]
+    for group, entry in OPTIONAL_GROUPS:
+        try:
+            library.symbol(entry)
+            groups += (group,)
+        except BackendError:
+            pass
     cdef void* ctx
     with nogil:
         ctx = create_context(error, sizeof(error))
-    return library.backend(ctx, error, GROUPS[precision], precision)
+    return library.backend(ctx, error, groups, precision)
 
 
 def _suffix(str precision):

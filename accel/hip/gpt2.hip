@@ -52,6 +52,7 @@ a real one):
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -787,11 +788,15 @@ void elementwise(Context* c, long N, bool packed, Launch launch) {
 
 }  // namespace
 
+#include "collectives.hip"  // the collectives group: NCCL / RCCL (llmc/distributed.py)
+
 // ----------------------------------------------------------------------------
 // the C ABI: the context, then one function per table entry, with the table's signatures
 // (a floatX* here is the table's float*: the ABI passes pointers, whatever they point to)
 
-// A context on the first device, or NULL with the reason in `error`.
+// A context on the first device, or NULL with the reason in `error`. With many processes on a
+// machine (llmc/distributed.py sets LLMPYX_LOCAL_RANK), each takes its own: that local rank's
+// device, modulo the count.
 ACCEL_HIP_API void* accel_hip_create(char* error, size_t error_size) {
     int devices = 0;
     const hipError_t e = hipGetDeviceCount(&devices);
@@ -800,8 +805,10 @@ ACCEL_HIP_API void* accel_hip_create(char* error, size_t error_size) {
         (void)hipGetLastError();
         return nullptr;
     }
+    const char* local_rank = std::getenv("LLMPYX_LOCAL_RANK");
+    const int device = local_rank ? std::atoi(local_rank) % devices : 0;
     hipDeviceProp_t prop;
-    if (hipGetDeviceProperties(&prop, 0) != hipSuccess) {
+    if (hipSetDevice(device) != hipSuccess || hipGetDeviceProperties(&prop, device) != hipSuccess) {
         std::snprintf(error, error_size, "cannot read the GPU's properties (%s)", hipGetErrorString(hipGetLastError()));
         return nullptr;
     }
@@ -825,6 +832,7 @@ ACCEL_HIP_API void* accel_hip_create(char* error, size_t error_size) {
 ACCEL_HIP_API void accel_hip_destroy(void* ctx) {
     Context* c = context(ctx);
     (void)hipDeviceSynchronize();
+    release_communicator(c);
     (void)hipFree(c->scratch);
     (void)hipFree(c->partials);
     hipblasDestroy(c->blas);

@@ -26,6 +26,7 @@ inline hipError_t hipGetDeviceProperties(hipDeviceProp_t* prop, int device) {
     return cudaGetDeviceProperties(prop, device);
 }
 inline hipError_t hipDeviceSynchronize() { return cudaDeviceSynchronize(); }
+inline hipError_t hipSetDevice(int device) { return cudaSetDevice(device); }
 template <class T>
 hipError_t hipMalloc(T** pointer, size_t bytes) {
     return cudaMalloc(pointer, bytes);

@@ -5,31 +5,50 @@
 #   toolchain.sh amd-archs ARCH...  those of the AMD targets that this hipcc compiles for (the
 #                                   others, and why, on stderr)
 #   toolchain.sh hipblas-include    the folder holding hipblas/hipblas.h, if ROCm has one
+#   toolchain.sh nccl-include       the folder holding nccl.h (NVIDIA's collectives)
+#   toolchain.sh nccl-library       the libnccl shared library to link
+#   toolchain.sh rccl-include       the folder holding rccl/rccl.h, if ROCm has one
 #   toolchain.sh amd-bf16 ARCH      whether this hipcc has HIP's bf16 type (hip/hip_bf16.h, ROCm 6),
 #                                   which the bf16 build needs (exit 1, and why on stderr, if not)
 # cuBLAS is looked for in $CUBLAS_HOME, beside nvcc (the CUDA toolkit), then in the PyPI wheels
 # (nvidia-cublas for CUDA 13, nvidia-cublas-cu12 for CUDA 12). Prints nothing and exits 1 when
-# there is none.
+# there is none. NCCL likewise: $NCCL_HOME, beside nvcc, then the PyPI wheels (nvidia-nccl-cu13,
+# nvidia-nccl-cu12, both in nvidia/nccl).
 set -euo pipefail
 PYTHON=${PYTHON:-python3}
 
-cublas_homes() {
-    [ -n "${CUBLAS_HOME:-}" ] && echo "$CUBLAS_HOME"
+# the CUDA toolkit's root, from nvcc itself (it may be a wrapper script elsewhere)
+toolkit_root() {
     if command -v "${NVCC:-nvcc}" >/dev/null 2>&1; then
         local nvcc
         nvcc=$(command -v "${NVCC:-nvcc}")
-        # the toolkit's root, from nvcc itself (it may be a wrapper script elsewhere)
         "$nvcc" --dryrun -c -x cu /dev/null -o /dev/null 2>&1 | sed -n 's/^#\$ TOP=//p' | head -1
     fi
-    "$PYTHON" - <<'EOF' 2>/dev/null || true
-import importlib, os
-for name in ("nvidia.cu13", "nvidia.cublas"):
+}
+
+# the folders of these Python packages (the PyPI wheels' nvidia.*)
+wheel_homes() {
+    "$PYTHON" - "$@" <<'EOF' 2>/dev/null || true
+import importlib, sys
+for name in sys.argv[1:]:
     try:
         for path in importlib.import_module(name).__path__:
             print(path)
     except ImportError:
         pass
 EOF
+}
+
+cublas_homes() {
+    [ -n "${CUBLAS_HOME:-}" ] && echo "$CUBLAS_HOME"
+    toolkit_root
+    wheel_homes nvidia.cu13 nvidia.cublas
+}
+
+nccl_homes() {
+    [ -n "${NCCL_HOME:-}" ] && echo "$NCCL_HOME"
+    toolkit_root
+    wheel_homes nvidia.nccl
 }
 
 case "${1:-}" in
@@ -68,12 +87,29 @@ amd-bf16)
         echo "accel/hip: this hipcc has no HIP bf16 type (hip/hip_bf16.h, ROCm 6 and later): $(echo "$why" | grep -m1 error || echo "$why" | head -1)" >&2
         exit 1
     fi ;;
+nccl-include)
+    for home in $(nccl_homes); do
+        [ -f "$home/include/nccl.h" ] && { echo "$home/include"; exit 0; }
+    done
+    exit 1 ;;
+nccl-library)
+    for home in $(nccl_homes); do
+        for lib in "$home"/lib64/libnccl.so "$home"/lib/libnccl.so "$home"/lib/libnccl.so.[0-9]*; do
+            [ -f "$lib" ] && { echo "$lib"; exit 0; }
+        done
+    done
+    exit 1 ;;
+rccl-include)
+    for root in "${ROCM_PATH:-/opt/rocm}" /usr; do
+        [ -f "$root/include/rccl/rccl.h" ] && { echo "$root/include"; exit 0; }
+    done
+    exit 1 ;;
 hipblas-include)
     for root in "${ROCM_PATH:-/opt/rocm}" /usr; do
         [ -f "$root/include/hipblas/hipblas.h" ] && { echo "$root/include"; exit 0; }
     done
     exit 1 ;;
 *)
-    echo "usage: $0 cublas-include | cublas-library | amd-archs ARCH... | amd-bf16 ARCH | hipblas-include" >&2
+    echo "usage: $0 cublas-include | cublas-library | nccl-include | nccl-library | rccl-include | amd-archs ARCH... | amd-bf16 ARCH | hipblas-include" >&2
     exit 2 ;;
 esac
