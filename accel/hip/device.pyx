@@ -28,7 +28,7 @@ __all__ = ["PRECISIONS", "configure_emulator", "create", "create_emulated", "loa
 
 PRECISIONS = ("fp32", "bf16")
 # the entry groups a build fills at each precision (accel/spec.py): the symbols the loader looks up
-GROUPS = {"fp32": ("linear", "gpt2"), "bf16": ("linear", "gpt2", "bf16")}
+GROUPS = {"fp32": ("linear", "gpt2", "flash"), "bf16": ("linear", "gpt2", "flash", "bf16")}
 # the builds of each precision: (GPU, emulated)
 LIBRARIES = {"fp32": (GPU_LIBRARY, EMU_LIBRARY), "bf16": (GPU_LIBRARY_BF16, EMU_LIBRARY_BF16)}
 

@@ -1176,3 +1176,5 @@ ACCEL_HIP_API void accel_hip_adamw_update_rounded(void* ctx, floatX* params, flo
     check_launch(c, "adamw_update_rounded");
 }
 #endif
+
+#include "flash.hip"  // the flash group: flash attention, both forms
