@@ -43,9 +43,11 @@ FLASH = entries_of(("flash",))
 PLANTS = {"missing_barrier": "ACCEL_HIP_PLANT_MISSING_BARRIER", "warp32": "ACCEL_HIP_PLANT_WARP32",
           "flash_barrier": "ACCEL_HIP_PLANT_FLASH_MISSING_BARRIER", "flash_causal": "ACCEL_HIP_PLANT_FLASH_CAUSAL",
           "flash_kv_head": "ACCEL_HIP_PLANT_FLASH_KV_HEAD"}
-# flash attention's tiles (32 rows; 16 in the dk/dv kernel at hs = 64) several times over, the last
-# one partial, with 3 query heads per key/value head: odd widths (hs = 3) and d12's (hs = 64)
-FLASH_DIMS = [dict(SMALL, B=2, T=37, C=18, NH=6, NKV=2, hs=3), dict(D12_WIDTHS, B=1, T=67)]
+# flash attention's tiles (32 rows; 16 in the dk/dv kernel at hs = 64; 16 and 8 at hs = 128) several
+# times over, the last one partial, with several query heads per key/value head: odd widths
+# (hs = 3), d12's (hs = 64), and Llama's larger heads (hs = 128, multi-query)
+FLASH_DIMS = [dict(SMALL, B=2, T=37, C=18, NH=6, NKV=2, hs=3), dict(D12_WIDTHS, B=1, T=67),
+              dict(SMALL, B=1, T=20, C=256, NH=2, NKV=1, hs=128)]
 
 
 def make(*targets, build=None, defines=""):
