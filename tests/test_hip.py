@@ -247,6 +247,8 @@ sys.path.insert(0, {tests!r})
 from entries import run_every_entry
 backend = instrument.create("check", device.load(sys.argv[1], "hip-emu"))
 run_every_entry(backend)
+for dims in {flash_dims!r}:   # flash attention's tiles several times over
+    run_every_entry(backend, dims=dims, groups=("flash",))
 print(backend.summary())
 """
 
@@ -255,7 +257,7 @@ def run_under_asan(library):
     libasan = subprocess.run([CXX, "-print-file-name=libasan.so"], capture_output=True, text=True).stdout.strip()
     env = dict(os.environ, LD_PRELOAD=libasan, ASAN_OPTIONS="detect_leaks=0",
                PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run([sys.executable, "-c", ASAN_SCRIPT.format(tests=HERE), library], env=env,
+    return subprocess.run([sys.executable, "-c", ASAN_SCRIPT.format(tests=HERE, flash_dims=FLASH_DIMS), library], env=env,
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
 
 
