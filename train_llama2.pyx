@@ -16,8 +16,10 @@ recompute="all").  Per layer, with no biases anywhere:
 
 after the token embedding (positions enter through RoPE), then a final RMSNorm and the output
 head (the embedding itself with a shared classifier).  One parameter buffer cut into 11 tensors
-(12 with a separate classifier), one activation buffer cut into 24 (with recompute="all", the
-default; other policies keep the layer tensors of fewer layers: llmc/recompute.py).
+(12 with a separate classifier), one activation buffer cut into 25 (with recompute="all", the
+default; other policies keep the layer tensors of fewer layers: llmc/recompute.py).  Attention
+is flash attention (only a (B,NH,T) log-sum-exp per layer kept) where the backend has the
+"flash" kernels, else kernels/attention_gqa's with its (B,NH,T,T) probabilities.
 
 Dimension letters:
     B batch size, T sequence length, C channels (dim), L layers, NH query heads,
@@ -201,7 +203,7 @@ def param_shapes(config):
 
 # ----------------------------------------------------------------------------
 # the activations, as the checkpoint core (llmc/model.pyx) takes them: the embedding's output
-# "encoded" (B, T, C), one layer's 18 (stacked over the layers the policy keeps), the head's 5
+# "encoded" (B, T, C), one layer's 19 (stacked over the layers the policy keeps), the head's 5
 
 ctypedef struct LayerActivations:
     float* ln1          # (B, T, C)  attention_norm's output
@@ -211,7 +213,8 @@ ctypedef struct LayerActivations:
     float* v            # (B, T, KVD)
     float* qr           # (B, T, QD)  q rotated by RoPE
     float* kr           # (B, T, KVD) k rotated by RoPE
-    float* att          # (B, NH, T, T) attention probabilities
+    float* att          # (B, NH, T, T) attention probabilities; empty with flash attention
+    float* att_lse      # (B, NH, T)    flash attention: each row's log-sum-exp; else empty
     float* atty         # (B, T, QD)  the heads' outputs side by side
     float* attproj      # (B, T, C)
     float* residual2    # (B, T, C)
@@ -231,16 +234,19 @@ ctypedef struct HeadActivations:
     float* losses       # (B, T)
 
 
-def activation_shapes(config, int B, int T):
-    """The activations of a batch of B sequences of T tokens, as (name, shape): (the embedding's
-    output "encoded", one layer's 18 tensors, the head's 5).  The model's 24 tensors are these
-    with each layer tensor stacked over the L layers."""
+def activation_shapes(config, int B, int T, bint flash=True):
+    """The activations of a batch of B sequences of T tokens, with flash attention or the
+    (B,NH,T,T) probabilities, as (name, shape): (the embedding's output "encoded", one layer's 19
+    tensors, the head's 5).  The model's 25 tensors are these with each layer tensor stacked
+    over the L layers."""
     cdef int C = config.dim, NH = config.n_heads, H = config.hidden_dim
     cdef int QD = NH * config.head_size, KVD = config.n_kv_heads * config.head_size
     V = config.vocab_size
+    empty = (0,)
     layer = [
         ("ln1", (B, T, C)), ("ln1_rstd", (B, T)), ("q", (B, T, QD)), ("k", (B, T, KVD)),
-        ("v", (B, T, KVD)), ("qr", (B, T, QD)), ("kr", (B, T, KVD)), ("att", (B, NH, T, T)),
+        ("v", (B, T, KVD)), ("qr", (B, T, QD)), ("kr", (B, T, KVD)),
+        ("att", empty if flash else (B, NH, T, T)), ("att_lse", (B, NH, T) if flash else empty),
         ("atty", (B, T, QD)), ("attproj", (B, T, C)), ("residual2", (B, T, C)),
         ("ln2", (B, T, C)), ("ln2_rstd", (B, T)), ("h1", (B, T, H)), ("h3", (B, T, H)),
         ("hgated", (B, T, H)), ("ffnproj", (B, T, C)), ("residual3", (B, T, C)),
@@ -257,14 +263,17 @@ def activation_shapes(config, int B, int T):
 cdef class Llama2(Model):
     """Llama 2 with one buffer per kind, as llm.c.  See the module docstring for the letters."""
     FAMILY = "llama"
-    ENTRY_GROUPS = ("core", "linear", "llama", "classifier")   # its kernels (accel/spec.py)
+    ENTRY_GROUPS = ("core", "linear", "llama", "classifier")   # its kernels (accel/spec.py);
+    #                                                           flash when the backend has it
     # the matrices: weight decay applies to them alone with decay_2d_only (not the norms)
     MATRICES = frozenset(("tok_embeddings", "wq", "wk", "wv", "wo", "w1", "w2", "w3", "output"))
     # the activations whose gradients no backward kernel takes: none are allocated
-    NO_GRAD = frozenset(("ln1_rstd", "att", "ln2_rstd", "lnf_rstd", "logsum"))
-    # float32 at every precision: the statistics and the losses
-    FP32_ACTIVATIONS = frozenset(("ln1_rstd", "ln2_rstd", "lnf_rstd", "logsum", "losses"))
+    NO_GRAD = frozenset(("ln1_rstd", "att", "att_lse", "ln2_rstd", "lnf_rstd", "logsum"))
+    # float32 at every precision: the statistics, the log-sum-exps and the losses
+    FP32_ACTIVATIONS = frozenset(("ln1_rstd", "att_lse", "ln2_rstd", "lnf_rstd", "logsum",
+                                  "losses"))
     cdef int NH, NKV, hs, C, H, V
+    cdef readonly bint flash                    # flash attention (the backend has it)
     cdef float eps
     cdef ParameterTensors params_c, grads_c     # pointers into the buffers, llm.c's structs
     cdef Buffer _rope                           # RoPE's cos and sin tables, (maxT, hs/2) each
@@ -276,12 +285,13 @@ cdef class Llama2(Model):
         on a backend: "cpu", "check:cpu", ... (accel.backend.backend_names()), keeping its
         activations by a recompute policy: "all", "sqrt", ... (llmc/recompute.py), at a precision:
         "fp32" or "bf16" (llmc/model.pyx; None: the backend's, else fp32)."""
-        assert sizeof(LayerActivations) == 18 * sizeof(float*)
+        assert sizeof(LayerActivations) == 19 * sizeof(float*)
         assert sizeof(HeadActivations) == 5 * sizeof(float*)
         self.NH, self.NKV = config.n_heads, config.n_kv_heads
         self.hs, self.C, self.H = config.head_size, config.dim, config.hidden_dim
         self.V, self.eps = config.vocab_size, config.norm_eps
         super().__init__(config, backend, recompute, precision)
+        self.flash = self.backend.supports("flash")
         # the rotation tables, computed once on the host and uploaded (read-only from here on)
         freqs_cos, freqs_sin = rope_tables(config.max_seq_len, self.hs, config.rope_theta)
         cdef Py_ssize_t table_size = freqs_cos.size
@@ -300,8 +310,12 @@ cdef class Llama2(Model):
                 self.grads_c.output = self.grads_c.tok_embeddings
 
     @classmethod
-    def activation_shapes(cls, config, int B, int T):
-        return activation_shapes(config, B, T)
+    def activation_shapes(cls, config, int B, int T, bint flash=True):
+        return activation_shapes(config, B, T, flash)
+
+    @classmethod
+    def activation_options(cls, backend):
+        return dict(flash=backend.supports("flash"))
 
     @classmethod
     def num_layers_of(cls, config):
@@ -393,7 +407,10 @@ cdef class Llama2(Model):
         self.table.matmul_forward(ctx, a.v, a.ln1, l_wv, NULL, B, T, C, KVD)
         self.table.rope_forward(ctx, a.qr, a.q, self.freqs_cos, self.freqs_sin, B, T, NH, hs)
         self.table.rope_forward(ctx, a.kr, a.k, self.freqs_cos, self.freqs_sin, B, T, NKV, hs)
-        self.table.attention_gqa_forward(ctx, a.atty, a.att, a.qr, a.kr, a.v, B, T, NH, NKV, hs)
+        if self.flash:
+            self.table.flash_attention_gqa_forward(ctx, a.atty, a.att_lse, a.qr, a.kr, a.v, B, T, NH, NKV, hs)
+        else:
+            self.table.attention_gqa_forward(ctx, a.atty, a.att, a.qr, a.kr, a.v, B, T, NH, NKV, hs)
         self.table.matmul_forward(ctx, a.attproj, a.atty, l_wo, NULL, B, T, QD, C)
         self.table.residual_forward(ctx, a.residual2, residual, a.attproj, BTC)
         self.table.rmsnorm_forward(ctx, a.ln2, a.ln2_rstd, a.residual2, l_ffn_norm, self.eps, B, T, C)
@@ -474,8 +491,12 @@ cdef class Llama2(Model):
                                 a.ln2_rstd, B, T, C)
         self.table.residual_backward(ctx, dresidual, da.attproj, da.residual2, BTC)
         self.table.matmul_backward(ctx, da.atty, dl_wo, NULL, da.attproj, a.atty, l_wo, B, T, QD, C)
-        self.table.attention_gqa_backward(ctx, da.qr, da.kr, da.v, da.atty, a.qr, a.kr, a.v, a.att,
-                                      B, T, NH, NKV, hs)
+        if self.flash:
+            self.table.flash_attention_gqa_backward(ctx, da.qr, da.kr, da.v, da.atty, a.qr, a.kr, a.v,
+                                                a.atty, a.att_lse, B, T, NH, NKV, hs)
+        else:
+            self.table.attention_gqa_backward(ctx, da.qr, da.kr, da.v, da.atty, a.qr, a.kr, a.v, a.att,
+                                          B, T, NH, NKV, hs)
         self.table.rope_backward(ctx, da.q, da.qr, self.freqs_cos, self.freqs_sin, B, T, NH, hs)
         self.table.rope_backward(ctx, da.k, da.kr, self.freqs_cos, self.freqs_sin, B, T, NKV, hs)
         self.table.matmul_backward(ctx, da.ln1, dl_wv, NULL, da.v, a.ln1, l_wv, B, T, C, KVD)

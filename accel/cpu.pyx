@@ -201,5 +201,7 @@ def create(bint flash=True, str precision="fp32"):
     if not flash:
         t.flash_attention_forward = NULL
         t.flash_attention_backward = NULL
+        t.flash_attention_gqa_forward = NULL
+        t.flash_attention_gqa_backward = NULL
     backend.validate()
     return backend

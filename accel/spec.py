@@ -285,6 +285,18 @@ ENTRIES = [
       "const floatX* inp[B*T*3*C] in", "const floatX* out[B*T*C] in init=forward",
       "const float* lse[B*NH*T] in init=forward",
       "int B", "int T", "int C", "int NH", cpu="kernels.flash_attention"),
+    # Llama's form: separate q, k, v, grouped-query (query head h reads key/value head
+    # h / (NH/NKV)); GPT-2's is this with NKV = NH and q, k, v side by side in inp
+    E("flash_attention_gqa_forward", "flash", "floatX* out[B*T*NH*hs] out ~T",
+      "float* lse[B*NH*T] out ~T", "const floatX* q[B*T*NH*hs] in",
+      "const floatX* k[B*T*NKV*hs] in", "const floatX* v[B*T*NKV*hs] in", "int B", "int T",
+      "int NH", "int NKV", "int hs", cpu="kernels.flash_attention"),
+    E("flash_attention_gqa_backward", "flash", "floatX* dq[B*T*NH*hs] grad ~T",
+      "floatX* dk[B*T*NKV*hs] grad ~T*NH/NKV", "floatX* dv[B*T*NKV*hs] grad ~T*NH/NKV",
+      "const floatX* dout[B*T*NH*hs] in", "const floatX* q[B*T*NH*hs] in",
+      "const floatX* k[B*T*NKV*hs] in", "const floatX* v[B*T*NKV*hs] in",
+      "const floatX* out[B*T*NH*hs] in init=forward", "const float* lse[B*NH*T] in init=forward",
+      "int B", "int T", "int NH", "int NKV", "int hs", cpu="kernels.flash_attention"),
     # --- bf16 ---------------------------------------------------------------------------
     E("narrow_params", "bf16", "floatX* params[n] out", "const float* master[n] in",
       "Py_ssize_t n", "Py_ssize_t first", "int seed", cpu=None, bf16=None),

@@ -1,9 +1,15 @@
 # flash_attention (promoted from dev/cpu/flash_attention_3.pyx): tiles of queries x keys, their
-# products through kernels.blas's sgemm, the softmax never stored.
-#   inp (B,T,3C) = q, k, v;  out (B,T,C);  lse (B,NH,T);  NH heads of hs = C/NH
+# products through kernels.blas's sgemm, the softmax never stored.  Two forms of one kernel:
+#   GPT-2's   inp (B,T,3C) = q, k, v;  out (B,T,C);  NH heads of hs = C/NH
+#   Llama's   q (B,T,NH,hs);  k, v (B,T,NKV,hs), grouped-query: query head h reads key/value
+#             head h / (NH/NKV), NKV dividing NH (kernels/attention_gqa.pyx's order);
+#             out (B,T,NH,hs)
+#   both      lse (B,NH,T): each row's log-sum-exp of its scaled scores
+# GPT-2's form is Llama's with NKV = NH and q, k, v strided views of inp (row stride 3C): the
+# tiles below take q, k, v, out and their gradients as separate pointers with row strides.
 # dev/cpu/flash_attention_1's algorithm on tiles of BQ query rows x BK keys, so that each
-# product is one single-threaded sgemm on strided views of inp, out and dinp (row stride 3C or
-# C, no copies), and the scores of a tile stay in the thread's L2:
+# product is one single-threaded sgemm on strided views of q, k, v, out and the gradients (no
+# copies), and the scores of a tile stay in the thread's L2:
 #   forward   S = scale Q K^T;  online softmax over the tile's rows (running max m and sum l,
 #             the rows of out rescaled by exp(m_old - m_new) when the max grows);  out += P V;
 #             at the end out /= l, lse = m + log l
@@ -11,8 +17,10 @@
 #             dQ += scale dS K;  dK += scale dS^T Q
 # Causal: a query tile only visits the key blocks up to its last row; inside a block that
 # crosses the diagonal the scores above it are set to probability 0 before any product.
-# Threads: forward over (b, h, query tile), longest tiles first; backward over (b, h), since a
-# query tile adds into the k and v gradients of every key block before it.
+# Threads: forward over (b, h, query tile), longest tiles first; backward over (b, key/value
+# head), each taking the NH/NKV query heads that share it in order, since a query tile adds into
+# the k and v gradients of every key block before it (and the heads of a group into the same
+# ones): no two threads write the same gradient rows, and the sums do not depend on the threads.
 # Variant 3 over variant 2 (64 x 64 tiles; dev/BENCHMARKS.md section 6): GCC does not vectorise
 # a max reduction without -ffinite-math-only (never used here), so variant 2's row maximum was
 # one serial chain of compares; here it is kernels.rowmax's, in 16 independent lanes, which
@@ -42,15 +50,22 @@ cdef inline int visible(int t, int j0, int cols) noexcept nogil:
     return max(0, min(cols, t - j0 + 1))
 
 
-cdef void forward_tile(float* out, float* lse, const float* inp, int b, int h, int i0,
-                       int T, int C, int NH) noexcept nogil:
-    cdef int C3 = 3 * C
-    cdef int hs = C // NH
+# Where one head's rows are: its first row (b, t=0, head) and the stride between rows.
+ctypedef struct Strides:
+    int q      # q, dq (GPT-2: 3C; Llama: NH*hs)
+    int kv     # k, v, dk, dv (GPT-2: 3C; Llama: NKV*hs)
+    int o      # out, dout (GPT-2: C; Llama: NH*hs)
+
+
+cdef void forward_tile(float* out, float* lse, const float* q, const float* k, const float* v,
+                       Strides ld, int b, int h, int i0, int T, int NH, int NKV,
+                       int hs) noexcept nogil:
+    cdef int kvh = h // (NH // NKV)
     cdef float scale = 1.0 / sqrtf(hs)
-    cdef const float* q = inp + <Py_ssize_t>b * T * C3 + h * hs
-    cdef const float* k = q + C
-    cdef const float* v = q + 2 * C
-    cdef float* out_i = out + (<Py_ssize_t>b * T + i0) * C + h * hs
+    cdef const float* q_bh = q + <Py_ssize_t>b * T * ld.q + h * hs
+    cdef const float* k_bh = k + <Py_ssize_t>b * T * ld.kv + kvh * hs
+    cdef const float* v_bh = v + <Py_ssize_t>b * T * ld.kv + kvh * hs
+    cdef float* out_i = out + (<Py_ssize_t>b * T + i0) * ld.o + h * hs
     cdef float* lse_i = lse + (<Py_ssize_t>b * NH + h) * T + i0
     cdef int rows = min(<int>BQ, T - i0)
     cdef float S[BQ * BK]      # scores, then probabilities (unnormalised) of one block
@@ -63,7 +78,7 @@ cdef void forward_tile(float* out, float* lse, const float* inp, int b, int h, i
     for r in range(rows):
         m[r] = -INFINITY
         l[r] = 0.0
-        o = out_i + <Py_ssize_t>r * C
+        o = out_i + <Py_ssize_t>r * ld.o
         for d in range(hs):
             o[d] = 0.0
     j0 = 0
@@ -71,7 +86,7 @@ cdef void forward_tile(float* out, float* lse, const float* inp, int b, int h, i
         cols = min(<int>BK, i0 + rows - j0)
         # S (rows, cols) = scale Q[i0:] K[j0:]^T
         sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cols, hs, scale,
-              q + <Py_ssize_t>i0 * C3, C3, k + <Py_ssize_t>j0 * C3, C3, 0.0, S, BK)
+              q_bh + <Py_ssize_t>i0 * ld.q, ld.q, k_bh + <Py_ssize_t>j0 * ld.kv, ld.kv, 0.0, S, BK)
         for r in range(rows):
             row = S + r * BK
             n = visible(i0 + r, j0, cols)
@@ -86,37 +101,39 @@ cdef void forward_tile(float* out, float* lse, const float* inp, int b, int h, i
             if new_max != m[r]:
                 correction = vexpf(m[r] - new_max) if l[r] > 0.0 else 0.0
                 l[r] = l[r] * correction
-                o = out_i + <Py_ssize_t>r * C
+                o = out_i + <Py_ssize_t>r * ld.o
                 for d in range(hs):
                     o[d] = o[d] * correction
                 m[r] = new_max
             l[r] = l[r] + total
         # out[i0:] += P V[j0:]
         sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hs, cols, 1.0,
-              S, BK, v + <Py_ssize_t>j0 * C3, C3, 1.0, out_i, C)
+              S, BK, v_bh + <Py_ssize_t>j0 * ld.kv, ld.kv, 1.0, out_i, ld.o)
         j0 += BK
     for r in range(rows):
-        o = out_i + <Py_ssize_t>r * C
+        o = out_i + <Py_ssize_t>r * ld.o
         e = 1.0 / l[r]
         for d in range(hs):
             o[d] = o[d] * e
         lse_i[r] = m[r] + logf(l[r])
 
 
-cdef void backward_head(float* dinp, const float* dout, const float* inp, const float* out,
-                        const float* lse, int b, int h, int T, int C, int NH) noexcept nogil:
-    cdef int C3 = 3 * C
-    cdef int hs = C // NH
+cdef void backward_head(float* dq, float* dk, float* dv, const float* dout, const float* q,
+                        const float* k, const float* v, const float* out, const float* lse,
+                        Strides ld, int b, int h, int T, int NH, int NKV, int hs) noexcept nogil:
+    cdef int kvh = h // (NH // NKV)
     cdef float scale = 1.0 / sqrtf(hs)
-    cdef Py_ssize_t base = <Py_ssize_t>b * T * C3 + h * hs
-    cdef const float* q = inp + base
-    cdef const float* k = q + C
-    cdef const float* v = q + 2 * C
-    cdef float* dq = dinp + base
-    cdef float* dk = dq + C
-    cdef float* dv = dq + 2 * C
-    cdef const float* dout_bh = dout + <Py_ssize_t>b * T * C + h * hs
-    cdef const float* out_bh = out + <Py_ssize_t>b * T * C + h * hs
+    cdef Py_ssize_t q_base = <Py_ssize_t>b * T * ld.q + h * hs
+    cdef Py_ssize_t kv_base = <Py_ssize_t>b * T * ld.kv + kvh * hs
+    cdef Py_ssize_t o_base = <Py_ssize_t>b * T * ld.o + h * hs
+    cdef const float* q_bh = q + q_base
+    cdef const float* k_bh = k + kv_base
+    cdef const float* v_bh = v + kv_base
+    cdef float* dq_bh = dq + q_base
+    cdef float* dk_bh = dk + kv_base
+    cdef float* dv_bh = dv + kv_base
+    cdef const float* dout_bh = dout + o_base
+    cdef const float* out_bh = out + o_base
     cdef const float* lse_bh = lse + (<Py_ssize_t>b * NH + h) * T
     cdef float P[BQ * BK]      # probabilities of one tile
     cdef float dS[BQ * BK]     # their gradient, then the scores' gradient
@@ -131,8 +148,8 @@ cdef void backward_head(float* dinp, const float* dout, const float* inp, const 
     while i0 < T:
         rows = min(<int>BQ, T - i0)
         for r in range(rows):
-            do_r = dout_bh + <Py_ssize_t>(i0 + r) * C
-            o_r = out_bh + <Py_ssize_t>(i0 + r) * C
+            do_r = dout_bh + <Py_ssize_t>(i0 + r) * ld.o
+            o_r = out_bh + <Py_ssize_t>(i0 + r) * ld.o
             dot = 0.0
             for d in range(hs):
                 dot = dot + do_r[d] * o_r[d]
@@ -142,7 +159,8 @@ cdef void backward_head(float* dinp, const float* dout, const float* inp, const 
             cols = min(<int>BK, i0 + rows - j0)
             # P = exp(scale Q K^T - lse), 0 where the key is in the future
             sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cols, hs, scale,
-                  q + <Py_ssize_t>i0 * C3, C3, k + <Py_ssize_t>j0 * C3, C3, 0.0, P, BK)
+                  q_bh + <Py_ssize_t>i0 * ld.q, ld.q, k_bh + <Py_ssize_t>j0 * ld.kv, ld.kv, 0.0,
+                  P, BK)
             for r in range(rows):
                 p_r = P + r * BK
                 n = visible(i0 + r, j0, cols)
@@ -153,10 +171,12 @@ cdef void backward_head(float* dinp, const float* dout, const float* inp, const 
                     p_r[c] = 0.0
             # dV[j0:] += P^T dO[i0:]
             sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, cols, hs, rows, 1.0,
-                  P, BK, dout_bh + <Py_ssize_t>i0 * C, C, 1.0, dv + <Py_ssize_t>j0 * C3, C3)
+                  P, BK, dout_bh + <Py_ssize_t>i0 * ld.o, ld.o, 1.0,
+                  dv_bh + <Py_ssize_t>j0 * ld.kv, ld.kv)
             # dP = dO[i0:] V[j0:]^T, then dS = P (dP - D)
             sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cols, hs, 1.0,
-                  dout_bh + <Py_ssize_t>i0 * C, C, v + <Py_ssize_t>j0 * C3, C3, 0.0, dS, BK)
+                  dout_bh + <Py_ssize_t>i0 * ld.o, ld.o, v_bh + <Py_ssize_t>j0 * ld.kv, ld.kv,
+                  0.0, dS, BK)
             for r in range(rows):
                 p_r = P + r * BK
                 ds_r = dS + r * BK
@@ -164,28 +184,121 @@ cdef void backward_head(float* dinp, const float* dout, const float* inp, const 
                     ds_r[c] = p_r[c] * (ds_r[c] - D[r])
             # dQ[i0:] += scale dS K[j0:];  dK[j0:] += scale dS^T Q[i0:]
             sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hs, cols, scale,
-                  dS, BK, k + <Py_ssize_t>j0 * C3, C3, 1.0, dq + <Py_ssize_t>i0 * C3, C3)
+                  dS, BK, k_bh + <Py_ssize_t>j0 * ld.kv, ld.kv, 1.0,
+                  dq_bh + <Py_ssize_t>i0 * ld.q, ld.q)
             sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, cols, hs, rows, scale,
-                  dS, BK, q + <Py_ssize_t>i0 * C3, C3, 1.0, dk + <Py_ssize_t>j0 * C3, C3)
+                  dS, BK, q_bh + <Py_ssize_t>i0 * ld.q, ld.q, 1.0,
+                  dk_bh + <Py_ssize_t>j0 * ld.kv, ld.kv)
             j0 += BK
         i0 += BQ
 
 
-cdef void flash_attention_forward(float* out, float* lse, const float* inp,
-                                  int B, int T, int C, int NH) noexcept nogil:
+cdef void flash_forward(float* out, float* lse, const float* q, const float* k, const float* v,
+                        Strides ld, int B, int T, int NH, int NKV, int hs) noexcept nogil:
     cdef Py_ssize_t tiles = (T + BQ - 1) // BQ, unit, bh, tile
     blas_single_threaded()
     # the last query tiles see the most keys: hand them out first, the short ones fill the gaps
     for unit in prange(<Py_ssize_t>B * NH * tiles, schedule="dynamic"):
         tile = tiles - 1 - unit // (B * NH)
         bh = unit % (B * NH)
-        forward_tile(out, lse, inp, <int>(bh // NH), <int>(bh % NH), <int>(tile * BQ), T, C, NH)
+        forward_tile(out, lse, q, k, v, ld, <int>(bh // NH), <int>(bh % NH), <int>(tile * BQ),
+                     T, NH, NKV, hs)
+
+
+cdef void flash_backward(float* dq, float* dk, float* dv, const float* dout, const float* q,
+                         const float* k, const float* v, const float* out, const float* lse,
+                         Strides ld, int B, int T, int NH, int NKV, int hs) noexcept nogil:
+    cdef int group = NH // NKV
+    cdef Py_ssize_t bkv
+    cdef int h
+    blas_single_threaded()
+    for bkv in prange(<Py_ssize_t>B * NKV, schedule="static"):
+        for h in range(<int>(bkv % NKV) * group, <int>(bkv % NKV + 1) * group):
+            backward_head(dq, dk, dv, dout, q, k, v, out, lse, ld, <int>(bkv // NKV), h,
+                          T, NH, NKV, hs)
+
+
+cdef void flash_attention_forward(float* out, float* lse, const float* inp,
+                                  int B, int T, int C, int NH) noexcept nogil:
+    cdef Strides ld = Strides(3 * C, 3 * C, C)
+    flash_forward(out, lse, inp, inp + C, inp + 2 * C, ld, B, T, NH, NH, C // NH)
 
 
 cdef void flash_attention_backward(float* dinp, const float* dout, const float* inp,
                                    const float* out, const float* lse,
                                    int B, int T, int C, int NH) noexcept nogil:
-    cdef Py_ssize_t bh
-    blas_single_threaded()
-    for bh in prange(<Py_ssize_t>B * NH, schedule="static"):
-        backward_head(dinp, dout, inp, out, lse, <int>(bh // NH), <int>(bh % NH), T, C, NH)
+    cdef Strides ld = Strides(3 * C, 3 * C, C)
+    flash_backward(dinp, dinp + C, dinp + 2 * C, dout, inp, inp + C, inp + 2 * C, out, lse, ld,
+                   B, T, NH, NH, C // NH)
+
+
+cdef void flash_attention_gqa_forward(float* out, float* lse, const float* q, const float* k,
+                                      const float* v, int B, int T, int NH, int NKV,
+                                      int hs) noexcept nogil:
+    cdef Strides ld = Strides(NH * hs, NKV * hs, NH * hs)
+    flash_forward(out, lse, q, k, v, ld, B, T, NH, NKV, hs)
+
+
+cdef void flash_attention_gqa_backward(float* dq, float* dk, float* dv, const float* dout,
+                                       const float* q, const float* k, const float* v,
+                                       const float* out, const float* lse, int B, int T, int NH,
+                                       int NKV, int hs) noexcept nogil:
+    cdef Strides ld = Strides(NH * hs, NKV * hs, NH * hs)
+    flash_backward(dq, dk, dv, dout, q, k, v, out, lse, ld, B, T, NH, NKV, hs)
+
+
+# ----------------------------------------------------------------------------
+# Python wrappers of Llama's form (GPT-2's are in _flash_attention_wrappers.pxi)
+
+cdef tuple shape4(const Py_ssize_t* shape):
+    return (shape[0], shape[1], shape[2], shape[3])
+
+
+cdef tuple gqa_dims(str where, tuple q_shape, tuple k_shape, tuple v_shape):
+    B, T, NH, hs = q_shape
+    NKV = k_shape[2]
+    if NKV <= 0 or NH % NKV != 0:
+        raise ValueError(f"flash_attention.{where}: k has {NKV} heads, which must divide the "
+                         f"{NH} heads of q")
+    _check(where, k_shape, (B, T, NKV, hs), "k")
+    _check(where, v_shape, (B, T, NKV, hs), "v")
+    return B, T, NH, NKV, hs
+
+
+def forward_gqa(float[:, :, :, ::1] out, float[:, :, ::1] lse, const float[:, :, :, ::1] q,
+                const float[:, :, :, ::1] k, const float[:, :, :, ::1] v):
+    """out (B,T,NH,hs), lse (B,NH,T)  <-  causal attention of q (B,T,NH,hs) over k, v
+    (B,T,NKV,hs), grouped-query, and each row's log-sum-exp of its scaled scores."""
+    cdef int B, T, NH, NKV, hs
+    B, T, NH, NKV, hs = gqa_dims("forward_gqa", shape4(q.shape), shape4(k.shape), shape4(v.shape))
+    _check("forward_gqa", shape4(out.shape), (B, T, NH, hs), "out")
+    _check("forward_gqa", (lse.shape[0], lse.shape[1], lse.shape[2]), (B, NH, T), "lse")
+    if B * T * NH * hs == 0:
+        return
+    with nogil:
+        flash_attention_gqa_forward(&out[0, 0, 0, 0], &lse[0, 0, 0], &q[0, 0, 0, 0],
+                                    &k[0, 0, 0, 0], &v[0, 0, 0, 0], B, T, NH, NKV, hs)
+
+
+def backward_gqa(float[:, :, :, ::1] dq, float[:, :, :, ::1] dk, float[:, :, :, ::1] dv,
+                 const float[:, :, :, ::1] dout, const float[:, :, :, ::1] q,
+                 const float[:, :, :, ::1] k, const float[:, :, :, ::1] v,
+                 const float[:, :, :, ::1] out, const float[:, :, ::1] lse):
+    """dq (B,T,NH,hs), dk, dv (B,T,NKV,hs)  +=  the gradient from dout (B,T,NH,hs), recomputing
+    the softmax from q, k and the forward's out and lse."""
+    cdef int B, T, NH, NKV, hs
+    B, T, NH, NKV, hs = gqa_dims("backward_gqa", shape4(q.shape), shape4(k.shape), shape4(v.shape))
+    for name, got, want in (("dq", shape4(dq.shape), (B, T, NH, hs)),
+                            ("dk", shape4(dk.shape), (B, T, NKV, hs)),
+                            ("dv", shape4(dv.shape), (B, T, NKV, hs)),
+                            ("dout", shape4(dout.shape), (B, T, NH, hs)),
+                            ("out", shape4(out.shape), (B, T, NH, hs)),
+                            ("lse", (lse.shape[0], lse.shape[1], lse.shape[2]), (B, NH, T))):
+        _check("backward_gqa", got, want, name)
+    if B * T * NH * hs == 0:
+        return
+    with nogil:
+        flash_attention_gqa_backward(&dq[0, 0, 0, 0], &dk[0, 0, 0, 0], &dv[0, 0, 0, 0],
+                                     &dout[0, 0, 0, 0], &q[0, 0, 0, 0], &k[0, 0, 0, 0],
+                                     &v[0, 0, 0, 0], &out[0, 0, 0, 0], &lse[0, 0, 0],
+                                     B, T, NH, NKV, hs)

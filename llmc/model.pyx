@@ -15,7 +15,7 @@ A family (GPT-2 in train_gpt2.pyx) subclasses Model and gives
                                 into the next layer), the head's (one of them "losses" (B, T))
       num_layers_of(config), flops_per_token(config, T)
       activation_options(backend)  the keyword options of activation_shapes that the backend
-                                decides (GPT-2: flash attention or not)
+                                decides (GPT-2, Llama: flash attention or not)
     point_parameters            its struct of parameter pointers, from a Layout (the
                                 parameters in the model's precision, their gradients float32;
                                 a layer's slice of a parameter tensor through self.param_at)

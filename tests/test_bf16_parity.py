@@ -166,12 +166,14 @@ def test_fault_wrong_parameters_fail(fixture_run, capsys):
 
 
 def test_fault_a_gradient_off_fails(fixture_run, capsys):
-    """One gradient element off by a tenth of its tensor's largest: that tensor alone fails."""
+    """One gradient element off by a tenth of its tensor's largest: that tensor alone fails.
+    The element is the tensor's smallest, where the tolerance is about its absolute part
+    (0.031 of the largest): at a large element the relative part can take in the whole fault."""
     family, config, params, state, losses, autocast = fixture_run
     grads = param_views(config, state.grads.copy())
     name = "qkvw" if family == "gpt2" else "wk"
     grad = grads[name].reshape(-1)
-    grad[grad.size // 2] += 0.1 * np.abs(grad).max()
+    grad[np.argmin(np.abs(grad))] += 0.1 * np.abs(grad).max()
     model = (GPT2 if family == "gpt2" else Llama2)(config, precision="bf16")
     model.params = params
     okay = test_gpt2.check_parity(model, state, grads, lambda: losses, lambda: None)

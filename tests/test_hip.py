@@ -6,7 +6,8 @@ under every schedule of the emulator and at warp sizes 32 and 64; a model steps 
 make every loop of the kernels wrap; test_gpt2.py --backend hip passes on the committed fixture
 and on a fresh d2 reference. Planted faults (built with -D ACCEL_HIP_PLANT_..., the source is not
 edited) are caught: a missing barrier, a 32-lane assumption, a write past an output (by the
-AddressSanitizer build). The nvcc and hipcc builds are compile-checked where the compilers exist.
+AddressSanitizer build); flash attention's three (a missing barrier in its tile loop, an
+off-by-one causal mask, the wrong key/value head for a query head). The nvcc and hipcc builds are compile-checked where the compilers exist.
 """
 import os
 import re
@@ -20,7 +21,7 @@ import pytest
 from accel import instrument
 from accel.backend import BackendError, get_backend
 from accel.spec import BY_NAME, entries_of
-from entries import D12_WIDTHS, run_every_entry
+from entries import D12_WIDTHS, SMALL, call_entry, run_every_entry
 from train_gpt2 import GPT2Config
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -37,11 +38,22 @@ pytestmark = pytest.mark.skipif(shutil.which(CXX) is None or shutil.which("make"
 SCHEDULES = [("lockstep", 1), ("lockstep-reverse", 1), ("warp-ahead", 1), ("warp-ahead-reverse", 1),
              ("shuffled", 1), ("shuffled", 2)]
 WARP_SIZES = (32, 64)
-KERNELS = {name for name in entries_of(("core", "linear", "gpt2", "llama", "classifier")) if BY_NAME[name].wrap}
-# what a GPT-2 step calls: its loss is the classifier's (the backend has it), not llm.c's softmax
-GPT2_STEP = {name for name in entries_of(("core", "linear", "gpt2", "classifier")) if BY_NAME[name].wrap} - {
-    "softmax_forward", "crossentropy_forward", "crossentropy_softmax_backward"}
-PLANTS = {"missing_barrier": "ACCEL_HIP_PLANT_MISSING_BARRIER", "warp32": "ACCEL_HIP_PLANT_WARP32"}
+KERNELS = {name for name in entries_of(("core", "linear", "gpt2", "llama", "classifier", "flash"))
+           if BY_NAME[name].wrap}
+FLASH = entries_of(("flash",))
+# what a GPT-2 step calls: its loss is the classifier's and its attention flash's (the backend has
+# both), not llm.c's softmax and (B,NH,T,T) attention
+GPT2_STEP = {name for name in entries_of(("core", "linear", "gpt2", "classifier", "flash")) if BY_NAME[name].wrap} - {
+    "softmax_forward", "crossentropy_forward", "crossentropy_softmax_backward", "attention_forward",
+    "attention_backward", "flash_attention_gqa_forward", "flash_attention_gqa_backward"}
+PLANTS = {"missing_barrier": "ACCEL_HIP_PLANT_MISSING_BARRIER", "warp32": "ACCEL_HIP_PLANT_WARP32",
+          "flash_barrier": "ACCEL_HIP_PLANT_FLASH_MISSING_BARRIER", "flash_causal": "ACCEL_HIP_PLANT_FLASH_CAUSAL",
+          "flash_kv_head": "ACCEL_HIP_PLANT_FLASH_KV_HEAD"}
+# flash attention's tiles (32 rows; 16 in the dk/dv kernel at hs = 64; 16 and 8 at hs = 128) several
+# times over, the last one partial, with several query heads per key/value head: odd widths
+# (hs = 3), d12's (hs = 64), and Llama's larger heads (hs = 128, multi-query)
+FLASH_DIMS = [dict(SMALL, B=2, T=37, C=18, NH=6, NKV=2, hs=3), dict(D12_WIDTHS, B=1, T=67),
+              dict(SMALL, B=1, T=20, C=256, NH=2, NKV=1, hs=128)]
 
 
 def make(*targets, build=None, defines=""):
@@ -132,9 +144,39 @@ def step_at_wrapping_shapes(backend, seed=0):
 def test_every_kernel_at_shapes_where_its_loops_wrap(builds, warp_size):
     backend = checked(builds["emu"], ("shuffled", 3), warp_size, compute_units=1)
     step_at_wrapping_shapes(backend)
+    # what the step (flash attention's GPT-2 form) does not call: llm.c's attention, and the
+    # grouped-query form, at the step's shapes (3 query heads on 1 key/value head)
+    rng = np.random.default_rng(1)
+    dims = dict(B=4, T=67, C=36, NH=3, NKV=1, hs=12)
+    for name in ("attention_backward", "flash_attention_gqa_backward"):
+        call_entry(backend, name, dims, rng)   # and its forward first
     report = backend.report()
     assert report["mismatches"] == 0, backend.summary()
     assert GPT2_STEP <= set(report["entries"]), GPT2_STEP - set(report["entries"])
+
+
+def test_flash_attention_across_tiles_under_every_schedule_and_both_warp_sizes(builds):
+    """The four flash entries where T spans several query and key tiles (the online softmax
+    rescales, the dk/dv blocks visit several query tiles of every head of their group)."""
+    for dims in FLASH_DIMS:
+        for warp_size in WARP_SIZES:
+            for schedule in SCHEDULES if dims is FLASH_DIMS[0] else SCHEDULES[:1] + SCHEDULES[-1:]:
+                backend = checked(builds["emu"], schedule, warp_size)
+                run_every_entry(backend, dims=dims, groups=("flash",))
+                report = backend.report()
+                assert report["mismatches"] == 0, (dims, schedule, warp_size, backend.summary())
+                assert all(report["entries"][k]["compared"] > 0 for k in FLASH)
+                worst = max(report["entries"][k]["worst_ratio"] for k in FLASH)
+                assert worst < 0.5, (dims, schedule, warp_size, worst)   # test_check_tolerance's margin
+
+
+def test_models_run_flash_attention_on_hip():
+    """GPT-2 on hip takes the flash path: no (B,NH,T,T) buffers on the device."""
+    backend = get_backend("hip-emu")
+    assert backend.supports("flash")
+    from train_gpt2 import GPT2
+    model = GPT2.random(GPT2Config.from_depth(1, max_seq_len=16, vocab_size=50), backend=backend)
+    assert model.flash
 
 
 # --- planted faults ---------------------------------------------------------------------------
@@ -174,6 +216,35 @@ def test_planted_faults_are_named_at_d12_widths(builds, plant, warp_size, entry)
     assert first_mismatch(backend) == entry, backend.summary()
 
 
+def test_flash_missing_barrier_is_caught_under_every_schedule(builds):
+    """The forward's tile loop without the barrier after staging K and V: a thread computes
+    scores from shared rows other threads have not written yet (NaN-poisoned, or the previous
+    tile's), whichever thread runs first."""
+    for schedule in SCHEDULES:
+        backend = checked(builds["flash_barrier"], schedule)
+        run_every_entry(backend, groups=("flash",))
+        assert first_mismatch(backend) == "flash_attention_forward", (schedule, backend.summary())
+
+
+@pytest.mark.parametrize("dims", [SMALL, D12_WIDTHS], ids=["odd", "d12-widths"])
+def test_flash_causal_off_by_one_is_caught(builds, dims):
+    """Each query also sees the next key (t2 <= t + 1): one term more in every softmax row."""
+    backend = checked(builds["flash_causal"], ("shuffled", 1), 64)
+    run_every_entry(backend, dims=dims, groups=("flash",))
+    assert first_mismatch(backend) == "flash_attention_forward", backend.summary()
+
+
+@pytest.mark.parametrize("dims", [SMALL, D12_WIDTHS], ids=["odd", "d12-widths"])
+def test_flash_wrong_key_value_head_is_caught(builds, dims):
+    """Query head h reads key/value head h % NKV instead of h / (NH/NKV): the same when NKV = NH,
+    so GPT-2's form passes and Llama's grouped-query form is named."""
+    backend = checked(builds["flash_kv_head"])
+    run_every_entry(backend, dims=dims, groups=("flash",))
+    entries = backend.report()["entries"]
+    assert first_mismatch(backend) == "flash_attention_gqa_forward", backend.summary()
+    assert entries["flash_attention_forward"]["mismatches"] == entries["flash_attention_backward"]["mismatches"] == 0
+
+
 ASAN_SCRIPT = """
 import sys
 from accel import instrument
@@ -182,6 +253,8 @@ sys.path.insert(0, {tests!r})
 from entries import run_every_entry
 backend = instrument.create("check", device.load(sys.argv[1], "hip-emu"))
 run_every_entry(backend)
+for dims in {flash_dims!r}:   # flash attention's tiles several times over
+    run_every_entry(backend, dims=dims, groups=("flash",))
 print(backend.summary())
 """
 
@@ -190,7 +263,7 @@ def run_under_asan(library):
     libasan = subprocess.run([CXX, "-print-file-name=libasan.so"], capture_output=True, text=True).stdout.strip()
     env = dict(os.environ, LD_PRELOAD=libasan, ASAN_OPTIONS="detect_leaks=0",
                PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run([sys.executable, "-c", ASAN_SCRIPT.format(tests=HERE), library], env=env,
+    return subprocess.run([sys.executable, "-c", ASAN_SCRIPT.format(tests=HERE, flash_dims=FLASH_DIMS), library], env=env,
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
 
 

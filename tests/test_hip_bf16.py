@@ -53,7 +53,7 @@ WARP_SIZES = (32, 64)
 # at most one element in ONE_IN of a bf16 output may have other bits than the CPU's (see above)
 ONE_IN = 50
 KERNELS = [name for name in ORDER if BY_NAME[name].wrap and BY_NAME[name].group in ("core", "linear", "gpt2", "llama",
-                                                                                  "classifier", "bf16")]
+                                                                                  "classifier", "flash", "bf16")]
 
 
 def make(*targets, build=None, defines=""):
@@ -115,13 +115,13 @@ def call(backend, name, host, values):
     return result, outputs
 
 
-def cases(cpu, seed=0, dims=SMALL):
+def cases(cpu, seed=0, dims=SMALL, names=KERNELS):
     """Each entry's call (and a second without its optional pointers where it has some) with its
     inputs, and what the CPU's bf16 table makes of them: [(name, values, host inputs, (result,
     outputs))]. A backward's saved activations (init=forward) are the CPU forward's outputs."""
     rng = np.random.default_rng(seed)
     made = []
-    for name in KERNELS:
+    for name in names:
         entry = BY_NAME[name]
         for with_optional in (True, False) if any(a.optional for a in entry.args) else (True,):
             values = dict(numbers(name, dims), first=1000, seed=5)
@@ -212,6 +212,22 @@ def test_every_bf16_entry_matches_the_cpu_at_d12_widths(builds):
     differ (matmul's, layernorm's)."""
     problems, _ = mismatches(emulated(builds["emu"]), cases(get_backend("cpu", "bf16"), dims=D12_WIDTHS))
     assert not problems, problems
+
+
+FLASH = [name for name in KERNELS if BY_NAME[name].group == "flash"]
+# flash attention's tiles (32 rows, 16 in the dk/dv kernel at hs = 64) several times over, the
+# last one partial: T = 37 at odd widths (hs = 3, 6 heads on 2 key/value heads), T = 67 at d12's
+FLASH_DIMS = [dict(SMALL, B=2, T=37, C=18, NH=6, NKV=2, hs=3), dict(D12_WIDTHS, B=1, T=67)]
+
+
+@pytest.mark.parametrize("dims", FLASH_DIMS, ids=["odd", "d12"])
+def test_bf16_flash_attention_across_tiles(builds, dims):
+    """Flash attention's four entries where T spans several tiles, at both warp sizes: each
+    gradient summed in float32 over every tile and rounded to bf16 once, as the CPU's."""
+    made = cases(get_backend("cpu", "bf16"), dims=dims, names=FLASH)
+    for warp_size in WARP_SIZES:
+        problems, _ = mismatches(emulated(builds["emu"], ("shuffled", 6), warp_size), made)
+        assert not problems, (warp_size, problems)
 
 
 def test_a_truncating_bf16_store_is_caught(builds, made):

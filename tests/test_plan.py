@@ -78,14 +78,17 @@ def test_the_plan_text_at_bf16():
     assert "AdamW m + v              949.7 MiB" in text and "(this machine's bf16 GEMM now)" in text
 
 
-def test_planned_bytes_follow_the_backends_attention():
-    """Without flash attention GPT-2 keeps (B,NH,T,T) buffers: the plan for that backend too."""
-    config = GPT2Config.from_depth(2, max_seq_len=16, vocab_size=101)
+@pytest.mark.parametrize("family, config", [
+    (GPT2, GPT2Config.from_depth(2, max_seq_len=16, vocab_size=101)),
+    (Llama2, LlamaConfig.from_name("d2", vocab_size=97, max_seq_len=16))])
+def test_planned_bytes_follow_the_backends_attention(family, config):
+    """Without flash attention GPT-2 and Llama keep (B,NH,T,T) buffers: the plan for that
+    backend too."""
     backend = cpu.create(flash=False)
-    model = GPT2.random(config, backend=backend, recompute="sqrt")
-    planned = memory_plan(GPT2, config, 3, 7, "sqrt", backend=backend)
+    model = family.random(config, backend=backend, recompute="sqrt")
+    planned = memory_plan(family, config, 3, 7, "sqrt", backend=backend)
     assert training_step_memory(model, 3, 7) == planned
-    assert planned["activations"] > memory_plan(GPT2, config, 3, 7, "sqrt")["activations"]
+    assert planned["activations"] > memory_plan(family, config, 3, 7, "sqrt")["activations"]
 
 
 @pytest.mark.parametrize("family, config", [

@@ -1186,3 +1186,4 @@ ACCEL_HIP_API void accel_hip_adamw_update_rounded(void* ctx, floatX* params, flo
 #endif
 
 #include "llama.hip"  // the Llama family's layers and the classifier (groups llama, classifier)
+#include "flash.hip"  // the flash group: flash attention, both forms
