@@ -30,8 +30,8 @@ An argument is one line: `<C type> <name>` for a number, and for a pointer
                forward writes from the inputs the two share: a backward's saved activations)
 
 Dimension letters: B batch, T time, C channels, OC output channels, NH heads, NKV key/value
-heads, hs head size, V vocabulary, Vp padded vocabulary (row stride of logits and wte), N or n
-elements.
+heads, hs head size, H the FFN's hidden size, V vocabulary, Vp padded vocabulary (row stride of
+logits and wte), N or n elements.
 """
 import math
 import re
@@ -51,6 +51,9 @@ GROUPS = {
              "model uses it when the backend has it",
     "bf16": "mixed precision: the bf16 parameters rounded from the float32 master weights, "
             "alone or in AdamW's pass",
+    "fused": "a Llama layer's weighted blocks as one entry each, forward and backward: the Q, K, "
+             "V projections of the normalised input, the SwiGLU FFN; a model runs them where "
+             "the backend prefers them (runs_fused: the ANE, one program per block)",
 }
 
 # The precisions a table can run at: the element type its floatX arguments point to.  A backend
@@ -291,6 +294,34 @@ ENTRIES = [
       "Py_ssize_t n", "float lr", "float beta1", "float beta2", "float eps",
       "float weight_decay", "float grad_scale", "int t", "Py_ssize_t first", cpu=None,
       bf16=None),
+    # --- fused (QD = NH*hs, KVD = NKV*hs, H the FFN's hidden size; the CPU's are the unfused
+    # entries in the model's order, accel/cpu.pyx, check:'s oracle) -----------------------
+    E("qkv_forward", "fused", "floatX* q[B*T*NH*hs] out ~C", "floatX* k[B*T*NKV*hs] out ~C",
+      "floatX* v[B*T*NKV*hs] out ~C", "const floatX* inp[B*T*C] in",
+      "const floatX* wq[NH*hs*C] in", "const floatX* wk[NKV*hs*C] in",
+      "const floatX* wv[NKV*hs*C] in", "int B", "int T", "int C", "int NH", "int NKV", "int hs",
+      cpu=None, bf16=None),
+    E("qkv_backward", "fused", "floatX* dinp[B*T*C] grad ~NH*hs+2*NKV*hs",
+      "float* dwq[NH*hs*C] grad ~B*T", "float* dwk[NKV*hs*C] grad ~B*T",
+      "float* dwv[NKV*hs*C] grad ~B*T", "const floatX* dq[B*T*NH*hs] in",
+      "const floatX* dk[B*T*NKV*hs] in", "const floatX* dv[B*T*NKV*hs] in",
+      "const floatX* inp[B*T*C] in", "const floatX* wq[NH*hs*C] in",
+      "const floatX* wk[NKV*hs*C] in", "const floatX* wv[NKV*hs*C] in", "int B", "int T",
+      "int C", "int NH", "int NKV", "int hs", cpu=None, bf16=None),
+    # out = w2 (silu(h1) * h3), h1 = w1 inp, h3 = w3 inp, hgated = silu(h1) * h3
+    E("ffn_forward", "fused", "floatX* out[B*T*C] out ~H", "floatX* h1[B*T*H] out ~C",
+      "floatX* h3[B*T*H] out ~C", "floatX* hgated[B*T*H] out ~C", "const floatX* inp[B*T*C] in",
+      "const floatX* w1[H*C] in", "const floatX* w3[H*C] in", "const floatX* w2[C*H] in",
+      "int B", "int T", "int C", "int H", cpu=None, bf16=None),
+    # dh1, dh3, dhgated: written (the block's own intermediate gradients), the rest added into
+    E("ffn_backward", "fused", "floatX* dinp[B*T*C] grad ~2*H", "float* dw1[H*C] grad ~B*T",
+      "float* dw3[H*C] grad ~B*T", "float* dw2[C*H] grad ~B*T", "floatX* dh1[B*T*H] out ~C",
+      "floatX* dh3[B*T*H] out ~C", "floatX* dhgated[B*T*H] out ~C",
+      "const floatX* dout[B*T*C] in", "const floatX* inp[B*T*C] in",
+      "const floatX* h1[B*T*H] in init=forward", "const floatX* h3[B*T*H] in init=forward",
+      "const floatX* hgated[B*T*H] in init=forward", "const floatX* w1[H*C] in",
+      "const floatX* w3[H*C] in", "const floatX* w2[C*H] in", "int B", "int T", "int C",
+      "int H", cpu=None, bf16=None),
 ]
 
 BY_NAME = {e.name: e for e in ENTRIES}

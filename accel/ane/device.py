@@ -90,10 +90,10 @@ class ANEHooks(BackendHooks):
         budget, need = emulator.runtime.budget, emulator.static_step_compiles(model.config)
         if need > budget.usable:
             raise BackendError(
-                f"--ane-pipeline static: a step of this model compiles {need} programs (the "
-                f"forward and dx of each of its {7 * model.config.n_layers + 1} matrices and 4 "
-                f"weight-free ones), more than a process gets ({budget}); restarts inside a "
-                f"step are not done: use --ane-pipeline dynamic or raise --ane-budget")
+                f"--ane-pipeline static: a step of this model compiles {need} programs (6 "
+                f"of each of its {model.config.n_layers} layers' weights and 2 weight-free "
+                f"ones), more than a process gets ({budget}); restarts inside a step are not "
+                f"done: use --ane-pipeline dynamic or raise --ane-budget")
         if num_steps * need > budget.usable:   # the run will restart itself
             if args.output_dir is None:
                 raise BackendError(
