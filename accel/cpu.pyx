@@ -215,7 +215,7 @@ def create(bint flash=True, str precision="fp32"):
     if precision not in PRECISIONS:
         raise ValueError(f"accel.cpu: precision {precision!r} is not one of {PRECISIONS}")
     groups = ("linear", "gpt2", "llama", "classifier") + (("flash",) if flash else ()) + \
-        (("bf16",) if precision == "bf16" else ("fused",))
+        ("fused",) + (("bf16",) if precision == "bf16" else ())
     cdef ScratchOwner owner = ScratchOwner()
     if precision == "bf16":
         owner.s = <Scratch*>calloc(1, sizeof(Scratch))
@@ -237,11 +237,10 @@ def create(bint flash=True, str precision="fp32"):
     t.mean = cpu_mean
     fill_kernels(t)
     t.attention_gqa_backward = cpu_attention_gqa_backward
-    if precision == "fp32":
-        t.qkv_forward = cpu_qkv_forward
-        t.qkv_backward = cpu_qkv_backward
-        t.ffn_forward = cpu_ffn_forward
-        t.ffn_backward = cpu_ffn_backward
+    t.qkv_forward = cpu_qkv_forward
+    t.qkv_backward = cpu_qkv_backward
+    t.ffn_forward = cpu_ffn_forward
+    t.ffn_backward = cpu_ffn_backward
     if precision == "bf16":
         fill_bf16(t)
         t.matmul_forward = bf16_matmul_forward

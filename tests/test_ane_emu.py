@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("accel.ane.mil")   # coremltools, imported quietly there
 
 from accel.backend import BackendError, get_backend  # noqa: E402
-from entries import run_every_entry  # noqa: E402
+from entries import D12_WIDTHS, run_every_entry  # noqa: E402
 from llmc.formats.llmc import write_shard  # noqa: E402
 from test_train import run_train, step_losses  # noqa: E402
 from train_llama2 import LlamaConfig  # noqa: E402
@@ -123,6 +123,59 @@ def test_check_names_a_planted_fault_in_an_ane_program(monkeypatch):
     assert report["first"]["entry"] == "attention_gqa_forward"
     assert {name for name, e in report["entries"].items() if e["mismatches"]} == {
         "attention_gqa_forward", "attention_gqa_backward"}
+
+
+def test_the_fused_entries_at_d12_widths_and_a_planted_fault_in_one(monkeypatch):
+    """The fused blocks (qkv_*, ffn_*: one program each) pass check:ane-emu at d12's widths
+    against the CPU's unfused kernels in turn; the planted fault - the FFN's dx program
+    dropping dh3, so dx misses its w3 term - is named there, in ffn_backward alone."""
+    from accel.ane import mil
+    fused = ("qkv_forward", "qkv_backward", "ffn_forward", "ffn_backward")
+    backend = get_backend("check:ane-emu")
+    run_every_entry(backend, dims=D12_WIDTHS, groups=("fused",))
+    report = backend.report()
+    assert report["mismatches"] == 0, backend.summary()
+    assert all(report["entries"][name]["compared"] > 0 for name in fused)
+
+    silu_backward = mil.silu_backward
+
+    def dropped(h1, h3, dgated, name):
+        dh1, dh3 = silu_backward(h1, h3, dgated, name)
+        return dh1, mil.mb.mul(x=dh3, y=mil.FP16(0.0), name=name + "_dropped")
+    monkeypatch.setattr(mil, "silu_backward", dropped)
+    backend = get_backend("check:ane-emu")
+    run_every_entry(backend, groups=("fused",))
+    report = backend.report()
+    assert report["first"]["entry"] == "ffn_backward"
+    assert {name for name, e in report["entries"].items() if e["mismatches"]} == {"ffn_backward"}
+
+
+def test_fused_and_unfused_steps_give_the_same_losses_within_fp16():
+    """d2 (GQA) trained 4 steps on ane-emu with the fused blocks (one program per block) and
+    without them (the table's pieces: a program per matrix, SwiGLU apart): the same losses to
+    fp16's accuracy (1e-3 relative, as the CPU's in test_train_py_on_ane_emu_tracks...), and
+    the unfused run compiles more programs."""
+    from train_llama2 import Llama2
+    config = LlamaConfig.from_name("d2", vocab_size=300)
+    losses, builds = {}, {}
+    for fused in (True, False):
+        ane = backend = get_backend("ane-emu")
+        if not fused:
+            backend = ane._with_groups(tuple(g for g in ane.groups if g != "fused"))
+        model = Llama2.random(config, seed=0, backend=backend)
+        assert model.fused == fused
+        rng = np.random.default_rng(0)
+        losses[fused] = []
+        for step in range(4):
+            x, y = rng.integers(0, 300, (2, 2, 16))
+            losses[fused].append(model.forward(x, y))
+            model.zero_grad()
+            model.backward()
+            model.update(3e-3, 0.9, 0.95, 1e-8, 0.0, step + 1)
+        builds[fused] = ane.emulator.builds
+    assert losses[True] != losses[False]   # different programs, different fp16 roundings
+    np.testing.assert_allclose(losses[True], losses[False], rtol=1e-3)
+    assert builds[True] == 8 < builds[False]
 
 
 def test_dynamic_programs_take_their_weights_as_inputs():

@@ -5,8 +5,9 @@ compiler's budget of compiles per process, computed without a Mac and without al
     python train.py --model llama-7b --backend ane --dry-run [--ane-pipeline static|dynamic]
         [--recompute POLICY] [--ane-budget 119] [-b B -t T]
 
-Each layer runs eight ANE kernels (accel/ane/mil.py's pieces); the weight gradients, the norms,
-RoPE, the embedding, the loss and AdamW stay on the CPU, as in the anchor:
+Each layer runs eight ANE kernels (accel/ane/mil.py's pieces: what train.py's step runs, the
+table's fused group, wo's matmul and attention, accel/ane/table.pyx); the weight gradients, the
+norms, RoPE, the embedding, the classifier, the loss and AdamW stay on the CPU, as in the anchor:
 
     forward   qkv_forward*  attention_forward  wo_forward*  ffn_forward*
     backward  ffn_backward*  wo_backward*  attention_backward  qkv_backward*     (* weights)

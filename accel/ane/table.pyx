@@ -6,12 +6,15 @@ inputs, one compile per shape) on one of accel/ane/runtime.py's runtimes:
   ane-emu   Linux: the NumPy interpreter (accel/ane/interp.py, InterpreterRuntime)
   ane       macOS: Core ML with CPU_AND_NE compute units (CoreMLRuntime) - written, UNRUN
 
-  on the (emulated) ANE, fp16:  matmul_forward, matmul_backward's dinp, attention_gqa_forward
-                                and _backward (dq, dk, dv; the softmax recomputed from q and k),
-                                swiglu_forward and _backward
+  on the (emulated) ANE, fp16:  the fused group's blocks (qkv_forward and _backward's dx,
+                                ffn_forward and _backward's dx, dh1, dh3, dhgated: one program
+                                each), matmul_forward, matmul_backward's dinp (inside a layer:
+                                the mark entry's), attention_gqa_forward and _backward (dq, dk,
+                                dv; the softmax recomputed from q and k), swiglu_forward and
+                                _backward
   on the CPU (kernels/), fp32:  everything else - embedding, RMSNorm, RoPE, the classifier's
-                                loss, AdamW, the weight gradients (matmul_backward's dweight,
-                                dbias), memory - and GPT-2's own layers
+                                matmul and loss, AdamW, the weight gradients (dweight, dbias),
+                                memory - and GPT-2's own layers
 
 An ANEBackend owns two things, by name: `host`, a CPU backend, whose table it starts from (the
 CPU's adapters ignore ctx, so they serve this table unchanged) and to which the replaced
