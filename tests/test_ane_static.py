@@ -201,24 +201,30 @@ def test_a_step_compiles_what_the_dry_run_plans(name, pipeline):
         config, ("attention_forward", "attention_backward")) == 6 * L
 
 
-def test_train_py_stories15M_static_compiles_and_restarts_as_its_dry_run_says(tmp_path):
-    """train.py on stories15M, static pipeline, the default budget (109 usable): its JSON log's
-    compiles per step and its restart are those its dry run prints (36 a step, 38 in a
-    process's first, exec() every 2 steps)."""
+def test_train_py_stories15M_compiles_and_restarts_as_its_dry_run_says(tmp_path):
+    """train.py on stories15M, the default budget (109 usable): its JSON log's compiles per
+    step, and its restart, are those its dry run prints: static 36 a step, 38 in a process's
+    first, exec() every 2 steps; dynamic 8 in the first step, then none."""
     shard = tmp_path / "train_000.bin"
     write_shard(shard, np.tile(np.arange(37) * 7 % 300, 200))
     args = ["--model", "stories15M", "-b", 1, "-t", 32, "-i", shard, "-j", shard, "-m", 0,
-            "-s", 0, "-x", 3, "--backend", "ane-emu", "--ane-pipeline", "static"]
-    plan = run_train(*args, "--dry-run")
-    assert "compiles per step: 36 (first step 38)" in plan and "exec() every 2 steps " in plan
-    out = tmp_path / "run"
-    run = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), *map(str, args), "-o",
-                          str(out), "--json-log"], capture_output=True, text=True, timeout=600,
-                         cwd=ROOT, env=dict(os.environ, LLMPYX_CACHE_DIR="/nonexistent"))
-    assert run.returncode == 0, run.stderr
-    assert [r["ane_compiles"] for r in train_records(out / "log.jsonl")] == [38, 36, 38]
-    assert [(int(c), int(s), int(n)) for c, s, n, _, _ in RESTART_LINE.findall(run.stdout)] == [
-        (74, 3, 36)]
+            "-s", 0, "--backend", "ane-emu"]
+    for pipeline, steps, plan_says, compiles in [
+            ("static", 3, ("compiles per step: 36 (first step 38)", "exec() every 2 steps "),
+             [38, 36, 38]),
+            ("dynamic", 2, ("compiles per step: 0 (first step 8)", "restarts: none"), [8, 0])]:
+        command = [*args, "-x", steps, "--ane-pipeline", pipeline]
+        plan = run_train(*command, "--dry-run")
+        assert all(line in plan for line in plan_says), plan
+        out = tmp_path / pipeline
+        run = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"),
+                              *map(str, command), "-o", str(out), "--json-log"],
+                             capture_output=True, text=True, timeout=600, cwd=ROOT,
+                             env=dict(os.environ, LLMPYX_CACHE_DIR="/nonexistent"))
+        assert run.returncode == 0, run.stderr
+        assert [r["ane_compiles"] for r in train_records(out / "log.jsonl")] == compiles
+        restarts = [(int(c), int(s), int(n)) for c, s, n, _, _ in RESTART_LINE.findall(run.stdout)]
+        assert restarts == ([(74, 3, 36)] if pipeline == "static" else [])
 
 
 # ----------------------------------------------------------------------------
