@@ -168,7 +168,8 @@ def static_step_compiles(config, compiled=()):
     these kernels as the backend table's fused group and its wo matmul and attention, the
     classifier on the CPU, accel/ane/table.pyx) in a process that has compiled the kernels
     named in `compiled`: each weighted kernel of every layer, and the weight-free ones not
-    compiled yet (the plan's compiles, under a policy that recomputes nothing)."""
+    compiled yet: the plan's compiles of a step that fits one process (recomputed layers rerun
+    kernels compiled since the update: free)."""
     kernels = FORWARD + BACKWARD
     return (sum(weighted for _, weighted in kernels) * config.n_layers
             + len({kernel for kernel, weighted in kernels if not weighted} - set(compiled)))
@@ -348,6 +349,8 @@ def format_pipeline_plan(plan, family, name=""):
         "  forward   " + "  ".join(k + ("*" if w else "") for k, w in FORWARD),
         "  backward  " + "  ".join(k + ("*" if w else "") for k, w in BACKWARD),
     ]
+    lines.append("  train.py's step runs them: the backend table's fused group (qkv_*, ffn_*), wo's "
+                 "matmul and attention; the classifier's matmul on the CPU")
     if plan.pipeline == "static":
         lines.append(f"  static: each * kernel compiled per layer after every update "
                      f"({6 * c.n_layers} per pass of the model), the 2 attention kernels once "
