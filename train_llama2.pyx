@@ -15,11 +15,14 @@ recompute="all").  Per layer, with no biases anywhere:
     x += w2(silu(w1(rmsnorm(x))) * w3(rmsnorm(x)))
 
 after the token embedding (positions enter through RoPE), then a final RMSNorm and the output
-head (the embedding itself with a shared classifier).  One parameter buffer cut into 11 tensors
-(12 with a separate classifier), one activation buffer cut into 25 (with recompute="all", the
-default; other policies keep the layer tensors of fewer layers: llmc/recompute.py).  Attention
-is flash attention (only a (B,NH,T) log-sum-exp per layer kept) where the backend has the
-"flash" kernels, else kernels/attention_gqa's with its (B,NH,T,T) probabilities.
+head (the embedding itself with a shared classifier).  On a backend that prefers them
+(runs_fused: the ANE) the Q, K, V projections and the FFN run as the fused group's block
+entries, forward and backward (the same arithmetic, one program each on the engine).  One
+parameter buffer cut into 11 tensors (12 with a separate classifier), one activation buffer
+cut into 25 (with recompute="all", the default; other policies keep the layer tensors of
+fewer layers: llmc/recompute.py).  Attention is flash attention (only a (B,NH,T) log-sum-exp
+per layer kept) where the backend has the "flash" kernels, else kernels/attention_gqa's with
+its (B,NH,T,T) probabilities.
 
 Dimension letters:
     B batch size, T sequence length, C channels (dim), L layers, NH query heads,
@@ -275,6 +278,7 @@ cdef class Llama2(Model):
     cdef int NH, NKV, hs, C, H, V
     cdef readonly bint flash                    # flash attention (the backend has it)
     cdef float eps
+    cdef readonly bint fused                    # the fused group's blocks (runs_fused: the ANE)
     cdef ParameterTensors params_c, grads_c     # pointers into the buffers, llm.c's structs
     cdef Buffer _rope                           # RoPE's cos and sin tables, (maxT, hs/2) each
     cdef const float* freqs_cos
@@ -292,6 +296,7 @@ cdef class Llama2(Model):
         self.V, self.eps = config.vocab_size, config.norm_eps
         super().__init__(config, backend, recompute, precision)
         self.flash = self.backend.supports("flash")
+        self.fused = self.backend.supports("fused") and self.backend.runs_fused
         # the rotation tables, computed once on the host and uploaded (read-only from here on)
         freqs_cos, freqs_sin = rope_tables(config.max_seq_len, self.hs, config.rope_theta)
         cdef Py_ssize_t table_size = freqs_cos.size
@@ -402,9 +407,12 @@ cdef class Llama2(Model):
         cdef const float* l_w3 = self.param_at(p.w3, l * H * C)
 
         self.table.rmsnorm_forward(ctx, a.ln1, a.ln1_rstd, residual, l_attention_norm, self.eps, B, T, C)
-        self.table.matmul_forward(ctx, a.q, a.ln1, l_wq, NULL, B, T, C, QD)
-        self.table.matmul_forward(ctx, a.k, a.ln1, l_wk, NULL, B, T, C, KVD)
-        self.table.matmul_forward(ctx, a.v, a.ln1, l_wv, NULL, B, T, C, KVD)
+        if self.fused:
+            self.table.qkv_forward(ctx, a.q, a.k, a.v, a.ln1, l_wq, l_wk, l_wv, B, T, C, NH, NKV, hs)
+        else:
+            self.table.matmul_forward(ctx, a.q, a.ln1, l_wq, NULL, B, T, C, QD)
+            self.table.matmul_forward(ctx, a.k, a.ln1, l_wk, NULL, B, T, C, KVD)
+            self.table.matmul_forward(ctx, a.v, a.ln1, l_wv, NULL, B, T, C, KVD)
         self.table.rope_forward(ctx, a.qr, a.q, self.freqs_cos, self.freqs_sin, B, T, NH, hs)
         self.table.rope_forward(ctx, a.kr, a.k, self.freqs_cos, self.freqs_sin, B, T, NKV, hs)
         if self.flash:
@@ -414,10 +422,14 @@ cdef class Llama2(Model):
         self.table.matmul_forward(ctx, a.attproj, a.atty, l_wo, NULL, B, T, QD, C)
         self.table.residual_forward(ctx, a.residual2, residual, a.attproj, BTC)
         self.table.rmsnorm_forward(ctx, a.ln2, a.ln2_rstd, a.residual2, l_ffn_norm, self.eps, B, T, C)
-        self.table.matmul_forward(ctx, a.h1, a.ln2, l_w1, NULL, B, T, C, H)
-        self.table.matmul_forward(ctx, a.h3, a.ln2, l_w3, NULL, B, T, C, H)
-        self.table.swiglu_forward(ctx, a.hgated, a.h1, a.h3, <Py_ssize_t>B * T * H)
-        self.table.matmul_forward(ctx, a.ffnproj, a.hgated, l_w2, NULL, B, T, H, C)
+        if self.fused:
+            self.table.ffn_forward(ctx, a.ffnproj, a.h1, a.h3, a.hgated, a.ln2, l_w1, l_w3, l_w2,
+                                   B, T, C, H)
+        else:
+            self.table.matmul_forward(ctx, a.h1, a.ln2, l_w1, NULL, B, T, C, H)
+            self.table.matmul_forward(ctx, a.h3, a.ln2, l_w3, NULL, B, T, C, H)
+            self.table.swiglu_forward(ctx, a.hgated, a.h1, a.h3, <Py_ssize_t>B * T * H)
+            self.table.matmul_forward(ctx, a.ffnproj, a.hgated, l_w2, NULL, B, T, H, C)
         self.table.residual_forward(ctx, a.residual3, a.residual2, a.ffnproj, BTC)
 
     cdef void head_forward(self, float** head_acts, const float* residual, const int* targets,
@@ -483,10 +495,15 @@ cdef class Llama2(Model):
 
         # the forward's steps, in reverse
         self.table.residual_backward(ctx, da.residual2, da.ffnproj, da.residual3, BTC)
-        self.table.matmul_backward(ctx, da.hgated, dl_w2, NULL, da.ffnproj, a.hgated, l_w2, B, T, H, C)
-        self.table.swiglu_backward(ctx, da.h1, da.h3, da.hgated, a.h1, a.h3, <Py_ssize_t>B * T * H)
-        self.table.matmul_backward(ctx, da.ln2, dl_w3, NULL, da.h3, a.ln2, l_w3, B, T, C, H)
-        self.table.matmul_backward(ctx, da.ln2, dl_w1, NULL, da.h1, a.ln2, l_w1, B, T, C, H)
+        if self.fused:
+            self.table.ffn_backward(ctx, da.ln2, dl_w1, dl_w3, dl_w2, da.h1, da.h3, da.hgated,
+                                    da.ffnproj, a.ln2, a.h1, a.h3, a.hgated, l_w1, l_w3, l_w2,
+                                    B, T, C, H)
+        else:
+            self.table.matmul_backward(ctx, da.hgated, dl_w2, NULL, da.ffnproj, a.hgated, l_w2, B, T, H, C)
+            self.table.swiglu_backward(ctx, da.h1, da.h3, da.hgated, a.h1, a.h3, <Py_ssize_t>B * T * H)
+            self.table.matmul_backward(ctx, da.ln2, dl_w3, NULL, da.h3, a.ln2, l_w3, B, T, C, H)
+            self.table.matmul_backward(ctx, da.ln2, dl_w1, NULL, da.h1, a.ln2, l_w1, B, T, C, H)
         self.table.rmsnorm_backward(ctx, da.residual2, dl_ffn_norm, da.ln2, a.residual2, l_ffn_norm,
                                 a.ln2_rstd, B, T, C)
         self.table.residual_backward(ctx, dresidual, da.attproj, da.residual2, BTC)
@@ -499,9 +516,13 @@ cdef class Llama2(Model):
                                           B, T, NH, NKV, hs)
         self.table.rope_backward(ctx, da.q, da.qr, self.freqs_cos, self.freqs_sin, B, T, NH, hs)
         self.table.rope_backward(ctx, da.k, da.kr, self.freqs_cos, self.freqs_sin, B, T, NKV, hs)
-        self.table.matmul_backward(ctx, da.ln1, dl_wv, NULL, da.v, a.ln1, l_wv, B, T, C, KVD)
-        self.table.matmul_backward(ctx, da.ln1, dl_wk, NULL, da.k, a.ln1, l_wk, B, T, C, KVD)
-        self.table.matmul_backward(ctx, da.ln1, dl_wq, NULL, da.q, a.ln1, l_wq, B, T, C, QD)
+        if self.fused:
+            self.table.qkv_backward(ctx, da.ln1, dl_wq, dl_wk, dl_wv, da.q, da.k, da.v, a.ln1,
+                                    l_wq, l_wk, l_wv, B, T, C, NH, NKV, hs)
+        else:
+            self.table.matmul_backward(ctx, da.ln1, dl_wv, NULL, da.v, a.ln1, l_wv, B, T, C, KVD)
+            self.table.matmul_backward(ctx, da.ln1, dl_wk, NULL, da.k, a.ln1, l_wk, B, T, C, KVD)
+            self.table.matmul_backward(ctx, da.ln1, dl_wq, NULL, da.q, a.ln1, l_wq, B, T, C, QD)
         self.table.rmsnorm_backward(ctx, dresidual, dl_attention_norm, da.ln1, residual,
                                 l_attention_norm, a.ln1_rstd, B, T, C)
 

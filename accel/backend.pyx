@@ -69,7 +69,8 @@ cdef class Backend:
 
     Optional features, with their defaults here, which a backend overrides where it has them:
     tolerances (check:'s relative tolerance by entry, where the backend computes in lower
-    precision), peak_tflops, compile_seconds (time spent compiling programs), summary()."""
+    precision), peak_tflops, compile_seconds (time spent compiling programs), runs_fused (a
+    model runs the fused group), summary()."""
 
     def __init__(self, str name, bint host_visible, tuple groups, keepalive=None,
                  str precision="fp32"):
@@ -123,6 +124,10 @@ cdef class Backend:
 
     peak_tflops = None
     compile_seconds = 0.0
+    # a model runs the fused group's block entries (accel/spec.py) instead of their pieces
+    # in turn: where a block is one program (the ANE); the CPU's fused entries are the pieces
+    # in turn, there as check:'s oracle, so its models run the pieces themselves
+    runs_fused = False
 
     def summary(self):
         """One line on what a wrapper saw (check:, profile:); None for a plain backend."""

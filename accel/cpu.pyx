@@ -99,6 +99,51 @@ cdef void cpu_attention_gqa_backward(void* ctx, float* dq, float* dk, float* dv,
 include "accel/_cpu_table.pxi"
 
 
+# --- fused: a Llama layer's blocks as the unfused entries in the model's order ----------------
+# (train_llama2.pyx's layer_forward and layer_backward, call for call: the oracle of check:'s
+# fused entries; the model runs them only on a backend that prefers them, runs_fused)
+
+cdef void cpu_qkv_forward(void* ctx, float* q, float* k, float* v, const float* inp,
+                          const float* wq, const float* wk, const float* wv, int B, int T, int C,
+                          int NH, int NKV, int hs) noexcept nogil:
+    cpu_matmul_forward(ctx, q, inp, wq, NULL, B, T, C, NH * hs)
+    cpu_matmul_forward(ctx, k, inp, wk, NULL, B, T, C, NKV * hs)
+    cpu_matmul_forward(ctx, v, inp, wv, NULL, B, T, C, NKV * hs)
+
+
+cdef void cpu_qkv_backward(void* ctx, float* dinp, float* dwq, float* dwk, float* dwv,
+                           const float* dq, const float* dk, const float* dv, const float* inp,
+                           const float* wq, const float* wk, const float* wv, int B, int T,
+                           int C, int NH, int NKV, int hs) noexcept nogil:
+    cpu_matmul_backward(ctx, dinp, dwv, NULL, dv, inp, wv, B, T, C, NKV * hs)
+    cpu_matmul_backward(ctx, dinp, dwk, NULL, dk, inp, wk, B, T, C, NKV * hs)
+    cpu_matmul_backward(ctx, dinp, dwq, NULL, dq, inp, wq, B, T, C, NH * hs)
+
+
+cdef void cpu_ffn_forward(void* ctx, float* out, float* h1, float* h3, float* hgated,
+                          const float* inp, const float* w1, const float* w3, const float* w2,
+                          int B, int T, int C, int H) noexcept nogil:
+    cpu_matmul_forward(ctx, h1, inp, w1, NULL, B, T, C, H)
+    cpu_matmul_forward(ctx, h3, inp, w3, NULL, B, T, C, H)
+    cpu_swiglu_forward(ctx, hgated, h1, h3, <Py_ssize_t>B * T * H)
+    cpu_matmul_forward(ctx, out, hgated, w2, NULL, B, T, H, C)
+
+
+cdef void cpu_ffn_backward(void* ctx, float* dinp, float* dw1, float* dw3, float* dw2,
+                           float* dh1, float* dh3, float* dhgated, const float* dout,
+                           const float* inp, const float* h1, const float* h3,
+                           const float* hgated, const float* w1, const float* w3, const float* w2,
+                           int B, int T, int C, int H) noexcept nogil:
+    cdef Py_ssize_t BTH = <Py_ssize_t>B * T * H
+    zero_bytes(dh1, BTH * sizeof(float))   # written, not added into: the block's own
+    zero_bytes(dh3, BTH * sizeof(float))
+    zero_bytes(dhgated, BTH * sizeof(float))
+    cpu_matmul_backward(ctx, dhgated, dw2, NULL, dout, hgated, w2, B, T, H, C)
+    cpu_swiglu_backward(ctx, dh1, dh3, dhgated, h1, h3, BTH)
+    cpu_matmul_backward(ctx, dinp, dw3, NULL, dh3, inp, w3, B, T, C, H)
+    cpu_matmul_backward(ctx, dinp, dw1, NULL, dh1, inp, w1, B, T, C, H)
+
+
 # --- bf16 --------------------------------------------------------------------------------
 
 # The bf16 table's context: scratch memory for the float32 copies of an adapter's arguments,
@@ -170,7 +215,7 @@ def create(bint flash=True, str precision="fp32"):
     if precision not in PRECISIONS:
         raise ValueError(f"accel.cpu: precision {precision!r} is not one of {PRECISIONS}")
     groups = ("linear", "gpt2", "llama", "classifier") + (("flash",) if flash else ()) + \
-        (("bf16",) if precision == "bf16" else ())
+        ("fused",) + (("bf16",) if precision == "bf16" else ())
     cdef ScratchOwner owner = ScratchOwner()
     if precision == "bf16":
         owner.s = <Scratch*>calloc(1, sizeof(Scratch))
@@ -192,6 +237,10 @@ def create(bint flash=True, str precision="fp32"):
     t.mean = cpu_mean
     fill_kernels(t)
     t.attention_gqa_backward = cpu_attention_gqa_backward
+    t.qkv_forward = cpu_qkv_forward
+    t.qkv_backward = cpu_qkv_backward
+    t.ffn_forward = cpu_ffn_forward
+    t.ffn_backward = cpu_ffn_backward
     if precision == "bf16":
         fill_bf16(t)
         t.matmul_forward = bf16_matmul_forward

@@ -359,6 +359,10 @@ cdef class InstrumentedBackend(Backend):
     def compile_seconds(self):
         return self.target.compile_seconds
 
+    @property
+    def runs_fused(self):
+        return self.target.runs_fused and "fused" in self.groups
+
     def set_tolerance(self, str entry, double tolerance):
         """One entry's relative tolerance, in place of accel/spec.py's error model (0: the
         model's again)."""

@@ -31,8 +31,8 @@ An argument is one line: `<C type> <name>` for a number, and for a pointer
                forward writes from the inputs the two share: a backward's saved activations)
 
 Dimension letters: B batch, T time, C channels, OC output channels, NH heads, NKV key/value
-heads, hs head size, V vocabulary, Vp padded vocabulary (row stride of logits and wte), N or n
-elements.
+heads, hs head size, H the FFN's hidden size, V vocabulary, Vp padded vocabulary (row stride of
+logits and wte), N or n elements.
 """
 import math
 import re
@@ -55,6 +55,9 @@ GROUPS = {
     "collectives": "many processes, one device each (llmc/distributed.py): a communicator set "
                    "up from rank 0's id, and the sums and gathers of float32 buffers on the "
                    "device (NCCL, RCCL); the CPU does without (MPI on its memory)",
+    "fused": "a Llama layer's weighted blocks as one entry each, forward and backward: the Q, K, "
+             "V projections of the normalised input, the SwiGLU FFN; a model runs them where "
+             "the backend prefers them (runs_fused: the ANE, one program per block)",
 }
 
 # The precisions a table can run at: the element type its floatX arguments point to.  A backend
@@ -322,6 +325,35 @@ ENTRIES = [
     E("reduce_scatter_sum", "collectives", "float* x[n] inout", "Py_ssize_t n", cpu=None),
     # each span of x: its rank's, on every rank
     E("all_gather", "collectives", "float* x[n] inout", "Py_ssize_t n", cpu=None),
+    # --- fused (QD = NH*hs, KVD = NKV*hs, H the FFN's hidden size; the CPU's are the unfused
+    # entries in the model's order, accel/cpu.pyx, check:'s oracle, at bf16 on float32 copies;
+    # the weights small, as a layer's are: unit ones overflow an fp16 FFN at d12's widths) ----
+    E("qkv_forward", "fused", "floatX* q[B*T*NH*hs] out ~C", "floatX* k[B*T*NKV*hs] out ~C",
+      "floatX* v[B*T*NKV*hs] out ~C", "const floatX* inp[B*T*C] in",
+      "const floatX* wq[NH*hs*C] in init=small", "const floatX* wk[NKV*hs*C] in init=small",
+      "const floatX* wv[NKV*hs*C] in init=small", "int B", "int T", "int C", "int NH",
+      "int NKV", "int hs", cpu=None),
+    E("qkv_backward", "fused", "floatX* dinp[B*T*C] grad ~NH*hs+2*NKV*hs",
+      "float* dwq[NH*hs*C] grad ~B*T", "float* dwk[NKV*hs*C] grad ~B*T",
+      "float* dwv[NKV*hs*C] grad ~B*T", "const floatX* dq[B*T*NH*hs] in",
+      "const floatX* dk[B*T*NKV*hs] in", "const floatX* dv[B*T*NKV*hs] in",
+      "const floatX* inp[B*T*C] in", "const floatX* wq[NH*hs*C] in init=small",
+      "const floatX* wk[NKV*hs*C] in init=small", "const floatX* wv[NKV*hs*C] in init=small",
+      "int B", "int T", "int C", "int NH", "int NKV", "int hs", cpu=None),
+    # out = w2 hgated, h1 = w1 inp, h3 = w3 inp, hgated = silu(h1) * h3
+    E("ffn_forward", "fused", "floatX* out[B*T*C] out ~H", "floatX* h1[B*T*H] out ~C",
+      "floatX* h3[B*T*H] out ~C", "floatX* hgated[B*T*H] out ~C", "const floatX* inp[B*T*C] in",
+      "const floatX* w1[H*C] in init=small", "const floatX* w3[H*C] in init=small",
+      "const floatX* w2[C*H] in init=small", "int B", "int T", "int C", "int H", cpu=None),
+    # dh1, dh3, dhgated: written (the block's own intermediate gradients), the rest added into
+    E("ffn_backward", "fused", "floatX* dinp[B*T*C] grad ~2*H", "float* dw1[H*C] grad ~B*T",
+      "float* dw3[H*C] grad ~B*T", "float* dw2[C*H] grad ~B*T", "floatX* dh1[B*T*H] out ~C",
+      "floatX* dh3[B*T*H] out ~C", "floatX* dhgated[B*T*H] out ~C",
+      "const floatX* dout[B*T*C] in", "const floatX* inp[B*T*C] in",
+      "const floatX* h1[B*T*H] in init=forward", "const floatX* h3[B*T*H] in init=forward",
+      "const floatX* hgated[B*T*H] in init=forward", "const floatX* w1[H*C] in init=small",
+      "const floatX* w3[H*C] in init=small", "const floatX* w2[C*H] in init=small", "int B",
+      "int T", "int C", "int H", cpu=None),
 ]
 
 BY_NAME = {e.name: e for e in ENTRIES}

@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("accel.ane.mil")   # coremltools, imported quietly there
 
 from accel.backend import BackendError, get_backend  # noqa: E402
-from entries import run_every_entry  # noqa: E402
+from entries import D12_WIDTHS, run_every_entry  # noqa: E402
 from llmc.formats.llmc import write_shard  # noqa: E402
 from test_train import run_train, step_losses  # noqa: E402
 from train_llama2 import LlamaConfig  # noqa: E402
@@ -68,12 +68,17 @@ def test_programs_are_built_once_per_shape_and_a_failure_is_one_line():
         model.backward()
         model.update(1e-3, 0.9, 0.999, 1e-8, 0.0, step + 1)
         builds.append(emulator.builds)
-    assert builds[0] > 0 and builds[1] == builds[0]
+    # the dynamic plan's 8 kernels (accel/ane/plan.py), in the first step only: the fused
+    # blocks, wo's matmul and attention, forward and dx; the classifier runs on the CPU
+    assert model.fused and builds == [8, 8]
+    assert sorted(piece for piece, _ in emulator.kernels) == sorted(
+        ["qkv_forward", "attention_forward", "linear_forward", "ffn_forward", "ffn_backward",
+         "linear_backward", "attention_backward", "qkv_backward"])
 
     def broken(*args, **kwargs):
         raise RuntimeError("the interpreter fell over")
     emulator.run = broken
-    with pytest.raises(BackendError, match="ane-emu matmul_forward: RuntimeError: the "
+    with pytest.raises(BackendError, match=r"ane-emu \w+_forward: RuntimeError: the "
                                            "interpreter fell over") as e:
         model.forward(x, y)
     assert "\n" not in str(e.value)
@@ -120,6 +125,61 @@ def test_check_names_a_planted_fault_in_an_ane_program(monkeypatch):
         "attention_gqa_forward", "attention_gqa_backward"}
 
 
+def test_the_fused_entries_at_d12_widths_and_a_planted_fault_in_one(monkeypatch):
+    """The fused blocks (qkv_*, ffn_*: one program each) pass check:ane-emu at d12's widths
+    against the CPU's unfused kernels in turn; the planted fault - the FFN's dx program
+    dropping dh3, so dx misses its w3 term - is named there, in ffn_backward alone."""
+    from accel.ane import mil
+    fused = ("qkv_forward", "qkv_backward", "ffn_forward", "ffn_backward")
+    backend = get_backend("check:ane-emu")
+    run_every_entry(backend, dims=D12_WIDTHS, groups=("fused",))
+    report = backend.report()
+    assert report["mismatches"] == 0, backend.summary()
+    assert all(report["entries"][name]["compared"] > 0 for name in fused)
+
+    silu_backward = mil.silu_backward
+
+    def dropped(h1, h3, dgated, name):
+        dh1, dh3 = silu_backward(h1, h3, dgated, name)
+        return dh1, mil.mb.mul(x=dh3, y=mil.FP16(0.0), name=name + "_dropped")
+    monkeypatch.setattr(mil, "silu_backward", dropped)
+    backend = get_backend("check:ane-emu")
+    run_every_entry(backend, groups=("fused",))
+    report = backend.report()
+    assert report["first"]["entry"] == "ffn_backward"
+    assert {name for name, e in report["entries"].items() if e["mismatches"]} == {"ffn_backward"}
+
+
+def test_fused_and_unfused_steps_give_the_same_losses_within_fp16():
+    """d2 (GQA) trained 4 steps on ane-emu with the fused blocks (one program per block) and
+    without them (the table's pieces: a program per matrix, SwiGLU apart): the same losses to
+    fp16's accuracy (1e-3 relative, as the CPU's in test_train_py_on_ane_emu_tracks...), and
+    the unfused run compiles more programs."""
+    from train_llama2 import Llama2
+    config = LlamaConfig.from_name("d2", vocab_size=300)
+    losses, builds = {}, {}
+    for fused in (True, False):
+        ane = backend = get_backend("ane-emu")
+        if not fused:
+            backend = ane._with_groups(tuple(g for g in ane.groups if g != "fused"))
+        model = Llama2.random(config, seed=0, backend=backend)
+        assert model.fused == fused
+        rng = np.random.default_rng(0)
+        losses[fused] = []
+        for step in range(4):
+            x, y = rng.integers(0, 300, (2, 2, 16))
+            losses[fused].append(model.forward(x, y))
+            model.zero_grad()
+            model.backward()
+            model.update(3e-3, 0.9, 0.95, 1e-8, 0.0, step + 1)
+        builds[fused] = ane.emulator.builds
+    assert losses[True] != losses[False]   # different programs, different fp16 roundings
+    np.testing.assert_allclose(losses[True], losses[False], rtol=1e-3)
+    assert builds[True] == 8 < builds[False]
+    # the CPU's fused entries are the pieces in turn: its models run the pieces themselves
+    assert not Llama2(config).fused and not Llama2(config, backend="check:cpu").fused
+
+
 def test_dynamic_programs_take_their_weights_as_inputs():
     """Dynamic: no weight is a constant (one build serves every update); static: all are."""
     from accel.ane import mil
@@ -157,13 +217,9 @@ def test_growing_prompts_compile_a_few_shapes_and_the_budget_is_one_line():
         np.testing.assert_allclose(model.probs, reference.probs, atol=2e-3)
         if t == 1:
             first = set(emulator.kernels)
-    # the matmul and attention programs: once for 32 rows, once for 64; SwiGLU's (elementwise
-    # over rows x hidden): one per power of two from 1 x hidden to 40 x hidden
-    swiglu = lambda keys: {key for key in keys if key[0].startswith("swiglu")}  # noqa: E731
-    rest = len(first - swiglu(first))
-    assert rest > 0 and len(set(emulator.kernels) - swiglu(emulator.kernels)) == 2 * rest
-    lengths = {table.padded(t * config.hidden_dim) for t in range(1, 41)}
-    assert {dims[0] for _, dims in swiglu(emulator.kernels)} == lengths and len(lengths) <= 7
+    # the forward's programs (the fused blocks, wo's matmul, attention): once for 32 rows, once
+    # for 64 (the classifier runs on the CPU)
+    assert len(first) == 4 and len(emulator.kernels) == 2 * len(first)
     assert [table.padded(n) for n in (1, 32, 33, 64, 65, 1000)] == [32, 32, 64, 64, 128, 1024]
 
     class Budgeted(runtime.InterpreterRuntime):

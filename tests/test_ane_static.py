@@ -61,19 +61,19 @@ def run_static(shard, out, *extra, env=None, status=0):
 
 
 def test_restarts_give_the_losses_of_a_run_without_them(shard, tmp_path):
-    """d2 (2 layers: 15 matrices, 30 static programs a step and 4 weight-free ones once a
-    process) under a budget of 45 (35 usable) restarts before every step but the first: the
+    """d2 (2 layers: 12 static programs a step, 6 a layer, and the 2 weight-free attention ones
+    once a process) under a budget of 30 (20 usable) restarts before every step but the first: the
     losses, main.log and the JSON log's losses are those of the same run with a budget that
     never restarts, both within fp16 of the CPU's (1e-3 relative, as tests/test_ane_emu.py's
     dynamic run), and the compiles each step made are what the hooks predicted."""
     whole = run_static(shard, tmp_path / "whole", "--ane-budget", 1000)
-    split = run_static(shard, tmp_path / "split", "--ane-budget", 45)
+    split = run_static(shard, tmp_path / "split", "--ane-budget", 30)
     cpu = step_losses(run_train(*common(shard), "--backend", "cpu", "-o", tmp_path / "cpu"))
 
     assert not RESTART_LINE.search(whole.stdout)
     restarts = RESTART_LINE.findall(split.stdout)
     assert [(int(c), int(s), int(n), int(at), int(k)) for c, s, n, at, k in restarts] == [
-        (34, step + 1, 30, step, step) for step in range(1, STEPS)]
+        (14, step + 1, 12, step, step) for step in range(1, STEPS)]
     # the restarted processes print nothing else twice: one settings table, one memory line
     assert split.stdout.count("| max_steps ") == 1 and split.stdout.count("memory allocated") == 1
     assert step_losses(split.stdout) == step_losses(whole.stdout)
@@ -83,8 +83,8 @@ def test_restarts_give_the_losses_of_a_run_without_them(shard, tmp_path):
     split_log, whole_log = (train_records(tmp_path / d / "log.jsonl") for d in ("split", "whole"))
     assert [r["loss"] for r in split_log] == [r["loss"] for r in whole_log]
     assert [r["step"] for r in split_log] == list(range(STEPS))
-    assert [r["ane_compiles"] for r in whole_log] == [34] + [30] * (STEPS - 1)
-    assert [r["ane_compiles"] for r in split_log] == [34] * STEPS
+    assert [r["ane_compiles"] for r in whole_log] == [14] + [12] * (STEPS - 1)
+    assert [r["ane_compiles"] for r in split_log] == [14] * STEPS
     assert [r["ane_restarts"] for r in split_log] == list(range(STEPS))
     run_records = [r for r in map(json.loads, open(tmp_path / "split" / "log.jsonl"))
                    if r["type"] == "run"]
@@ -111,13 +111,13 @@ def test_a_kill_between_the_save_and_the_exec_loses_nothing(shard, tmp_path):
     and ends with the losses and main.log of a run never stopped."""
     whole = run_static(shard, tmp_path / "whole", "--ane-budget", 1000)
     out = tmp_path / "killed"
-    killed = run_static(shard, out, "--ane-budget", 80, status=-signal.SIGKILL,
+    killed = run_static(shard, out, "--ane-budget", 40, status=-signal.SIGKILL,
                         env={"LLMPYX_ANE_KILL_BEFORE_EXEC": "1"})
     (restart,) = RESTART_LINE.findall(killed.stdout)
     at = int(restart[3])
     assert at == 2 and sorted(step_losses(killed.stdout)) == [1, 2]
     assert os.path.exists(out / f"DONE_{at:08d}")
-    resumed = run_static(shard, out, "--ane-budget", 80, "-y", 1)
+    resumed = run_static(shard, out, "--ane-budget", 40, "-y", 1)
     assert "resuming from the checkpoint at step 2" in resumed.stdout
     assert sorted(step_losses(resumed.stdout)) == [3, 4, 5]
     losses = {**step_losses(killed.stdout), **step_losses(resumed.stdout)}
@@ -131,27 +131,28 @@ def test_the_mock_runtime_restarts_alike_and_fails_where_the_budget_is_ignored(s
     where the ANE compiler would, in one line."""
     mock = {"LLMPYX_ANE_RUNTIME": "mock"}
     whole = run_static(shard, tmp_path / "whole", "--ane-budget", 1000, env=mock)
-    split = run_static(shard, tmp_path / "split", "--ane-budget", 45, env=mock)
+    split = run_static(shard, tmp_path / "split", "--ane-budget", 30, env=mock)
     assert len(RESTART_LINE.findall(split.stdout)) == STEPS - 1
     assert step_losses(split.stdout) == step_losses(whole.stdout)
 
     config = LlamaConfig.from_name("d2", vocab_size=300)
-    naive = runtime.MockRuntime(runtime.CompileBudget(45, 10), enforce_budget=False)
+    naive = runtime.MockRuntime(runtime.CompileBudget(19, 10), enforce_budget=False)
     model = Llama2.random(config, seed=0, backend=table.create(naive, pipeline="static"))
     x = np.arange(32).reshape(2, 16) % 300
     model.forward(x, x)
     model.backward()
     model.update(1e-2, 0.9, 0.95, 1e-8, 0.0, 1)
-    with pytest.raises(BackendError, match=r"mock ANE compiler: compile 46 of a process that "
-                                           r"allows 45") as e:
+    # the first step's 14 compiles, then the next forward's 6 (the weighted programs of 2 layers)
+    with pytest.raises(BackendError, match=r"mock ANE compiler: compile 20 of a process that "
+                                           r"allows 19") as e:
         model.forward(x, x)
     assert "\n" not in str(e.value)
 
 
 def test_a_step_past_the_budget_and_a_restart_without_a_folder_are_one_line(shard, tmp_path):
-    cases = [(["--ane-budget", 40, "-o", tmp_path / "a"], "a step of this model compiles 34 "
+    cases = [(["--ane-budget", 20, "-o", tmp_path / "a"], "a step of this model compiles 14 "
               "programs .* more than a process gets .*use --ane-pipeline dynamic.*"),
-             (["--ane-budget", 45], "5 steps of 34 compiles pass the budget .*give it -o DIR")]
+             (["--ane-budget", 45], "5 steps of 14 compiles pass the budget .*give it -o DIR")]
     for extra, message in cases:
         run = subprocess.run([sys.executable, "train.py", *map(str, common(shard)), "--backend",
                               "ane-emu", "--ane-pipeline", "static", *map(str, extra)], cwd=ROOT,
@@ -159,6 +160,71 @@ def test_a_step_past_the_budget_and_a_restart_without_a_folder_are_one_line(shar
         assert run.returncode == 1
         assert re.fullmatch(f"train.py: error: --ane-pipeline static: {message}\n", run.stderr), \
             run.stderr
+
+
+# ----------------------------------------------------------------------------
+# a step compiles what the planner counts (accel/ane/plan.py, the dry run)
+
+@pytest.mark.parametrize("pipeline", ["static", "dynamic"])
+@pytest.mark.parametrize("name", ["stories15M", "stories110M"])
+def test_a_step_compiles_what_the_dry_run_plans(name, pipeline):
+    """Two training steps of stories15M and stories110M (B=1, T=32: the counts do not depend
+    on them) in one process compile what the planner counts for them under the same budget:
+    static 6 L a step (the fused blocks' and wo's forward and dx of each layer) and the 2
+    weight-free attention programs in the first; dynamic the 8 kernels, in the first step only.
+    The classifier's matmul runs on the CPU, as in the plan."""
+    from accel.ane.plan import make_plan, static_step_compiles
+    from train_llama2 import PRESETS
+    config = PRESETS[name]
+    budget = runtime.CompileBudget(1000, 10)   # no restart: one process
+    plan = make_plan(config, pipeline, budget, B=1, T=32, steps=2)
+    backend = table.create(pipeline=pipeline, budget=budget, parallel_dw=False)
+    model = Llama2.random(config, seed=0, backend=backend)
+    assert model.fused
+    rng = np.random.default_rng(0)
+    counts = []
+    for step in range(2):
+        x, y = rng.integers(0, config.vocab_size, (2, 1, 32))
+        before = backend.emulator.builds
+        if pipeline == "static":
+            assert backend.emulator.static_step_compiles(config) == (
+                plan.first_step_compiles if step == 0 else plan.compiles_per_step)
+        model.forward(x, y)
+        model.zero_grad()
+        model.backward()
+        model.update(1e-3, 0.9, 0.95, 1e-8, 0.0, step + 1)
+        counts.append(backend.emulator.builds - before)
+    L = config.n_layers
+    assert counts == [plan.first_step_compiles, plan.compiles_per_step]
+    assert counts == ([6 * L + 2, 6 * L] if pipeline == "static" else [8, 0])
+    assert static_step_compiles(config) == 6 * L + 2 and static_step_compiles(
+        config, ("attention_forward", "attention_backward")) == 6 * L
+
+
+def test_train_py_stories15M_compiles_and_restarts_as_its_dry_run_says(tmp_path):
+    """train.py on stories15M, the default budget (109 usable): its JSON log's compiles per
+    step, and its restart, are those its dry run prints: static 36 a step, 38 in a process's
+    first, exec() every 2 steps; dynamic 8 in the first step, then none."""
+    shard = tmp_path / "train_000.bin"
+    write_shard(shard, np.tile(np.arange(37) * 7 % 300, 200))
+    args = ["--model", "stories15M", "-b", 1, "-t", 32, "-i", shard, "-j", shard, "-m", 0,
+            "-s", 0, "--backend", "ane-emu"]
+    for pipeline, steps, plan_says, compiles in [
+            ("static", 3, ("compiles per step: 36 (first step 38)", "exec() every 2 steps "),
+             [38, 36, 38]),
+            ("dynamic", 2, ("compiles per step: 0 (first step 8)", "restarts: none"), [8, 0])]:
+        command = [*args, "-x", steps, "--ane-pipeline", pipeline]
+        plan = run_train(*command, "--dry-run")
+        assert all(line in plan for line in plan_says), plan
+        out = tmp_path / pipeline
+        run = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"),
+                              *map(str, command), "-o", str(out), "--json-log"],
+                             capture_output=True, text=True, timeout=600, cwd=ROOT,
+                             env=dict(os.environ, LLMPYX_CACHE_DIR="/nonexistent"))
+        assert run.returncode == 0, run.stderr
+        assert [r["ane_compiles"] for r in train_records(out / "log.jsonl")] == compiles
+        restarts = [(int(c), int(s), int(n)) for c, s, n, _, _ in RESTART_LINE.findall(run.stdout)]
+        assert restarts == ([(74, 3, 36)] if pipeline == "static" else [])
 
 
 # ----------------------------------------------------------------------------
@@ -230,10 +296,9 @@ def test_mac_script_dry_run_lists_every_step_and_runs_the_plans(tmp_path):
                      *runs[:8], "parity-private", *runs[8:]]
     assert ("train.py --model stories110M --backend ane --ane-pipeline static -b 1 -t 256 -x 20"
             in done.stdout)
-    # the plans ran (train.py --dry-run, any machine) and say what the step compiles today
+    # the plans ran (train.py --dry-run, any machine) and say what a step compiles (what the
+    # step compiles, test_a_step_compiles_what_the_dry_run_plans)
     plan = open(tmp_path / "plan-coreml-stories110M-static.log").read()
-    assert "compiles per step: 74" in plan
-    assert "the table's pieces, not yet these fused kernels: 170 static programs a step" in plan
-    assert "more than a process gets: refused" in plan
+    assert "compiles per step: 74 (first step 74)" in plan and "exec() every 1 step " in plan
     plan = open(tmp_path / "plan-private-stories15M-static.log").read()
-    assert "86 static programs a step" in plan and "restarting between steps" in plan
+    assert "compiles per step: 36 (first step 38)" in plan and "exec() every 2 steps " in plan

@@ -12,7 +12,7 @@ on any machine (python train.py --model stories110M --backend ane --dry-run), an
 pipeline's restarts: before a step whose compiles would pass the budget, the run's checkpoint
 is written (train.py's, llmc/checkpoint.py) and the process replaced by exec() with the same
 command line and -y 1, which resumes it there.  The step's engine, CPU dW and overlap times,
-its compiles and the restarts so far go to the JSON log (after_step).
+its compiles (both pipelines) and the restarts so far go to the JSON log (after_step).
 """
 import os
 import signal
@@ -90,10 +90,10 @@ class ANEHooks(BackendHooks):
         budget, need = emulator.runtime.budget, emulator.static_step_compiles(model.config)
         if need > budget.usable:
             raise BackendError(
-                f"--ane-pipeline static: a step of this model compiles {need} programs (the "
-                f"forward and dx of each of its {7 * model.config.n_layers + 1} matrices and 4 "
-                f"weight-free ones), more than a process gets ({budget}); restarts inside a "
-                f"step are not done: use --ane-pipeline dynamic or raise --ane-budget")
+                f"--ane-pipeline static: a step of this model compiles {need} programs (6 "
+                f"of each of its {model.config.n_layers} layers' weights and 2 weight-free "
+                f"ones), more than a process gets ({budget}); restarts inside a step are not "
+                f"done: use --ane-pipeline dynamic or raise --ane-budget")
         if num_steps * need > budget.usable:   # the run will restart itself
             if args.output_dir is None:
                 raise BackendError(
@@ -106,12 +106,13 @@ class ANEHooks(BackendHooks):
 
     def before_step(self, model, step, save):
         emulator = getattr(self.backend, "emulator", None)
-        if emulator is None or emulator.pipeline != "static":
+        if emulator is None:
             return
-        need = emulator.static_step_compiles(model.config)
-        if emulator.runtime.needs_restart(need):
-            self._restart(step, save, emulator.runtime.compile_count, need)
-        emulator.on_cpu = False
+        if emulator.pipeline == "static":
+            need = emulator.static_step_compiles(model.config)
+            if emulator.runtime.needs_restart(need):
+                self._restart(step, save, emulator.runtime.compile_count, need)
+            emulator.on_cpu = False
         self.compiles_before = emulator.runtime.compile_count
 
     def _restart(self, step, save, compiles, need):
@@ -139,11 +140,11 @@ class ANEHooks(BackendHooks):
         emulator = getattr(self.backend, "emulator", None)
         if emulator is None:
             return {}
-        metrics = dict(self.backend.step_times())
+        metrics = dict(self.backend.step_times(),
+                       compiles=emulator.runtime.compile_count - self.compiles_before)
         if emulator.pipeline == "static":
             emulator.on_cpu = True
-            metrics.update(compiles=emulator.runtime.compile_count - self.compiles_before,
-                           restarts=self.restarts)
+            metrics.update(restarts=self.restarts)
         return {f"ane_{name}": value for name, value in metrics.items()}
 
     def dry_run_plan(self, family, config, name, args):

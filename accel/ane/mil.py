@@ -24,9 +24,10 @@ The pieces (forward, then the input gradients dx; the weight gradients stay on t
   qkv_forward        x -> q | k | v                  (x: the RMSNorm'd residual stream)
   attention_forward  q | k | v -> y | att            (explicit additive causal mask, GQA)
   linear_forward     x -> W x                        (the output projection wo, any linear)
-  ffn_forward        x -> w2 (silu(w1 x) * w3 x)     (SwiGLU FFN)
+  ffn_forward        x -> w2 g | h1 | h3 | g         (SwiGLU FFN: h1 = w1 x, h3 = w3 x,
+                                                      g = silu(h1) * h3, kept for the CPU's dW)
   swiglu_forward     a; b -> silu(a) * b             (elementwise, for the backend table)
-  ffn_backward       x, dout -> dx | dh1 | dh3       (h1 = w1 x, h3 = w3 x recomputed)
+  ffn_backward       x, dout -> dx | dh1 | dh3 | dg  (h1 = w1 x, h3 = w3 x recomputed)
   linear_backward    dout -> W^T dout
   attention_backward q | k | v | dout -> dq | dk | dv (softmax recomputed from q and k)
   qkv_backward       dq | dk | dv -> dx
@@ -236,14 +237,16 @@ def linear_forward(Cin, OC, S, pipeline="dynamic", weight=None):
 
 
 def ffn_forward(d, pipeline="dynamic", w1=None, w3=None, w2=None):
-    """x [1,C,1,S] -> out = w2 (silu(w1 x) * (w3 x)) [1,C,1,S]; w1, w3 (H,C), w2 (C,H).
+    """x [1,C,1,S] -> out [1,C+3H,1,S] = w2 g | h1 | h3 | g, h1 = w1 x, h3 = w3 x,
+    g = silu(h1) * h3 (the activations the CPU's weight gradients read); w1, w3 (H,C), w2 (C,H).
     Dynamic input "x" [1, C, 1, S+3H] = x | w1^T | w3^T | w2."""
     d.check()
     if pipeline == "static":
         def body(x):
             h1, h3 = static_linear(x, w1, "h1"), static_linear(x, w3, "h3")
             gated = mb.mul(x=silu(h1, "silu"), y=h3, name="gated")
-            return static_linear(gated, w2, "out")
+            return mb.concat(values=[static_linear(gated, w2, "y"), h1, h3, gated], axis=1,
+                             name="out")
         return build({"x": (1, d.C, 1, d.S)}, body)
 
     def body(x):
@@ -253,7 +256,9 @@ def ffn_forward(d, pipeline="dynamic", w1=None, w3=None, w2=None):
         w2m = as_matrix(columns(x, d.S + 2 * d.H, d.H, "w2"), "w22")
         h1, h3 = dynamic_linear(xs, w1t, "h1", True), dynamic_linear(xs, w3t, "h3", True)
         gated = mb.mul(x=silu(h1, "silu"), y=h3, name="gated")
-        return as_ane(dynamic_linear(gated, w2m, "out2", False), "out")
+        y = as_ane(dynamic_linear(gated, w2m, "y2", False), "y")
+        return mb.concat(values=[y, as_ane(h1, "h1a"), as_ane(h3, "h3a"), as_ane(gated, "ga")],
+                         axis=1, name="out")
     return build({"x": (1, d.C, 1, d.S + 3 * d.H)}, body)
 
 
@@ -294,8 +299,8 @@ def silu_backward(h1, h3, dgated, name):
 
 
 def ffn_backward(d, pipeline="dynamic", w1=None, w3=None, w2=None):
-    """x, dout -> out [1,C+2H,1,S] = dx | dh1 | dh3 (dh1, dh3 for the CPU's weight gradients;
-    h1 = w1 x, h3 = w3 x recomputed).  Dynamic input "x" [1, C, 1, 2S+3H] = x | dout | w1^T |
+    """x, dout -> out [1,C+3H,1,S] = dx | dh1 | dh3 | dg (dh1, dh3 for the CPU's weight
+    gradients, dg = w2^T dout the gated product's; h1 = w1 x, h3 = w3 x recomputed).  Dynamic input "x" [1, C, 1, 2S+3H] = x | dout | w1^T |
     w3^T | w2; static: [1, C, 1, 2S] = x | dout, the weights constants."""
     d.check()
     S, H = d.S, d.H
@@ -308,7 +313,7 @@ def ffn_backward(d, pipeline="dynamic", w1=None, w3=None, w2=None):
             dh1, dh3 = silu_backward(h1, h3, dgated, "g")
             dx = mb.add(x=static_linear(dh1, np.ascontiguousarray(w1.T), "dx1"),
                         y=static_linear(dh3, np.ascontiguousarray(w3.T), "dx3"), name="dx")
-            return mb.concat(values=[dx, dh1, dh3], axis=1, name="out")
+            return mb.concat(values=[dx, dh1, dh3, dgated], axis=1, name="out")
         xs, g = as_matrix(xs, "x2"), as_matrix(g, "dout2")
         w1t = as_matrix(columns(x, 2 * S, H, "w1t"), "w1t2")
         w3t = as_matrix(columns(x, 2 * S + H, H, "w3t"), "w3t2")
@@ -318,8 +323,8 @@ def ffn_backward(d, pipeline="dynamic", w1=None, w3=None, w2=None):
         dh1, dh3 = silu_backward(h1, h3, dgated, "g")
         dx = mb.add(x=dynamic_linear(dh1, w1t, "dx1", False),
                     y=dynamic_linear(dh3, w3t, "dx3", False), name="dx2")
-        return mb.concat(values=[as_ane(dx, "dx"), as_ane(dh1, "dh1a"), as_ane(dh3, "dh3a")],
-                         axis=1, name="out")
+        return mb.concat(values=[as_ane(dx, "dx"), as_ane(dh1, "dh1a"), as_ane(dh3, "dh3a"),
+                                 as_ane(dgated, "dga")], axis=1, name="out")
     width = 2 * S + (3 * H if pipeline == "dynamic" else 0)
     return build({"x": (1, d.C, 1, width)}, body)
 
@@ -465,6 +470,6 @@ def unpack(piece, d, out):
         return [y, np.ascontiguousarray(att.T.reshape(d.NH, d.S, d.S))]
     if piece == "attention_backward":
         return split(out, d.QD, d.KVD, d.KVD)
-    if piece == "ffn_backward":
-        return split(out, d.C, d.H, d.H)
+    if piece in ("ffn_forward", "ffn_backward"):
+        return split(out, d.C, d.H, d.H, d.H)
     return [from_ane(out)]

@@ -5,8 +5,9 @@ compiler's budget of compiles per process, computed without a Mac and without al
     python train.py --model llama-7b --backend ane --dry-run [--ane-pipeline static|dynamic]
         [--recompute POLICY] [--ane-budget 119] [-b B -t T]
 
-Each layer runs eight ANE kernels (accel/ane/mil.py's pieces); the weight gradients, the norms,
-RoPE, the embedding, the loss and AdamW stay on the CPU, as in the anchor:
+Each layer runs eight ANE kernels (accel/ane/mil.py's pieces: what train.py's step runs, the
+table's fused group, wo's matmul and attention, accel/ane/table.pyx); the weight gradients, the
+norms, RoPE, the embedding, the classifier, the loss and AdamW stay on the CPU, as in the anchor:
 
     forward   qkv_forward*  attention_forward  wo_forward*  ffn_forward*
     backward  ffn_backward*  wo_backward*  attention_backward  qkv_backward*     (* weights)
@@ -44,8 +45,8 @@ from llmc import recompute
 from llmc.plan import FLOAT, format_bytes, memory_plan
 
 __all__ = ["FORWARD", "BACKWARD", "PIPELINES", "Phase", "PlanError", "Plan", "Process",
-           "format_pipeline_plan", "inner_sizes", "kernel_id", "make_plan", "place", "step_fits",
-           "table_step_compiles"]
+           "format_pipeline_plan", "inner_sizes", "kernel_id", "make_plan", "place",
+           "static_step_compiles", "step_fits"]
 
 PIPELINES = ("static", "dynamic")
 # (kernel, takes the layer's weights): accel/ane/mil.py's pieces, in the order a layer runs them
@@ -53,11 +54,6 @@ FORWARD = (("qkv_forward", True), ("attention_forward", False), ("wo_forward", T
            ("ffn_forward", True))
 BACKWARD = (("ffn_backward", True), ("wo_backward", True), ("attention_backward", False),
             ("qkv_backward", True))
-# what train.py's step runs today (accel/ane/table.pyx): the table's pieces, not the fused block
-# kernels above: a forward and a dx program per weight matrix (7 a layer and the classifier),
-# and attention's and SwiGLU's weight-free forward and backward once a process
-WEIGHT_FREE_TABLE_PIECES = ("attention_forward", "attention_backward", "swiglu_forward",
-                            "swiglu_backward")
 SECONDS_PER_COMPILE = 0.105   # the anchor's M-series figure: 7.6 s for 72 kernels
 HALF = 2   # bytes of an fp16
 
@@ -167,10 +163,16 @@ def place(pipeline, phases, budget, steps):
     return events
 
 
-def table_step_compiles(config):
-    """The static programs a training step compiles at the table's granularity (train.py's
-    step today): 2 (7 L + 1); a process's first step adds the WEIGHT_FREE_TABLE_PIECES."""
-    return 2 * (7 * config.n_layers + 1)
+def static_step_compiles(config, compiled=()):
+    """The programs a static training step of config compiles (train.py's step: the model runs
+    these kernels as the backend table's fused group and its wo matmul and attention, the
+    classifier on the CPU, accel/ane/table.pyx) in a process that has compiled the kernels
+    named in `compiled`: each weighted kernel of every layer, and the weight-free ones not
+    compiled yet: the plan's compiles of a step that fits one process (recomputed layers rerun
+    kernels compiled since the update: free)."""
+    kernels = FORWARD + BACKWARD
+    return (sum(weighted for _, weighted in kernels) * config.n_layers
+            + len({kernel for kernel, weighted in kernels if not weighted} - set(compiled)))
 
 
 def inner_sizes(config, T):
@@ -347,6 +349,8 @@ def format_pipeline_plan(plan, family, name=""):
         "  forward   " + "  ".join(k + ("*" if w else "") for k, w in FORWARD),
         "  backward  " + "  ".join(k + ("*" if w else "") for k, w in BACKWARD),
     ]
+    lines.append("  train.py's step runs them: the backend table's fused group (qkv_*, ffn_*), wo's "
+                 "matmul and attention; the classifier's matmul on the CPU")
     if plan.pipeline == "static":
         lines.append(f"  static: each * kernel compiled per layer after every update "
                      f"({6 * c.n_layers} per pass of the model), the 2 attention kernels once "
@@ -360,13 +364,6 @@ def format_pipeline_plan(plan, family, name=""):
     lines.append(f"compiles per step: {steady} (first step {plan.first_step_compiles}), about "
                  f"{steady * SECONDS_PER_COMPILE:,.1f} s of compiling at "
                  f"{SECONDS_PER_COMPILE * 1e3:.0f} ms each (the anchor's M-series figure)")
-    if plan.pipeline == "static":
-        table = table_step_compiles(c)
-        lines.append(f"  train.py's step runs the table's pieces, not yet these fused kernels: "
-                     f"{table} static programs a step ({len(WEIGHT_FREE_TABLE_PIECES)} weight-free "
-                     f"ones more in a process's first), "
-                     + ("restarting between steps" if table + len(WEIGHT_FREE_TABLE_PIECES) <=
-                        plan.budget.usable else "more than a process gets: refused"))
     lines.append("schedule of a step: forward -> backward -> update, by process (layer groups):")
     for number, passes, compiles in plan.groups():
         what = ", ".join("update (CPU AdamW)" if kind == "update" else

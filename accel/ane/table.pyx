@@ -6,12 +6,15 @@ inputs, one compile per shape) on one of accel/ane/runtime.py's runtimes:
   ane-emu   Linux: the NumPy interpreter (accel/ane/interp.py, InterpreterRuntime)
   ane       macOS: Core ML with CPU_AND_NE compute units (CoreMLRuntime) - written, UNRUN
 
-  on the (emulated) ANE, fp16:  matmul_forward, matmul_backward's dinp, attention_gqa_forward
-                                and _backward (dq, dk, dv; the softmax recomputed from q and k),
-                                swiglu_forward and _backward
+  on the (emulated) ANE, fp16:  the fused group's blocks (qkv_forward and _backward's dx,
+                                ffn_forward and _backward's dx, dh1, dh3, dhgated: one program
+                                each), matmul_forward, matmul_backward's dinp (inside a layer:
+                                the mark entry's), attention_gqa_forward and _backward (dq, dk,
+                                dv; the softmax recomputed from q and k), swiglu_forward and
+                                _backward
   on the CPU (kernels/), fp32:  everything else - embedding, RMSNorm, RoPE, the classifier's
-                                loss, AdamW, the weight gradients (matmul_backward's dweight,
-                                dbias), memory - and GPT-2's own layers
+                                matmul and loss, AdamW, the weight gradients (dweight, dbias),
+                                memory - and GPT-2's own layers
 
 An ANEBackend owns two things, by name: `host`, a CPU backend, whose table it starts from (the
 CPU's adapters ignore ctx, so they serve this table unchanged) and to which the replaced
@@ -61,7 +64,9 @@ LOSS_SCALE_TARGET_LOG2 = 8
 # check:ane-emu's tolerances for the entries that run in fp16 (relative to the largest oracle
 # magnitude; fp16's unit roundoff is 2^-11 = 4.9e-4, a piece rounds several intermediates)
 TOLERANCES = {"matmul_forward": 4e-3, "matmul_backward": 4e-3, "attention_gqa_forward": 4e-3,
-              "attention_gqa_backward": 8e-3, "swiglu_forward": 4e-3, "swiglu_backward": 4e-3}
+              "attention_gqa_backward": 8e-3, "swiglu_forward": 4e-3, "swiglu_backward": 4e-3,
+              "qkv_forward": 4e-3, "qkv_backward": 4e-3, "ffn_forward": 4e-3,
+              "ffn_backward": 8e-3}
 
 
 def padded(n):
@@ -139,26 +144,36 @@ class Emulator:
             self.kernels[key] = self._compile(lambda: getattr(self.mil, piece)(*dims))
         return self._run(self.kernels[key], x)
 
-    def run_static(self, piece, dims, weight, x):
-        """piece (linear_forward or linear_backward) with weight baked in: its program is
-        rebuilt when the weight's fp16 values are not those baked into it."""
-        key = (piece, dims, weight.ctypes.data)
-        w16 = weight.astype(np.float16)
+    def run_static(self, piece, dims, weights, x):
+        """piece with its weights (a tuple of matrices) baked in: its program is rebuilt when
+        their fp16 values are not those baked into it."""
+        key = (piece, dims, tuple(w.ctypes.data for w in weights))
+        w16 = [w.astype(np.float16) for w in weights]
         baked = self.baked.get(key)
-        if baked is None or not np.array_equal(baked[0], w16):
-            kernel = self._compile(lambda: getattr(self.mil, piece)(*dims, "static", weight.copy()))
+        if baked is None or not all(np.array_equal(a, b) for a, b in zip(baked[0], w16)):
+            kernel = self._compile(lambda: getattr(self.mil, piece)(
+                *dims, "static", *(w.copy() for w in weights)))
             baked = self.baked[key] = (w16, kernel)
         return self._run(baked[1], x)
 
+    def run_block(self, piece, d, acts, weights):
+        """A fused block's program (mil.py's qkv_* and ffn_*) at dims d on the activations
+        acts {name: (S, channels)}, weights {name: (out, in)} (mil.feeds' names): its outputs,
+        in CPU layout (mil.unpack)."""
+        mil = self.mil
+        x = mil.feeds(piece, self.pipeline, acts, weights)
+        if self.pipeline == "static":
+            out = self.run_static(piece, (d,), tuple(weights.values()), x)
+        else:
+            out = self.run(piece, (d,), x)
+        return mil.unpack(piece, d, out)
+
     def static_step_compiles(self, config):
         """The compiles a training step of the Llama config makes in this process, static
-        pipeline, at the table's granularity: the forward and the dx program of each of its
-        matrices (7 a layer and the classifier), all rebuilt after every update, and the
-        weight-free programs (attention's and SwiGLU's forward and backward) not yet compiled
-        here; measured equal by tests/test_ane_emu.py."""
-        from accel.ane.plan import WEIGHT_FREE_TABLE_PIECES, table_step_compiles
-        weight_free = set(WEIGHT_FREE_TABLE_PIECES) - {piece for piece, _ in self.kernels}
-        return table_step_compiles(config) + len(weight_free)
+        pipeline: the planner's (accel/ane/plan.py's static_step_compiles), the weight-free
+        programs counted when not yet compiled here; measured equal by tests/test_ane_static.py."""
+        from accel.ane.plan import static_step_compiles
+        return static_step_compiles(config, {piece for piece, _ in self.kernels})
 
     def step_times(self, dw_spans):
         """{engine_ms, dw_ms, overlap_ms} since the last call: the engine's busy time, the
@@ -181,7 +196,8 @@ class Emulator:
         """out (BT, OC) = inp (BT, C) @ weight (OC, C)^T (+ bias on the CPU)."""
         mil, S = self.mil, padded(BT)
         if self.pipeline == "static":
-            y = self.run_static("linear_forward", (C, OC, S), weight, mil.to_ane(pad_rows(inp, S)))
+            y = self.run_static("linear_forward", (C, OC, S), (weight,),
+                                mil.to_ane(pad_rows(inp, S)))
         else:
             y = self.run("linear_forward", (C, OC, S), mil.pack(pad_rows(inp, S).T, weight.T))
         out[:] = mil.from_ane(y)[:BT]
@@ -193,7 +209,7 @@ class Emulator:
         mil, S = self.mil, padded(BT)
         scale = self.scale_of(dout)
         if self.pipeline == "static":
-            dx = self.run_static("linear_backward", (C, OC, S), weight,
+            dx = self.run_static("linear_backward", (C, OC, S), (weight,),
                                  mil.to_ane(pad_rows(dout, S) * scale))
         else:
             dx = self.run("linear_backward", (C, OC, S),
@@ -221,6 +237,47 @@ class Emulator:
             for total, part in zip((dq[b], dk[b], dv[b]), grads):
                 total += part[:T] / scale
 
+    def qkv_forward(self, q, k, v, inp, wq, wk, wv, int BT, int C, int NH, int NKV, int hs):
+        """q (BT, NH*hs), k, v (BT, NKV*hs) = inp (BT, C) by wq, wk, wv: one program."""
+        S = padded(BT)
+        d = self.mil.Dims(C, NH, NKV, hs, 1, S)
+        parts = self.run_block("qkv_forward", d, {"x": pad_rows(inp, S)},
+                               {"wq": wq, "wk": wk, "wv": wv})
+        for total, part in zip((q, k, v), parts):
+            total[:] = part[:BT]
+
+    def qkv_dinp(self, dinp, dq, dk, dv, wq, wk, wv, int BT, int C, int NH, int NKV, int hs):
+        """dinp (BT, C) += dq wq + dk wk + dv wv: one program."""
+        S = padded(BT)
+        d = self.mil.Dims(C, NH, NKV, hs, 1, S)
+        scale = min(self.scale_of(g) for g in (dq, dk, dv))
+        acts = {name: pad_rows(g, S) * scale for name, g in (("dq", dq), ("dk", dk), ("dv", dv))}
+        dx, = self.run_block("qkv_backward", d, acts, {"wq": wq, "wk": wk, "wv": wv})
+        dinp += dx[:BT] / scale
+
+    def ffn_forward(self, out, h1, h3, hgated, inp, w1, w3, w2, int BT, int C, int H):
+        """out (BT, C) = w2 (silu(h1) * h3), h1 = w1 inp, h3 = w3 inp and the gated product
+        hgated (BT, H), from inp (BT, C): one program."""
+        S = padded(BT)
+        d = self.mil.Dims(C, 1, 1, 1, H, S)
+        parts = self.run_block("ffn_forward", d, {"x": pad_rows(inp, S)},
+                               {"w1": w1, "w3": w3, "w2": w2})
+        for result, part in zip((out, h1, h3, hgated), parts):
+            result[:] = part[:BT]
+
+    def ffn_dinp(self, dinp, dh1, dh3, dhgated, dout, inp, w1, w3, w2, int BT, int C, int H):
+        """dinp (BT, C) += the FFN's input gradient; dh1, dh3, dhgated (BT, H) = the gradients
+        of w1 inp, w3 inp and the gated product (h1, h3 recomputed from inp): one program."""
+        S = padded(BT)
+        d = self.mil.Dims(C, 1, 1, 1, H, S)
+        scale = self.scale_of(dout)
+        parts = self.run_block("ffn_backward", d, {"x": pad_rows(inp, S),
+                                                   "dout": pad_rows(dout, S) * scale},
+                               {"w1": w1, "w3": w3, "w2": w2})
+        dinp += parts[0][:BT] / scale
+        for result, part in zip((dh1, dh3, dhgated), parts[1:]):
+            result[:] = part[:BT] / scale
+
     def swiglu_forward(self, out, a, b):
         n = padded(a.size)
         x = np.stack([pad_rows(a, n), pad_rows(b, n)])[None, :, None, :]
@@ -247,6 +304,9 @@ cdef class ANEBackend(Backend):
     cdef bytes reported               # the message last_error returned: alive until its next call
 
     cdef readonly object dw            # the DWeights: matmul's weight gradients on the CPU
+    cdef int layer                     # the model's layer (mark), -1 outside one: the classifier
+
+    runs_fused = True                  # a Llama runs the fused group: one program per block
 
     @property
     def compile_seconds(self):
@@ -344,6 +404,22 @@ cdef bint on_cpu(void* ctx) noexcept with gil:
     return (<ANEBackend>ctx).emulator.on_cpu
 
 
+cdef bint matmul_on_cpu(void* ctx) noexcept with gil:
+    """Whether a matmul runs on the CPU: between static steps, and outside a layer (the
+    classifier, as the planner has it: accel/ane/plan.py's kernels are the layers')."""
+    return (<ANEBackend>ctx).emulator.on_cpu or (<ANEBackend>ctx).layer < 0
+
+
+cdef void set_layer(void* ctx, int layer) noexcept with gil:
+    (<ANEBackend>ctx).layer = layer
+
+
+cdef void ane_mark(void* ctx, int step, int layer) noexcept nogil:
+    cdef BackendTable* host = host_table(ctx)
+    set_layer(ctx, layer)
+    host.mark(host.ctx, step, layer)
+
+
 cdef void drain(void* ctx, str entry) noexcept with gil:
     """Wait for the weight gradients queued on the CPU; a failure is the entry's."""
     try:
@@ -399,7 +475,7 @@ cdef void ane_matmul_forward(void* ctx, float* out, const float* inp, const floa
                              const float* bias, int B, int T, int C, int OC) noexcept nogil:
     cdef Py_ssize_t BT = <Py_ssize_t>B * T
     cdef BackendTable* host
-    if on_cpu(ctx):
+    if matmul_on_cpu(ctx):
         host = host_table(ctx)
         host.matmul_forward(host.ctx, out, inp, weight, bias, B, T, C, OC)
         return
@@ -418,7 +494,7 @@ cdef void ane_matmul_backward(void* ctx, float* dinp, float* dweight, float* dbi
                               int B, int T, int C, int OC) noexcept nogil:
     cdef Py_ssize_t BT = <Py_ssize_t>B * T
     cdef BackendTable* host = host_table(ctx)
-    if on_cpu(ctx):
+    if matmul_on_cpu(ctx):
         drain(ctx, "matmul_backward")
         host.matmul_backward(host.ctx, dinp, dweight, dbias, dout, inp, weight, B, T, C, OC)
         return
@@ -504,6 +580,103 @@ cdef void ane_swiglu_backward(void* ctx, float* da, float* db, const float* dout
             failed(ctx, "swiglu_backward", e)
 
 
+cdef void ane_qkv_forward(void* ctx, float* q, float* k, float* v, const float* inp,
+                          const float* wq, const float* wk, const float* wv, int B, int T, int C,
+                          int NH, int NKV, int hs) noexcept nogil:
+    cdef Py_ssize_t BT = <Py_ssize_t>B * T, QD = <Py_ssize_t>NH * hs, KVD = <Py_ssize_t>NKV * hs
+    cdef BackendTable* host
+    if on_cpu(ctx):
+        host = host_table(ctx)
+        host.qkv_forward(host.ctx, q, k, v, inp, wq, wk, wv, B, T, C, NH, NKV, hs)
+        return
+    with gil:
+        try:
+            emulator_of(ctx).qkv_forward(
+                view(q, BT * QD, (BT, QD)), view(k, BT * KVD, (BT, KVD)),
+                view(v, BT * KVD, (BT, KVD)), view(inp, BT * C, (BT, C)),
+                view(wq, QD * C, (QD, C)), view(wk, KVD * C, (KVD, C)),
+                view(wv, KVD * C, (KVD, C)), BT, C, NH, NKV, hs)
+        except BaseException as e:
+            failed(ctx, "qkv_forward", e)
+
+
+cdef void ane_qkv_backward(void* ctx, float* dinp, float* dwq, float* dwk, float* dwv,
+                           const float* dq, const float* dk, const float* dv, const float* inp,
+                           const float* wq, const float* wk, const float* wv, int B, int T,
+                           int C, int NH, int NKV, int hs) noexcept nogil:
+    cdef Py_ssize_t BT = <Py_ssize_t>B * T, QD = <Py_ssize_t>NH * hs, KVD = <Py_ssize_t>NKV * hs
+    cdef BackendTable* host
+    if on_cpu(ctx):
+        drain(ctx, "qkv_backward")
+        host = host_table(ctx)
+        host.qkv_backward(host.ctx, dinp, dwq, dwk, dwv, dq, dk, dv, inp, wq, wk, wv, B, T, C,
+                          NH, NKV, hs)
+        return
+    with gil:
+        try:
+            a = view(inp, BT * C, (BT, C))
+            grads = (view(dq, BT * QD, (BT, QD)), view(dk, BT * KVD, (BT, KVD)),
+                     view(dv, BT * KVD, (BT, KVD)))
+            weights = (view(wq, QD * C, (QD, C)), view(wk, KVD * C, (KVD, C)),
+                       view(wv, KVD * C, (KVD, C)))
+            dw = (<ANEBackend>ctx).dw   # the weight gradients on the CPU, in the model's order
+            dw.submit(<size_t>dwv, 0, grads[2], a, <size_t>wv, B, T, C, <int>KVD)
+            dw.submit(<size_t>dwk, 0, grads[1], a, <size_t>wk, B, T, C, <int>KVD)
+            dw.submit(<size_t>dwq, 0, grads[0], a, <size_t>wq, B, T, C, <int>QD)
+            emulator_of(ctx).qkv_dinp(view(dinp, BT * C, (BT, C)), *grads, *weights, BT, C, NH,
+                                      NKV, hs)
+        except BaseException as e:
+            failed(ctx, "qkv_backward", e)
+
+
+cdef void ane_ffn_forward(void* ctx, float* out, float* h1, float* h3, float* hgated,
+                          const float* inp, const float* w1, const float* w3, const float* w2,
+                          int B, int T, int C, int H) noexcept nogil:
+    cdef Py_ssize_t BT = <Py_ssize_t>B * T, CH = <Py_ssize_t>C * H
+    cdef BackendTable* host
+    if on_cpu(ctx):
+        host = host_table(ctx)
+        host.ffn_forward(host.ctx, out, h1, h3, hgated, inp, w1, w3, w2, B, T, C, H)
+        return
+    with gil:
+        try:
+            emulator_of(ctx).ffn_forward(
+                view(out, BT * C, (BT, C)), view(h1, BT * H, (BT, H)), view(h3, BT * H, (BT, H)),
+                view(hgated, BT * H, (BT, H)), view(inp, BT * C, (BT, C)),
+                view(w1, CH, (H, C)), view(w3, CH, (H, C)), view(w2, CH, (C, H)), BT, C, H)
+        except BaseException as e:
+            failed(ctx, "ffn_forward", e)
+
+
+cdef void ane_ffn_backward(void* ctx, float* dinp, float* dw1, float* dw3, float* dw2,
+                           float* dh1, float* dh3, float* dhgated, const float* dout,
+                           const float* inp, const float* h1, const float* h3,
+                           const float* hgated, const float* w1, const float* w3, const float* w2,
+                           int B, int T, int C, int H) noexcept nogil:
+    cdef Py_ssize_t BT = <Py_ssize_t>B * T, CH = <Py_ssize_t>C * H
+    cdef BackendTable* host
+    if on_cpu(ctx):
+        drain(ctx, "ffn_backward")
+        host = host_table(ctx)
+        host.ffn_backward(host.ctx, dinp, dw1, dw3, dw2, dh1, dh3, dhgated, dout, inp, h1, h3,
+                          hgated, w1, w3, w2, B, T, C, H)
+        return
+    with gil:
+        try:
+            a, g = view(inp, BT * C, (BT, C)), view(dout, BT * C, (BT, C))
+            grads = (view(dh1, BT * H, (BT, H)), view(dh3, BT * H, (BT, H)),
+                     view(dhgated, BT * H, (BT, H)))
+            dw = (<ANEBackend>ctx).dw   # the weight gradients on the CPU, in the model's order
+            dw.submit(<size_t>dw2, 0, g, view(hgated, BT * H, (BT, H)), <size_t>w2, B, T, H, C)
+            emulator_of(ctx).ffn_dinp(view(dinp, BT * C, (BT, C)), *grads, g, a,
+                                      view(w1, CH, (H, C)), view(w3, CH, (H, C)),
+                                      view(w2, CH, (C, H)), BT, C, H)
+            dw.submit(<size_t>dw3, 0, grads[1], a, <size_t>w3, B, T, C, H)
+            dw.submit(<size_t>dw1, 0, grads[0], a, <size_t>w1, B, T, C, H)
+        except BaseException as e:
+            failed(ctx, "ffn_backward", e)
+
+
 def create(runtime=None, name="ane-emu", pipeline=None, budget=None, parallel_dw=None):
     """The ane-emu backend, or with runtime=CoreMLRuntime() the ane one (families llama and
     gpt2: GPT-2's own layers run on the CPU).  pipeline, budget (a CompileBudget) and
@@ -521,7 +694,8 @@ def create(runtime=None, name="ane-emu", pipeline=None, budget=None, parallel_dw
             runtime = MockRuntime(budget)
         else:
             runtime = InterpreterRuntime(budget, budget.limit if pipeline == "static" else None)
-    cdef ANEBackend backend = ANEBackend(name, True, ("linear", "gpt2", "llama", "classifier"))
+    cdef ANEBackend backend = ANEBackend(name, True, ("linear", "gpt2", "llama", "classifier",
+                                                     "fused"))
     backend.host = cpu.create(flash=False)
     backend.emulator = Emulator(runtime=runtime, pipeline=pipeline)
     backend.dw = DWeights(backend, parallel_dw)
@@ -536,6 +710,11 @@ def create(runtime=None, name="ane-emu", pipeline=None, budget=None, parallel_dw
     t.attention_gqa_backward = ane_attention_gqa_backward
     t.swiglu_forward = ane_swiglu_forward
     t.swiglu_backward = ane_swiglu_backward
+    t.qkv_forward = ane_qkv_forward
+    t.qkv_backward = ane_qkv_backward
+    t.ffn_forward = ane_ffn_forward
+    t.ffn_backward = ane_ffn_backward
+    t.mark = ane_mark
     t.synchronize = ane_synchronize
     t.copy_to_host = ane_copy_to_host
     t.zero = ane_zero

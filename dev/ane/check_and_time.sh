@@ -18,9 +18,9 @@
 #   4. ms a step: each run's mean (the JSON log's report, the first step left out) beside the
 #      published figure for stories110M on this chip (91 ms M4, 64 ms M4 Max); their batch and
 #      sequence are the anchor's, this runs B=1 T=256: an indication, not a like-for-like race
-# A refused run (stories110M's static step at the table's granularity needs 170 compiles, more
-# than a process's 109: one line, README.md) is said and the script goes on; any other failure
-# stops it with its log's tail.
+# A refused run (a static step needing more compiles than a process's 109, as llama-1b's 134:
+# one line, README.md; stories110M's 74 restart every step) is said and the script goes on; any
+# other failure stops it with its log's tail.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$ROOT"
