@@ -1,9 +1,10 @@
 """accel/metal on Linux: gpt2.metal's kernels on the CPU emulator of MSL (backend metal-emu).
 
-Every entry of the table through check:metal-emu against the CPU oracle at odd shapes, under
-every schedule of the emulator and with simdgroups of 32 and 64; planted faults (a removed
-barrier, a barrier only some threads reach, a write past an output as llm.metal's layernorm
-does) caught; the whole model through test_gpt2.py. The faults are planted in patched copies of
+Every entry of the table (GPT-2's, Llama's, the classifier's) through check:metal-emu against
+the CPU oracle at odd shapes, under every schedule of the emulator and with simdgroups of 32 and
+64; planted faults (a removed barrier, a barrier only some threads reach, a write past an
+output as llm.metal's layernorm does, wrong Llama kernels) caught; both whole models through
+test_gpt2.py and test_llama2.py. The faults are planted in patched copies of
 gpt2.metal in a temporary folder, built by `make metal-emu METAL_SOURCE=...`.
 """
 import ctypes
@@ -26,7 +27,7 @@ SOURCE = ROOT / "accel" / "metal" / "gpt2.metal"
 LIBRARY = ROOT / "accel" / "metal" / "build" / "libmetal_emu.so"
 SCHEDULES = [("lockstep", 1), ("lockstep-reverse", 1), ("warp-ahead", 1), ("warp-ahead-reverse", 1),
              ("shuffled", 1), ("shuffled", 2)]
-KERNELS = {name for name in entries_of(("core", "linear", "gpt2")) if BY_NAME[name].wrap}
+KERNELS = {name for name in entries_of(("core", "linear", "gpt2", "llama", "classifier")) if BY_NAME[name].wrap}
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux") or shutil.which("g++") is None or shutil.which("make") is None,
@@ -130,6 +131,14 @@ def test_test_gpt2_passes_on_check_metal_emu(library):
     assert "check      OK      check:metal-emu: 1040 outputs compared, all within tolerance" in result.stdout
 
 
+def test_test_llama2_passes_on_check_metal_emu(library):
+    # the committed GQA fixture (NH=4, NKV=2): every Llama kernel and the classifier
+    result = subprocess.run([sys.executable, "test_llama2.py", "--backend", "check:metal-emu"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0 and "overall okay: 1" in result.stdout, result.stdout + result.stderr
+    assert "check      OK      check:metal-emu: 1580 outputs compared, all within tolerance" in result.stdout
+
+
 def test_unbuilt_library_is_one_line_saying_how_to_build(tmp_path):
     from accel.metal import metal
     with pytest.raises(BackendError, match=r"is not built: run `make metal-emu`"):
@@ -173,7 +182,42 @@ def test_removed_barrier_is_caught(tmp_path):
             assert report["mismatches"] > 0   # rows of two simdgroups (softmax over V=37)
     # every kernel that sums over a threadgroup, and nothing else
     assert caught == {"mean", "global_norm_squared", "layernorm_forward", "layernorm_backward",
-                      "attention_forward", "attention_backward", "softmax_forward"}, caught
+                      "attention_forward", "attention_backward", "softmax_forward", "rmsnorm_forward",
+                      "rmsnorm_backward", "attention_gqa_forward", "attention_gqa_backward",
+                      "classifier_forward"}, caught   # (classifier_backward reduces by max alone)
+
+
+# Llama's and the classifier's kernels, each made wrong in a way a GPU would run silently:
+# (what, the line(s) replaced, the replacement, the entries check: must flag)
+LLAMA_FAULTS = [
+    ("kv-group-of-one-head",     # dk, dv summed over the first query head of each group only
+     "for (int h = kvh * group_size; h < (kvh + 1) * group_size; ++h) {",
+     "for (int h = kvh * group_size; h < kvh * group_size + 1; ++h) {", {"attention_gqa_backward"}),
+    ("kv-head-by-modulo",        # query head h reads key/value head h % NKV, not h / (NH/NKV)
+     "int t2 = pos.x, t = pos.y, bh = pos.z, b = bh / NH, h = bh % NH, kvh = h / (NH / NKV);",
+     "int t2 = pos.x, t = pos.y, bh = pos.z, b = bh / NH, h = bh % NH, kvh = h % NKV;",
+     {"attention_gqa_forward"}),
+    ("rope-backward-forward-rotation",   # backward rotates by +angle
+     "out[at] += x0 * c + x1 * s;\n        out[at + 1] += x1 * c - x0 * s;",
+     "out[at] += x0 * c - x1 * s;\n        out[at + 1] += x1 * c + x0 * s;", {"rope_backward"}),
+    ("rmsnorm-unnormalised-mean-term",     # the mean term takes inp where it needs inp rstd
+     "dinp_bt[i] += (weight[i] * dout_bt[i] - (x[i] * s) * dnorm_norm_mean) * s;",
+     "dinp_bt[i] += (weight[i] * dout_bt[i] - x[i] * dnorm_norm_mean) * s;", {"rmsnorm_backward"}),
+    ("classifier-without-the-target",      # the one-hot term of the gradient dropped
+     "        if (i == target) value -= dloss;\n", "\n", {"classifier_backward"}),
+    ("classifier-loss-without-the-max",    # the loss forgets the shift by the row's max
+     "losses[bt] = (maxval - x[targets[bt]]) + log_total;",
+     "losses[bt] = -x[targets[bt]] + log_total;", {"classifier_forward"}),
+]
+
+
+@pytest.mark.parametrize("name, old, new, expected", LLAMA_FAULTS, ids=[f[0] for f in LLAMA_FAULTS])
+def test_wrong_llama_kernels_are_caught(tmp_path, name, old, new, expected):
+    source, _ = patched(tmp_path, name, old, new)
+    backend = checked(make_library(source, tmp_path / f"{name}.so"))
+    run_every_entry(backend, groups=("llama", "classifier"))
+    report = backend.report()
+    assert {n for n, e in report["entries"].items() if e["mismatches"]} == expected, backend.summary()
 
 
 def test_barrier_only_some_threads_reach_is_reported_by_source_line(tmp_path):
@@ -222,8 +266,8 @@ def test_address_sanitizer_reports_a_write_past_the_output(tmp_path):
     # llm.metal's layernorm bug: a grid rounded up to whole threadgroups and no bounds check, so
     # threads past C touch memory past the row (the first such access, reading dout past its
     # end in the last row, is the one reported; the writes past dweight would follow)
-    old = "    if (c >= uint(C)) return;\n"
-    source, line = patched(tmp_path, "past-the-end", old, "\n")
+    old = "    if (c >= uint(C)) return;\n    float dw = 0.0f, db = 0.0f;\n"
+    source, line = patched(tmp_path, "past-the-end", old, "\n    float dw = 0.0f, db = 0.0f;\n")
     result = run_under_asan(make_library(source, tmp_path / "past-the-end.so", asan=True))
     assert result.returncode != 0
     summary = [s for s in result.stderr.splitlines() if s.startswith("SUMMARY: AddressSanitizer")]
