@@ -222,7 +222,7 @@ def test_wrong_llama_kernels_are_caught(tmp_path, name, old, new, expected):
 
 def test_barrier_only_some_threads_reach_is_reported_by_source_line(tmp_path):
     old = "        threadgroup_barrier(mem_flags::mem_threadgroup);  // the tiles are read before the next load"
-    source, line = patched(tmp_path, "divergent", old, "        if (tid.x < 8) " + old.lstrip())
+    source, line = patched(tmp_path, "divergent", old, "        if (t < 8) " + old.lstrip())
     library = make_library(source, tmp_path / "divergent.so")
     from accel.metal import metal
     backend = metal.create(str(library), "metal-emu")
@@ -338,7 +338,8 @@ class Runtime:
         view[:] = values.reshape(-1)
         return ptr, view
 
-    def dispatch(self, kernel, args, threads, group, threadgroup_bytes=()):
+    def dispatch(self, kernel, args, threads, group, threadgroup_bytes=(), fails=False):
+        """Run a kernel; its error (fails=True) or None (else an error fails the test)."""
         handle = self.lib.metal_kernel(self.rt, kernel.encode())
         assert handle, self.lib.metal_error(self.rt)
         bound = (MetalArg * len(args))()
@@ -353,7 +354,8 @@ class Runtime:
         self.lib.metal_dispatch_threads(self.rt, handle, bound, len(args), u32(threads), u32(group),
                                         u32(threadgroup_bytes), len(threadgroup_bytes))
         error = self.lib.metal_error(self.rt)
-        assert error is None, error.decode()
+        assert fails or error is None, error.decode()
+        return error and error.decode()
 
 
 @pytest.fixture(scope="module")
@@ -414,3 +416,91 @@ def test_a_kernel_argument_left_unbound_is_reported(features):
     r.lib.metal_dispatch_threads(r.rt, handle, (MetalArg * 0)(), 0, (ctypes.c_uint32 * 3)(8, 1, 1),
                                  (ctypes.c_uint32 * 3)(8, 1, 1), None, 0)
     assert "no argument bound at [[buffer(0)]]" in r.lib.metal_error(r.rt).decode()
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES, ids=[f"{s}-{seed}" for s, seed in SCHEDULES])
+@pytest.mark.parametrize("simdgroup_size", [32, 64])
+def test_simdgroup_matrices_through_the_c_abi(features, schedule, simdgroup_size):
+    # out = a b + c^T through simdgroup_load (one of them transposed), multiply_accumulate and
+    # store, whatever the schedule interleaves between the lanes' fragments
+    configure(features, *schedule, simdgroup_size=simdgroup_size)
+    r = Runtime(features)
+    rng = np.random.default_rng(3)
+    a, b, c = (rng.standard_normal((8, 8)).astype(np.float32) for _ in range(3))
+    out, view = r.array(np.zeros(64), np.float32)
+    args = [out] + [r.array(m, np.float32)[0] for m in (a, b, c)] + [np.int32(-1).tobytes()]
+    r.dispatch("simdgroup_product", args, (simdgroup_size, 1, 1), (simdgroup_size, 1, 1))
+    np.testing.assert_allclose(view.reshape(8, 8), a.astype(np.float64) @ b + c.T, rtol=1e-5, atol=1e-5)
+    # a threadgroup smaller than a simdgroup: no simdgroup matrix there
+    error = r.dispatch("simdgroup_product", args, (8, 1, 1), (8, 1, 1), fails=True)
+    assert "simdgroup_load: a simdgroup matrix needs a full simdgroup (8 of" in error, error
+    r.lib.metal_close(r.rt)
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES, ids=[f"{s}-{seed}" for s, seed in SCHEDULES])
+def test_a_lane_that_skips_a_simdgroup_matrix_function_is_reported(features, schedule):
+    configure(features, *schedule)
+    r = Runtime(features)
+    out, _ = r.array(np.zeros(64), np.float32)
+    args = [out] + [r.array(np.ones(64), np.float32)[0] for _ in range(3)] + [np.int32(5).tobytes()]
+    error = r.dispatch("simdgroup_product", args, (32, 1, 1), (32, 1, 1), fails=True)
+    source = "accel/emu/tests/msl_features.metal"
+    line = next(i for i, text in enumerate((ROOT / source).read_text().splitlines(), 1)
+                if "if (int(lane) != skip) simdgroup_load(bm, b, 8);" in text)
+    assert "kernel 'simdgroup_product'" in error and "divergent warp collectives" in error, error
+    assert f"simdgroup_load at {ROOT / source}:{line}" in error or f"{source}:{line}" in error, error
+    assert "\n" not in error
+    r.lib.metal_close(r.rt)
+
+
+# --- the matmul on simdgroup matrices ------------------------------------------------------------
+
+ODD_MATMUL_SHAPES = [dict(B=3, T=7, C=45, OC=67),      # M, K, N: no multiple of 8
+                     dict(B=2, T=65, C=70, OC=9),      # two row tiles, K past a slice, N below a block
+                     dict(B=1, T=1, C=1, OC=1)]
+
+
+def run_matmuls(backend, rng):
+    def buf(*shape):
+        b = backend.alloc(4 * int(np.prod(shape)))
+        b.load(rng.standard_normal(shape).astype(np.float32))
+        return b
+    for s in ODD_MATMUL_SHAPES:
+        B, T, C, OC = s["B"], s["T"], s["C"], s["OC"]
+        backend.call("matmul_forward", buf(B, T, OC), buf(B, T, C), buf(OC, C), buf(OC), B, T, C, OC)
+        backend.call("matmul_forward", buf(B, T, OC), buf(B, T, C), buf(OC, C), None, B, T, C, OC)
+        backend.call("matmul_backward", buf(B, T, C), buf(OC, C), buf(OC), buf(B, T, OC), buf(B, T, C),
+                     buf(OC, C), B, T, C, OC)
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES, ids=[f"{s}-{seed}" for s, seed in SCHEDULES])
+@pytest.mark.parametrize("simdgroup_size", [32, 64])
+def test_matmul_at_odd_shapes(library, schedule, simdgroup_size):
+    configure(library, *schedule, simdgroup_size=simdgroup_size)
+    backend = checked()
+    run_matmuls(backend, np.random.default_rng(7))
+    report = backend.report()
+    assert report["mismatches"] == 0, backend.summary()
+    assert report["entries"]["matmul_backward"]["compared"] == 3 * len(ODD_MATMUL_SHAPES)
+
+
+MATMUL_FAULTS = [
+    ("no-barrier-between-staging-and-multiply",   # simdgroups load tiles other threads have not staged
+     "        }\n        threadgroup_barrier(mem_flags::mem_threadgroup);\n        // each slice summed",
+     "        }\n        // each slice summed"),
+    ("b-block-one-row-off",                       # the B block of k8 read from row k8 + 1
+     "simdgroup_load(b_block, &b_tile[k8][c8], TILE);", "simdgroup_load(b_block, &b_tile[k8 + 1][c8], TILE);"),
+]
+
+
+@pytest.mark.parametrize("name, old, new", MATMUL_FAULTS, ids=[f[0] for f in MATMUL_FAULTS])
+def test_wrong_matmuls_are_caught_under_every_schedule(tmp_path, name, old, new):
+    source, _ = patched(tmp_path, name, old, new)
+    library = make_library(source, tmp_path / f"{name}.so")
+    for schedule in SCHEDULES:
+        configure(library, *schedule)
+        backend = checked(library)
+        run_matmuls(backend, np.random.default_rng(7))
+        report = backend.report()
+        assert report["entries"]["matmul_forward"]["mismatches"] > 0, (schedule, backend.summary())
+        assert report["entries"]["matmul_backward"]["mismatches"] > 0, (schedule, backend.summary())

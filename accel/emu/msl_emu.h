@@ -214,6 +214,7 @@ using uint2 = emu_msl::vec<uint, 2>;
 using uint3 = emu_msl::vec<uint, 3>;
 using uint4 = emu_msl::vec<uint, 4>;
 using ushort2 = emu_msl::vec<ushort, 2>;
+using ulong2 = emu_msl::vec<ulong, 2>;
 using ushort3 = emu_msl::vec<ushort, 3>;
 // MSL's packed_float3 is three floats, 12 bytes.
 struct packed_float3 {
@@ -379,6 +380,116 @@ T shuffle_up(T value, int delta, emu::SourceLocation where) {
 }
 }  // namespace detail
 
+// ---- simdgroup matrices (<metal_simdgroup_matrix>) --------------------------------------------
+// simdgroup_matrix<T, Cols, Rows> (simdgroup_float8x8, simdgroup_half8x8) is one matrix spread
+// over the lanes of a simdgroup, as on a GPU: here lane l holds the elements e (row-major index)
+// with e % lanes == l, its fragment. Every function on a matrix is a simdgroup collective: each
+// lane of a full simdgroup must reach it at the same source line (the core reports a lane that
+// skips one, or a partial simdgroup). A load or store moves only the lane's own fragment, as the
+// lane arrives (before it waits for the others), so a lane that reads threadgroup memory before
+// the other threads have staged it (a missing threadgroup_barrier) reads the poison (NaN), under
+// every schedule, lockstep included. A
+// multiply-accumulate swaps the operands' fragments through an exchange area and each lane
+// computes its own fragment of the result. A matrix is NaN until loaded, filled or computed.
+//
+// matrix_origin (x, y) is (column, row) of the element that becomes (0, 0), elements_per_row the
+// source's row stride; transpose_matrix reads element (r, c) from (c, r). Products sum in k order
+// in float (a GPU's order and rounding are its own: check:'s tolerance covers the sums).
+
+template <class T, int Cols, int Rows>
+struct simdgroup_matrix {
+    static_assert(Cols == 8 && Rows == 8, "the emulator has 8x8 simdgroup matrices");
+    T e[Rows * Cols];  // this lane's fragment: e[i] for i % lanes == lane (the rest unused)
+    simdgroup_matrix() {
+        for (T& x : e) x = T(NAN);
+    }
+};
+
+template <class T, int Cols, int Rows>
+simdgroup_matrix<T, Cols, Rows> make_filled_simdgroup_matrix(T value) {
+    simdgroup_matrix<T, Cols, Rows> m;
+    for (T& x : m.e) x = value;
+    return m;
+}
+
+namespace detail {
+// Every lane of a full simdgroup here, at this line: the core's warp collective checks it.
+inline void simdgroup_rendezvous(const char* name, emu::SourceLocation where) {
+    if (lanes() != emu::config().warp_size)
+        emu::fail(std::string(name) + ": a simdgroup matrix needs a full simdgroup (" + std::to_string(lanes()) +
+                      " of " + std::to_string(emu::config().warp_size) + " lanes here)",
+                  where);
+    emu::warp_shuffle(0, lane(), name, where);
+}
+
+// Each lane's count of multiply-accumulates in this threadgroup: thread_local, so the core's
+// poison at every threadgroup start sets all to -1 alike (lanes of a simdgroup run the same
+// collectives, so their counts stay equal). Indexed by the thread's index in the threadgroup.
+inline thread_local int multiply_count[1024];
+
+// The exchange area of a simdgroup: two sets (by the parity of the multiply's count: a lane can
+// run one collective ahead of the slowest, never two) of the operands a, b, c, 64 elements each;
+// for up to 1024 simdgroups (a threadgroup of 1024 threads in simdgroups of 1).
+inline float (*exchange_of_this_simdgroup(int parity))[64] {
+    static float area[1024][2][3][64];
+    return area[emu::current_thread->warp][parity];
+}
+
+template <class T, int C, int R, class P>
+void simdgroup_load(emu::SourceLocation where, simdgroup_matrix<T, C, R>& d, P* src, ulong elements_per_row = C,
+                    ulong2 matrix_origin = ulong2(0), bool transpose_matrix = false) {
+    for (int i = lane(); i < R * C; i += lanes()) {  // at this lane's arrival, as a GPU's lane does
+        const ulong r = ulong(i / C), c = ulong(i % C);
+        const ulong row = transpose_matrix ? c : r, col = transpose_matrix ? r : c;
+        d.e[i] = T(src[(matrix_origin.y + row) * elements_per_row + matrix_origin.x + col]);
+    }
+    simdgroup_rendezvous("simdgroup_load", where);
+}
+
+template <class T, int C, int R, class P>
+void simdgroup_store(emu::SourceLocation where, const simdgroup_matrix<T, C, R>& a, P* dst,
+                     ulong elements_per_row = C, ulong2 matrix_origin = ulong2(0), bool transpose_matrix = false) {
+    for (int i = lane(); i < R * C; i += lanes()) {  // at this lane's arrival, as a GPU's lane does
+        const ulong r = ulong(i / C), c = ulong(i % C);
+        const ulong row = transpose_matrix ? c : r, col = transpose_matrix ? r : c;
+        dst[(matrix_origin.y + row) * elements_per_row + matrix_origin.x + col] = a.e[i];
+    }
+    simdgroup_rendezvous("simdgroup_store", where);
+}
+
+// d = a b + c (c may be d, a or b).
+template <class T, int C, int R>
+void simdgroup_multiply_accumulate(emu::SourceLocation where, simdgroup_matrix<T, C, R>& d,
+                                   const simdgroup_matrix<T, C, R>& a, const simdgroup_matrix<T, C, R>& b,
+                                   const simdgroup_matrix<T, C, R>& c) {
+    int& count = multiply_count[emu::current_thread->linear_index];
+    float(*exchange)[64] = exchange_of_this_simdgroup(++count & 1);
+    for (int i = lane(); i < R * C; i += lanes()) {
+        exchange[0][i] = float(a.e[i]);
+        exchange[1][i] = float(b.e[i]);
+        exchange[2][i] = float(c.e[i]);
+    }
+    simdgroup_rendezvous("simdgroup_multiply_accumulate", where);   // every fragment is in
+    for (int i = lane(); i < R * C; i += lanes()) {
+        const int r = i / C, col = i % C;
+        float sum = exchange[2][i];
+        for (int k = 0; k < C; ++k) sum += exchange[0][r * C + k] * exchange[1][k * C + col];
+        d.e[i] = T(sum);
+    }
+}
+
+template <class T, int C, int R>
+void simdgroup_multiply(emu::SourceLocation where, simdgroup_matrix<T, C, R>& d, const simdgroup_matrix<T, C, R>& a,
+                        const simdgroup_matrix<T, C, R>& b) {
+    simdgroup_multiply_accumulate(where, d, a, b, make_filled_simdgroup_matrix<T, C, R>(T(0)));
+}
+}  // namespace detail
+
+#define simdgroup_load(...) ::metal::detail::simdgroup_load(EMU_MSL_HERE, __VA_ARGS__)
+#define simdgroup_store(...) ::metal::detail::simdgroup_store(EMU_MSL_HERE, __VA_ARGS__)
+#define simdgroup_multiply_accumulate(...) ::metal::detail::simdgroup_multiply_accumulate(EMU_MSL_HERE, __VA_ARGS__)
+#define simdgroup_multiply(...) ::metal::detail::simdgroup_multiply(EMU_MSL_HERE, __VA_ARGS__)
+
 // ---- atomics --------------------------------------------------------------------------------
 // Plain read-modify-writes: all GPU threads run on one OS thread and switch only at barriers
 // and collectives, so nothing comes between the read and the write.
@@ -428,3 +539,5 @@ bool atomic_compare_exchange_weak_explicit(volatile atomic<T>* a, T* expected, U
 using atomic_int = metal::atomic<int>;
 using atomic_uint = metal::atomic<uint>;
 using atomic_float = metal::atomic<float>;
+using simdgroup_float8x8 = metal::simdgroup_matrix<float, 8, 8>;
+using simdgroup_half8x8 = metal::simdgroup_matrix<half, 8, 8>;

@@ -19,6 +19,7 @@
 // threadgroup per row and reduce through simdgroups (simd_sum) and threadgroup memory; never
 // assume 32 lanes: the simdgroup layout comes in through attributes.
 #include <metal_stdlib>
+#include <metal_simdgroup_matrix>
 using namespace metal;
 
 constant float LAYERNORM_EPS = 1e-5f;
@@ -240,18 +241,22 @@ kernel void layernorm_backward_params(device float* dweight [[buffer(0)]],
 }
 
 // ---- matmul --------------------------------------------------------------------------------
+// (dev/metal/ab.py replaces this section, up to bias_backward, with a variant of dev/metal/)
 
 enum {
-    TILE = 64,         // outputs per threadgroup side
-    TILE_K = 16,       // the K-slice of A and B held in threadgroup memory at a time
-    TILE_THREADS = 16  // threads per threadgroup side: each computes 4 x 4 outputs
+    TILE = 64,          // outputs per threadgroup side
+    TILE_K = 16,        // the K-slice of A and B held in threadgroup memory at a time
+    TILE_THREADS = 16,  // threads per threadgroup side: 256 threads, 8 simdgroups of 32
+    SUBTILES = (TILE / 8) * (TILE / 8),  // 8x8 blocks of outputs in a tile
+    SUBTILES_PER_SIMDGROUP_MAX = 16      // 64 blocks over 8 simdgroups of 32 (or 4 of 64)
 };
 
 // out (M,N) = A B (+ bias), or += with accumulate, where A(m,k) = a[m*a_row + k*a_k] and
 // B(k,n) = b[k*b_k + n*b_col]: the strides give every transpose the layers need. A threadgroup
-// of 16 x 16 threads computes a 64 x 64 tile of out, each thread 4 x 4 outputs strided by 16
-// (so neighbouring threads write neighbouring outputs), from K-slices of A and B staged in
-// threadgroup memory. Threadgroups are whole: past M, N or K they load zeros, write nothing.
+// of 16 x 16 threads computes a 64 x 64 tile of out as 64 blocks of 8 x 8 in simdgroup matrices,
+// simdgroup s taking blocks s, s + (simdgroups), ...; the K-slices of A and B are staged in
+// threadgroup memory (zeros past M, N or K, so any shape and any strides), and the finished
+// tile goes out through threadgroup memory, which masks the edges and adds bias and out.
 kernel void matmul(device float* out [[buffer(0)]],
                    device const float* a [[buffer(1)]],
                    device const float* b [[buffer(2)]],
@@ -265,48 +270,56 @@ kernel void matmul(device float* out [[buffer(0)]],
                    constant int& b_col [[buffer(10)]],
                    constant int& accumulate [[buffer(11)]],
                    constant int& has_bias [[buffer(12)]],
-                   uint2 tid [[thread_position_in_threadgroup]],
-                   uint2 group [[threadgroup_position_in_grid]]) {
-    threadgroup float a_tile[TILE_K][TILE];  // a_tile[k][row]
+                   uint2 group [[threadgroup_position_in_grid]],
+                   uint t [[thread_index_in_threadgroup]],
+                   uint simd [[simdgroup_index_in_threadgroup]],
+                   uint num_simds [[simdgroups_per_threadgroup]]) {
+    threadgroup float a_tile[TILE][TILE_K];  // a_tile[row][k]
     threadgroup float b_tile[TILE_K][TILE];  // b_tile[k][col]
+    threadgroup float out_tile[TILE][TILE];
+    threadgroup float identity_tile[8][8];
     int row0 = group.y * TILE, col0 = group.x * TILE;
-    int t = tid.y * TILE_THREADS + tid.x;
-    float acc[4][4];
-    for (int i = 0; i < 4; ++i)
-        for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
+    int blocks = SUBTILES / num_simds;
+    if (t < 64) identity_tile[t / 8][t % 8] = t / 8 == t % 8 ? 1.0f : 0.0f;
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    simdgroup_float8x8 identity;  // adds a slice's sum into the total: I s + acc
+    simdgroup_load(identity, &identity_tile[0][0], 8);
+    simdgroup_float8x8 acc[SUBTILES_PER_SIMDGROUP_MAX];
+    for (int j = 0; j < blocks; ++j) acc[j] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
     for (int k0 = 0; k0 < K; k0 += TILE_K) {
         for (int e = t; e < TILE * TILE_K; e += TILE_THREADS * TILE_THREADS) {
             int r = e / TILE_K, k = e % TILE_K;  // A: neighbouring threads, neighbouring k
-            a_tile[k][r] = row0 + r < M && k0 + k < K ? a[(long)(row0 + r) * a_row + (long)(k0 + k) * a_k] : 0.0f;
+            a_tile[r][k] = row0 + r < M && k0 + k < K ? a[(long)(row0 + r) * a_row + (long)(k0 + k) * a_k] : 0.0f;
             int kb = e / TILE, c = e % TILE;     // B: neighbouring threads, neighbouring columns
             b_tile[kb][c] = k0 + kb < K && col0 + c < N ? b[(long)(k0 + kb) * b_k + (long)(col0 + c) * b_col] : 0.0f;
         }
         threadgroup_barrier(mem_flags::mem_threadgroup);
         // each slice summed on its own, then added: two-level summation keeps the rounding
         // error of long sums (K = 50304 for the logits' dinp) within the oracle's tolerance
-        float slice[4][4];
-        for (int i = 0; i < 4; ++i)
-            for (int j = 0; j < 4; ++j) slice[i][j] = 0.0f;
-        for (int k = 0; k < TILE_K; ++k) {
-            float av[4], bv[4];
-            for (int i = 0; i < 4; ++i) av[i] = a_tile[k][tid.y + TILE_THREADS * i];
-            for (int j = 0; j < 4; ++j) bv[j] = b_tile[k][tid.x + TILE_THREADS * j];
-            for (int i = 0; i < 4; ++i)
-                for (int j = 0; j < 4; ++j) slice[i][j] += av[i] * bv[j];
+        for (int j = 0; j < blocks; ++j) {
+            int block = simd + j * num_simds, r8 = block / (TILE / 8) * 8, c8 = block % (TILE / 8) * 8;
+            simdgroup_float8x8 slice = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
+            for (int k8 = 0; k8 < TILE_K; k8 += 8) {
+                simdgroup_float8x8 a_block, b_block;
+                simdgroup_load(a_block, &a_tile[r8][k8], TILE_K);
+                simdgroup_load(b_block, &b_tile[k8][c8], TILE);
+                simdgroup_multiply_accumulate(slice, a_block, b_block, slice);
+            }
+            simdgroup_multiply_accumulate(acc[j], identity, slice, acc[j]);
         }
-        for (int i = 0; i < 4; ++i)
-            for (int j = 0; j < 4; ++j) acc[i][j] += slice[i][j];
         threadgroup_barrier(mem_flags::mem_threadgroup);  // the tiles are read before the next load
     }
-    for (int i = 0; i < 4; ++i) {
-        int row = row0 + tid.y + TILE_THREADS * i;
-        for (int j = 0; j < 4; ++j) {
-            int col = col0 + tid.x + TILE_THREADS * j;
-            if (row < M && col < N) {
-                device float* o = out + (long)row * N + col;
-                float v = has_bias ? acc[i][j] + bias[col] : acc[i][j];
-                *o = accumulate ? *o + v : v;
-            }
+    for (int j = 0; j < blocks; ++j) {
+        int block = simd + j * num_simds;
+        simdgroup_store(acc[j], &out_tile[block / (TILE / 8) * 8][block % (TILE / 8) * 8], TILE);
+    }
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    for (int e = t; e < TILE * TILE; e += TILE_THREADS * TILE_THREADS) {
+        int row = row0 + e / TILE, col = col0 + e % TILE;
+        if (row < M && col < N) {
+            device float* o = out + (long)row * N + col;
+            float v = has_bias ? out_tile[e / TILE][e % TILE] + bias[col] : out_tile[e / TILE][e % TILE];
+            *o = accumulate ? *o + v : v;
         }
     }
 }
