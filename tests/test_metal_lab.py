@@ -71,3 +71,37 @@ def test_the_mac_scripts_llama_run_plans_on_the_emulator():
                            "-t", "256", "-x", "20", "-v", "10", "-m", "2", "-s", "0", "--dry-run"], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
     assert plan.returncode == 0, plan.stderr
+
+
+# --- metal_runtime.m on Linux: clang against stub declarations (make metal-syntax) ---------------
+
+CLANG = next((shutil.which(c) for c in ("clang", "clang-19", "clang-18", "clang-17", "clang-16", "clang-15",
+                                        "clang-14") if shutil.which(c)), None)
+RUNTIME = os.path.join(ROOT, "accel", "metal", "metal_runtime.m")
+
+
+def syntax_check(source):
+    return subprocess.run(["make", "-s", "-C", ROOT, "metal-syntax", f"METAL_RUNTIME_SOURCE={source}",
+                           f"METAL_CLANG={CLANG}"], capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.skipif(CLANG is None, reason="needs clang (apt-get install clang)")
+@pytest.mark.parametrize("name, old, new, message", [
+    (None, None, None, None),
+    ("no-bridge", "(__bridge id<MTLDevice>)rt->device", "(id<MTLDevice>)rt->device", "bridged cast"),
+    ("misspelt-selector", "[command_buffer waitUntilCompleted]", "[command_buffer waitUntilComplete]",
+     "waitUntilComplete"),
+], ids=["as-is", "no-bridge", "misspelt-selector"])
+def test_metal_runtime_compiles_against_the_stubs(tmp_path, name, old, new, message):
+    source = RUNTIME
+    if name is not None:   # a planted fault: ARC's bridging cast missing, a selector Metal lacks
+        text = open(RUNTIME).read()
+        assert text.count(old) >= 1, old
+        source = tmp_path / "metal_runtime.m"
+        source.write_text(text.replace(old, new, 1))
+        (tmp_path / "metal_runtime.h").write_text(open(os.path.join(ROOT, "accel", "metal", "metal_runtime.h")).read())
+    result = syntax_check(source)
+    if name is None:
+        assert result.returncode == 0 and "metal_runtime.m: clean under" in result.stdout, result.stderr
+    else:
+        assert result.returncode != 0 and message in result.stderr, result.stderr
