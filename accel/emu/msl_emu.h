@@ -384,13 +384,16 @@ T shuffle_up(T value, int delta, emu::SourceLocation where) {
 // simdgroup_matrix<T, Cols, Rows> (simdgroup_float8x8, simdgroup_half8x8) is one matrix spread
 // over the lanes of a simdgroup, as on a GPU: here lane l holds the elements e (row-major index)
 // with e % lanes == l, its fragment. Every function on a matrix is a simdgroup collective: each
-// lane of a full simdgroup must reach it at the same source line (the core reports a lane that
-// skips one, or a partial simdgroup). A load or store moves only the lane's own fragment, as the
-// lane arrives (before it waits for the others), so a lane that reads threadgroup memory before
-// the other threads have staged it (a missing threadgroup_barrier) reads the poison (NaN), under
-// every schedule, lockstep included. A
-// multiply-accumulate swaps the operands' fragments through an exchange area and each lane
-// computes its own fragment of the result. A matrix is NaN until loaded, filled or computed.
+// lane of a full simdgroup must take part in it. A multiply-accumulate and a store are collectives
+// of the core (every lane there, at one source line, or a report naming the line); a load moves
+// no data between lanes, so it waits for no one: each lane logs its loads, and the next
+// multiply-accumulate or store checks that every lane ran the same ones (a lane that skipped one
+// is reported there, with the loads' lines). A load or store moves only the lane's own fragment,
+// as the lane arrives, so a lane that reads threadgroup memory before the other threads have
+// staged it (a missing threadgroup_barrier) reads the poison (NaN), under every schedule,
+// lockstep included. A multiply-accumulate swaps the operands' fragments through an exchange
+// area and each lane computes its own fragment of the result. A matrix is NaN until loaded,
+// filled or computed. (A load whose matrix is never multiplied or stored is not checked.)
 //
 // matrix_origin (x, y) is (column, row) of the element that becomes (0, 0), elements_per_row the
 // source's row stride; transpose_matrix reads element (r, c) from (c, r). Products sum in k order
@@ -413,48 +416,98 @@ simdgroup_matrix<T, Cols, Rows> make_filled_simdgroup_matrix(T value) {
 }
 
 namespace detail {
-// Every lane of a full simdgroup here, at this line: the core's warp collective checks it.
-inline void simdgroup_rendezvous(const char* name, emu::SourceLocation where) {
+inline void require_full_simdgroup(const char* name, emu::SourceLocation where) {
     if (lanes() != emu::config().warp_size)
         emu::fail(std::string(name) + ": a simdgroup matrix needs a full simdgroup (" + std::to_string(lanes()) +
                       " of " + std::to_string(emu::config().warp_size) + " lanes here)",
                   where);
-    emu::warp_shuffle(0, lane(), name, where);
 }
 
-// Each lane's count of multiply-accumulates in this threadgroup: thread_local, so the core's
-// poison at every threadgroup start sets all to -1 alike (lanes of a simdgroup run the same
-// collectives, so their counts stay equal). Indexed by the thread's index in the threadgroup.
-inline thread_local int multiply_count[1024];
+// Loads move no data between lanes, so they wait for no one: each lane logs its loads, and the
+// next multiply-accumulate or store (a true collective: every lane there, at one line) checks
+// that every lane of the simdgroup ran the same loads since the last one. The log is per thread,
+// thread_local, so the core's poison at each threadgroup start sets every lane's alike (-1).
+enum { LOGGED_LINES = 8 };
+struct LoadLog {
+    int count;        // loads since the last collective, minus one (-1: none)
+    uint64_t hash;    // of their source lines, in order
+    int lines[LOGGED_LINES];
+    int syncs;        // collectives so far, minus one: the parity picks the exchange area
+};
+inline thread_local LoadLog load_log[1024];   // by index in the threadgroup
 
-// The exchange area of a simdgroup: two sets (by the parity of the multiply's count: a lane can
-// run one collective ahead of the slowest, never two) of the operands a, b, c, 64 elements each;
-// for up to 1024 simdgroups (a threadgroup of 1024 threads in simdgroups of 1).
-inline float (*exchange_of_this_simdgroup(int parity))[64] {
-    static float area[1024][2][3][64];
+inline LoadLog& this_lanes_log() { return load_log[emu::current_thread->linear_index]; }
+
+inline void log_load(emu::SourceLocation where) {
+    LoadLog& log = this_lanes_log();
+    ++log.count;
+    log.hash = log.hash * 1000003u ^ uint64_t(where.line);
+    if (log.count < LOGGED_LINES) log.lines[log.count] = where.line;
+}
+
+// The exchange area of a simdgroup, for up to 1024 simdgroups (a threadgroup of 1024 threads in
+// simdgroups of 1), two sets by the parity of the collective's count (a lane can run one
+// collective ahead of the slowest, never two): the operands a, b, c of a multiply-accumulate,
+// and each lane's load log.
+struct Exchange {
+    float operands[3][64];
+    LoadLog logs[64];
+};
+inline Exchange& exchange_of_this_simdgroup(int parity) {
+    static Exchange area[1024][2];
     return area[emu::current_thread->warp][parity];
+}
+
+inline std::string lines_of(const LoadLog& log) {
+    std::string s;
+    for (int i = 0; i <= log.count && i < LOGGED_LINES; ++i) s += (i ? ", " : "") + std::to_string(log.lines[i]);
+    return s + (log.count >= LOGGED_LINES ? ", ..." : "");
+}
+
+// A collective of every lane of a full simdgroup at this line (the core checks that), which
+// also checks the lanes' loads since the last one; returns this collective's exchange area,
+// filled by every lane before `fill_in` returned.
+template <class Fill>
+Exchange& simdgroup_collective(const char* name, emu::SourceLocation where, Fill fill_in) {
+    require_full_simdgroup(name, where);
+    LoadLog& log = this_lanes_log();
+    Exchange& exchange = exchange_of_this_simdgroup(++log.syncs & 1);
+    exchange.logs[lane()] = log;
+    fill_in(exchange);
+    emu::warp_shuffle(0, lane(), name, where);
+    const LoadLog& first = exchange.logs[0];
+    if (log.count != first.count || log.hash != first.hash)
+        emu::fail(std::string(name) + ": the lanes of a simdgroup ran different simdgroup_loads before it (lane 0: " +
+                      std::to_string(first.count + 1) + " at lines " + lines_of(first) + "; lane " +
+                      std::to_string(lane()) + ": " + std::to_string(log.count + 1) + " at lines " + lines_of(log) +
+                      "): every lane must take part in each",
+                  where);
+    log.count = -1;
+    log.hash = ~uint64_t(0);
+    return exchange;
 }
 
 template <class T, int C, int R, class P>
 void simdgroup_load(emu::SourceLocation where, simdgroup_matrix<T, C, R>& d, P* src, ulong elements_per_row = C,
                     ulong2 matrix_origin = ulong2(0), bool transpose_matrix = false) {
-    for (int i = lane(); i < R * C; i += lanes()) {  // at this lane's arrival, as a GPU's lane does
+    require_full_simdgroup("simdgroup_load", where);
+    for (int i = lane(); i < R * C; i += lanes()) {   // this lane's fragment, as it arrives
         const ulong r = ulong(i / C), c = ulong(i % C);
         const ulong row = transpose_matrix ? c : r, col = transpose_matrix ? r : c;
         d.e[i] = T(src[(matrix_origin.y + row) * elements_per_row + matrix_origin.x + col]);
     }
-    simdgroup_rendezvous("simdgroup_load", where);
+    log_load(where);
 }
 
 template <class T, int C, int R, class P>
 void simdgroup_store(emu::SourceLocation where, const simdgroup_matrix<T, C, R>& a, P* dst,
                      ulong elements_per_row = C, ulong2 matrix_origin = ulong2(0), bool transpose_matrix = false) {
-    for (int i = lane(); i < R * C; i += lanes()) {  // at this lane's arrival, as a GPU's lane does
+    for (int i = lane(); i < R * C; i += lanes()) {   // this lane's fragment, as it arrives
         const ulong r = ulong(i / C), c = ulong(i % C);
         const ulong row = transpose_matrix ? c : r, col = transpose_matrix ? r : c;
         dst[(matrix_origin.y + row) * elements_per_row + matrix_origin.x + col] = a.e[i];
     }
-    simdgroup_rendezvous("simdgroup_store", where);
+    simdgroup_collective("simdgroup_store", where, [](Exchange&) {});
 }
 
 // d = a b + c (c may be d, a or b).
@@ -462,18 +515,18 @@ template <class T, int C, int R>
 void simdgroup_multiply_accumulate(emu::SourceLocation where, simdgroup_matrix<T, C, R>& d,
                                    const simdgroup_matrix<T, C, R>& a, const simdgroup_matrix<T, C, R>& b,
                                    const simdgroup_matrix<T, C, R>& c) {
-    int& count = multiply_count[emu::current_thread->linear_index];
-    float(*exchange)[64] = exchange_of_this_simdgroup(++count & 1);
-    for (int i = lane(); i < R * C; i += lanes()) {
-        exchange[0][i] = float(a.e[i]);
-        exchange[1][i] = float(b.e[i]);
-        exchange[2][i] = float(c.e[i]);
-    }
-    simdgroup_rendezvous("simdgroup_multiply_accumulate", where);   // every fragment is in
-    for (int i = lane(); i < R * C; i += lanes()) {
+    Exchange& exchange =
+        simdgroup_collective("simdgroup_multiply_accumulate", where, [&](Exchange& x) {
+            for (int i = lane(); i < R * C; i += lanes()) {   // this lane's fragments of a, b, c
+                x.operands[0][i] = float(a.e[i]);
+                x.operands[1][i] = float(b.e[i]);
+                x.operands[2][i] = float(c.e[i]);
+            }
+        });
+    for (int i = lane(); i < R * C; i += lanes()) {   // this lane's fragment of d
         const int r = i / C, col = i % C;
-        float sum = exchange[2][i];
-        for (int k = 0; k < C; ++k) sum += exchange[0][r * C + k] * exchange[1][k * C + col];
+        float sum = exchange.operands[2][i];
+        for (int k = 0; k < C; ++k) sum += exchange.operands[0][r * C + k] * exchange.operands[1][k * C + col];
         d.e[i] = T(sum);
     }
 }

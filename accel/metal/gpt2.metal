@@ -245,7 +245,7 @@ kernel void layernorm_backward_params(device float* dweight [[buffer(0)]],
 
 enum {
     TILE = 64,          // outputs per threadgroup side
-    TILE_K = 16,        // the K-slice of A and B held in threadgroup memory at a time
+    TILE_K = 32,        // the K-slice of A and B held in threadgroup memory at a time
     TILE_THREADS = 16,  // threads per threadgroup side: 256 threads, 8 simdgroups of 32
     SUBTILES = (TILE / 8) * (TILE / 8),  // 8x8 blocks of outputs in a tile
     SUBTILES_PER_SIMDGROUP_MAX = 16      // 64 blocks over 8 simdgroups of 32 (or 4 of 64)
@@ -256,7 +256,8 @@ enum {
 // of 16 x 16 threads computes a 64 x 64 tile of out as 64 blocks of 8 x 8 in simdgroup matrices,
 // simdgroup s taking blocks s, s + (simdgroups), ...; the K-slices of A and B are staged in
 // threadgroup memory (zeros past M, N or K, so any shape and any strides), and the finished
-// tile goes out through threadgroup memory, which masks the edges and adds bias and out.
+// tile goes out through the same threadgroup memory, which masks the edges and adds bias and out.
+// Threadgroup memory: 16 KB of staging, under the 32 KB every Metal GPU has.
 kernel void matmul(device float* out [[buffer(0)]],
                    device const float* a [[buffer(1)]],
                    device const float* b [[buffer(2)]],
@@ -274,24 +275,25 @@ kernel void matmul(device float* out [[buffer(0)]],
                    uint t [[thread_index_in_threadgroup]],
                    uint simd [[simdgroup_index_in_threadgroup]],
                    uint num_simds [[simdgroups_per_threadgroup]]) {
-    threadgroup float a_tile[TILE][TILE_K];  // a_tile[row][k]
-    threadgroup float b_tile[TILE_K][TILE];  // b_tile[k][col]
-    threadgroup float out_tile[TILE][TILE];
-    threadgroup float identity_tile[8][8];
+    threadgroup float staging[TILE * TILE];  // A's slice then B's (TILE x TILE_K each), then out's tile
+    threadgroup float identity_tile[8 * 8];
+    threadgroup float* a_tile = staging;                   // a_tile[row * TILE_K + k]
+    threadgroup float* b_tile = staging + TILE * TILE_K;   // b_tile[k * TILE + col]
+    threadgroup float* out_tile = staging;                 // out_tile[row * TILE + col], after the slices
     int row0 = group.y * TILE, col0 = group.x * TILE;
     int blocks = SUBTILES / num_simds;
-    if (t < 64) identity_tile[t / 8][t % 8] = t / 8 == t % 8 ? 1.0f : 0.0f;
+    if (t < 64) identity_tile[t] = t / 8 == t % 8 ? 1.0f : 0.0f;
     threadgroup_barrier(mem_flags::mem_threadgroup);
     simdgroup_float8x8 identity;  // adds a slice's sum into the total: I s + acc
-    simdgroup_load(identity, &identity_tile[0][0], 8);
+    simdgroup_load(identity, identity_tile, 8);
     simdgroup_float8x8 acc[SUBTILES_PER_SIMDGROUP_MAX];
     for (int j = 0; j < blocks; ++j) acc[j] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
     for (int k0 = 0; k0 < K; k0 += TILE_K) {
         for (int e = t; e < TILE * TILE_K; e += TILE_THREADS * TILE_THREADS) {
             int r = e / TILE_K, k = e % TILE_K;  // A: neighbouring threads, neighbouring k
-            a_tile[r][k] = row0 + r < M && k0 + k < K ? a[(long)(row0 + r) * a_row + (long)(k0 + k) * a_k] : 0.0f;
+            a_tile[e] = row0 + r < M && k0 + k < K ? a[(long)(row0 + r) * a_row + (long)(k0 + k) * a_k] : 0.0f;
             int kb = e / TILE, c = e % TILE;     // B: neighbouring threads, neighbouring columns
-            b_tile[kb][c] = k0 + kb < K && col0 + c < N ? b[(long)(k0 + kb) * b_k + (long)(col0 + c) * b_col] : 0.0f;
+            b_tile[e] = k0 + kb < K && col0 + c < N ? b[(long)(k0 + kb) * b_k + (long)(col0 + c) * b_col] : 0.0f;
         }
         threadgroup_barrier(mem_flags::mem_threadgroup);
         // each slice summed on its own, then added: two-level summation keeps the rounding
@@ -301,8 +303,8 @@ kernel void matmul(device float* out [[buffer(0)]],
             simdgroup_float8x8 slice = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
             for (int k8 = 0; k8 < TILE_K; k8 += 8) {
                 simdgroup_float8x8 a_block, b_block;
-                simdgroup_load(a_block, &a_tile[r8][k8], TILE_K);
-                simdgroup_load(b_block, &b_tile[k8][c8], TILE);
+                simdgroup_load(a_block, a_tile + r8 * TILE_K + k8, TILE_K);
+                simdgroup_load(b_block, b_tile + k8 * TILE + c8, TILE);
                 simdgroup_multiply_accumulate(slice, a_block, b_block, slice);
             }
             simdgroup_multiply_accumulate(acc[j], identity, slice, acc[j]);
@@ -311,14 +313,14 @@ kernel void matmul(device float* out [[buffer(0)]],
     }
     for (int j = 0; j < blocks; ++j) {
         int block = simd + j * num_simds;
-        simdgroup_store(acc[j], &out_tile[block / (TILE / 8) * 8][block % (TILE / 8) * 8], TILE);
+        simdgroup_store(acc[j], out_tile + block / (TILE / 8) * 8 * TILE + block % (TILE / 8) * 8, TILE);
     }
     threadgroup_barrier(mem_flags::mem_threadgroup);
     for (int e = t; e < TILE * TILE; e += TILE_THREADS * TILE_THREADS) {
         int row = row0 + e / TILE, col = col0 + e % TILE;
         if (row < M && col < N) {
             device float* o = out + (long)row * N + col;
-            float v = has_bias ? out_tile[e / TILE][e % TILE] + bias[col] : out_tile[e / TILE][e % TILE];
+            float v = has_bias ? out_tile[e] + bias[col] : out_tile[e];
             *o = accumulate ? *o + v : v;
         }
     }
