@@ -67,6 +67,7 @@ clean:
 # On macOS: the Metal runtime with the same host side, and the compiled kernel library (needs
 # Xcode's command-line tools).
 #   make metal
+# On Linux, metal_runtime.m is checked by clang against stubs: make metal-syntax (below).
 METAL_SOURCE ?= accel/metal/gpt2.metal
 METAL_EMU_LIB ?= accel/metal/build/libmetal_emu.so
 METAL_EMU_FLAGS = -std=c++17 -O2 -g -Wall -fPIC -fvisibility=hidden -I accel/emu/include
@@ -98,6 +99,19 @@ $(METAL_EMU_LIB): $(METAL_SOURCE) $(METAL_EMU_OBJECTS) accel/emu/msl_rewrite.py 
 	$(CXX) $(METAL_EMU_FLAGS) -shared $@.cpp $(METAL_EMU_OBJECTS) -o $@
 
 metal: accel/metal/build/libmetal_runtime.dylib accel/metal/build/gpt2.metallib
+
+# On Linux: metal_runtime.m checked by clang (Objective-C, ARC, every warning an error) against
+# stub declarations of the Foundation and Metal APIs it uses (accel/metal/stubs): its syntax,
+# types, selectors and ARC's bridging casts; not Apple's headers, so not a Mac build.
+#   make metal-syntax        (needs clang: apt-get install clang)
+METAL_CLANG ?= $(firstword $(shell for c in clang clang-19 clang-18 clang-17 clang-16 clang-15 clang-14; do command -v $$c; done))
+.PHONY: metal-syntax
+metal-syntax:
+	@test -n "$(METAL_CLANG)" || { echo "make metal-syntax: needs clang (apt-get install clang)" >&2; exit 1; }
+	$(METAL_CLANG) -fsyntax-only -x objective-c -fobjc-arc -fobjc-runtime=gnustep-2.0 -Wall -Wextra -Werror \
+	    -I accel/metal/stubs $(METAL_RUNTIME_SOURCE)
+	@echo "metal_runtime.m: clean under $(METAL_CLANG) against accel/metal/stubs"
+METAL_RUNTIME_SOURCE ?= accel/metal/metal_runtime.m
 
 accel/metal/build/libmetal_runtime.dylib: accel/metal/metal_runtime.m accel/metal/host.c accel/metal/metal_runtime.h
 	mkdir -p $(dir $@)

@@ -1,9 +1,10 @@
 """accel/metal on Linux: gpt2.metal's kernels on the CPU emulator of MSL (backend metal-emu).
 
-Every entry of the table through check:metal-emu against the CPU oracle at odd shapes, under
-every schedule of the emulator and with simdgroups of 32 and 64; planted faults (a removed
-barrier, a barrier only some threads reach, a write past an output as llm.metal's layernorm
-does) caught; the whole model through test_gpt2.py. The faults are planted in patched copies of
+Every entry of the table (GPT-2's, Llama's, the classifier's) through check:metal-emu against
+the CPU oracle at odd shapes, under every schedule of the emulator and with simdgroups of 32 and
+64; planted faults (a removed barrier, a barrier only some threads reach, a write past an
+output as llm.metal's layernorm does, wrong Llama kernels) caught; both whole models through
+test_gpt2.py and test_llama2.py. The faults are planted in patched copies of
 gpt2.metal in a temporary folder, built by `make metal-emu METAL_SOURCE=...`.
 """
 import ctypes
@@ -26,7 +27,7 @@ SOURCE = ROOT / "accel" / "metal" / "gpt2.metal"
 LIBRARY = ROOT / "accel" / "metal" / "build" / "libmetal_emu.so"
 SCHEDULES = [("lockstep", 1), ("lockstep-reverse", 1), ("warp-ahead", 1), ("warp-ahead-reverse", 1),
              ("shuffled", 1), ("shuffled", 2)]
-KERNELS = {name for name in entries_of(("core", "linear", "gpt2")) if BY_NAME[name].wrap}
+KERNELS = {name for name in entries_of(("core", "linear", "gpt2", "llama", "classifier")) if BY_NAME[name].wrap}
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux") or shutil.which("g++") is None or shutil.which("make") is None,
@@ -130,6 +131,14 @@ def test_test_gpt2_passes_on_check_metal_emu(library):
     assert "check      OK      check:metal-emu: 1040 outputs compared, all within tolerance" in result.stdout
 
 
+def test_test_llama2_passes_on_check_metal_emu(library):
+    # the committed GQA fixture (NH=4, NKV=2): every Llama kernel and the classifier
+    result = subprocess.run([sys.executable, "test_llama2.py", "--backend", "check:metal-emu"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0 and "overall okay: 1" in result.stdout, result.stdout + result.stderr
+    assert "check      OK      check:metal-emu: 1580 outputs compared, all within tolerance" in result.stdout
+
+
 def test_unbuilt_library_is_one_line_saying_how_to_build(tmp_path):
     from accel.metal import metal
     with pytest.raises(BackendError, match=r"is not built: run `make metal-emu`"):
@@ -173,12 +182,47 @@ def test_removed_barrier_is_caught(tmp_path):
             assert report["mismatches"] > 0   # rows of two simdgroups (softmax over V=37)
     # every kernel that sums over a threadgroup, and nothing else
     assert caught == {"mean", "global_norm_squared", "layernorm_forward", "layernorm_backward",
-                      "attention_forward", "attention_backward", "softmax_forward"}, caught
+                      "attention_forward", "attention_backward", "softmax_forward", "rmsnorm_forward",
+                      "rmsnorm_backward", "attention_gqa_forward", "attention_gqa_backward",
+                      "classifier_forward"}, caught   # (classifier_backward reduces by max alone)
+
+
+# Llama's and the classifier's kernels, each made wrong in a way a GPU would run silently:
+# (what, the line(s) replaced, the replacement, the entries check: must flag)
+LLAMA_FAULTS = [
+    ("kv-group-of-one-head",     # dk, dv summed over the first query head of each group only
+     "for (int h = kvh * group_size; h < (kvh + 1) * group_size; ++h) {",
+     "for (int h = kvh * group_size; h < kvh * group_size + 1; ++h) {", {"attention_gqa_backward"}),
+    ("kv-head-by-modulo",        # query head h reads key/value head h % NKV, not h / (NH/NKV)
+     "int t2 = pos.x, t = pos.y, bh = pos.z, b = bh / NH, h = bh % NH, kvh = h / (NH / NKV);",
+     "int t2 = pos.x, t = pos.y, bh = pos.z, b = bh / NH, h = bh % NH, kvh = h % NKV;",
+     {"attention_gqa_forward"}),
+    ("rope-backward-forward-rotation",   # backward rotates by +angle
+     "out[at] += x0 * c + x1 * s;\n        out[at + 1] += x1 * c - x0 * s;",
+     "out[at] += x0 * c - x1 * s;\n        out[at + 1] += x1 * c + x0 * s;", {"rope_backward"}),
+    ("rmsnorm-unnormalised-mean-term",     # the mean term takes inp where it needs inp rstd
+     "dinp_bt[i] += (weight[i] * dout_bt[i] - (x[i] * s) * dnorm_norm_mean) * s;",
+     "dinp_bt[i] += (weight[i] * dout_bt[i] - x[i] * dnorm_norm_mean) * s;", {"rmsnorm_backward"}),
+    ("classifier-without-the-target",      # the one-hot term of the gradient dropped
+     "        if (i == target) value -= dloss;\n", "\n", {"classifier_backward"}),
+    ("classifier-loss-without-the-max",    # the loss forgets the shift by the row's max
+     "losses[bt] = (maxval - x[targets[bt]]) + log_total;",
+     "losses[bt] = -x[targets[bt]] + log_total;", {"classifier_forward"}),
+]
+
+
+@pytest.mark.parametrize("name, old, new, expected", LLAMA_FAULTS, ids=[f[0] for f in LLAMA_FAULTS])
+def test_wrong_llama_kernels_are_caught(tmp_path, name, old, new, expected):
+    source, _ = patched(tmp_path, name, old, new)
+    backend = checked(make_library(source, tmp_path / f"{name}.so"))
+    run_every_entry(backend, groups=("llama", "classifier"))
+    report = backend.report()
+    assert {n for n, e in report["entries"].items() if e["mismatches"]} == expected, backend.summary()
 
 
 def test_barrier_only_some_threads_reach_is_reported_by_source_line(tmp_path):
     old = "        threadgroup_barrier(mem_flags::mem_threadgroup);  // the tiles are read before the next load"
-    source, line = patched(tmp_path, "divergent", old, "        if (tid.x < 8) " + old.lstrip())
+    source, line = patched(tmp_path, "divergent", old, "        if (t < 8) " + old.lstrip())
     library = make_library(source, tmp_path / "divergent.so")
     from accel.metal import metal
     backend = metal.create(str(library), "metal-emu")
@@ -188,7 +232,8 @@ def test_barrier_only_some_threads_reach_is_reported_by_source_line(tmp_path):
         backend.call("matmul_forward", *bufs, B, T, C, OC)
     message = str(error.value)
     assert "kernel 'matmul'" in message, message
-    assert "divergent barriers" in message or "exited while" in message, message
+    # (lanes 0-7 of a simdgroup at the barrier, the rest at the next simdgroup collective: a deadlock)
+    assert "divergent barriers" in message or "exited while" in message or "deadlock" in message, message
     assert f"threadgroup_barrier at {source}:{line}" in message, message
     assert "\n" not in message
 
@@ -222,8 +267,8 @@ def test_address_sanitizer_reports_a_write_past_the_output(tmp_path):
     # llm.metal's layernorm bug: a grid rounded up to whole threadgroups and no bounds check, so
     # threads past C touch memory past the row (the first such access, reading dout past its
     # end in the last row, is the one reported; the writes past dweight would follow)
-    old = "    if (c >= uint(C)) return;\n"
-    source, line = patched(tmp_path, "past-the-end", old, "\n")
+    old = "    if (c >= uint(C)) return;\n    float dw = 0.0f, db = 0.0f;\n"
+    source, line = patched(tmp_path, "past-the-end", old, "\n    float dw = 0.0f, db = 0.0f;\n")
     result = run_under_asan(make_library(source, tmp_path / "past-the-end.so", asan=True))
     assert result.returncode != 0
     summary = [s for s in result.stderr.splitlines() if s.startswith("SUMMARY: AddressSanitizer")]
@@ -236,8 +281,11 @@ def test_address_sanitizer_reports_a_write_past_the_output(tmp_path):
 # --- the lint: what g++ accepts and Metal does not ---------------------------------------------
 
 def test_lint_passes_gpt2_metal():
-    result = subprocess.run([sys.executable, "accel/metal/lint.py", str(SOURCE)], cwd=ROOT, capture_output=True,
-                            text=True)
+    # and the lab's variants (dev/metal), which a Mac compiles in gpt2.metal's place
+    variants = sorted(str(p) for p in (ROOT / "dev" / "metal").glob("*.metal"))
+    assert variants
+    result = subprocess.run([sys.executable, "accel/metal/lint.py", str(SOURCE)] + variants, cwd=ROOT,
+                            capture_output=True, text=True)
     assert result.returncode == 0 and result.stdout == "", result.stdout
 
 
@@ -294,7 +342,8 @@ class Runtime:
         view[:] = values.reshape(-1)
         return ptr, view
 
-    def dispatch(self, kernel, args, threads, group, threadgroup_bytes=()):
+    def dispatch(self, kernel, args, threads, group, threadgroup_bytes=(), fails=False):
+        """Run a kernel; its error (fails=True) or None (else an error fails the test)."""
         handle = self.lib.metal_kernel(self.rt, kernel.encode())
         assert handle, self.lib.metal_error(self.rt)
         bound = (MetalArg * len(args))()
@@ -309,7 +358,8 @@ class Runtime:
         self.lib.metal_dispatch_threads(self.rt, handle, bound, len(args), u32(threads), u32(group),
                                         u32(threadgroup_bytes), len(threadgroup_bytes))
         error = self.lib.metal_error(self.rt)
-        assert error is None, error.decode()
+        assert fails or error is None, error.decode()
+        return error and error.decode()
 
 
 @pytest.fixture(scope="module")
@@ -370,3 +420,104 @@ def test_a_kernel_argument_left_unbound_is_reported(features):
     r.lib.metal_dispatch_threads(r.rt, handle, (MetalArg * 0)(), 0, (ctypes.c_uint32 * 3)(8, 1, 1),
                                  (ctypes.c_uint32 * 3)(8, 1, 1), None, 0)
     assert "no argument bound at [[buffer(0)]]" in r.lib.metal_error(r.rt).decode()
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES, ids=[f"{s}-{seed}" for s, seed in SCHEDULES])
+@pytest.mark.parametrize("simdgroup_size", [32, 64])
+def test_simdgroup_matrices_through_the_c_abi(features, schedule, simdgroup_size):
+    # out = a b + c^T through simdgroup_load (one of them transposed), multiply_accumulate and
+    # store, whatever the schedule interleaves between the lanes' fragments
+    configure(features, *schedule, simdgroup_size=simdgroup_size)
+    r = Runtime(features)
+    rng = np.random.default_rng(3)
+    a, b, c = (rng.standard_normal((8, 8)).astype(np.float32) for _ in range(3))
+    out, view = r.array(np.zeros(64), np.float32)
+    args = [out] + [r.array(m, np.float32)[0] for m in (a, b, c)] + [np.int32(-1).tobytes()]
+    r.dispatch("simdgroup_product", args, (simdgroup_size, 1, 1), (simdgroup_size, 1, 1))
+    np.testing.assert_allclose(view.reshape(8, 8), a.astype(np.float64) @ b + c.T, rtol=1e-5, atol=1e-5)
+    # a threadgroup smaller than a simdgroup: no simdgroup matrix there
+    error = r.dispatch("simdgroup_product", args, (8, 1, 1), (8, 1, 1), fails=True)
+    assert "simdgroup_load: a simdgroup matrix needs a full simdgroup (8 of" in error, error
+    r.lib.metal_close(r.rt)
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES, ids=[f"{s}-{seed}" for s, seed in SCHEDULES])
+def test_a_lane_that_skips_a_simdgroup_matrix_function_is_reported(features, schedule):
+    configure(features, *schedule)
+    r = Runtime(features)
+    out, _ = r.array(np.zeros(64), np.float32)
+    args = [out] + [r.array(np.ones(64), np.float32)[0] for _ in range(3)] + [np.int32(5).tobytes()]
+    error = r.dispatch("simdgroup_product", args, (32, 1, 1), (32, 1, 1), fails=True)
+    source = "accel/emu/tests/msl_features.metal"
+    line = next(i for i, text in enumerate((ROOT / source).read_text().splitlines(), 1)
+                if "if (int(lane) != skip) simdgroup_load(bm, b, 8);" in text)
+    # reported at the next collective (loads wait for no one), naming the loads' lines
+    assert "kernel 'simdgroup_product'" in error and "lane 5: 2 at lines" in error, error
+    assert f"ran different simdgroup_loads before it (lane 0: 3 at lines {line - 1}, {line}, {line + 1}" in error, error
+    assert "\n" not in error
+    r.lib.metal_close(r.rt)
+
+
+# --- the matmul on simdgroup matrices ------------------------------------------------------------
+
+ODD_MATMUL_SHAPES = [dict(B=3, T=7, C=45, OC=67),      # M, K, N: no multiple of 8
+                     dict(B=2, T=65, C=70, OC=9),      # two row tiles, K past a slice, N below a block
+                     dict(B=1, T=1, C=1, OC=1)]
+
+
+def run_matmuls(backend, rng):
+    def buf(*shape):
+        b = backend.alloc(4 * int(np.prod(shape)))
+        b.load(rng.standard_normal(shape).astype(np.float32))
+        return b
+    for s in ODD_MATMUL_SHAPES:
+        B, T, C, OC = s["B"], s["T"], s["C"], s["OC"]
+        backend.call("matmul_forward", buf(B, T, OC), buf(B, T, C), buf(OC, C), buf(OC), B, T, C, OC)
+        backend.call("matmul_forward", buf(B, T, OC), buf(B, T, C), buf(OC, C), None, B, T, C, OC)
+        backend.call("matmul_backward", buf(B, T, C), buf(OC, C), buf(OC), buf(B, T, OC), buf(B, T, C),
+                     buf(OC, C), B, T, C, OC)
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES, ids=[f"{s}-{seed}" for s, seed in SCHEDULES])
+@pytest.mark.parametrize("simdgroup_size", [32, 64])
+def test_matmul_at_odd_shapes(library, schedule, simdgroup_size):
+    configure(library, *schedule, simdgroup_size=simdgroup_size)
+    backend = checked()
+    run_matmuls(backend, np.random.default_rng(7))
+    report = backend.report()
+    assert report["mismatches"] == 0, backend.summary()
+    assert report["entries"]["matmul_backward"]["compared"] == 3 * len(ODD_MATMUL_SHAPES)
+
+
+MATMUL_FAULTS = [
+    ("no-barrier-between-staging-and-multiply",   # simdgroups load tiles other threads have not staged
+     "        }\n        threadgroup_barrier(mem_flags::mem_threadgroup);\n        // each slice summed",
+     "        }\n        // each slice summed"),
+    ("b-block-one-row-off",                       # the B block of k8 read from row k8 + 1
+     "simdgroup_load(b_block, b_tile + k8 * TILE + c8, TILE);",
+     "simdgroup_load(b_block, b_tile + (k8 + 1) * TILE + c8, TILE);"),
+]
+
+
+@pytest.mark.parametrize("name, old, new", MATMUL_FAULTS, ids=[f[0] for f in MATMUL_FAULTS])
+def test_wrong_matmuls_are_caught_under_every_schedule(tmp_path, name, old, new):
+    source, _ = patched(tmp_path, name, old, new)
+    library = make_library(source, tmp_path / f"{name}.so")
+    for schedule in SCHEDULES:
+        configure(library, *schedule)
+        backend = checked(library)
+        run_matmuls(backend, np.random.default_rng(7))
+        report = backend.report()
+        assert report["entries"]["matmul_forward"]["mismatches"] > 0, (schedule, backend.summary())
+        assert report["entries"]["matmul_backward"]["mismatches"] > 0, (schedule, backend.summary())
+
+
+def test_rewrite_keeps_threadgroup_pointers_plain():
+    # a threadgroup array in a kernel is one per running threadgroup (static thread_local, poisoned
+    # at each start); a pointer or reference to threadgroup memory is an ordinary local
+    sys.path.insert(0, str(ROOT / "accel" / "emu"))
+    from msl_rewrite import address_space
+    text = "{\n    threadgroup float tile[4][4];\n    threadgroup float* row = tile[1];\n    threadgroup float& x = tile[0][0];\n"
+    kinds = [address_space("threadgroup", text, text.index(d)) for d in
+             ("threadgroup float tile", "threadgroup float* row", "threadgroup float& x")]
+    assert kinds == ["static thread_local", "", ""]

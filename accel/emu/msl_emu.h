@@ -214,6 +214,7 @@ using uint2 = emu_msl::vec<uint, 2>;
 using uint3 = emu_msl::vec<uint, 3>;
 using uint4 = emu_msl::vec<uint, 4>;
 using ushort2 = emu_msl::vec<ushort, 2>;
+using ulong2 = emu_msl::vec<ulong, 2>;
 using ushort3 = emu_msl::vec<ushort, 3>;
 // MSL's packed_float3 is three floats, 12 bytes.
 struct packed_float3 {
@@ -379,6 +380,169 @@ T shuffle_up(T value, int delta, emu::SourceLocation where) {
 }
 }  // namespace detail
 
+// ---- simdgroup matrices (<metal_simdgroup_matrix>) --------------------------------------------
+// simdgroup_matrix<T, Cols, Rows> (simdgroup_float8x8, simdgroup_half8x8) is one matrix spread
+// over the lanes of a simdgroup, as on a GPU: here lane l holds the elements e (row-major index)
+// with e % lanes == l, its fragment. Every function on a matrix is a simdgroup collective: each
+// lane of a full simdgroup must take part in it. A multiply-accumulate and a store are collectives
+// of the core (every lane there, at one source line, or a report naming the line); a load moves
+// no data between lanes, so it waits for no one: each lane logs its loads, and the next
+// multiply-accumulate or store checks that every lane ran the same ones (a lane that skipped one
+// is reported there, with the loads' lines). A load or store moves only the lane's own fragment,
+// as the lane arrives, so a lane that reads threadgroup memory before the other threads have
+// staged it (a missing threadgroup_barrier) reads the poison (NaN), under every schedule,
+// lockstep included. A multiply-accumulate swaps the operands' fragments through an exchange
+// area and each lane computes its own fragment of the result. A matrix is NaN until loaded,
+// filled or computed. (A load whose matrix is never multiplied or stored is not checked.)
+//
+// matrix_origin (x, y) is (column, row) of the element that becomes (0, 0), elements_per_row the
+// source's row stride; transpose_matrix reads element (r, c) from (c, r). Products sum in k order
+// in float (a GPU's order and rounding are its own: check:'s tolerance covers the sums).
+
+template <class T, int Cols, int Rows>
+struct simdgroup_matrix {
+    static_assert(Cols == 8 && Rows == 8, "the emulator has 8x8 simdgroup matrices");
+    T e[Rows * Cols];  // this lane's fragment: e[i] for i % lanes == lane (the rest unused)
+    simdgroup_matrix() {
+        for (T& x : e) x = T(NAN);
+    }
+};
+
+template <class T, int Cols, int Rows>
+simdgroup_matrix<T, Cols, Rows> make_filled_simdgroup_matrix(T value) {
+    simdgroup_matrix<T, Cols, Rows> m;
+    for (T& x : m.e) x = value;
+    return m;
+}
+
+namespace detail {
+inline void require_full_simdgroup(const char* name, emu::SourceLocation where) {
+    if (lanes() != emu::config().warp_size)
+        emu::fail(std::string(name) + ": a simdgroup matrix needs a full simdgroup (" + std::to_string(lanes()) +
+                      " of " + std::to_string(emu::config().warp_size) + " lanes here)",
+                  where);
+}
+
+// Loads move no data between lanes, so they wait for no one: each lane logs its loads, and the
+// next multiply-accumulate or store (a true collective: every lane there, at one line) checks
+// that every lane of the simdgroup ran the same loads since the last one. The log is per thread,
+// thread_local, so the core's poison at each threadgroup start sets every lane's alike (-1).
+enum { LOGGED_LINES = 8 };
+struct LoadLog {
+    int count;        // loads since the last collective, minus one (-1: none)
+    uint64_t hash;    // of their source lines, in order
+    int lines[LOGGED_LINES];
+    int syncs;        // collectives so far, minus one: the parity picks the exchange area
+};
+inline thread_local LoadLog load_log[1024];   // by index in the threadgroup
+
+inline LoadLog& this_lanes_log() { return load_log[emu::current_thread->linear_index]; }
+
+inline void log_load(emu::SourceLocation where) {
+    LoadLog& log = this_lanes_log();
+    ++log.count;
+    log.hash = log.hash * 1000003u ^ uint64_t(where.line);
+    if (log.count < LOGGED_LINES) log.lines[log.count] = where.line;
+}
+
+// The exchange area of a simdgroup, for up to 1024 simdgroups (a threadgroup of 1024 threads in
+// simdgroups of 1), two sets by the parity of the collective's count (a lane can run one
+// collective ahead of the slowest, never two): the operands a, b, c of a multiply-accumulate,
+// and each lane's load log.
+struct Exchange {
+    float operands[3][64];
+    LoadLog logs[64];
+};
+inline Exchange& exchange_of_this_simdgroup(int parity) {
+    static Exchange area[1024][2];
+    return area[emu::current_thread->warp][parity];
+}
+
+inline std::string lines_of(const LoadLog& log) {
+    std::string s;
+    for (int i = 0; i <= log.count && i < LOGGED_LINES; ++i) s += (i ? ", " : "") + std::to_string(log.lines[i]);
+    return s + (log.count >= LOGGED_LINES ? ", ..." : "");
+}
+
+// A collective of every lane of a full simdgroup at this line (the core checks that), which
+// also checks the lanes' loads since the last one; returns this collective's exchange area,
+// filled by every lane before `fill_in` returned.
+template <class Fill>
+Exchange& simdgroup_collective(const char* name, emu::SourceLocation where, Fill fill_in) {
+    require_full_simdgroup(name, where);
+    LoadLog& log = this_lanes_log();
+    Exchange& exchange = exchange_of_this_simdgroup(++log.syncs & 1);
+    exchange.logs[lane()] = log;
+    fill_in(exchange);
+    emu::warp_shuffle(0, lane(), name, where);
+    const LoadLog& first = exchange.logs[0];
+    if (log.count != first.count || log.hash != first.hash)
+        emu::fail(std::string(name) + ": the lanes of a simdgroup ran different simdgroup_loads before it (lane 0: " +
+                      std::to_string(first.count + 1) + " at lines " + lines_of(first) + "; lane " +
+                      std::to_string(lane()) + ": " + std::to_string(log.count + 1) + " at lines " + lines_of(log) +
+                      "): every lane must take part in each",
+                  where);
+    log.count = -1;
+    log.hash = ~uint64_t(0);
+    return exchange;
+}
+
+template <class T, int C, int R, class P>
+void simdgroup_load(emu::SourceLocation where, simdgroup_matrix<T, C, R>& d, P* src, ulong elements_per_row = C,
+                    ulong2 matrix_origin = ulong2(0), bool transpose_matrix = false) {
+    require_full_simdgroup("simdgroup_load", where);
+    for (int i = lane(); i < R * C; i += lanes()) {   // this lane's fragment, as it arrives
+        const ulong r = ulong(i / C), c = ulong(i % C);
+        const ulong row = transpose_matrix ? c : r, col = transpose_matrix ? r : c;
+        d.e[i] = T(src[(matrix_origin.y + row) * elements_per_row + matrix_origin.x + col]);
+    }
+    log_load(where);
+}
+
+template <class T, int C, int R, class P>
+void simdgroup_store(emu::SourceLocation where, const simdgroup_matrix<T, C, R>& a, P* dst,
+                     ulong elements_per_row = C, ulong2 matrix_origin = ulong2(0), bool transpose_matrix = false) {
+    for (int i = lane(); i < R * C; i += lanes()) {   // this lane's fragment, as it arrives
+        const ulong r = ulong(i / C), c = ulong(i % C);
+        const ulong row = transpose_matrix ? c : r, col = transpose_matrix ? r : c;
+        dst[(matrix_origin.y + row) * elements_per_row + matrix_origin.x + col] = a.e[i];
+    }
+    simdgroup_collective("simdgroup_store", where, [](Exchange&) {});
+}
+
+// d = a b + c (c may be d, a or b).
+template <class T, int C, int R>
+void simdgroup_multiply_accumulate(emu::SourceLocation where, simdgroup_matrix<T, C, R>& d,
+                                   const simdgroup_matrix<T, C, R>& a, const simdgroup_matrix<T, C, R>& b,
+                                   const simdgroup_matrix<T, C, R>& c) {
+    Exchange& exchange =
+        simdgroup_collective("simdgroup_multiply_accumulate", where, [&](Exchange& x) {
+            for (int i = lane(); i < R * C; i += lanes()) {   // this lane's fragments of a, b, c
+                x.operands[0][i] = float(a.e[i]);
+                x.operands[1][i] = float(b.e[i]);
+                x.operands[2][i] = float(c.e[i]);
+            }
+        });
+    for (int i = lane(); i < R * C; i += lanes()) {   // this lane's fragment of d
+        const int r = i / C, col = i % C;
+        float sum = exchange.operands[2][i];
+        for (int k = 0; k < C; ++k) sum += exchange.operands[0][r * C + k] * exchange.operands[1][k * C + col];
+        d.e[i] = T(sum);
+    }
+}
+
+template <class T, int C, int R>
+void simdgroup_multiply(emu::SourceLocation where, simdgroup_matrix<T, C, R>& d, const simdgroup_matrix<T, C, R>& a,
+                        const simdgroup_matrix<T, C, R>& b) {
+    simdgroup_multiply_accumulate(where, d, a, b, make_filled_simdgroup_matrix<T, C, R>(T(0)));
+}
+}  // namespace detail
+
+#define simdgroup_load(...) ::metal::detail::simdgroup_load(EMU_MSL_HERE, __VA_ARGS__)
+#define simdgroup_store(...) ::metal::detail::simdgroup_store(EMU_MSL_HERE, __VA_ARGS__)
+#define simdgroup_multiply_accumulate(...) ::metal::detail::simdgroup_multiply_accumulate(EMU_MSL_HERE, __VA_ARGS__)
+#define simdgroup_multiply(...) ::metal::detail::simdgroup_multiply(EMU_MSL_HERE, __VA_ARGS__)
+
 // ---- atomics --------------------------------------------------------------------------------
 // Plain read-modify-writes: all GPU threads run on one OS thread and switch only at barriers
 // and collectives, so nothing comes between the read and the write.
@@ -428,3 +592,5 @@ bool atomic_compare_exchange_weak_explicit(volatile atomic<T>* a, T* expected, U
 using atomic_int = metal::atomic<int>;
 using atomic_uint = metal::atomic<uint>;
 using atomic_float = metal::atomic<float>;
+using simdgroup_float8x8 = metal::simdgroup_matrix<float, 8, 8>;
+using simdgroup_half8x8 = metal::simdgroup_matrix<half, 8, 8>;

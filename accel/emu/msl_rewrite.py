@@ -9,7 +9,7 @@ What it rewrites (everything else is left to msl_emu.h, which <metal_stdlib> res
   - address spaces: `device` and `thread` go, `constant` becomes `const`, a `threadgroup`
     variable in a kernel becomes `static thread_local` (one instance per running threadgroup,
     which the emulator core poisons with NaN at each threadgroup start), `threadgroup` on a
-    pointer goes;
+    pointer or reference (a parameter, or a local `threadgroup float* p = ...;`) goes;
   - `kernel void f(...)`: `kernel` becomes `static`, the parameters' attributes go, and after the
     file's last line a launcher binds each parameter from its attribute ([[buffer(n)]],
     [[threadgroup(n)]], [[thread_position_in_grid]], ...) and registers the kernel by name;
@@ -103,9 +103,10 @@ def address_space(token, text, pos):
         return "const"
     if token == "threadgroup":
         before = text[:pos].rstrip()
-        if not before or before[-1] in ";{}":
+        declarator = re.match(r"[^;=\[(]*", text[pos + len(token):]).group(0)
+        if (not before or before[-1] in ";{}") and not re.search(r"[*&]", declarator):
             return "static thread_local"   # a threadgroup variable declared in a kernel
-    return ""
+    return ""   # a pointer or reference to threadgroup memory, a parameter: an ordinary one
 
 
 def rewrite_type(type_text):

@@ -1,21 +1,25 @@
-// accel/metal/gpt2.metal — GPT-2 training in Metal: every layer's forward and backward, the
-// loss, AdamW and the global norm, for the backend table of accel/backend.pxd (semantics and
-// shapes are the CPU kernels' of kernels/*.pxd; backward kernels ADD into their gradients).
-// The host side, which picks grids and binds arguments, is accel/metal/metal.pyx.
+// accel/metal/gpt2.metal — GPT-2 and Llama training in Metal: every layer's forward and
+// backward for both families, the losses (llm.c's softmax + cross-entropy, and the classifier
+// without a probability buffer), AdamW and the global norm, for the backend table of
+// accel/backend.pxd (semantics and shapes are the CPU kernels' of kernels/*.pxd; backward
+// kernels ADD into their gradients). The host side, which picks grids and binds arguments, is
+// accel/metal/host.c.
 //
-// Dimension letters: B batch, T time, C channels, OC output channels, NH heads, hs head size
-// (C / NH), V vocabulary, Vp padded vocabulary (row stride of logits and probs), BT = B * T.
+// Dimension letters: B batch, T time, C channels, OC output channels, NH heads, NKV key/value
+// heads, hs head size, V vocabulary, Vp padded vocabulary (row stride of logits and probs),
+// BT = B * T.
 //
 // Metal compiles with fast math by default. Precise math where it matters to the oracle's
-// tolerance: GELU's tanh, the exponentials of the softmaxes, the log of the loss, the square
-// roots of layernorm. Sums run in a fixed order (no float atomics), so results are
-// deterministic.
+// tolerance: GELU's tanh, the exponentials of the softmaxes, SwiGLU and the classifier, the
+// logs of the losses, the square roots of the norms. Sums run in a fixed order (no float
+// atomics), so results are deterministic.
 //
 // Conventions: a buffer's [[buffer(n)]] follows the table entry's argument order, outputs
 // first; scalars come after the buffers as `constant T&`. Kernels that sum over a row run one
 // threadgroup per row and reduce through simdgroups (simd_sum) and threadgroup memory; never
 // assume 32 lanes: the simdgroup layout comes in through attributes.
 #include <metal_stdlib>
+#include <metal_simdgroup_matrix>
 using namespace metal;
 
 constant float LAYERNORM_EPS = 1e-5f;
@@ -237,18 +241,23 @@ kernel void layernorm_backward_params(device float* dweight [[buffer(0)]],
 }
 
 // ---- matmul --------------------------------------------------------------------------------
+// (dev/metal/ab.py replaces this section, up to bias_backward, with a variant of dev/metal/)
 
 enum {
-    TILE = 64,         // outputs per threadgroup side
-    TILE_K = 16,       // the K-slice of A and B held in threadgroup memory at a time
-    TILE_THREADS = 16  // threads per threadgroup side: each computes 4 x 4 outputs
+    TILE = 64,          // outputs per threadgroup side
+    TILE_K = 32,        // the K-slice of A and B held in threadgroup memory at a time
+    TILE_THREADS = 16,  // threads per threadgroup side: 256 threads, 8 simdgroups of 32
+    SUBTILES = (TILE / 8) * (TILE / 8),  // 8x8 blocks of outputs in a tile
+    SUBTILES_PER_SIMDGROUP_MAX = 16      // 64 blocks over 8 simdgroups of 32 (or 4 of 64)
 };
 
 // out (M,N) = A B (+ bias), or += with accumulate, where A(m,k) = a[m*a_row + k*a_k] and
 // B(k,n) = b[k*b_k + n*b_col]: the strides give every transpose the layers need. A threadgroup
-// of 16 x 16 threads computes a 64 x 64 tile of out, each thread 4 x 4 outputs strided by 16
-// (so neighbouring threads write neighbouring outputs), from K-slices of A and B staged in
-// threadgroup memory. Threadgroups are whole: past M, N or K they load zeros, write nothing.
+// of 16 x 16 threads computes a 64 x 64 tile of out as 64 blocks of 8 x 8 in simdgroup matrices,
+// simdgroup s taking blocks s, s + (simdgroups), ...; the K-slices of A and B are staged in
+// threadgroup memory (zeros past M, N or K, so any shape and any strides), and the finished
+// tile goes out through the same threadgroup memory, which masks the edges and adds bias and out.
+// Threadgroup memory: 16 KB of staging, under the 32 KB every Metal GPU has.
 kernel void matmul(device float* out [[buffer(0)]],
                    device const float* a [[buffer(1)]],
                    device const float* b [[buffer(2)]],
@@ -262,48 +271,57 @@ kernel void matmul(device float* out [[buffer(0)]],
                    constant int& b_col [[buffer(10)]],
                    constant int& accumulate [[buffer(11)]],
                    constant int& has_bias [[buffer(12)]],
-                   uint2 tid [[thread_position_in_threadgroup]],
-                   uint2 group [[threadgroup_position_in_grid]]) {
-    threadgroup float a_tile[TILE_K][TILE];  // a_tile[k][row]
-    threadgroup float b_tile[TILE_K][TILE];  // b_tile[k][col]
+                   uint2 group [[threadgroup_position_in_grid]],
+                   uint t [[thread_index_in_threadgroup]],
+                   uint simd [[simdgroup_index_in_threadgroup]],
+                   uint num_simds [[simdgroups_per_threadgroup]]) {
+    threadgroup float staging[TILE * TILE];  // A's slice then B's (TILE x TILE_K each), then out's tile
+    threadgroup float identity_tile[8 * 8];
+    threadgroup float* a_tile = staging;                   // a_tile[row * TILE_K + k]
+    threadgroup float* b_tile = staging + TILE * TILE_K;   // b_tile[k * TILE + col]
+    threadgroup float* out_tile = staging;                 // out_tile[row * TILE + col], after the slices
     int row0 = group.y * TILE, col0 = group.x * TILE;
-    int t = tid.y * TILE_THREADS + tid.x;
-    float acc[4][4];
-    for (int i = 0; i < 4; ++i)
-        for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
+    int blocks = SUBTILES / num_simds;
+    if (t < 64) identity_tile[t] = t / 8 == t % 8 ? 1.0f : 0.0f;
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    simdgroup_float8x8 identity;  // adds a slice's sum into the total: I s + acc
+    simdgroup_load(identity, identity_tile, 8);
+    simdgroup_float8x8 acc[SUBTILES_PER_SIMDGROUP_MAX];
+    for (int j = 0; j < blocks; ++j) acc[j] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
     for (int k0 = 0; k0 < K; k0 += TILE_K) {
         for (int e = t; e < TILE * TILE_K; e += TILE_THREADS * TILE_THREADS) {
             int r = e / TILE_K, k = e % TILE_K;  // A: neighbouring threads, neighbouring k
-            a_tile[k][r] = row0 + r < M && k0 + k < K ? a[(long)(row0 + r) * a_row + (long)(k0 + k) * a_k] : 0.0f;
+            a_tile[e] = row0 + r < M && k0 + k < K ? a[(long)(row0 + r) * a_row + (long)(k0 + k) * a_k] : 0.0f;
             int kb = e / TILE, c = e % TILE;     // B: neighbouring threads, neighbouring columns
-            b_tile[kb][c] = k0 + kb < K && col0 + c < N ? b[(long)(k0 + kb) * b_k + (long)(col0 + c) * b_col] : 0.0f;
+            b_tile[e] = k0 + kb < K && col0 + c < N ? b[(long)(k0 + kb) * b_k + (long)(col0 + c) * b_col] : 0.0f;
         }
         threadgroup_barrier(mem_flags::mem_threadgroup);
         // each slice summed on its own, then added: two-level summation keeps the rounding
         // error of long sums (K = 50304 for the logits' dinp) within the oracle's tolerance
-        float slice[4][4];
-        for (int i = 0; i < 4; ++i)
-            for (int j = 0; j < 4; ++j) slice[i][j] = 0.0f;
-        for (int k = 0; k < TILE_K; ++k) {
-            float av[4], bv[4];
-            for (int i = 0; i < 4; ++i) av[i] = a_tile[k][tid.y + TILE_THREADS * i];
-            for (int j = 0; j < 4; ++j) bv[j] = b_tile[k][tid.x + TILE_THREADS * j];
-            for (int i = 0; i < 4; ++i)
-                for (int j = 0; j < 4; ++j) slice[i][j] += av[i] * bv[j];
+        for (int j = 0; j < blocks; ++j) {
+            int block = simd + j * num_simds, r8 = block / (TILE / 8) * 8, c8 = block % (TILE / 8) * 8;
+            simdgroup_float8x8 slice = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
+            for (int k8 = 0; k8 < TILE_K; k8 += 8) {
+                simdgroup_float8x8 a_block, b_block;
+                simdgroup_load(a_block, a_tile + r8 * TILE_K + k8, TILE_K);
+                simdgroup_load(b_block, b_tile + k8 * TILE + c8, TILE);
+                simdgroup_multiply_accumulate(slice, a_block, b_block, slice);
+            }
+            simdgroup_multiply_accumulate(acc[j], identity, slice, acc[j]);
         }
-        for (int i = 0; i < 4; ++i)
-            for (int j = 0; j < 4; ++j) acc[i][j] += slice[i][j];
         threadgroup_barrier(mem_flags::mem_threadgroup);  // the tiles are read before the next load
     }
-    for (int i = 0; i < 4; ++i) {
-        int row = row0 + tid.y + TILE_THREADS * i;
-        for (int j = 0; j < 4; ++j) {
-            int col = col0 + tid.x + TILE_THREADS * j;
-            if (row < M && col < N) {
-                device float* o = out + (long)row * N + col;
-                float v = has_bias ? acc[i][j] + bias[col] : acc[i][j];
-                *o = accumulate ? *o + v : v;
-            }
+    for (int j = 0; j < blocks; ++j) {
+        int block = simd + j * num_simds;
+        simdgroup_store(acc[j], out_tile + block / (TILE / 8) * 8 * TILE + block % (TILE / 8) * 8, TILE);
+    }
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    for (int e = t; e < TILE * TILE; e += TILE_THREADS * TILE_THREADS) {
+        int row = row0 + e / TILE, col = col0 + e % TILE;
+        if (row < M && col < N) {
+            device float* o = out + (long)row * N + col;
+            float v = has_bias ? out_tile[e] + bias[col] : out_tile[e];
+            *o = accumulate ? *o + v : v;
         }
     }
 }
@@ -576,4 +594,331 @@ kernel void crossentropy_softmax_backward(device float* dlogits [[buffer(0)]],
     float d = dlogits[at] + probs[at] * dloss;
     if (i == uint(targets[bt])) d -= dloss;
     dlogits[at] = d;
+}
+
+// ---- Llama: RMSNorm ------------------------------------------------------------------------
+
+// out (B,T,C) = inp rstd weight, rstd (B,T) = 1 / sqrt(mean of inp^2 + eps); one threadgroup
+// per position.
+kernel void rmsnorm_forward(device float* out [[buffer(0)]],
+                            device float* rstd [[buffer(1)]],
+                            device const float* inp [[buffer(2)]],
+                            device const float* weight [[buffer(3)]],
+                            constant float& eps [[buffer(4)]],
+                            constant int& C [[buffer(5)]],
+                            uint bt [[threadgroup_position_in_grid]],
+                            uint tid [[thread_index_in_threadgroup]],
+                            uint num_threads [[threads_per_threadgroup]],
+                            uint simd [[simdgroup_index_in_threadgroup]],
+                            uint lane [[thread_index_in_simdgroup]],
+                            uint num_simds [[simdgroups_per_threadgroup]]) {
+    threadgroup float partial[32];
+    device const float* x = inp + (ulong)bt * C;
+    device float* out_bt = out + (ulong)bt * C;
+    float ss = 0.0f;
+    for (int i = tid; i < C; i += num_threads) ss += x[i] * x[i];
+    ss = threadgroup_sum(ss, partial, simd, lane, num_simds);
+    float s = 1.0f / precise::sqrt(ss / C + eps);
+    for (int i = tid; i < C; i += num_threads) out_bt[i] = (x[i] * s) * weight[i];
+    if (tid == 0) rstd[bt] = s;
+}
+
+// dinp (B,T,C) += rstd (weight dout - norm mean(weight dout norm)), norm = inp rstd; one
+// threadgroup per position.
+kernel void rmsnorm_backward_dinp(device float* dinp [[buffer(0)]],
+                                  device const float* dout [[buffer(1)]],
+                                  device const float* inp [[buffer(2)]],
+                                  device const float* weight [[buffer(3)]],
+                                  device const float* rstd [[buffer(4)]],
+                                  constant int& C [[buffer(5)]],
+                                  uint bt [[threadgroup_position_in_grid]],
+                                  uint tid [[thread_index_in_threadgroup]],
+                                  uint num_threads [[threads_per_threadgroup]],
+                                  uint simd [[simdgroup_index_in_threadgroup]],
+                                  uint lane [[thread_index_in_simdgroup]],
+                                  uint num_simds [[simdgroups_per_threadgroup]]) {
+    threadgroup float partial[32];
+    device const float* x = inp + (ulong)bt * C;
+    device const float* dout_bt = dout + (ulong)bt * C;
+    device float* dinp_bt = dinp + (ulong)bt * C;
+    float s = rstd[bt];
+    float dnorm_norm_sum = 0.0f;
+    for (int i = tid; i < C; i += num_threads) dnorm_norm_sum += weight[i] * dout_bt[i] * (x[i] * s);
+    float dnorm_norm_mean = threadgroup_sum(dnorm_norm_sum, partial, simd, lane, num_simds) / C;
+    for (int i = tid; i < C; i += num_threads)
+        dinp_bt[i] += (weight[i] * dout_bt[i] - (x[i] * s) * dnorm_norm_mean) * s;
+}
+
+// dweight (C,) += sum over the positions of inp rstd dout; one thread per channel, in whole
+// threadgroups (threads past C have nothing to do).
+kernel void rmsnorm_backward_dweight(device float* dweight [[buffer(0)]],
+                                     device const float* dout [[buffer(1)]],
+                                     device const float* inp [[buffer(2)]],
+                                     device const float* rstd [[buffer(3)]],
+                                     constant int& BT [[buffer(4)]],
+                                     constant int& C [[buffer(5)]],
+                                     uint c [[thread_position_in_grid]]) {
+    if (c >= uint(C)) return;
+    float dw = 0.0f;
+    for (int bt = 0; bt < BT; ++bt) dw += (inp[(ulong)bt * C + c] * rstd[bt]) * dout[(ulong)bt * C + c];
+    dweight[c] += dw;
+}
+
+// ---- Llama: embedding, RoPE, SwiGLU --------------------------------------------------------
+// (the embedding's backward is encoder_backward_wte: the same scatter by token)
+
+// out (B,T,C) = wte[inp]; grid (C, BT).
+kernel void embedding_forward(device float* out [[buffer(0)]],
+                              device const int* inp [[buffer(1)]],
+                              device const float* wte [[buffer(2)]],
+                              constant int& C [[buffer(3)]],
+                              uint2 pos [[thread_position_in_grid]]) {
+    uint c = pos.x, bt = pos.y;
+    out[(ulong)bt * C + c] = wte[(ulong)inp[bt] * C + c];
+}
+
+// The pair (2i, 2i+1) of every head rotated by the angle of position t: out (B,T,NH,hs) = inp
+// rotated by +angle (forward), or dinp += dout rotated by -angle (backward, `backward` 1);
+// cos, sin (T, hs/2). Grid (hs/2, NH, BT): a thread reads its pair before writing it, so out
+// may be inp.
+kernel void rope(device float* out [[buffer(0)]],
+                 device const float* inp [[buffer(1)]],
+                 device const float* freqs_cos [[buffer(2)]],
+                 device const float* freqs_sin [[buffer(3)]],
+                 constant int& T [[buffer(4)]],
+                 constant int& NH [[buffer(5)]],
+                 constant int& hs [[buffer(6)]],
+                 constant int& backward [[buffer(7)]],
+                 uint3 pos [[thread_position_in_grid]]) {
+    int i = pos.x, h = pos.y, bt = pos.z, half_hs = hs / 2;
+    float c = freqs_cos[(bt % T) * half_hs + i], s = freqs_sin[(bt % T) * half_hs + i];
+    ulong at = ((ulong)bt * NH + h) * hs + 2 * i;
+    float x0 = inp[at], x1 = inp[at + 1];
+    if (backward) {
+        out[at] += x0 * c + x1 * s;
+        out[at + 1] += x1 * c - x0 * s;
+    } else {
+        out[at] = x0 * c - x1 * s;
+        out[at + 1] = x0 * s + x1 * c;
+    }
+}
+
+// out (N,) = silu(a) b, silu(a) = a / (1 + exp(-a)).
+kernel void swiglu_forward(device float* out [[buffer(0)]],
+                           device const float* a [[buffer(1)]],
+                           device const float* b [[buffer(2)]],
+                           constant uint& n [[buffer(3)]],
+                           uint i [[thread_position_in_grid]],
+                           uint stride [[threads_per_grid]]) {
+    for (; i < n; i += stride) {
+        float x = a[i];
+        out[i] = x / (1.0f + precise::exp(-x)) * b[i];
+    }
+}
+
+// da += dout b s (1 + a (1 - s)), db += dout a s, s = sigmoid(a).
+kernel void swiglu_backward(device float* da [[buffer(0)]],
+                            device float* db [[buffer(1)]],
+                            device const float* dout [[buffer(2)]],
+                            device const float* a [[buffer(3)]],
+                            device const float* b [[buffer(4)]],
+                            constant uint& n [[buffer(5)]],
+                            uint i [[thread_position_in_grid]],
+                            uint stride [[threads_per_grid]]) {
+    for (; i < n; i += stride) {
+        float x = a[i];
+        float s = 1.0f / (1.0f + precise::exp(-x));
+        da[i] += dout[i] * b[i] * s * (1.0f + x * (1.0f - s));
+        db[i] += dout[i] * x * s;
+    }
+}
+
+// ---- Llama: grouped-query attention --------------------------------------------------------
+// q (B,T,NH,hs), k, v (B,T,NKV,hs): query head h reads key/value head h / (NH/NKV).
+// att (B,NH,T,T): the softmax's rows, t2 <= t (causal), zero above. The backward's scores
+// (the gradient of the pre-softmax scores) live in a (B,NH,T,T) scratch buffer of host.c's.
+
+// att = scale q k^T, zero above the diagonal (the softmax then runs in place: attention_softmax
+// with att as both buffers); grid (T [t2], T [t], B*NH).
+kernel void attention_gqa_scores(device float* att [[buffer(0)]],
+                                 device const float* q [[buffer(1)]],
+                                 device const float* k [[buffer(2)]],
+                                 constant int& T [[buffer(3)]],
+                                 constant int& NH [[buffer(4)]],
+                                 constant int& NKV [[buffer(5)]],
+                                 constant int& hs [[buffer(6)]],
+                                 constant float& scale [[buffer(7)]],
+                                 uint3 pos [[thread_position_in_grid]]) {
+    int t2 = pos.x, t = pos.y, bh = pos.z, b = bh / NH, h = bh % NH, kvh = h / (NH / NKV);
+    float score = 0.0f;
+    if (t2 <= t) {
+        device const float* q_t = q + (((ulong)b * T + t) * NH + h) * hs;
+        device const float* k_t2 = k + (((ulong)b * T + t2) * NKV + kvh) * hs;
+        for (int i = 0; i < hs; ++i) score += q_t[i] * k_t2[i];
+        score *= scale;
+    }
+    att[((ulong)bh * T + t) * T + t2] = score;
+}
+
+// out (B,T,NH,hs) = att v; grid (hs, T, B*NH).
+kernel void attention_gqa_values(device float* out [[buffer(0)]],
+                                 device const float* att [[buffer(1)]],
+                                 device const float* v [[buffer(2)]],
+                                 constant int& T [[buffer(3)]],
+                                 constant int& NH [[buffer(4)]],
+                                 constant int& NKV [[buffer(5)]],
+                                 constant int& hs [[buffer(6)]],
+                                 uint3 pos [[thread_position_in_grid]]) {
+    int i = pos.x, t = pos.y, bh = pos.z, b = bh / NH, h = bh % NH, kvh = h / (NH / NKV);
+    device const float* att_t = att + ((ulong)bh * T + t) * T;
+    device const float* v_i = v + (ulong)b * T * NKV * hs + kvh * hs + i;
+    float acc = 0.0f;
+    for (int t2 = 0; t2 <= t; ++t2) acc += att_t[t2] * v_i[(ulong)t2 * NKV * hs];
+    out[(((ulong)b * T + t) * NH + h) * hs + i] = acc;
+}
+
+// scores[t][t2] = att[t][t2] (s[t2] - sum_t3 att[t][t3] s[t3]), s[t2] = dout_t . v_t2, for
+// t2 <= t: the gradient of the scores before the softmax (above the diagonal: not written,
+// never read); one threadgroup per row, grid (T, B*NH).
+kernel void attention_gqa_backward_scores(device float* scores [[buffer(0)]],
+                                          device const float* dout [[buffer(1)]],
+                                          device const float* v [[buffer(2)]],
+                                          device const float* att [[buffer(3)]],
+                                          constant int& T [[buffer(4)]],
+                                          constant int& NH [[buffer(5)]],
+                                          constant int& NKV [[buffer(6)]],
+                                          constant int& hs [[buffer(7)]],
+                                          uint2 group [[threadgroup_position_in_grid]],
+                                          uint tid [[thread_index_in_threadgroup]],
+                                          uint num_threads [[threads_per_threadgroup]],
+                                          uint simd [[simdgroup_index_in_threadgroup]],
+                                          uint lane [[thread_index_in_simdgroup]],
+                                          uint num_simds [[simdgroups_per_threadgroup]]) {
+    threadgroup float partial[32];
+    int t = group.x, bh = group.y, b = bh / NH, h = bh % NH, kvh = h / (NH / NKV);
+    ulong row = ((ulong)bh * T + t) * T;
+    device const float* dout_t = dout + (((ulong)b * T + t) * NH + h) * hs;
+    float dot = 0.0f;
+    for (int t2 = tid; t2 <= t; t2 += num_threads) {
+        device const float* v_t2 = v + (((ulong)b * T + t2) * NKV + kvh) * hs;
+        float s = 0.0f;
+        for (int i = 0; i < hs; ++i) s += dout_t[i] * v_t2[i];
+        scores[row + t2] = s;
+        dot += att[row + t2] * s;
+    }
+    dot = threadgroup_sum(dot, partial, simd, lane, num_simds);
+    for (int t2 = tid; t2 <= t; t2 += num_threads) scores[row + t2] = att[row + t2] * (scores[row + t2] - dot);
+}
+
+// dq[t] += scale sum over t2 <= t of scores[t][t2] k_t2; grid (hs, T, B*NH).
+kernel void attention_gqa_backward_dq(device float* dq [[buffer(0)]],
+                                      device const float* scores [[buffer(1)]],
+                                      device const float* k [[buffer(2)]],
+                                      constant int& T [[buffer(3)]],
+                                      constant int& NH [[buffer(4)]],
+                                      constant int& NKV [[buffer(5)]],
+                                      constant int& hs [[buffer(6)]],
+                                      constant float& scale [[buffer(7)]],
+                                      uint3 pos [[thread_position_in_grid]]) {
+    int i = pos.x, t = pos.y, bh = pos.z, b = bh / NH, h = bh % NH, kvh = h / (NH / NKV);
+    device const float* scores_t = scores + ((ulong)bh * T + t) * T;
+    device const float* k_i = k + (ulong)b * T * NKV * hs + kvh * hs + i;
+    float acc = 0.0f;
+    for (int t2 = 0; t2 <= t; ++t2) acc += scores_t[t2] * k_i[(ulong)t2 * NKV * hs];
+    dq[(((ulong)b * T + t) * NH + h) * hs + i] += scale * acc;
+}
+
+// The gradients of key/value head kvh at position t2, summed over the query heads of its group
+// (in head order) and the positions t >= t2:
+//   dk[t2] += scale sum scores[h][t][t2] q_h[t],  dv[t2] += sum att[h][t][t2] dout_h[t]
+// grid (hs, T [t2], B*NKV).
+kernel void attention_gqa_backward_dkv(device float* dk [[buffer(0)]],
+                                       device float* dv [[buffer(1)]],
+                                       device const float* scores [[buffer(2)]],
+                                       device const float* att [[buffer(3)]],
+                                       device const float* q [[buffer(4)]],
+                                       device const float* dout [[buffer(5)]],
+                                       constant int& T [[buffer(6)]],
+                                       constant int& NH [[buffer(7)]],
+                                       constant int& NKV [[buffer(8)]],
+                                       constant int& hs [[buffer(9)]],
+                                       constant float& scale [[buffer(10)]],
+                                       uint3 pos [[thread_position_in_grid]]) {
+    int i = pos.x, t2 = pos.y, bkv = pos.z, b = bkv / NKV, kvh = bkv % NKV, group_size = NH / NKV;
+    float dk_acc = 0.0f, dv_acc = 0.0f;
+    for (int h = kvh * group_size; h < (kvh + 1) * group_size; ++h) {
+        ulong head = (ulong)b * NH + h;
+        for (int t = t2; t < T; ++t) {
+            ulong at = (head * T + t) * T + t2;
+            ulong row = (((ulong)b * T + t) * NH + h) * hs + i;   // q and dout share the layout
+            dk_acc += scores[at] * q[row];
+            dv_acc += att[at] * dout[row];
+        }
+    }
+    ulong out = (((ulong)b * T + t2) * NKV + kvh) * hs + i;
+    dk[out] += scale * dk_acc;
+    dv[out] += dv_acc;
+}
+
+// ---- the classifier: loss and gradient from the logits and each row's log-sum-exp ----------
+// logits (B,T,Vp), the first V of each row the vocabulary; no probability buffer.
+
+// logsum (B,T) = log sum_i exp(logits_i - max), losses (B,T) = max - logits[target] + logsum
+// (with_loss 0: no losses, no targets); one threadgroup per position.
+kernel void classifier_forward(device float* losses [[buffer(0)]],
+                               device float* logsum [[buffer(1)]],
+                               device const float* logits [[buffer(2)]],
+                               device const int* targets [[buffer(3)]],
+                               constant int& V [[buffer(4)]],
+                               constant int& Vp [[buffer(5)]],
+                               constant int& with_loss [[buffer(6)]],
+                               uint bt [[threadgroup_position_in_grid]],
+                               uint tid [[thread_index_in_threadgroup]],
+                               uint num_threads [[threads_per_threadgroup]],
+                               uint simd [[simdgroup_index_in_threadgroup]],
+                               uint lane [[thread_index_in_simdgroup]],
+                               uint num_simds [[simdgroups_per_threadgroup]]) {
+    threadgroup float partial[32];
+    device const float* x = logits + (ulong)bt * Vp;
+    float maxval = -INFINITY;
+    for (int i = tid; i < V; i += num_threads) maxval = max(maxval, x[i]);
+    maxval = threadgroup_max(maxval, partial, simd, lane, num_simds);
+    float sum = 0.0f;
+    for (int i = tid; i < V; i += num_threads) sum += precise::exp(x[i] - maxval);
+    float log_total = precise::log(threadgroup_sum(sum, partial, simd, lane, num_simds));
+    if (tid == 0) {
+        logsum[bt] = log_total;
+        if (with_loss) losses[bt] = (maxval - x[targets[bt]]) + log_total;
+    }
+}
+
+// dlogits (B,T,Vp) += (softmax - onehot(target)) dlosses over the first V entries, the softmax
+// recomputed as exp(logits - max) exp(-logsum); one threadgroup per position.
+kernel void classifier_backward(device float* dlogits [[buffer(0)]],
+                                device const float* dlosses [[buffer(1)]],
+                                device const float* logits [[buffer(2)]],
+                                device const float* logsum [[buffer(3)]],
+                                device const int* targets [[buffer(4)]],
+                                constant int& V [[buffer(5)]],
+                                constant int& Vp [[buffer(6)]],
+                                uint bt [[threadgroup_position_in_grid]],
+                                uint tid [[thread_index_in_threadgroup]],
+                                uint num_threads [[threads_per_threadgroup]],
+                                uint simd [[simdgroup_index_in_threadgroup]],
+                                uint lane [[thread_index_in_simdgroup]],
+                                uint num_simds [[simdgroups_per_threadgroup]]) {
+    threadgroup float partial[32];
+    device const float* x = logits + (ulong)bt * Vp;
+    device float* d = dlogits + (ulong)bt * Vp;
+    float maxval = -INFINITY;
+    for (int i = tid; i < V; i += num_threads) maxval = max(maxval, x[i]);
+    maxval = threadgroup_max(maxval, partial, simd, lane, num_simds);
+    float dloss = dlosses[bt];
+    float scale = precise::exp(-logsum[bt]) * dloss;
+    int target = targets[bt];
+    for (int i = tid; i < V; i += num_threads) {
+        float value = d[i] + precise::exp(x[i] - maxval) * scale;
+        if (i == target) value -= dloss;
+        d[i] = value;
+    }
 }

@@ -14,8 +14,8 @@
  * only after metal_synchronize, and the backend is not host_visible, so a model goes through
  * copy_to_host too.
  *
- * Dimension letters: B batch, T time, C channels, OC output channels, NH heads, hs = C / NH head
- * size, V vocabulary, Vp padded vocabulary (row stride of logits, probs and wte), N or n elements.
+ * Dimension letters: B batch, T time, C channels, OC output channels, NH heads, NKV key/value heads,
+ * hs head size (C / NH in GPT-2), V vocabulary, Vp padded vocabulary (row stride of logits, probs and wte), N or n elements.
  */
 #include <math.h>
 #include <stddef.h>
@@ -36,7 +36,10 @@ enum Kernel {
     K_ATTENTION_SOFTMAX, K_ATTENTION_VALUES, K_ATTENTION_BACKWARD_DATT, K_ATTENTION_BACKWARD_DV,
     K_ATTENTION_BACKWARD_DPREATT, K_ATTENTION_BACKWARD_DQ, K_ATTENTION_BACKWARD_DK,
     K_GELU_FORWARD, K_GELU_BACKWARD, K_RESIDUAL_FORWARD, K_RESIDUAL_BACKWARD, K_SOFTMAX_FORWARD,
-    K_CROSSENTROPY_FORWARD, K_CROSSENTROPY_SOFTMAX_BACKWARD, NUM_KERNELS
+    K_CROSSENTROPY_FORWARD, K_CROSSENTROPY_SOFTMAX_BACKWARD, K_RMSNORM_FORWARD, K_RMSNORM_BACKWARD_DINP,
+    K_RMSNORM_BACKWARD_DWEIGHT, K_EMBEDDING_FORWARD, K_ROPE, K_SWIGLU_FORWARD, K_SWIGLU_BACKWARD,
+    K_ATTENTION_GQA_SCORES, K_ATTENTION_GQA_VALUES, K_ATTENTION_GQA_BACKWARD_SCORES, K_ATTENTION_GQA_BACKWARD_DQ,
+    K_ATTENTION_GQA_BACKWARD_DKV, K_CLASSIFIER_FORWARD, K_CLASSIFIER_BACKWARD, NUM_KERNELS
 };
 
 static const char* const KERNEL_NAMES[NUM_KERNELS] = {
@@ -47,7 +50,10 @@ static const char* const KERNEL_NAMES[NUM_KERNELS] = {
     "attention_backward_dv", "attention_backward_dpreatt", "attention_backward_dq",
     "attention_backward_dk", "gelu_forward", "gelu_backward", "residual_forward",
     "residual_backward", "softmax_forward", "crossentropy_forward",
-    "crossentropy_softmax_backward"};
+    "crossentropy_softmax_backward", "rmsnorm_forward", "rmsnorm_backward_dinp",
+    "rmsnorm_backward_dweight", "embedding_forward", "rope", "swiglu_forward", "swiglu_backward",
+    "attention_gqa_scores", "attention_gqa_values", "attention_gqa_backward_scores",
+    "attention_gqa_backward_dq", "attention_gqa_backward_dkv", "classifier_forward", "classifier_backward"};
 
 enum {
     ROW_THREADS = 256,             /* most threads of a one-threadgroup-per-row kernel */
@@ -63,6 +69,8 @@ typedef struct {
     MetalRuntime* rt;
     const MetalKernel* kernels[NUM_KERNELS];
     float* partials;      /* (MAX_PARTIALS,) shared memory for mean and the norm */
+    float* scores;        /* attention_gqa_backward's (B,NH,T,T) scratch, grown on demand */
+    size_t scores_bytes;
     char host_error[256]; /* a failure found on the host side, "" if none */
     ptrdiff_t live;       /* allocations not yet freed */
     int closing;          /* destroyed while allocations remain: close when the last one goes */
@@ -121,6 +129,7 @@ static void elementwise(Context* c, enum Kernel k, const MetalArg* args, int num
 /* --- the context -------------------------------------------------------------------------------- */
 
 static void close_context(Context* c) {
+    if (c->scores != NULL) metal_free(c->rt, c->scores);
     metal_free(c->rt, c->partials);
     metal_close(c->rt);
     free(c);
@@ -412,4 +421,142 @@ ACCEL_METAL_API void accel_metal_crossentropy_softmax_backward(void* ctx, float*
                                                                int B, int T, int V, int Vp) {
     const MetalArg args[] = {buf(dlogits), buf(dlosses), buf(probs), buf(targets), val(&Vp, 4)};
     threads(context(ctx), K_CROSSENTROPY_SOFTMAX_BACKWARD, args, 5, V, (ptrdiff_t)B * T, 1, ROW_THREADS, 1);
+}
+
+/* --- llama: its layers ----------------------------------------------------------------------------- */
+
+ACCEL_METAL_API void accel_metal_embedding_forward(void* ctx, float* out, const int* inp, const float* wte, int B,
+                                                   int T, int C) {
+    const MetalArg args[] = {buf(out), buf(inp), buf(wte), val(&C, 4)};
+    threads(context(ctx), K_EMBEDDING_FORWARD, args, 4, C, (ptrdiff_t)B * T, 1, 32, 8);
+}
+
+/* the scatter by token of GPT-2's encoder (one thread per channel walks the positions) */
+ACCEL_METAL_API void accel_metal_embedding_backward(void* ctx, float* dwte, const float* dout, const int* inp,
+                                                    int B, int T, int C, int V) {
+    const int BT = B * T;
+    (void)V;
+    const MetalArg args[] = {buf(dwte), buf(dout), buf(inp), val(&BT, 4), val(&C, 4)};
+    threads(context(ctx), K_ENCODER_BACKWARD_WTE, args, 5, C, 1, 1, LINEAR_GROUP, 1);
+}
+
+ACCEL_METAL_API void accel_metal_rmsnorm_forward(void* ctx, float* out, float* rstd, const float* inp,
+                                                 const float* weight, float eps, int B, int T, int C) {
+    const MetalArg args[] = {buf(out), buf(rstd), buf(inp), buf(weight), val(&eps, 4), val(&C, 4)};
+    groups(context(ctx), K_RMSNORM_FORWARD, args, 6, (ptrdiff_t)B * T, 1, row_threads(C), 1);
+}
+
+ACCEL_METAL_API void accel_metal_rmsnorm_backward(void* ctx, float* dinp, float* dweight, const float* dout,
+                                                  const float* inp, const float* weight, const float* rstd, int B,
+                                                  int T, int C) {
+    const int BT = B * T;
+    const MetalArg dinp_args[] = {buf(dinp), buf(dout), buf(inp), buf(weight), buf(rstd), val(&C, 4)};
+    groups(context(ctx), K_RMSNORM_BACKWARD_DINP, dinp_args, 6, BT, 1, row_threads(C), 1);
+    const MetalArg dweight_args[] = {buf(dweight), buf(dout), buf(inp), buf(rstd), val(&BT, 4), val(&C, 4)};
+    groups(context(ctx), K_RMSNORM_BACKWARD_DWEIGHT, dweight_args, 6, (C + LINEAR_GROUP - 1) / LINEAR_GROUP, 1,
+           LINEAR_GROUP, 1);
+}
+
+static void rope(Context* c, float* out, const float* inp, const float* freqs_cos, const float* freqs_sin, int B,
+                 int T, int NH, int hs, int backward) {
+    const MetalArg args[] = {buf(out), buf(inp), buf(freqs_cos), buf(freqs_sin), val(&T, 4), val(&NH, 4),
+                             val(&hs, 4), val(&backward, 4)};
+    threads(c, K_ROPE, args, 8, hs / 2, NH, (ptrdiff_t)B * T, 32, 8);
+}
+
+ACCEL_METAL_API void accel_metal_rope_forward(void* ctx, float* out, const float* inp, const float* freqs_cos,
+                                              const float* freqs_sin, int B, int T, int NH, int hs) {
+    rope(context(ctx), out, inp, freqs_cos, freqs_sin, B, T, NH, hs, 0);
+}
+
+ACCEL_METAL_API void accel_metal_rope_backward(void* ctx, float* dinp, const float* dout, const float* freqs_cos,
+                                               const float* freqs_sin, int B, int T, int NH, int hs) {
+    rope(context(ctx), dinp, dout, freqs_cos, freqs_sin, B, T, NH, hs, 1);
+}
+
+ACCEL_METAL_API void accel_metal_swiglu_forward(void* ctx, float* out, const float* a, const float* b, ptrdiff_t N) {
+    const uint32_t n32 = (uint32_t)N;
+    if (!fits(context(ctx), N, "swiglu_forward")) return;
+    const MetalArg args[] = {buf(out), buf(a), buf(b), val(&n32, 4)};
+    elementwise(context(ctx), K_SWIGLU_FORWARD, args, 4, N);
+}
+
+ACCEL_METAL_API void accel_metal_swiglu_backward(void* ctx, float* da, float* db, const float* dout, const float* a,
+                                                 const float* b, ptrdiff_t N) {
+    const uint32_t n32 = (uint32_t)N;
+    if (!fits(context(ctx), N, "swiglu_backward")) return;
+    const MetalArg args[] = {buf(da), buf(db), buf(dout), buf(a), buf(b), val(&n32, 4)};
+    elementwise(context(ctx), K_SWIGLU_BACKWARD, args, 6, N);
+}
+
+static float attention_scale(int hs) { return (float)(1.0 / (double)sqrtf((float)hs)); }
+
+ACCEL_METAL_API void accel_metal_attention_gqa_forward(void* ctx, float* out, float* att, const float* q,
+                                                       const float* k, const float* v, int B, int T, int NH,
+                                                       int NKV, int hs) {
+    Context* c = context(ctx);
+    const float scale = attention_scale(hs);
+    const ptrdiff_t BNH = (ptrdiff_t)B * NH;
+    const MetalArg scores_args[] = {buf(att), buf(q), buf(k), val(&T, 4), val(&NH, 4), val(&NKV, 4), val(&hs, 4),
+                                    val(&scale, 4)};
+    threads(c, K_ATTENTION_GQA_SCORES, scores_args, 8, T, T, BNH, 16, 16);
+    const MetalArg softmax_args[] = {buf(att), buf(att), val(&T, 4)};   /* in place */
+    groups(c, K_ATTENTION_SOFTMAX, softmax_args, 3, T, BNH, row_threads(T), 1);
+    const MetalArg values_args[] = {buf(out), buf(att), buf(v), val(&T, 4), val(&NH, 4), val(&NKV, 4), val(&hs, 4)};
+    threads(c, K_ATTENTION_GQA_VALUES, values_args, 7, hs, T, BNH, 32, 8);
+}
+
+/* The scratch of attention_gqa_backward, at least nbytes; NULL (and the host error) without memory. */
+static float* gqa_scores(Context* c, size_t nbytes) {
+    if (c->scores_bytes >= nbytes) return c->scores;
+    if (c->scores != NULL) {
+        metal_synchronize(c->rt);   /* no queued dispatch still uses it */
+        metal_free(c->rt, c->scores);
+    }
+    c->scores = (float*)metal_alloc(c->rt, nbytes);
+    c->scores_bytes = c->scores != NULL ? nbytes : 0;
+    if (c->scores == NULL && c->host_error[0] == 0)
+        snprintf(c->host_error, sizeof c->host_error,
+                 "attention_gqa_backward: out of memory for its %zu-byte scratch buffer", nbytes);
+    return c->scores;
+}
+
+ACCEL_METAL_API void accel_metal_attention_gqa_backward(void* ctx, float* dq, float* dk, float* dv,
+                                                        const float* dout, const float* q, const float* k,
+                                                        const float* v, const float* att, int B, int T, int NH,
+                                                        int NKV, int hs) {
+    Context* c = context(ctx);
+    const float scale = attention_scale(hs);
+    const ptrdiff_t BNH = (ptrdiff_t)B * NH;
+    float* scores = gqa_scores(c, (size_t)BNH * T * T * sizeof(float));
+    if (scores == NULL || BNH == 0 || T == 0) return;
+    const MetalArg scores_args[] = {buf(scores), buf(dout), buf(v), buf(att), val(&T, 4), val(&NH, 4),
+                                    val(&NKV, 4), val(&hs, 4)};
+    groups(c, K_ATTENTION_GQA_BACKWARD_SCORES, scores_args, 8, T, BNH, row_threads(T), 1);
+    const MetalArg dq_args[] = {buf(dq), buf(scores), buf(k), val(&T, 4), val(&NH, 4), val(&NKV, 4), val(&hs, 4),
+                                val(&scale, 4)};
+    threads(c, K_ATTENTION_GQA_BACKWARD_DQ, dq_args, 8, hs, T, BNH, 32, 8);
+    const MetalArg dkv_args[] = {buf(dk), buf(dv), buf(scores), buf(att), buf(q), buf(dout), val(&T, 4),
+                                 val(&NH, 4), val(&NKV, 4), val(&hs, 4), val(&scale, 4)};
+    threads(c, K_ATTENTION_GQA_BACKWARD_DKV, dkv_args, 11, hs, T, (ptrdiff_t)B * NKV, 32, 8);
+}
+
+/* --- classifier ------------------------------------------------------------------------------------ */
+
+ACCEL_METAL_API void accel_metal_classifier_forward(void* ctx, float* losses, float* logsum, const float* logits,
+                                                    const int* targets, int B, int T, int V, int Vp) {
+    const int with_loss = losses != NULL && targets != NULL;
+    /* without a loss, losses and targets are bound to logsum, unread */
+    const MetalArg args[] = {buf(with_loss ? (const void*)losses : logsum), buf(logsum), buf(logits),
+                             buf(with_loss ? (const void*)targets : logsum), val(&V, 4), val(&Vp, 4),
+                             val(&with_loss, 4)};
+    groups(context(ctx), K_CLASSIFIER_FORWARD, args, 7, (ptrdiff_t)B * T, 1, row_threads(V), 1);
+}
+
+ACCEL_METAL_API void accel_metal_classifier_backward(void* ctx, float* dlogits, const float* dlosses,
+                                                     const float* logits, const float* logsum, const int* targets,
+                                                     int B, int T, int V, int Vp) {
+    const MetalArg args[] = {buf(dlogits), buf(dlosses), buf(logits), buf(logsum), buf(targets), val(&V, 4),
+                             val(&Vp, 4)};
+    groups(context(ctx), K_CLASSIFIER_BACKWARD, args, 7, (ptrdiff_t)B * T, 1, row_threads(V), 1);
 }

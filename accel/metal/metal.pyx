@@ -26,21 +26,24 @@ MACOS_METALLIB = os.path.join(BUILD, "gpt2.metallib")   # `make metal`; else the
 SOURCE = os.path.join(HERE, "gpt2.metal")
 
 # the entry groups the build fills (accel/spec.py): the symbols the loader looks up
-GROUPS = ("linear", "gpt2")
+GROUPS = ("linear", "gpt2", "llama", "classifier")
 
 ctypedef void* (*create_fn)(const char* kernels, char* error, size_t error_size) noexcept nogil
 
 
-def create(library=None, str name="metal"):
+def create(library=None, str name="metal", kernels=None):
     """The backend `name` over the runtime library (default: the Metal runtime on macOS, the
-    emulator elsewhere); tests pass other builds of the emulator (planted faults, ASan)."""
+    emulator elsewhere); tests pass other builds of the emulator (planted faults, ASan), and
+    dev/metal/ab.py other kernel sources for the Metal runtime (`kernels`: a .metal or .metallib
+    file; the emulator's kernels are built into it, so it ignores them)."""
     if library is None:
         library, name = (MACOS_RUNTIME, "metal") if sys.platform == "darwin" else (EMULATOR_LIBRARY, "metal-emu")
     target = "metal" if library.endswith(".dylib") else "metal-emu"
     if not os.path.exists(library):
         raise BackendError(f"{library} is not built: run `make {target}`")
     # the kernels: a .metallib or .metal file (macOS); the emulator's are built into it
-    kernels = MACOS_METALLIB if target == "metal" and os.path.exists(MACOS_METALLIB) else SOURCE
+    if kernels is None:
+        kernels = MACOS_METALLIB if target == "metal" and os.path.exists(MACOS_METALLIB) else SOURCE
     cdef DeviceLibrary runtime = DeviceLibrary(library, name, "accel_metal_", f"`make {target}`")
     cdef create_fn create_context = <create_fn>runtime.symbol("create")
     cdef bytes kernels_path = os.fsencode(kernels)

@@ -1,8 +1,9 @@
 // accel/emu/tests/msl_features.metal — sample kernels for the emulator's MSL front-end: the parts
 // of msl_emu.h and msl_runtime.cpp that gpt2.metal does not use (atomics, the simd shuffles,
-// vector types, half, dynamic threadgroup memory, 3-D non-uniform grids). Driven through the
+// vector types, half, dynamic threadgroup memory, 3-D non-uniform grids, simdgroup matrices). Driven through the
 // C ABI by tests/test_metal_emu.py.
 #include <metal_stdlib>
+#include <metal_simdgroup_matrix>
 using namespace metal;
 
 // counts[0] += 1 per thread, counts[1] = the largest thread index, through atomics.
@@ -55,4 +56,20 @@ kernel void positions(device uint* out [[buffer(0)]],
     uint flat = (pos.z * grid.y + pos.y) * grid.x + pos.x;
     out[flat] += flat + 1;
     sizes[flat] = group_size.x * group_size.y * group_size.z;
+}
+
+// out (8,8) = a (8,8) b (8,8) + c (8,8) through simdgroup matrices, one simdgroup; `skip` >= 0:
+// that lane skips the load of b (a fault the emulator must report).
+kernel void simdgroup_product(device float* out [[buffer(0)]],
+                              device const float* a [[buffer(1)]],
+                              device const float* b [[buffer(2)]],
+                              device const float* c [[buffer(3)]],
+                              constant int& skip [[buffer(4)]],
+                              uint lane [[thread_index_in_simdgroup]]) {
+    simdgroup_float8x8 am, bm, cm;
+    simdgroup_load(am, a, 8);
+    if (int(lane) != skip) simdgroup_load(bm, b, 8);
+    simdgroup_load(cm, c, 8, ulong2(0, 0), true);   // c transposed
+    simdgroup_multiply_accumulate(cm, am, bm, cm);
+    simdgroup_store(cm, out, 8);
 }

@@ -1,0 +1,76 @@
+// dev/metal/matmul_1.metal — the matmul kernel of accel/metal/gpt2.metal before simdgroup
+// matrices: a 16x16-thread tiled kernel on plain floats. The A/B peer of gpt2.metal's
+// (dev/metal/README.md): dev/metal/ab.py splices it in place of gpt2.metal's matmul section, so it
+// keeps that kernel's name, arguments and grid (64x64 outputs per threadgroup of 16x16 threads).
+// ---- matmul --------------------------------------------------------------------------------
+
+enum {
+    TILE = 64,         // outputs per threadgroup side
+    TILE_K = 16,       // the K-slice of A and B held in threadgroup memory at a time
+    TILE_THREADS = 16  // threads per threadgroup side: each computes 4 x 4 outputs
+};
+
+// out (M,N) = A B (+ bias), or += with accumulate, where A(m,k) = a[m*a_row + k*a_k] and
+// B(k,n) = b[k*b_k + n*b_col]: the strides give every transpose the layers need. A threadgroup
+// of 16 x 16 threads computes a 64 x 64 tile of out, each thread 4 x 4 outputs strided by 16
+// (so neighbouring threads write neighbouring outputs), from K-slices of A and B staged in
+// threadgroup memory. Threadgroups are whole: past M, N or K they load zeros, write nothing.
+kernel void matmul(device float* out [[buffer(0)]],
+                   device const float* a [[buffer(1)]],
+                   device const float* b [[buffer(2)]],
+                   device const float* bias [[buffer(3)]],
+                   constant int& M [[buffer(4)]],
+                   constant int& N [[buffer(5)]],
+                   constant int& K [[buffer(6)]],
+                   constant int& a_row [[buffer(7)]],
+                   constant int& a_k [[buffer(8)]],
+                   constant int& b_k [[buffer(9)]],
+                   constant int& b_col [[buffer(10)]],
+                   constant int& accumulate [[buffer(11)]],
+                   constant int& has_bias [[buffer(12)]],
+                   uint2 tid [[thread_position_in_threadgroup]],
+                   uint2 group [[threadgroup_position_in_grid]]) {
+    threadgroup float a_tile[TILE_K][TILE];  // a_tile[k][row]
+    threadgroup float b_tile[TILE_K][TILE];  // b_tile[k][col]
+    int row0 = group.y * TILE, col0 = group.x * TILE;
+    int t = tid.y * TILE_THREADS + tid.x;
+    float acc[4][4];
+    for (int i = 0; i < 4; ++i)
+        for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
+    for (int k0 = 0; k0 < K; k0 += TILE_K) {
+        for (int e = t; e < TILE * TILE_K; e += TILE_THREADS * TILE_THREADS) {
+            int r = e / TILE_K, k = e % TILE_K;  // A: neighbouring threads, neighbouring k
+            a_tile[k][r] = row0 + r < M && k0 + k < K ? a[(long)(row0 + r) * a_row + (long)(k0 + k) * a_k] : 0.0f;
+            int kb = e / TILE, c = e % TILE;     // B: neighbouring threads, neighbouring columns
+            b_tile[kb][c] = k0 + kb < K && col0 + c < N ? b[(long)(k0 + kb) * b_k + (long)(col0 + c) * b_col] : 0.0f;
+        }
+        threadgroup_barrier(mem_flags::mem_threadgroup);
+        // each slice summed on its own, then added: two-level summation keeps the rounding
+        // error of long sums (K = 50304 for the logits' dinp) within the oracle's tolerance
+        float slice[4][4];
+        for (int i = 0; i < 4; ++i)
+            for (int j = 0; j < 4; ++j) slice[i][j] = 0.0f;
+        for (int k = 0; k < TILE_K; ++k) {
+            float av[4], bv[4];
+            for (int i = 0; i < 4; ++i) av[i] = a_tile[k][tid.y + TILE_THREADS * i];
+            for (int j = 0; j < 4; ++j) bv[j] = b_tile[k][tid.x + TILE_THREADS * j];
+            for (int i = 0; i < 4; ++i)
+                for (int j = 0; j < 4; ++j) slice[i][j] += av[i] * bv[j];
+        }
+        for (int i = 0; i < 4; ++i)
+            for (int j = 0; j < 4; ++j) acc[i][j] += slice[i][j];
+        threadgroup_barrier(mem_flags::mem_threadgroup);  // the tiles are read before the next load
+    }
+    for (int i = 0; i < 4; ++i) {
+        int row = row0 + tid.y + TILE_THREADS * i;
+        for (int j = 0; j < 4; ++j) {
+            int col = col0 + tid.x + TILE_THREADS * j;
+            if (row < M && col < N) {
+                device float* o = out + (long)row * N + col;
+                float v = has_bias ? acc[i][j] + bias[col] : acc[i][j];
+                *o = accumulate ? *o + v : v;
+            }
+        }
+    }
+}
+
