@@ -145,6 +145,13 @@ class Device:
         if error:
             raise RuntimeError(error.decode())
 
+    def free(self, st):
+        """The buffers of a case's state."""
+        for buffer in st.values():
+            if isinstance(buffer, tuple) and buffer[0] in self.buffers:
+                self.buffers.remove(buffer[0])
+                self.lib.accel_hip_free(ctypes.c_void_p(self.ctx), ctypes.c_void_p(buffer[0]), ctypes.c_size_t(0))
+
     def close(self):
         for p in self.buffers:
             self.lib.accel_hip_free(ctypes.c_void_p(self.ctx), ctypes.c_void_p(p), ctypes.c_size_t(0))
@@ -193,7 +200,8 @@ class MatmulBackward:
             rng.standard_normal((OC, C)) / np.sqrt(C)
         # gradients start non-zero: backward adds
         dinp0, dweight0, dbias0 = rng.standard_normal((BT, C)), rng.standard_normal((OC, C)), rng.standard_normal(OC)
-        st = dict(s=s, dout=d.put(dout), inp=d.put(inp), weight=d.put(weight), start=(dinp0, dweight0, dbias0))
+        st = dict(s=s, dout=d.put(dout), inp=d.put(inp), weight=d.put(weight), dinp=d.put(dinp0),
+                  dweight=d.put(dweight0, wide=True), dbias=d.put(dbias0, wide=True))
         g, x, w = d.value(dout), d.value(inp), d.value(weight)
         st["ref"] = {"dinp": d.value(dinp0) + g @ w, "dweight": d.value(dweight0, wide=True) + g.T @ x,
                      "dbias": d.value(dbias0, wide=True) + g.sum(axis=0)}
@@ -201,18 +209,12 @@ class MatmulBackward:
 
     def run(self, d, st, path):
         s = st["s"]
-        if "dinp" not in st:  # fresh gradients for each path's first call (timing calls add on)
-            dinp0, dweight0, dbias0 = st["start"]
-            st.update(dinp=d.put(dinp0), dweight=d.put(dweight0, wide=True), dbias=d.put(dbias0, wide=True))
         fn = "accel_hip_plain_matmul_backward" if path == "plain" else "accel_hip_matmul_backward"
         d.call(fn, st["dinp"], st["dweight"], st["dbias"], st["dout"], st["inp"], st["weight"], s["B"], s["T"],
                s["C"], s["OC"])
 
     def outputs(self, d, st):
-        result = {k: (d.get(st[k]), st["ref"][k]) for k in ("dinp", "dweight", "dbias")}
-        for k in ("dinp", "dweight", "dbias"):
-            del st[k]
-        return result
+        return {k: (d.get(st[k]), st["ref"][k]) for k in ("dinp", "dweight", "dbias")}
 
 
 class MatmulGelu:
@@ -262,11 +264,12 @@ def check_library(path, variant, precision="fp32", schedule=None, warp_size=32, 
     shapes = [ODD] + D12 if shapes is None else shapes
     d = Device(path, precision, schedule, warp_size)
     try:
-        rng = np.random.default_rng(seed)
         for case in cases_of(variant):
-            for s in shapes:
-                st = case.make(d, s, rng)
+            for i, s in enumerate(shapes):
                 for path_name in ("plain", "epilogue"):
+                    # each path on fresh buffers (outputs NaN, gradients at the same start): an
+                    # output a path leaves unwritten is not the other path's
+                    st = case.make(d, s, np.random.default_rng([seed, i]))
                     case.run(d, st, path_name)
                     d.synchronize()
                     for output, (got, ref) in case.outputs(d, st).items():
@@ -274,6 +277,7 @@ def check_library(path, variant, precision="fp32", schedule=None, warp_size=32, 
                         error = float(np.abs(got - ref).max() / scale) if np.isfinite(got).all() else float("inf")
                         rows.append((case.label, shape_text(s), path_name, output, error, TOLERANCE[precision],
                                      error <= TOLERANCE[precision]))
+                    d.free(st)
     finally:
         d.close()
     return rows
@@ -311,18 +315,18 @@ def check(build=BUILD, emulated=True, precisions=PRECISIONS, variants=VARIANTS, 
     return failures
 
 
-def time_library(path, variant, precision, repeats, warmup=3):
+def time_library(path, variant, precision, repeats, warmup=3, shapes=TIMED):
     """Median ms of each path of each case at d12's GEMMs (B=8, T=1024), and epilogue / plain."""
     d = Device(path, precision)
     rng = np.random.default_rng(1)
     try:
         for case in cases_of(variant):
-            for gemm, s in TIMED:
+            for gemm, s in shapes:
                 if isinstance(case, MatmulGelu) and gemm != "fc":
                     continue  # GELU follows the fc GEMM only
-                st = case.make(d, s, rng)
                 ms = {}
                 for path_name in ("plain", "epilogue"):
+                    st = case.make(d, s, rng)
                     for _ in range(warmup):
                         case.run(d, st, path_name)
                     d.synchronize()
@@ -333,8 +337,7 @@ def time_library(path, variant, precision, repeats, warmup=3):
                         d.synchronize()
                         samples.append((time.perf_counter() - t0) * 1e3)
                     ms[path_name] = statistics.median(samples)
-                    if "dinp" in st:
-                        case.outputs(d, st)  # frees the gradients' slot for the other path
+                    d.free(st)
                 print(f"{case.label:28s} {gemm:8s} {precision}  plain {ms['plain']:8.3f} ms  "
                       f"epilogue {ms['epilogue']:8.3f} ms  epilogue/plain {ms['epilogue'] / ms['plain']:.3f}")
     finally:
