@@ -8,7 +8,8 @@ on the CPU emulator, with the emulated hipBLASLt (accel/emu/blas/hipblaslt_emu.c
 - planted faults, built with -D: the bias forgotten (DEFAULT epilogue), the bias gradient of the
   wrong operand (BGRADA: inp's sums, the wrong dimension), the pre-activation not kept (GELU_BIAS);
   each named by the check, and the first two by check:hip-emu too;
-- the nvcc builds (cuBLASLt) compile for sm_90 and say there is no GPU (skipped without nvcc).
+- the nvcc builds (cuBLASLt) compile for sm_90 and say there is no GPU (skipped without nvcc); the
+  hipcc compile check for gfx90a (skipped without hipcc).
 """
 import os
 import shutil
@@ -135,3 +136,13 @@ def test_nvcc_builds_compile_against_cublaslt_and_say_no_gpu(tmp_path):
         for precision in ab.PRECISIONS:
             with pytest.raises(SystemExit, match=r"no GPU found \("):
                 ab.Device(ab.library_path(variant, precision, emulated=False, build=str(tmp_path)), precision)
+
+
+@pytest.mark.skipif(shutil.which("hipcc") is None, reason="hipcc is not installed")
+def test_hipcc_compile_check_for_amd(tmp_path):
+    check = subprocess.run(["make", "-s", "-C", HIP, "check-amd-epilogues", "AMD_ARCHS=gfx90a", f"BUILD={tmp_path}"],
+                           capture_output=True, text=True)
+    if "builds for none of" in check.stderr:
+        pytest.skip("this hipcc cannot build for gfx90a")
+    assert check.returncode == 0, check.stderr[-3000:]
+    assert "matmul_epilogues.hip (variants 1 2) compiles with hipcc for gfx90a" in check.stdout
