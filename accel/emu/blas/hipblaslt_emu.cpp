@@ -202,7 +202,7 @@ hipblasStatus_t hipblasLtMatmul(hipblasLtHandle_t handle, hipblasLtMatmulDesc_t 
     const bool ta = d->transa != HIPBLAS_OP_N, tb = d->transb != HIPBLAS_OP_N;
     const uint64_t m = dl->rows, n = dl->cols, k = ta ? a->rows : a->cols;
     if ((ta ? a->cols : a->rows) != m || (tb ? b->cols : b->rows) != k || (tb ? b->rows : b->cols) != n ||
-        c->rows != m || c->cols != n || c->type != dl->type || c->ld != dl->ld)
+        c->rows != m || c->cols != n || c->type != dl->type || c->ld < int64_t(m) || dl->ld < int64_t(m))
         return HIPBLAS_STATUS_INVALID_VALUE;
     if (!f32_or_bf16(a->type) || b->type != a->type || !f32_or_bf16(dl->type) ||
         (a->type == HIP_R_32F && dl->type != HIP_R_32F))

@@ -52,7 +52,9 @@ inline hipblasStatus_t hipblasLtMatmulDescCreate(hipblasLtMatmulDesc_t* desc, hi
                                                  hipDataType scale_type) {
     return cublasLtMatmulDescCreate(desc, compute_type, scale_type);
 }
-inline hipblasStatus_t hipblasLtMatmulDescDestroy(hipblasLtMatmulDesc_t desc) { return cublasLtMatmulDescDestroy(desc); }
+inline hipblasStatus_t hipblasLtMatmulDescDestroy(hipblasLtMatmulDesc_t desc) {
+    return cublasLtMatmulDescDestroy(desc);
+}
 inline hipblasStatus_t hipblasLtMatmulDescSetAttribute(hipblasLtMatmulDesc_t desc, hipblasLtMatmulDescAttributes_t attr,
                                                        const void* buf, size_t size) {
     return cublasLtMatmulDescSetAttribute(desc, attr, buf, size);
