@@ -7,9 +7,10 @@
 // Single-threaded: the emulator runs one launch at a time anyway.
 #include "hipblas/hipblas.h"
 
+#include "bf16_bits.h"
+
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
 #include <vector>
 
 namespace {
@@ -34,18 +35,7 @@ enum class Type { f32, bf16 };
 
 float element(const void* X, Type type, size_t i) {
     if (type == Type::f32) return static_cast<const float*>(X)[i];
-    const uint32_t bits = uint32_t(static_cast<const uint16_t*>(X)[i]) << 16;
-    float f;
-    std::memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
-// float32 to bf16, to nearest even (a NaN stays a quiet NaN), as the GPUs' conversion
-uint16_t round_to_bf16(float f) {
-    uint32_t bits;
-    std::memcpy(&bits, &f, sizeof bits);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) return uint16_t((bits >> 16) | 0x40u);
-    return uint16_t((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+    return emu_blas::bf16_to_float(static_cast<const uint16_t*>(X)[i]);
 }
 
 // One GEMM, column-major: C (m x n) = alpha op(A) op(B) + beta C. For each block of rows, op(A)
@@ -110,7 +100,7 @@ void gemm(bool transa, bool transb, int m, int n, int k, float alpha, const void
                 if (c_type == Type::f32)
                     static_cast<float*>(C)[c0 + i] = value;
                 else
-                    static_cast<uint16_t*>(C)[c0 + i] = round_to_bf16(value);
+                    static_cast<uint16_t*>(C)[c0 + i] = emu_blas::float_to_bf16(value);
             }
         }
     }
