@@ -20,27 +20,18 @@ import pytest
 
 from accel import instrument
 from entries import D12_WIDTHS, run_every_entry
+from hip_emu import device, finish, HIP, make, needs_compiler
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-HIP = os.path.join(ROOT, "accel", "hip")
-CXX = os.environ.get("CXX", "g++")
 sys.path.insert(0, os.path.join(ROOT, "dev", "gpu"))
 import ab_epilogues as ab  # noqa: E402
 
-device = pytest.importorskip("accel.hip.device", reason="accel/hip/device.pyx is not built (make train_gpt2)")
-pytestmark = pytest.mark.skipif(shutil.which(CXX) is None or shutil.which("make") is None,
-                                reason=f"the emulated build needs a C++ compiler ({CXX}) and make")
+pytestmark = needs_compiler
 
 # planted faults: (variant, defines)
 PLANTS = {"missing_bias_no_aux": (1, "-DEPILOGUE_PLANT_MISSING_BIAS -DEPILOGUE_PLANT_NO_AUX"),
           "bgrada": (2, "-DEPILOGUE_PLANT_BGRADA")}
-
-
-def make(*targets, build=None, defines=""):
-    args = ["make", "-s", "-C", HIP, f"CXX={CXX}"] + ([f"BUILD={build}"] if build else [])
-    return subprocess.Popen(args + [f"DEFINES={defines}"] + list(targets), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
 
 
 @pytest.fixture(scope="module")
@@ -53,9 +44,7 @@ def builds(tmp_path_factory):
         build = str(tmp / plant)
         paths[plant] = ab.library_path(variant, build=build)
         jobs.append(make(paths[plant], build=build, defines=defines))
-    for job in jobs:
-        out, err = job.communicate()
-        assert job.returncode == 0, err or out
+    finish(*jobs)
     return paths
 
 

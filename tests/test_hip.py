@@ -18,26 +18,20 @@ import sys
 import numpy as np
 import pytest
 
-from accel import instrument
 from accel.backend import BackendError, get_backend
 from accel.spec import BY_NAME, entries_of
 from entries import D12_WIDTHS, SMALL, call_entry, run_every_entry
+from hip_emu import (checked, CXX, device, finish, first_mismatch, HIP, make, needs_compiler, SCHEDULES,
+                     WARP_SIZES)
 from train_gpt2 import GPT2Config
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-HIP = os.path.join(ROOT, "accel", "hip")
-CXX = os.environ.get("CXX", "g++")
 
-device = pytest.importorskip("accel.hip.device", reason="accel/hip/device.pyx is not built (make train_gpt2)")
 from accel.hip import EMU_LIBRARY, NOT_BUILT  # noqa: E402  (after the skip)
 
-pytestmark = pytest.mark.skipif(shutil.which(CXX) is None or shutil.which("make") is None,
-                                reason=f"the emulated build needs a C++ compiler ({CXX}) and make")
+pytestmark = needs_compiler
 
-SCHEDULES = [("lockstep", 1), ("lockstep-reverse", 1), ("warp-ahead", 1), ("warp-ahead-reverse", 1),
-             ("shuffled", 1), ("shuffled", 2)]
-WARP_SIZES = (32, 64)
 KERNELS = {name for name in entries_of(("core", "linear", "gpt2", "llama", "classifier", "flash"))
            if BY_NAME[name].wrap}
 FLASH = entries_of(("flash",))
@@ -56,17 +50,6 @@ FLASH_DIMS = [dict(SMALL, B=2, T=37, C=18, NH=6, NKV=2, hs=3), dict(D12_WIDTHS, 
               dict(SMALL, B=1, T=20, C=256, NH=2, NKV=1, hs=128)]
 
 
-def make(*targets, build=None, defines=""):
-    args = ["make", "-s", "-C", HIP, f"CXX={CXX}"] + ([f"BUILD={build}"] if build else [])
-    return subprocess.Popen(args + [f"DEFINES={defines}"] + list(targets),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def finish(process):
-    out, err = process.communicate()
-    assert process.returncode == 0, err or out
-
-
 @pytest.fixture(scope="module")
 def builds(tmp_path_factory):
     """The emulated build where the backends look for it, the planted ones, and the
@@ -82,20 +65,8 @@ def builds(tmp_path_factory):
         build = str(tmp / plant)
         jobs.append(make(f"{build}/libgpt2_hip_emu.so", build=build, defines=f"-D{define}"))
         paths[plant] = f"{build}/libgpt2_hip_emu.so"
-    for job in jobs:
-        finish(job)
+    finish(*jobs)
     return paths
-
-
-def checked(library, schedule=("lockstep", 1), warp_size=32, compute_units=64):
-    """check: around a fresh context of the emulated build at `library`, configured first."""
-    device.configure_emulator(schedule[0], schedule[1], warp_size, compute_units, library=library)
-    return instrument.create("check", device.load(library, "hip-emu"))
-
-
-def first_mismatch(backend):
-    first = backend.report()["first"]
-    return None if first is None else first["entry"]
 
 
 # --- every kernel against the CPU oracle -------------------------------------------------------

@@ -22,7 +22,6 @@ step too, but changes about half the elements: the count is what catches it. flo
 spec.tolerance(K).
 """
 import os
-import shutil
 import subprocess
 import sys
 
@@ -33,33 +32,21 @@ from accel import instrument
 from accel.backend import BackendError, get_backend
 from accel.spec import BY_NAME, ORDER, evaluate, tolerance
 from entries import D12_WIDTHS, SMALL, numbers, run_every_entry
+from hip_emu import CXX, device, finish, make, needs_compiler, SCHEDULES, WARP_SIZES
 from kernels.bf16 import to_bf16, to_float32
 from train_gpt2 import GPT2, GPT2Config
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-HIP = os.path.join(ROOT, "accel", "hip")
-CXX = os.environ.get("CXX", "g++")
 
-device = pytest.importorskip("accel.hip.device", reason="accel/hip/device.pyx is not built (make train_gpt2)")
 from accel.hip import EMU_LIBRARY_BF16  # noqa: E402  (after the skip)
 
-pytestmark = pytest.mark.skipif(shutil.which(CXX) is None or shutil.which("make") is None,
-                                reason=f"the emulated build needs a C++ compiler ({CXX}) and make")
+pytestmark = needs_compiler
 
-SCHEDULES = [("lockstep", 1), ("lockstep-reverse", 1), ("warp-ahead", 1), ("warp-ahead-reverse", 1),
-             ("shuffled", 1), ("shuffled", 2)]
-WARP_SIZES = (32, 64)
 # at most one element in ONE_IN of a bf16 output may have other bits than the CPU's (see above)
 ONE_IN = 50
 KERNELS = [name for name in ORDER if BY_NAME[name].wrap and BY_NAME[name].group in ("core", "linear", "gpt2", "llama",
                                                                                   "classifier", "flash", "bf16")]
-
-
-def make(*targets, build=None, defines=""):
-    args = ["make", "-s", "-C", HIP, f"CXX={CXX}"] + ([f"BUILD={build}"] if build else [])
-    return subprocess.Popen(args + [f"DEFINES={defines}"] + list(targets),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 @pytest.fixture(scope="module")
@@ -72,9 +59,7 @@ def builds(tmp_path_factory):
              "asan": f"{asan}/libgpt2_hip_emu_bf16.asan.so"}
     jobs = [make("emu-bf16"), make(paths["truncate"], build=truncating, defines="-DACCEL_HIP_PLANT_BF16_TRUNCATE"),
             make(paths["asan"], build=asan)]
-    for job in jobs:
-        out, err = job.communicate()
-        assert job.returncode == 0, err or out
+    finish(*jobs)
     return paths
 
 

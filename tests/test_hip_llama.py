@@ -9,32 +9,24 @@ the classifier, train.py starting a Llama run on hip, and the planted fault (que
 with the wrong key/value heads) caught by check:.
 """
 import os
-import shutil
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from accel import instrument
 from accel.backend import get_backend
 from accel.spec import BY_NAME, entries_of
 from entries import SMALL, D12_WIDTHS, run_every_entry
+from hip_emu import checked, device, finish, first_mismatch, make, needs_compiler, WARP_SIZES
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-HIP = os.path.join(ROOT, "accel", "hip")
-CXX = os.environ.get("CXX", "g++")
 
-device = pytest.importorskip("accel.hip.device", reason="accel/hip/device.pyx is not built (make train_gpt2)")
 from accel.hip import EMU_LIBRARY, EMU_LIBRARY_BF16  # noqa: E402  (after the skip)
 
-pytestmark = pytest.mark.skipif(shutil.which(CXX) is None or shutil.which("make") is None,
-                                reason=f"the emulated build needs a C++ compiler ({CXX}) and make")
+pytestmark = needs_compiler
 
-SCHEDULES = [("lockstep", 1), ("lockstep-reverse", 1), ("warp-ahead", 1), ("warp-ahead-reverse", 1),
-             ("shuffled", 1), ("shuffled", 2)]
-WARP_SIZES = (32, 64)
 GROUPS = ("llama", "classifier")
 KERNELS = {name for name in entries_of(GROUPS) if BY_NAME[name].wrap}
 # what a Llama step calls: its attention is flash's (the build has it), not llama.hip's
@@ -51,33 +43,14 @@ LOOPS = dict(B=2, T=67, C=36, NH=6, NKV=2, hs=6, OC=40, V=601, Vp=608)
 PLANTS = "-DACCEL_HIP_PLANT_GQA_HEAD -DACCEL_HIP_PLANT_FLASH_KV_HEAD"
 
 
-def make(*targets, build=None, defines=""):
-    args = ["make", "-s", "-C", HIP, f"CXX={CXX}"] + ([f"BUILD={build}"] if build else [])
-    return subprocess.Popen(args + [f"DEFINES={defines}"] + list(targets),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
 @pytest.fixture(scope="module")
 def builds(tmp_path_factory):
     """The emulated builds where the backends look for them, and one with the planted fault."""
     planted = str(tmp_path_factory.mktemp("hip_gqa_head"))
     paths = {"emu": EMU_LIBRARY, "emu_bf16": EMU_LIBRARY_BF16, "gqa_head": f"{planted}/libgpt2_hip_emu.so"}
     jobs = [make("emu"), make(paths["gqa_head"], build=planted, defines=PLANTS)]
-    for job in jobs:
-        out, err = job.communicate()
-        assert job.returncode == 0, err or out
+    finish(*jobs)
     return paths
-
-
-def checked(library, schedule=("lockstep", 1), warp_size=32, compute_units=64):
-    """check: around a fresh context of the emulated build at `library`, configured first."""
-    device.configure_emulator(schedule[0], schedule[1], warp_size, compute_units, library=library)
-    return instrument.create("check", device.load(library, "hip-emu"))
-
-
-def first_mismatch(backend):
-    first = backend.report()["first"]
-    return None if first is None else first["entry"]
 
 
 # --- the kernels where their loops wrap ---------------------------------------------------------

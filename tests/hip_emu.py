@@ -1,0 +1,55 @@
+"""What the tests of accel/hip's emulated builds share: the builds (make, in parallel), the
+emulator's schedules and warp sizes, and check: around a configured emulated context.
+
+Imported by tests/test_hip*.py and tests/test_gpu_epilogues.py; a test module importing it is
+skipped where accel/hip/device.pyx is not built, and its tests where there is no C++ compiler.
+"""
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from accel import instrument
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HIP = os.path.join(ROOT, "accel", "hip")
+CXX = os.environ.get("CXX", "g++")
+
+device = pytest.importorskip("accel.hip.device", reason="accel/hip/device.pyx is not built (make train_gpt2)")
+
+# a test module's `pytestmark = needs_compiler`
+needs_compiler = pytest.mark.skipif(shutil.which(CXX) is None or shutil.which("make") is None,
+                                    reason=f"the emulated build needs a C++ compiler ({CXX}) and make")
+
+# the orders the emulator runs a block's threads in (accel/emu/README.md), with their seeds: a
+# missing barrier shows under some and not others, which is why every one runs
+SCHEDULES = [("lockstep", 1), ("lockstep-reverse", 1), ("warp-ahead", 1), ("warp-ahead-reverse", 1),
+             ("shuffled", 1), ("shuffled", 2)]
+WARP_SIZES = (32, 64)
+
+
+def make(*targets, build=None, defines=""):
+    """accel/hip's Makefile in the background: BUILD= a folder of its own, DEFINES= a planted
+    fault's -D; finish() waits for it."""
+    args = ["make", "-s", "-C", HIP, f"CXX={CXX}"] + ([f"BUILD={build}"] if build else [])
+    return subprocess.Popen(args + [f"DEFINES={defines}"] + list(targets),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(*processes):
+    for process in processes:
+        out, err = process.communicate()
+        assert process.returncode == 0, err or out
+
+
+def checked(library, schedule=("lockstep", 1), warp_size=32, compute_units=64):
+    """check: around a fresh context of the emulated build at `library`, configured first."""
+    device.configure_emulator(schedule[0], schedule[1], warp_size, compute_units, library=library)
+    return instrument.create("check", device.load(library, "hip-emu"))
+
+
+def first_mismatch(backend):
+    """The entry check: found wrong first, or None."""
+    first = backend.report()["first"]
+    return None if first is None else first["entry"]
