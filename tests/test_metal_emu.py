@@ -1,6 +1,6 @@
 """accel/metal on Linux: gpt2.metal's kernels on the CPU emulator of MSL (backend metal-emu).
 
-Every entry of the table (GPT-2's, Llama's, the classifier's) through check:metal-emu against
+Every entry of the table (GPT-2's, Llama's, the classifier's, flash attention's) through check:metal-emu against
 the CPU oracle at odd shapes, under every schedule of the emulator and with simdgroups of 32 and
 64; planted faults (a removed barrier, a barrier only some threads reach, a write past an
 output as llm.metal's layernorm does, wrong Llama kernels) caught; both whole models through
@@ -20,14 +20,14 @@ import pytest
 from accel import instrument
 from accel.backend import BackendError, get_backend
 from accel.spec import BY_NAME, entries_of
-from entries import run_every_entry
+from entries import D12_WIDTHS, SMALL, run_every_entry
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ROOT / "accel" / "metal" / "gpt2.metal"
 LIBRARY = ROOT / "accel" / "metal" / "build" / "libmetal_emu.so"
 SCHEDULES = [("lockstep", 1), ("lockstep-reverse", 1), ("warp-ahead", 1), ("warp-ahead-reverse", 1),
              ("shuffled", 1), ("shuffled", 2)]
-KERNELS = {name for name in entries_of(("core", "linear", "gpt2", "llama", "classifier")) if BY_NAME[name].wrap}
+KERNELS = {name for name in entries_of(("core", "linear", "gpt2", "llama", "classifier", "flash")) if BY_NAME[name].wrap}
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux") or shutil.which("g++") is None or shutil.which("make") is None,
@@ -122,13 +122,22 @@ def test_rows_and_tiles_larger_than_a_threadgroup(library):
     assert report["entries"]["layernorm_forward"]["compared"] == 3
 
 
+def test_both_models_take_flash_attention_on_metal_emu(library):
+    # so test_gpt2.py and test_llama2.py below run the flash kernels (no (B,NH,T,T) buffers)
+    from train_gpt2 import GPT2
+    from train_llama2 import Llama2
+    backend = checked()
+    assert GPT2.activation_options(backend)["flash"] and Llama2.activation_options(backend)["flash"]
+
+
 def test_test_gpt2_passes_on_check_metal_emu(library):
     # check: compares every call with the CPU oracle and replaces nothing when all are within
     # tolerance, so "check OK" means the parity checks ran on metal-emu's own results
     result = subprocess.run([sys.executable, "test_gpt2.py", "--backend", "check:metal-emu"], cwd=ROOT,
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0 and "overall okay: 1" in result.stdout, result.stdout + result.stderr
-    assert "check      OK      check:metal-emu: 1040 outputs compared, all within tolerance" in result.stdout
+    # (flash attention: 2 outputs per layer forward where llm.c's attention has 3)
+    assert "check      OK      check:metal-emu: 980 outputs compared, all within tolerance" in result.stdout
 
 
 def test_test_llama2_passes_on_check_metal_emu(library):
@@ -243,7 +252,7 @@ import sys
 import numpy as np
 from accel.metal import metal
 sys.path.insert(0, "tests")
-from entries import run_every_entry
+from entries import D12_WIDTHS, SMALL, run_every_entry
 backend = metal.create(sys.argv[1], "metal-emu")
 run_every_entry(backend)
 backend.synchronize()
@@ -521,3 +530,75 @@ def test_rewrite_keeps_threadgroup_pointers_plain():
     kinds = [address_space("threadgroup", text, text.index(d)) for d in
              ("threadgroup float tile", "threadgroup float* row", "threadgroup float& x")]
     assert kinds == ["static thread_local", "", ""]
+
+
+# --- flash attention -----------------------------------------------------------------------------
+
+# T past one tile of 16 and no multiple of it, NKV < NH, odd head sizes (GPT-2's form: C / NH);
+# d12's widths (hs 64, the largest the tiles hold) at T of one tile and of three
+FLASH_SHAPES = [dict(SMALL, B=2, T=37, C=42, NH=6, NKV=2, hs=7),
+                dict(SMALL, B=1, T=17, C=15, NH=3, NKV=1, hs=5),
+                D12_WIDTHS, dict(D12_WIDTHS, B=1, T=33)]
+FLASH = ("flash",)
+
+
+def run_flash(backend, seed=0):
+    for dims in FLASH_SHAPES:
+        run_every_entry(backend, dims=dims, seed=seed, groups=FLASH)
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES, ids=[f"{s}-{seed}" for s, seed in SCHEDULES])
+@pytest.mark.parametrize("simdgroup_size", [32, 64])
+def test_flash_attention_at_odd_shapes_and_d12_widths(library, schedule, simdgroup_size):
+    configure(library, *schedule, simdgroup_size=simdgroup_size)
+    backend = checked()
+    run_flash(backend, seed=len(schedule[0]))
+    report = backend.report()
+    assert report["mismatches"] == 0, backend.summary()
+    for name in entries_of(FLASH):
+        assert report["entries"][name]["compared"] >= len(FLASH_SHAPES), (name, report["entries"].get(name))
+
+
+def test_flash_head_too_large_for_the_tiles_is_one_line(library):
+    from accel.metal import metal
+    backend = metal.create(str(LIBRARY), "metal-emu")
+    B, T, NH, NKV, hs = 1, 3, 2, 1, 65
+    bufs = [backend.alloc(4 * n) for n in (B * T * NH * hs, B * NH * T, B * T * NH * hs, B * T * NKV * hs,
+                                           B * T * NKV * hs)]
+    with pytest.raises(BackendError, match=r"flash_attention_gqa_forward: head size 65 .* the tiles hold head "
+                                           r"sizes 1 to 64") as error:
+        backend.call("flash_attention_gqa_forward", *bufs, B, T, NH, NKV, hs)
+    assert "\n" not in str(error.value)
+
+
+# flash attention made wrong in ways a GPU would run silently: (what, the line replaced, the
+# replacement, the entries check: must flag under every schedule)
+FLASH_FAULTS = [
+    ("no-barrier-after-staging-keys",    # the forward's scores read K before all of it is staged
+     "        threadgroup_barrier(mem_flags::mem_threadgroup);  // K, V (the first time Q too) staged\n", "",
+     {"flash_attention_forward", "flash_attention_gqa_forward"}),
+    ("no-barrier-after-staging-keys-dq", # dq's probabilities read K, V before all of them are staged
+     "num_threads);\n        threadgroup_barrier(mem_flags::mem_threadgroup);\n        flash_probabilities(dSs",
+     "num_threads);\n        flash_probabilities(dSs",
+     {"flash_attention_backward", "flash_attention_gqa_backward"}),
+    ("causal-mask-one-key-late",         # each query also sees the next key
+     "bool flash_visible(int t, int t2) { return t2 <= t; }",
+     "bool flash_visible(int t, int t2) { return t2 <= t + 1; }", set(entries_of(FLASH))),
+    ("kv-head-by-modulo",                # query head h reads key/value head h % NKV, not h / (NH/NKV)
+     "int flash_kv_head(int h, int NH, int NKV) { return h / (NH / NKV); }",
+     "int flash_kv_head(int h, int NH, int NKV) { return h % NKV; }",
+     {"flash_attention_gqa_forward", "flash_attention_gqa_backward"}),
+]
+
+
+@pytest.mark.parametrize("name, old, new, expected", FLASH_FAULTS, ids=[f[0] for f in FLASH_FAULTS])
+def test_wrong_flash_kernels_are_caught(tmp_path, name, old, new, expected):
+    source, _ = patched(tmp_path, name, old, new)
+    library = make_library(source, tmp_path / f"{name}.so")
+    for schedule in SCHEDULES:
+        configure(library, *schedule)
+        backend = checked(library)
+        run_every_entry(backend, dims=FLASH_SHAPES[0], groups=FLASH)
+        report = backend.report()
+        flagged = {n for n, e in report["entries"].items() if e["mismatches"]}
+        assert flagged == expected, (schedule, backend.summary())

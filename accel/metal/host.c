@@ -39,7 +39,8 @@ enum Kernel {
     K_CROSSENTROPY_FORWARD, K_CROSSENTROPY_SOFTMAX_BACKWARD, K_RMSNORM_FORWARD, K_RMSNORM_BACKWARD_DINP,
     K_RMSNORM_BACKWARD_DWEIGHT, K_EMBEDDING_FORWARD, K_ROPE, K_SWIGLU_FORWARD, K_SWIGLU_BACKWARD,
     K_ATTENTION_GQA_SCORES, K_ATTENTION_GQA_VALUES, K_ATTENTION_GQA_BACKWARD_SCORES, K_ATTENTION_GQA_BACKWARD_DQ,
-    K_ATTENTION_GQA_BACKWARD_DKV, K_CLASSIFIER_FORWARD, K_CLASSIFIER_BACKWARD, NUM_KERNELS
+    K_ATTENTION_GQA_BACKWARD_DKV, K_CLASSIFIER_FORWARD, K_CLASSIFIER_BACKWARD, K_FLASH_FORWARD,
+    K_FLASH_BACKWARD_DKV, K_FLASH_BACKWARD_DQ, NUM_KERNELS
 };
 
 static const char* const KERNEL_NAMES[NUM_KERNELS] = {
@@ -53,7 +54,8 @@ static const char* const KERNEL_NAMES[NUM_KERNELS] = {
     "crossentropy_softmax_backward", "rmsnorm_forward", "rmsnorm_backward_dinp",
     "rmsnorm_backward_dweight", "embedding_forward", "rope", "swiglu_forward", "swiglu_backward",
     "attention_gqa_scores", "attention_gqa_values", "attention_gqa_backward_scores",
-    "attention_gqa_backward_dq", "attention_gqa_backward_dkv", "classifier_forward", "classifier_backward"};
+    "attention_gqa_backward_dq", "attention_gqa_backward_dkv", "classifier_forward", "classifier_backward",
+    "flash_attention_forward", "flash_attention_backward_dkv", "flash_attention_backward_dq"};
 
 enum {
     ROW_THREADS = 256,             /* most threads of a one-threadgroup-per-row kernel */
@@ -62,7 +64,10 @@ enum {
     MAX_PARTIALS = 64,             /* threadgroups of a sum (one partial sum each) */
     TILE = 64,                     /* gpt2.metal's matmul: outputs per threadgroup side, */
     TILE_THREADS = 16,             /* by threads per side */
-    LINEAR_GROUP = 64              /* one thread per channel or row */
+    LINEAR_GROUP = 64,             /* one thread per channel or row */
+    FLASH_ROWS = 16,               /* gpt2.metal's flash kernels: query rows and keys per tile, */
+    FLASH_MAX_HEAD = 64,           /* the largest head size their tiles hold, */
+    FLASH_GROUP = 128              /* threads per threadgroup */
 };
 
 typedef struct {
@@ -559,4 +564,79 @@ ACCEL_METAL_API void accel_metal_classifier_backward(void* ctx, float* dlogits, 
     const MetalArg args[] = {buf(dlogits), buf(dlosses), buf(logits), buf(logsum), buf(targets), val(&V, 4),
                              val(&Vp, 4)};
     groups(context(ctx), K_CLASSIFIER_BACKWARD, args, 7, (ptrdiff_t)B * T, 1, row_threads(V), 1);
+}
+
+/* --- flash ------------------------------------------------------------------------------------- */
+
+/* Where the tensors' rows are (row strides in floats): GPT-2's q, k, v are the thirds of inp's
+ * rows (ldq = ldkv = 3C), Llama's separate tensors (NKV key/value heads). */
+typedef struct {
+    int B, T, NH, NKV, hs, ldq, ldkv, ldo;
+} FlashShape;
+
+/* whether the shape fits the kernels' tiles and indices; else the host error says why */
+static int flash_fits(Context* c, const FlashShape* s, const char* where) {
+    if (s->hs > FLASH_MAX_HEAD || s->hs <= 0 || s->NKV <= 0 || s->NH % s->NKV != 0) {
+        if (c->host_error[0] == 0)
+            snprintf(c->host_error, sizeof c->host_error,
+                     "%s: head size %d with NH %d, NKV %d: the tiles hold head sizes 1 to %d and NH a multiple of NKV",
+                     where, s->hs, s->NH, s->NKV, FLASH_MAX_HEAD);
+        return 0;
+    }
+    return fits(c, (ptrdiff_t)s->B * s->T * s->ldq, where);
+}
+
+static void flash_forward(Context* c, float* out, float* lse, const float* q, const float* k, const float* v,
+                          FlashShape s, const char* where) {
+    const float scale = attention_scale(s.hs);
+    if ((ptrdiff_t)s.B * s.T * s.NH == 0 || !flash_fits(c, &s, where)) return;
+    const MetalArg args[] = {buf(out), buf(lse), buf(q), buf(k), buf(v), val(&s.T, 4), val(&s.NH, 4), val(&s.NKV, 4),
+                             val(&s.hs, 4), val(&s.ldq, 4), val(&s.ldkv, 4), val(&s.ldo, 4), val(&scale, 4)};
+    groups(c, K_FLASH_FORWARD, args, 13, (s.T + FLASH_ROWS - 1) / FLASH_ROWS, (ptrdiff_t)s.B * s.NH, FLASH_GROUP, 1);
+}
+
+static void flash_backward(Context* c, float* dq, float* dk, float* dv, const float* dout, const float* q,
+                           const float* k, const float* v, const float* out, const float* lse, FlashShape s,
+                           const char* where) {
+    const float scale = attention_scale(s.hs);
+    const ptrdiff_t tiles = (s.T + FLASH_ROWS - 1) / FLASH_ROWS;
+    if ((ptrdiff_t)s.B * s.T * s.NH == 0 || !flash_fits(c, &s, where)) return;
+    const MetalArg dkv_args[] = {buf(dk), buf(dv), buf(dout), buf(q), buf(k), buf(v), buf(out), buf(lse),
+                                 val(&s.T, 4), val(&s.NH, 4), val(&s.NKV, 4), val(&s.hs, 4), val(&s.ldq, 4),
+                                 val(&s.ldkv, 4), val(&s.ldo, 4), val(&scale, 4)};
+    groups(c, K_FLASH_BACKWARD_DKV, dkv_args, 16, tiles, (ptrdiff_t)s.B * s.NKV, FLASH_GROUP, 1);
+    const MetalArg dq_args[] = {buf(dq), buf(dout), buf(q), buf(k), buf(v), buf(out), buf(lse), val(&s.T, 4),
+                                val(&s.NH, 4), val(&s.NKV, 4), val(&s.hs, 4), val(&s.ldq, 4), val(&s.ldkv, 4),
+                                val(&s.ldo, 4), val(&scale, 4)};
+    groups(c, K_FLASH_BACKWARD_DQ, dq_args, 15, tiles, (ptrdiff_t)s.B * s.NH, FLASH_GROUP, 1);
+}
+
+ACCEL_METAL_API void accel_metal_flash_attention_forward(void* ctx, float* out, float* lse, const float* inp, int B,
+                                                         int T, int C, int NH) {
+    /* GPT-2's form: q, k, v the thirds of inp's rows */
+    const FlashShape s = {B, T, NH, NH, NH > 0 ? C / NH : 0, 3 * C, 3 * C, C};
+    flash_forward(context(ctx), out, lse, inp, inp + C, inp + 2 * C, s, "flash_attention_forward");
+}
+
+ACCEL_METAL_API void accel_metal_flash_attention_backward(void* ctx, float* dinp, const float* dout, const float* inp,
+                                                          const float* out, const float* lse, int B, int T, int C,
+                                                          int NH) {
+    const FlashShape s = {B, T, NH, NH, NH > 0 ? C / NH : 0, 3 * C, 3 * C, C};
+    flash_backward(context(ctx), dinp, dinp + C, dinp + 2 * C, dout, inp, inp + C, inp + 2 * C, out, lse, s,
+                   "flash_attention_backward");
+}
+
+ACCEL_METAL_API void accel_metal_flash_attention_gqa_forward(void* ctx, float* out, float* lse, const float* q,
+                                                             const float* k, const float* v, int B, int T, int NH,
+                                                             int NKV, int hs) {
+    const FlashShape s = {B, T, NH, NKV, hs, NH * hs, NKV * hs, NH * hs};
+    flash_forward(context(ctx), out, lse, q, k, v, s, "flash_attention_gqa_forward");
+}
+
+ACCEL_METAL_API void accel_metal_flash_attention_gqa_backward(void* ctx, float* dq, float* dk, float* dv,
+                                                              const float* dout, const float* q, const float* k,
+                                                              const float* v, const float* out, const float* lse,
+                                                              int B, int T, int NH, int NKV, int hs) {
+    const FlashShape s = {B, T, NH, NKV, hs, NH * hs, NKV * hs, NH * hs};
+    flash_backward(context(ctx), dq, dk, dv, dout, q, k, v, out, lse, s, "flash_attention_gqa_backward");
 }

@@ -26,7 +26,7 @@ MACOS_METALLIB = os.path.join(BUILD, "gpt2.metallib")   # `make metal`; else the
 SOURCE = os.path.join(HERE, "gpt2.metal")
 
 # the entry groups the build fills (accel/spec.py): the symbols the loader looks up
-GROUPS = ("linear", "gpt2", "llama", "classifier")
+GROUPS = ("linear", "gpt2", "llama", "classifier", "flash")
 
 ctypedef void* (*create_fn)(const char* kernels, char* error, size_t error_size) noexcept nogil
 
