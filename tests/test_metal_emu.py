@@ -535,10 +535,13 @@ def test_rewrite_keeps_threadgroup_pointers_plain():
 # --- flash attention -----------------------------------------------------------------------------
 
 # T past one tile of 16 and no multiple of it, NKV < NH, odd head sizes (GPT-2's form: C / NH);
-# d12's widths (hs 64, the largest the tiles hold) at T of one tile and of three
+# d12's widths (hs 64, the largest in tiles of 16 rows) at T within one tile and past two;
+# head sizes 128 and 200 (tiles of 8 and 4 rows: host.c's choice)
 FLASH_SHAPES = [dict(SMALL, B=2, T=37, C=42, NH=6, NKV=2, hs=7),
                 dict(SMALL, B=1, T=17, C=15, NH=3, NKV=1, hs=5),
-                D12_WIDTHS, dict(D12_WIDTHS, B=1, T=33)]
+                D12_WIDTHS, dict(D12_WIDTHS, B=1, T=33),
+                dict(SMALL, B=1, T=19, C=256, NH=2, NKV=1, hs=128),
+                dict(SMALL, B=1, T=9, C=400, NH=2, NKV=1, hs=200)]
 FLASH = ("flash",)
 
 
@@ -562,11 +565,11 @@ def test_flash_attention_at_odd_shapes_and_d12_widths(library, schedule, simdgro
 def test_flash_head_too_large_for_the_tiles_is_one_line(library):
     from accel.metal import metal
     backend = metal.create(str(LIBRARY), "metal-emu")
-    B, T, NH, NKV, hs = 1, 3, 2, 1, 65
+    B, T, NH, NKV, hs = 1, 3, 2, 1, 1040
     bufs = [backend.alloc(4 * n) for n in (B * T * NH * hs, B * NH * T, B * T * NH * hs, B * T * NKV * hs,
                                            B * T * NKV * hs)]
-    with pytest.raises(BackendError, match=r"flash_attention_gqa_forward: head size 65 .* the tiles hold head "
-                                           r"sizes 1 to 64") as error:
+    with pytest.raises(BackendError, match=r"flash_attention_gqa_forward: head size 1040 .* the tiles hold head "
+                                           r"sizes 1 to 1039") as error:
         backend.call("flash_attention_gqa_forward", *bufs, B, T, NH, NKV, hs)
     assert "\n" not in str(error.value)
 

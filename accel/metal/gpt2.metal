@@ -930,8 +930,9 @@ kernel void classifier_backward(device float* dlogits [[buffer(0)]],
 //     GPT-2's   q, k, v the thirds of inp (B,T,3C): ldq = ldkv = 3C; out (B,T,C): ldo = C; NKV = NH
 //     Llama's   q (B,T,NH,hs), k, v (B,T,NKV,hs): query head h reads key/value head h / (NH/NKV)
 //     both      lse (B,NH,T)
-// Tiles of FLASH_ROWS query rows by FLASH_ROWS keys, staged in threadgroup memory with a row
-// stride of hs + 1 (host.c refuses head sizes past FLASH_MAX_HEAD). Threadgroups of any size
+// Tiles of R query rows by R keys, staged in threadgroup memory with a row stride of hs + 1:
+// host.c picks R, the largest of 16, 8, 4, 2, 1 with R (hs + 1) <= FLASH_TILE (R = 16 up to
+// hs 64, 8 up to hs 128, ...; past hs 1039 it refuses). Threadgroups of any size
 // (host.c: 128); no simdgroup functions, so nothing depends on the simdgroup width.
 //     forward    one threadgroup per (query tile, b*NH + h); for each key tile up to the
 //                diagonal: S = scale Q K^T (future keys -inf), online softmax (running max m,
@@ -944,10 +945,9 @@ kernel void classifier_backward(device float* dlogits [[buffer(0)]],
 //       dq       one threadgroup per (query tile, b*NH + h): dQ += scale dS K up to the diagonal
 
 enum {
-    FLASH_ROWS = 16,                                  // R: query rows and keys per tile
-    FLASH_MAX_HEAD = 64,                              // the largest head size the tiles hold
-    FLASH_TILE = FLASH_ROWS * (FLASH_MAX_HEAD + 1),   // floats of an (R, hs + 1) tile
-    FLASH_SQUARE = FLASH_ROWS * FLASH_ROWS            // floats of an (R, R) tile
+    FLASH_MAX_ROWS = 16,                           // the largest R
+    FLASH_TILE = FLASH_MAX_ROWS * 65,              // floats of an (R, hs + 1) tile: R (hs + 1) at most
+    FLASH_SQUARE = FLASH_MAX_ROWS * FLASH_MAX_ROWS // floats of an (R, R) tile
 };
 // threadgroup memory: forward 4 tiles + 1 square + 3 rows (17.8 KB), backward dk/dv 6 tiles
 // + 2 squares + 2 rows (27.1 KB), dq 5 tiles + 1 square + 2 rows (21.9 KB): under 32 KB
@@ -983,14 +983,15 @@ kernel void flash_attention_forward(device float* out [[buffer(0)]],
                                     constant int& ldkv [[buffer(10)]],
                                     constant int& ldo [[buffer(11)]],
                                     constant float& scale [[buffer(12)]],
+                                    constant int& R [[buffer(13)]],
                                     uint2 group [[threadgroup_position_in_grid]],
                                     uint2 num_groups [[threadgroups_per_grid]],
                                     uint tid_ [[thread_index_in_threadgroup]],
                                     uint num_threads_ [[threads_per_threadgroup]]) {
     threadgroup float Qs[FLASH_TILE], Ks[FLASH_TILE], Vs[FLASH_TILE], Os[FLASH_TILE];
     threadgroup float S[FLASH_SQUARE];          // scores, then probabilities
-    threadgroup float m[FLASH_ROWS], l[FLASH_ROWS], rescale[FLASH_ROWS];
-    const int R = FLASH_ROWS, P = hs + 1, tid = tid_, num_threads = num_threads_;
+    threadgroup float m[FLASH_MAX_ROWS], l[FLASH_MAX_ROWS], rescale[FLASH_MAX_ROWS];
+    const int P = hs + 1, tid = tid_, num_threads = num_threads_;
     const int i0 = (int(num_groups.x) - 1 - int(group.x)) * R, b = group.y / NH, h = group.y % NH;
     const int rows = min(R, T - i0), kvh = flash_kv_head(h, NH, NKV);
     device const float* k_b = k + (ulong)b * T * ldkv + kvh * hs;
@@ -1066,9 +1067,9 @@ void flash_stage_queries(threadgroup float* Qs, threadgroup float* dOs, threadgr
 // q.k - lse) (0 for future keys), dS = P (dout.v - D), one (r, c) per thread
 void flash_probabilities(threadgroup float* Ps, threadgroup float* dSs, threadgroup const float* Qs,
                          threadgroup const float* dOs, threadgroup const float* Ks, threadgroup const float* Vs,
-                         threadgroup const float* lse_s, threadgroup const float* D, bool with_p, int hs, int i0,
+                         threadgroup const float* lse_s, threadgroup const float* D, bool with_p, int R, int hs, int i0,
                          int rows, int j0, int cols, float scale, int tid, int num_threads) {
-    const int R = FLASH_ROWS, P = hs + 1;
+    const int P = hs + 1;
     for (int i = tid; i < rows * cols; i += num_threads) {
         const int r = i / cols, c = i % cols;
         float p = 0.0f, ds = 0.0f;
@@ -1099,14 +1100,15 @@ kernel void flash_attention_backward_dkv(device float* dk [[buffer(0)]],
                                          constant int& ldkv [[buffer(13)]],
                                          constant int& ldo [[buffer(14)]],
                                          constant float& scale [[buffer(15)]],
+                                         constant int& R [[buffer(16)]],
                                          uint2 group [[threadgroup_position_in_grid]],
                                          uint tid_ [[thread_index_in_threadgroup]],
                                          uint num_threads_ [[threads_per_threadgroup]]) {
     threadgroup float Ks[FLASH_TILE], Vs[FLASH_TILE], dKs[FLASH_TILE], dVs[FLASH_TILE];
     threadgroup float Qs[FLASH_TILE], dOs[FLASH_TILE];
     threadgroup float Ps[FLASH_SQUARE], dSs[FLASH_SQUARE];
-    threadgroup float lse_s[FLASH_ROWS], D[FLASH_ROWS];
-    const int R = FLASH_ROWS, P = hs + 1, tid = tid_, num_threads = num_threads_;
+    threadgroup float lse_s[FLASH_MAX_ROWS], D[FLASH_MAX_ROWS];
+    const int P = hs + 1, tid = tid_, num_threads = num_threads_;
     const int j0 = group.x * R, b = group.y / NKV, kvh = group.y % NKV;
     const int cols = min(R, T - j0);
     const ulong first = ((ulong)b * T + j0) * ldkv + kvh * hs;
@@ -1122,7 +1124,7 @@ kernel void flash_attention_backward_dkv(device float* dk [[buffer(0)]],
             flash_stage_queries(Qs, dOs, lse_s, D, q, dout, out, lse, T, NH, hs, ldq, ldo, b, h, i0, rows, tid,
                                 num_threads);
             threadgroup_barrier(mem_flags::mem_threadgroup);
-            flash_probabilities(Ps, dSs, Qs, dOs, Ks, Vs, lse_s, D, true, hs, i0, rows, j0, cols, scale, tid,
+            flash_probabilities(Ps, dSs, Qs, dOs, Ks, Vs, lse_s, D, true, R, hs, i0, rows, j0, cols, scale, tid,
                                 num_threads);
             threadgroup_barrier(mem_flags::mem_threadgroup);
             for (int i = tid; i < cols * hs; i += num_threads) {
@@ -1161,14 +1163,15 @@ kernel void flash_attention_backward_dq(device float* dq [[buffer(0)]],
                                         constant int& ldkv [[buffer(12)]],
                                         constant int& ldo [[buffer(13)]],
                                         constant float& scale [[buffer(14)]],
+                                        constant int& R [[buffer(15)]],
                                         uint2 group [[threadgroup_position_in_grid]],
                                         uint2 num_groups [[threadgroups_per_grid]],
                                         uint tid_ [[thread_index_in_threadgroup]],
                                         uint num_threads_ [[threads_per_threadgroup]]) {
     threadgroup float Qs[FLASH_TILE], dOs[FLASH_TILE], dQs[FLASH_TILE], Ks[FLASH_TILE], Vs[FLASH_TILE];
     threadgroup float dSs[FLASH_SQUARE];
-    threadgroup float lse_s[FLASH_ROWS], D[FLASH_ROWS];
-    const int R = FLASH_ROWS, P = hs + 1, tid = tid_, num_threads = num_threads_;
+    threadgroup float lse_s[FLASH_MAX_ROWS], D[FLASH_MAX_ROWS];
+    const int P = hs + 1, tid = tid_, num_threads = num_threads_;
     const int i0 = (int(num_groups.x) - 1 - int(group.x)) * R, b = group.y / NH, h = group.y % NH;
     const int rows = min(R, T - i0), kvh = flash_kv_head(h, NH, NKV);
     device const float* k_b = k + (ulong)b * T * ldkv + kvh * hs;
@@ -1182,7 +1185,7 @@ kernel void flash_attention_backward_dq(device float* dq [[buffer(0)]],
         flash_stage(Ks, k_b + (ulong)j0 * ldkv, ldkv, cols, hs, tid, num_threads);
         flash_stage(Vs, v_b + (ulong)j0 * ldkv, ldkv, cols, hs, tid, num_threads);
         threadgroup_barrier(mem_flags::mem_threadgroup);
-        flash_probabilities(dSs, dSs, Qs, dOs, Ks, Vs, lse_s, D, false, hs, i0, rows, j0, cols, scale, tid,
+        flash_probabilities(dSs, dSs, Qs, dOs, Ks, Vs, lse_s, D, false, R, hs, i0, rows, j0, cols, scale, tid,
                             num_threads);
         threadgroup_barrier(mem_flags::mem_threadgroup);
         for (int i = tid; i < rows * hs; i += num_threads) {

@@ -65,8 +65,8 @@ enum {
     TILE = 64,                     /* gpt2.metal's matmul: outputs per threadgroup side, */
     TILE_THREADS = 16,             /* by threads per side */
     LINEAR_GROUP = 64,             /* one thread per channel or row */
-    FLASH_ROWS = 16,               /* gpt2.metal's flash kernels: query rows and keys per tile, */
-    FLASH_MAX_HEAD = 64,           /* the largest head size their tiles hold, */
+    FLASH_MAX_ROWS = 16,           /* gpt2.metal's flash kernels: the most query rows and keys per tile, */
+    FLASH_TILE = 16 * 65,          /* the floats of a tile of R rows of hs + 1, */
     FLASH_GROUP = 128              /* threads per threadgroup */
 };
 
@@ -572,15 +572,23 @@ ACCEL_METAL_API void accel_metal_classifier_backward(void* ctx, float* dlogits, 
  * rows (ldq = ldkv = 3C), Llama's separate tensors (NKV key/value heads). */
 typedef struct {
     int B, T, NH, NKV, hs, ldq, ldkv, ldo;
+    int R;   /* query rows and keys per tile */
 } FlashShape;
 
-/* whether the shape fits the kernels' tiles and indices; else the host error says why */
-static int flash_fits(Context* c, const FlashShape* s, const char* where) {
-    if (s->hs > FLASH_MAX_HEAD || s->hs <= 0 || s->NKV <= 0 || s->NH % s->NKV != 0) {
+/* s's tile rows R: the largest of FLASH_MAX_ROWS, ..., 2, 1 whose tile of R rows of hs + 1 fits
+ * in FLASH_TILE floats; 0 (and the host error) when none does or the heads do not group */
+static int flash_tile(Context* c, FlashShape* s, const char* where) {
+    s->R = 0;
+    for (int R = FLASH_MAX_ROWS; R >= 1 && s->hs > 0 && s->NKV > 0 && s->NH % s->NKV == 0; R /= 2)
+        if (R * (s->hs + 1) <= FLASH_TILE) {
+            s->R = R;
+            break;
+        }
+    if (s->R == 0) {
         if (c->host_error[0] == 0)
             snprintf(c->host_error, sizeof c->host_error,
                      "%s: head size %d with NH %d, NKV %d: the tiles hold head sizes 1 to %d and NH a multiple of NKV",
-                     where, s->hs, s->NH, s->NKV, FLASH_MAX_HEAD);
+                     where, s->hs, s->NH, s->NKV, FLASH_TILE - 1);
         return 0;
     }
     return fits(c, (ptrdiff_t)s->B * s->T * s->ldq, where);
@@ -589,39 +597,40 @@ static int flash_fits(Context* c, const FlashShape* s, const char* where) {
 static void flash_forward(Context* c, float* out, float* lse, const float* q, const float* k, const float* v,
                           FlashShape s, const char* where) {
     const float scale = attention_scale(s.hs);
-    if ((ptrdiff_t)s.B * s.T * s.NH == 0 || !flash_fits(c, &s, where)) return;
-    const MetalArg args[] = {buf(out), buf(lse), buf(q), buf(k), buf(v), val(&s.T, 4), val(&s.NH, 4), val(&s.NKV, 4),
-                             val(&s.hs, 4), val(&s.ldq, 4), val(&s.ldkv, 4), val(&s.ldo, 4), val(&scale, 4)};
-    groups(c, K_FLASH_FORWARD, args, 13, (s.T + FLASH_ROWS - 1) / FLASH_ROWS, (ptrdiff_t)s.B * s.NH, FLASH_GROUP, 1);
+    if ((ptrdiff_t)s.B * s.T * s.NH == 0 || !flash_tile(c, &s, where)) return;
+    const MetalArg args[] = {buf(out), buf(lse), buf(q), buf(k), buf(v), val(&s.T, 4), val(&s.NH, 4),
+                             val(&s.NKV, 4), val(&s.hs, 4), val(&s.ldq, 4), val(&s.ldkv, 4), val(&s.ldo, 4),
+                             val(&scale, 4), val(&s.R, 4)};
+    groups(c, K_FLASH_FORWARD, args, 14, (s.T + s.R - 1) / s.R, (ptrdiff_t)s.B * s.NH, FLASH_GROUP, 1);
 }
 
 static void flash_backward(Context* c, float* dq, float* dk, float* dv, const float* dout, const float* q,
                            const float* k, const float* v, const float* out, const float* lse, FlashShape s,
                            const char* where) {
     const float scale = attention_scale(s.hs);
-    const ptrdiff_t tiles = (s.T + FLASH_ROWS - 1) / FLASH_ROWS;
-    if ((ptrdiff_t)s.B * s.T * s.NH == 0 || !flash_fits(c, &s, where)) return;
+    if ((ptrdiff_t)s.B * s.T * s.NH == 0 || !flash_tile(c, &s, where)) return;
+    const ptrdiff_t tiles = (s.T + s.R - 1) / s.R;
     const MetalArg dkv_args[] = {buf(dk), buf(dv), buf(dout), buf(q), buf(k), buf(v), buf(out), buf(lse),
                                  val(&s.T, 4), val(&s.NH, 4), val(&s.NKV, 4), val(&s.hs, 4), val(&s.ldq, 4),
-                                 val(&s.ldkv, 4), val(&s.ldo, 4), val(&scale, 4)};
-    groups(c, K_FLASH_BACKWARD_DKV, dkv_args, 16, tiles, (ptrdiff_t)s.B * s.NKV, FLASH_GROUP, 1);
+                                 val(&s.ldkv, 4), val(&s.ldo, 4), val(&scale, 4), val(&s.R, 4)};
+    groups(c, K_FLASH_BACKWARD_DKV, dkv_args, 17, tiles, (ptrdiff_t)s.B * s.NKV, FLASH_GROUP, 1);
     const MetalArg dq_args[] = {buf(dq), buf(dout), buf(q), buf(k), buf(v), buf(out), buf(lse), val(&s.T, 4),
                                 val(&s.NH, 4), val(&s.NKV, 4), val(&s.hs, 4), val(&s.ldq, 4), val(&s.ldkv, 4),
-                                val(&s.ldo, 4), val(&scale, 4)};
-    groups(c, K_FLASH_BACKWARD_DQ, dq_args, 15, tiles, (ptrdiff_t)s.B * s.NH, FLASH_GROUP, 1);
+                                val(&s.ldo, 4), val(&scale, 4), val(&s.R, 4)};
+    groups(c, K_FLASH_BACKWARD_DQ, dq_args, 16, tiles, (ptrdiff_t)s.B * s.NH, FLASH_GROUP, 1);
 }
 
 ACCEL_METAL_API void accel_metal_flash_attention_forward(void* ctx, float* out, float* lse, const float* inp, int B,
                                                          int T, int C, int NH) {
     /* GPT-2's form: q, k, v the thirds of inp's rows */
-    const FlashShape s = {B, T, NH, NH, NH > 0 ? C / NH : 0, 3 * C, 3 * C, C};
+    const FlashShape s = {B, T, NH, NH, NH > 0 ? C / NH : 0, 3 * C, 3 * C, C, 0};
     flash_forward(context(ctx), out, lse, inp, inp + C, inp + 2 * C, s, "flash_attention_forward");
 }
 
 ACCEL_METAL_API void accel_metal_flash_attention_backward(void* ctx, float* dinp, const float* dout, const float* inp,
                                                           const float* out, const float* lse, int B, int T, int C,
                                                           int NH) {
-    const FlashShape s = {B, T, NH, NH, NH > 0 ? C / NH : 0, 3 * C, 3 * C, C};
+    const FlashShape s = {B, T, NH, NH, NH > 0 ? C / NH : 0, 3 * C, 3 * C, C, 0};
     flash_backward(context(ctx), dinp, dinp + C, dinp + 2 * C, dout, inp, inp + C, inp + 2 * C, out, lse, s,
                    "flash_attention_backward");
 }
@@ -629,7 +638,7 @@ ACCEL_METAL_API void accel_metal_flash_attention_backward(void* ctx, float* dinp
 ACCEL_METAL_API void accel_metal_flash_attention_gqa_forward(void* ctx, float* out, float* lse, const float* q,
                                                              const float* k, const float* v, int B, int T, int NH,
                                                              int NKV, int hs) {
-    const FlashShape s = {B, T, NH, NKV, hs, NH * hs, NKV * hs, NH * hs};
+    const FlashShape s = {B, T, NH, NKV, hs, NH * hs, NKV * hs, NH * hs, 0};
     flash_forward(context(ctx), out, lse, q, k, v, s, "flash_attention_gqa_forward");
 }
 
@@ -637,6 +646,6 @@ ACCEL_METAL_API void accel_metal_flash_attention_gqa_backward(void* ctx, float* 
                                                               const float* dout, const float* q, const float* k,
                                                               const float* v, const float* out, const float* lse,
                                                               int B, int T, int NH, int NKV, int hs) {
-    const FlashShape s = {B, T, NH, NKV, hs, NH * hs, NKV * hs, NH * hs};
+    const FlashShape s = {B, T, NH, NKV, hs, NH * hs, NKV * hs, NH * hs, 0};
     flash_backward(context(ctx), dq, dk, dv, dout, q, k, v, out, lse, s, "flash_attention_gqa_backward");
 }
