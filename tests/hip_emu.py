@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 
+import numpy as np
 import pytest
 
 from accel import instrument
@@ -53,3 +54,16 @@ def first_mismatch(backend):
     """The entry check: found wrong first, or None."""
     first = backend.report()["first"]
     return None if first is None else first["entry"]
+
+
+def adamw_steps(model, tokens, steps):
+    """[(loss, gradients, parameters after the update)] of `steps` AdamW steps on one batch."""
+    history = []
+    for step in range(1, steps + 1):
+        loss = model.forward(tokens[:, :-1], tokens[:, 1:])
+        model.zero_grad()
+        model.backward()
+        grads = np.array(model.grads)
+        model.update(1e-3, 0.9, 0.999, 1e-8, 0.0, step)
+        history.append((loss, grads, np.array(model.params)))
+    return history

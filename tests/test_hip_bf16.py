@@ -32,7 +32,7 @@ from accel import instrument
 from accel.backend import BackendError, get_backend
 from accel.spec import BY_NAME, ORDER, evaluate, tolerance
 from entries import D12_WIDTHS, SMALL, numbers, run_every_entry
-from hip_emu import CXX, device, finish, make, needs_compiler, SCHEDULES, WARP_SIZES
+from hip_emu import adamw_steps, CXX, device, finish, make, needs_compiler, SCHEDULES, WARP_SIZES
 from kernels.bf16 import to_bf16, to_float32
 from train_gpt2 import GPT2, GPT2Config
 
@@ -279,15 +279,7 @@ def train(backend, config, tokens, steps=3):
     """[(loss, grads, master weights after the update)] of `steps` AdamW steps of GPT-2 at bf16 on
     one batch, and the model."""
     model = GPT2.random(config, seed=0, backend=backend, precision="bf16")
-    history = []
-    for step in range(1, steps + 1):
-        loss = model.forward(tokens[:, :-1], tokens[:, 1:])
-        model.zero_grad()
-        model.backward()
-        grads = np.array(model.grads)
-        model.update(1e-3, 0.9, 0.999, 1e-8, 0.0, step)
-        history.append((loss, grads, np.array(model.params)))
-    return history, model
+    return adamw_steps(model, tokens, steps), model
 
 
 def assert_trains_alike(hip, cpu):

@@ -18,7 +18,7 @@ import pytest
 from accel.backend import get_backend
 from accel.spec import BY_NAME, entries_of
 from entries import SMALL, D12_WIDTHS, run_every_entry
-from hip_emu import checked, device, finish, first_mismatch, make, needs_compiler, WARP_SIZES
+from hip_emu import adamw_steps, checked, device, finish, first_mismatch, make, needs_compiler, WARP_SIZES
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -74,15 +74,7 @@ def llama_step(backend, precision="fp32", steps=1, seed=0):
                          vocab_size=LOOPS["V"], hidden_dim=52, max_seq_len=72, shared_classifier=False)
     model = Llama2.random(config, seed=seed, backend=backend, precision=precision)
     tokens = np.random.default_rng(seed).integers(0, config.vocab_size, (LOOPS["B"], LOOPS["T"] + 1)).astype(np.int32)
-    history = []
-    for step in range(1, steps + 1):
-        loss = model.forward(tokens[:, :-1], tokens[:, 1:])
-        model.zero_grad()
-        model.backward()
-        grads = np.array(model.grads)
-        model.update(1e-3, 0.9, 0.999, 1e-8, 0.0, step)
-        history.append((loss, grads, np.array(model.params)))
-    return history, model
+    return adamw_steps(model, tokens, steps), model
 
 
 @pytest.mark.parametrize("warp_size", WARP_SIZES)

@@ -330,8 +330,12 @@ def rank_pid(tag, rank):
 @needs_mpi
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds the rank's pid in /proc")
 def test_killing_one_rank_ends_the_job(data):
-    tag = f"kill-{os.getpid()}"
-    job = start_tagged(tag, *COMMON, "-i", data.train, "-j", data.val, "-m", 1, "-x", 100000)
+    kill_one_rank_and_see_the_job_end(f"kill-{os.getpid()}", data)
+
+
+def kill_one_rank_and_see_the_job_end(tag, data, *flags):
+    """Rank 1 killed once training has started: the job ends within 10 s, failing."""
+    job = start_tagged(tag, *COMMON, "-i", data.train, "-j", data.val, "-m", 1, "-x", 100000, *flags)
     try:
         for line in job.stdout:  # training has started on both ranks
             if line.startswith("step    2/"):

@@ -19,7 +19,6 @@ llmc/distributed.py's use of it in train.py.
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -29,8 +28,8 @@ import pytest
 
 from accel.backend import BackendError
 from accel.hip import EMU_LIBRARY
-from test_mpi import (COMMON, MPI_ENV, MPIEXEC, data, losses, needs_mpi, rank_pid,  # noqa: F401
-                      run_train, start_tagged)
+from test_mpi import (COMMON, MPI_ENV, MPIEXEC, data, kill_one_rank_and_see_the_job_end, losses,  # noqa: F401
+                      needs_mpi, run_train)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -208,24 +207,7 @@ def test_a_rank_that_ends_fails_the_one_waiting_for_it():
 @needs_mpi
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds the rank's pid in /proc")
 def test_killing_one_rank_ends_a_device_job(data):
-    tag = f"kill-device-{os.getpid()}"
-    job = start_tagged(tag, *COMMON, "-i", data.train, "-j", data.val, "-m", 1, "-x", 100000,
-                       "--backend", "hip-emu")
-    try:
-        for line in job.stdout:
-            if line.startswith("step    2/"):
-                break
-        pid = rank_pid(tag, 1)
-        assert pid is not None
-        os.kill(pid, signal.SIGKILL)
-        killed = time.monotonic()
-        job.communicate(timeout=30)
-        assert time.monotonic() - killed < 10
-        assert job.returncode != 0
-    finally:
-        if job.poll() is None:
-            job.kill()
-            job.communicate()
+    kill_one_rank_and_see_the_job_end(f"kill-device-{os.getpid()}", data, "--backend", "hip-emu")
 
 
 # --- many processes: train.py ---------------------------------------------------------------

@@ -51,19 +51,31 @@ nccl_homes() {
     wheel_homes nvidia.nccl
 }
 
-case "${1:-}" in
-cublas-include)
-    for home in $(cublas_homes); do
-        [ -f "$home/include/cublas_v2.h" ] && { echo "$home/include"; exit 0; }
+# include_of HEADER HOME...: the first HOME/include holding HEADER (status 1: none)
+include_of() {
+    local header=$1 home
+    shift
+    for home in "$@"; do
+        [ -f "$home/include/$header" ] && { echo "$home/include"; return 0; }
     done
-    exit 1 ;;
-cublas-library)
-    for home in $(cublas_homes); do
-        for lib in "$home"/lib64/libcublas.so "$home"/lib/libcublas.so "$home"/lib/libcublas.so.[0-9]*; do
-            [ -f "$lib" ] && { echo "$lib"; exit 0; }
+    return 1
+}
+
+# library_of NAME HOME...: the first NAME.so (or NAME.so.N) in a HOME's lib64 or lib (status 1: none)
+library_of() {
+    local name=$1 home lib
+    shift
+    for home in "$@"; do
+        for lib in "$home/lib64/$name.so" "$home/lib/$name.so" "$home"/lib/"$name".so.[0-9]*; do
+            [ -f "$lib" ] && { echo "$lib"; return 0; }
         done
     done
-    exit 1 ;;
+    return 1
+}
+
+case "${1:-}" in
+cublas-include) include_of cublas_v2.h $(cublas_homes) ;;
+cublas-library) library_of libcublas $(cublas_homes) ;;
 amd-archs)
     shift
     probe=$(mktemp -d)
@@ -87,18 +99,8 @@ amd-bf16)
         echo "accel/hip: this hipcc has no HIP bf16 type (hip/hip_bf16.h, ROCm 6 and later): $(echo "$why" | grep -m1 error || echo "$why" | head -1)" >&2
         exit 1
     fi ;;
-nccl-include)
-    for home in $(nccl_homes); do
-        [ -f "$home/include/nccl.h" ] && { echo "$home/include"; exit 0; }
-    done
-    exit 1 ;;
-nccl-library)
-    for home in $(nccl_homes); do
-        for lib in "$home"/lib64/libnccl.so "$home"/lib/libnccl.so "$home"/lib/libnccl.so.[0-9]*; do
-            [ -f "$lib" ] && { echo "$lib"; exit 0; }
-        done
-    done
-    exit 1 ;;
+nccl-include) include_of nccl.h $(nccl_homes) ;;
+nccl-library) library_of libnccl $(nccl_homes) ;;
 rccl-include)
     for root in "${ROCM_PATH:-/opt/rocm}" /usr; do
         [ -f "$root/include/rccl/rccl.h" ] && { echo "$root/include"; exit 0; }
