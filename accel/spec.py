@@ -50,8 +50,8 @@ GROUPS = {
                   "probability buffer; Llama needs it, GPT-2 uses it when the backend has it",
     "flash": "attention that keeps each row's log-sum-exp instead of (B,NH,T,T) buffers; a "
              "model uses it when the backend has it",
-    "bf16": "mixed precision: the bf16 parameters rounded from the float32 master weights, "
-            "alone or in AdamW's pass",
+    "mixed": "mixed precision (bf16, fp16): the parameters the kernels read, rounded from the "
+             "float32 master weights, alone or in AdamW's pass",
     "collectives": "many processes, one device each (llmc/distributed.py): a communicator set "
                    "up from rank 0's id, and the sums and gathers of float32 buffers on the "
                    "device (NCCL, RCCL); the CPU does without (MPI on its memory)",
@@ -64,7 +64,7 @@ GROUPS = {
 # makes one table per precision it has; a model runs at its backend's.  What stays float32 at
 # every precision is declared `float`: normalisation statistics, losses, log-sum-exps, the
 # parameter gradients (the GEMMs add into them in float32), AdamW's master weights and moments.
-PRECISIONS = {"fp32": ("float32", 4), "bf16": ("bfloat16", 2)}
+PRECISIONS = {"fp32": ("float32", 4), "bf16": ("bfloat16", 2), "fp16": ("float16", 2)}
 
 
 class Arg:
@@ -300,12 +300,13 @@ ENTRIES = [
       "const floatX* k[B*T*NKV*hs] in", "const floatX* v[B*T*NKV*hs] in",
       "const floatX* out[B*T*NH*hs] in init=forward", "const float* lse[B*NH*T] in init=forward",
       "int B", "int T", "int NH", "int NKV", "int hs", cpu="kernels.flash_attention"),
-    # --- bf16 ---------------------------------------------------------------------------
-    E("narrow_params", "bf16", "floatX* params[n] out", "const float* master[n] in",
+    # --- mixed: at bf16 a seed >= 0 rounds stochastically (kernels/bf16.pxd), -1 to nearest;
+    # at fp16 always to nearest even (the master weights keep what rounding drops) -------------
+    E("narrow_params", "mixed", "floatX* params[n] out", "const float* master[n] in",
       "Py_ssize_t n", "Py_ssize_t first", "int seed", cpu=None, bf16=None),
     # AdamW on the master weights, each new one also rounded into params as narrow_params does
     # with seed t: one pass over memory (llm.c's update with master weights)
-    E("adamw_update_rounded", "bf16", "floatX* params[n] out", "float* master[n] inout ~2",
+    E("adamw_update_rounded", "mixed", "floatX* params[n] out", "float* master[n] inout ~2",
       "float* m[n] inout ~2", "float* v[n] inout ~2 init=positive", "const float* grads[n] in",
       "Py_ssize_t n", "float lr", "float beta1", "float beta2", "float eps",
       "float weight_decay", "float grad_scale", "int t", "Py_ssize_t first", cpu=None,

@@ -107,7 +107,7 @@ cdef class Model:
         self.backend = get_backend(backend, precision)
         self.precision = self.backend.precision
         self.itemsize = self.backend.itemsize
-        self.backend.require(self.ENTRY_GROUPS + (("bf16",) if self.precision == "bf16" else ()),
+        self.backend.require(self.ENTRY_GROUPS + (("mixed",) if self.precision != "fp32" else ()),
                              self.FAMILY)
         self.table = self.backend.table
         self.config = config

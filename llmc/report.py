@@ -29,7 +29,7 @@ Compile time: a backend that compiles programs (the ANE runtime) exposes `compil
 its seconds spent compiling so far; a step's compile time is its increase. 0 for the others.
 
 Time per table entry (matmul_forward, attention_backward, adamw_update, ...: accel/spec.py's
-names) and per kernel group (core, linear, gpt2, llama, classifier, flash, bf16: its GROUPS)
+names) and per kernel group (core, linear, gpt2, llama, classifier, flash, mixed: its GROUPS)
 comes from the profile:NAME wrapper (accel/instrument.pyx), which counts and times every table call; --profile
 runs the backend under it. Each step's record gets its groups' ms ("groups_ms", "other" the rest
 of the step: Python, the data loader, the collectives), the report the mean per step of every

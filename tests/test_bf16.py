@@ -133,7 +133,7 @@ def forward_inputs(fp32, name, inputs, dims):
             inputs[a.name] = bf16.to_float32(bf16.to_bf16(value)) if a.floatx else value
 
 
-KERNELS = [name for name in ORDER if BY_NAME[name].wrap and BY_NAME[name].group != "bf16"
+KERNELS = [name for name in ORDER if BY_NAME[name].wrap and BY_NAME[name].group != "mixed"
            and any(a.floatx for a in BY_NAME[name].args)]
 
 
@@ -307,8 +307,8 @@ def test_llama_at_bf16_tracks_fp32():
 
 
 def test_a_backend_without_bf16_kernels_is_refused_in_one_line():
-    with pytest.raises(BackendError, match="unknown precision 'fp16'"):
-        get_backend("cpu", "fp16")
+    with pytest.raises(BackendError, match="unknown precision 'fp8'"):
+        get_backend("cpu", "fp8")
     with pytest.raises(BackendError, match="runs at bf16, not fp32"):
         GPT2(GPT2Config.from_depth(1, max_seq_len=8, vocab_size=16),
              backend=get_backend("cpu", "bf16"), precision="fp32")

@@ -10,7 +10,7 @@ loader that Metal shares (accel/loader.pyx).
 
 Each at two precisions (PRECISIONS; get_backend(name, precision)): fp32, and bf16, a build of its
 own (libgpt2_hip[_emu]_bf16.so, gpt2.hip with -DACCEL_HIP_BF16) whose floatX arguments are bf16
-and which fills the bf16 group (narrow_params, adamw_update_rounded) too. A build with NCCL/RCCL
+and which fills the mixed group (narrow_params, adamw_update_rounded) too. A build with NCCL/RCCL
 (every emulated one) fills the collectives group as well (accel/hip/collectives.hip).
 
 Nothing here links against a GPU library: the build is opened at run time (dlopen), so the CPU
@@ -30,7 +30,7 @@ __all__ = ["PRECISIONS", "configure_emulator", "create", "create_emulated", "loa
 PRECISIONS = ("fp32", "bf16")
 # the entry groups a build fills at each precision (accel/spec.py): the symbols the loader looks up
 GROUPS = {"fp32": ("linear", "gpt2", "llama", "classifier", "flash"),
-          "bf16": ("linear", "gpt2", "llama", "classifier", "flash", "bf16")}
+          "bf16": ("linear", "gpt2", "llama", "classifier", "flash", "mixed")}
 # and the device collectives (NCCL/RCCL), where the build has them: every emulated build; a GPU
 # build made where no NCCL/RCCL was found has not (accel/hip/Makefile)
 OPTIONAL_GROUPS = (("collectives", "comm_init"),)
