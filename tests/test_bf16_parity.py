@@ -88,14 +88,16 @@ def test_fp32_is_unchanged_by_the_bf16_mode(capsys, monkeypatch):
     assert AUTOCAST_HEADER not in out and "\n[Backend] cpu\n" in out
 
 
-def test_bf16_tolerances():
+def test_bf16_and_fp16_tolerances():
     expected = np.array([0.0, -0.5, 2.0])
-    np.testing.assert_allclose(test_gpt2.bf16_tolerance(expected),
+    np.testing.assert_allclose(test_gpt2.narrow_tolerance(expected),
                                2.0 ** -5 * 2.0 + 0.079 * np.abs(expected))
+    np.testing.assert_allclose(test_gpt2.narrow_tolerance(expected, "fp16"),
+                               (2.0 ** -5 * 2.0 + 0.079 * np.abs(expected)) / 8)
     # the losses: llm.c's 0.05, at most 3% of the reference's drop over its 10 steps
-    assert test_gpt2.bf16_loss_tolerance(None) == 0.05
-    assert test_gpt2.bf16_loss_tolerance([5.27, 4.0, 0.19]) == 0.05
-    assert test_gpt2.bf16_loss_tolerance(list(np.linspace(10.84, 10.81, 10))) == \
+    assert test_gpt2.narrow_loss_tolerance(None) == 0.05
+    assert test_gpt2.narrow_loss_tolerance([5.27, 4.0, 0.19]) == 0.05
+    assert test_gpt2.narrow_loss_tolerance(list(np.linspace(10.84, 10.81, 10))) == \
         pytest.approx(0.03 * 0.03)
 
 
@@ -209,7 +211,7 @@ def test_reference_writes_a_bf16_autocast_state(family, tmp_path, capsys, monkey
     assert record["losses"][0] == pytest.approx(state.loss, abs=1e-6)
     logits, loss, _ = ref.reference_forward_backward(config, params, state.x, state.y)
     assert not np.array_equal(state.logits, logits)   # autocast ran: bf16 matmuls
-    assert np.all(np.abs(state.logits - logits) <= test_gpt2.bf16_tolerance(logits))
+    assert np.all(np.abs(state.logits - logits) <= test_gpt2.narrow_tolerance(logits))
     # our bf16 model against the autocast state as its first reference passes as well
     script = SCRIPTS[family]
     monkeypatch.setattr(sys, "argv", ["test.py", "--model", str(tmp_path / "tiny.bin"),
