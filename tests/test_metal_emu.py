@@ -329,7 +329,7 @@ class Runtime:
     def __init__(self, library):
         lib = self.lib = ctypes.CDLL(str(library))
         lib.metal_open.restype = ctypes.c_void_p
-        lib.metal_open.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]
+        lib.metal_open.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]
         lib.metal_alloc.restype = ctypes.c_void_p
         lib.metal_alloc.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
         lib.metal_kernel.restype = ctypes.c_void_p
@@ -341,7 +341,7 @@ class Runtime:
                                                ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint32),
                                                ctypes.POINTER(ctypes.c_uint32), ctypes.c_int]
         error = ctypes.create_string_buffer(256)
-        self.rt = lib.metal_open(b"", error, 256)
+        self.rt = lib.metal_open(b"", b"fp32", error, 256)
         assert self.rt, error.value
 
     def array(self, values, dtype):
