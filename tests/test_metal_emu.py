@@ -207,16 +207,17 @@ LLAMA_FAULTS = [
      "int t2 = pos.x, t = pos.y, bh = pos.z, b = bh / NH, h = bh % NH, kvh = h % NKV;",
      {"attention_gqa_forward"}),
     ("rope-backward-forward-rotation",   # backward rotates by +angle
-     "out[at] += x0 * c + x1 * s;\n        out[at + 1] += x1 * c - x0 * s;",
-     "out[at] += x0 * c - x1 * s;\n        out[at + 1] += x1 * c + x0 * s;", {"rope_backward"}),
+     "out[at] = floatX(float(out[at]) + (x0 * c + x1 * s));\n        out[at + 1] = floatX(float(out[at + 1]) + (x1 * c - x0 * s));",
+     "out[at] = floatX(float(out[at]) + (x0 * c - x1 * s));\n        out[at + 1] = floatX(float(out[at + 1]) + (x1 * c + x0 * s));",
+     {"rope_backward"}),
     ("rmsnorm-unnormalised-mean-term",     # the mean term takes inp where it needs inp rstd
-     "dinp_bt[i] += (weight[i] * dout_bt[i] - (x[i] * s) * dnorm_norm_mean) * s;",
-     "dinp_bt[i] += (weight[i] * dout_bt[i] - x[i] * dnorm_norm_mean) * s;", {"rmsnorm_backward"}),
+     "(float(weight[i]) * float(dout_bt[i]) - (float(x[i]) * s) * dnorm_norm_mean) * s);",
+     "(float(weight[i]) * float(dout_bt[i]) - float(x[i]) * dnorm_norm_mean) * s);", {"rmsnorm_backward"}),
     ("classifier-without-the-target",      # the one-hot term of the gradient dropped
      "        if (i == target) value -= dloss;\n", "\n", {"classifier_backward"}),
     ("classifier-loss-without-the-max",    # the loss forgets the shift by the row's max
-     "losses[bt] = (maxval - x[targets[bt]]) + log_total;",
-     "losses[bt] = -x[targets[bt]] + log_total;", {"classifier_forward"}),
+     "losses[bt] = (maxval - float(x[targets[bt]])) + log_total;",
+     "losses[bt] = -float(x[targets[bt]]) + log_total;", {"classifier_forward"}),
 ]
 
 
