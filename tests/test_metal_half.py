@@ -21,6 +21,7 @@ and bfloat (libmetal_emu_bf16.so) for the CPU emulator of MSL, and the emulator'
 """
 import ctypes
 import math
+import os
 import re
 import shutil
 import subprocess
@@ -477,3 +478,52 @@ def test_each_library_is_its_precision(libraries):
         with pytest.raises(BackendError, match=rf"is a {precision} build, not fp32"):
             metal.create(str(library), "metal-emu")
     assert get_backend("metal-emu", "fp16").groups[-1] == "mixed"
+
+
+# --- a whole model, and the AddressSanitizer builds ----------------------------------------------
+
+def test_test_llama2_passes_at_bf16_on_check_metal_emu(libraries):
+    # the committed GQA fixture at bf16: every Llama kernel, the classifier and flash attention
+    # through check: against the CPU's bf16 table (test_gpt2.py likewise: about a minute, not run here)
+    result = subprocess.run([sys.executable, "test_llama2.py", "--backend", "check:metal-emu", "--precision", "bf16"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0 and "overall okay: 1" in result.stdout, result.stdout + result.stderr
+    assert "check      OK      check:metal-emu: 1591 outputs compared, all within tolerance" in result.stdout
+
+
+ASAN_SCRIPT = """
+import sys
+sys.path.insert(0, "tests")
+import test_metal_half as t
+from accel.backend import get_backend
+library, precision = sys.argv[1], sys.argv[2]
+if precision == "fp16":
+    problems = t.fp16_mismatches(t.backend(library, "fp16", "shuffled", 1, 64), t.fp16_cases(get_backend("cpu")))
+    assert not problems, problems
+else:
+    b = t.checked(library, "bf16", "shuffled", 1, 64)
+    t.run_every_entry(b)
+    assert b.report()["mismatches"] == 0, b.summary()
+print("every entry ran")
+"""
+
+
+@pytest.mark.skipif(not Path(subprocess.run(["g++", "-print-file-name=libasan.so"], capture_output=True,
+                                            text=True).stdout.strip()).is_absolute(),
+                    reason="g++ has no AddressSanitizer runtime")
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_address_sanitizer_build_runs_every_entry_cleanly(tmp_path, precision):
+    """2-byte buffers: a kernel or host.c offset that counts floats where it should count halves
+    reads or writes past them."""
+    library = tmp_path / f"libmetal_emu_{precision}.asan.so"
+    command = ["make", "-s", "-C", str(ROOT), "metal-emu", f"METAL_EMU_LIB={library}", f"METAL_PRECISION={precision}",
+               "ASAN=1", f"PYTHON={sys.executable}"]
+    built = subprocess.run(command, capture_output=True, text=True)
+    assert built.returncode == 0, built.stderr
+    libasan = subprocess.run(["g++", "-print-file-name=libasan.so"], capture_output=True, text=True).stdout.strip()
+    env = dict(os.environ, LD_PRELOAD=libasan, ASAN_OPTIONS="detect_leaks=0",
+               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    done = subprocess.run([sys.executable, "-c", ASAN_SCRIPT, str(library), precision], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and "AddressSanitizer" not in done.stderr, done.stderr[-3000:]
+    assert "every entry ran" in done.stdout
