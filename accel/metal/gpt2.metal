@@ -403,8 +403,10 @@ kernel void bias_backward(device float* dbias [[buffer(0)]],
 // ---- attention -----------------------------------------------------------------------------
 // inp (B,T,3C) holds q, k, v; head h's part of a row is [h*hs, (h+1)*hs) of each third.
 // preatt, att (B,NH,T,T): row t of head bh holds columns t2 <= t (causal), zero above.
-// The scores go through float (host.c: preatt itself at fp32, a float scratch buffer at fp16 and
-// bf16), so the softmax reads them unrounded, as the CPU's does.
+// What one kernel of an entry hands the next goes through float: the scores, the probabilities
+// the values kernel reads, the backward's datt and dpreatt (host.c: at fp32 the outputs
+// themselves, at fp16 and bf16 a float scratch buffer), so each output is the float32 value the
+// CPU computes, rounded once.
 
 // scores = scale q k^T (zero above the diagonal); grid (T [t2], T [t], B*NH).
 kernel void attention_scores(device float* scores [[buffer(0)]],
@@ -425,14 +427,17 @@ kernel void attention_scores(device float* scores [[buffer(0)]],
     scores[((ulong)bh * T + t) * T + t2] = score;
 }
 
-// att = softmax of the scores over t2 <= t (zero above), and with narrow_scores preatt = the
-// scores rounded (at fp32 the scores are preatt); one threadgroup per row, grid (T, B*NH). att
-// may be the scores (in place: each thread reads its elements before it writes them).
+// att = softmax of the scores over t2 <= t (zero above); with write_preatt also preatt = the
+// scores rounded, with keep_probs the scores replaced by the probabilities in float (both at fp16
+// and bf16, where the scores are host.c's float scratch; at fp32 the scores are preatt, or att
+// itself: in place, each thread reading its elements before it writes them); one threadgroup per
+// row, grid (T, B*NH).
 kernel void attention_softmax(device floatX* att [[buffer(0)]],
                               device floatX* preatt [[buffer(1)]],
-                              device const float* scores [[buffer(2)]],
+                              device float* scores [[buffer(2)]],
                               constant int& T [[buffer(3)]],
-                              constant int& narrow_scores [[buffer(4)]],
+                              constant int& write_preatt [[buffer(4)]],
+                              constant int& keep_probs [[buffer(5)]],
                               uint2 group [[threadgroup_position_in_grid]],
                               uint tid [[thread_index_in_threadgroup]],
                               uint num_threads [[threads_per_threadgroup]],
@@ -442,7 +447,7 @@ kernel void attention_softmax(device floatX* att [[buffer(0)]],
     threadgroup float partial[32];
     int t = group.x;
     ulong row = ((ulong)group.y * T + t) * T;
-    device const float* pre_t = scores + row;
+    device float* pre_t = scores + row;
     device floatX* att_t = att + row;
     float maxval = -INFINITY;
     for (int t2 = tid; t2 <= t; t2 += num_threads) maxval = max(maxval, pre_t[t2]);
@@ -452,34 +457,39 @@ kernel void attention_softmax(device floatX* att [[buffer(0)]],
     float inv = 1.0f / threadgroup_sum(sum, partial, simd, lane, num_simds);
     for (int t2 = tid; t2 < T; t2 += num_threads) {
         float score = pre_t[t2];
-        if (narrow_scores) preatt[row + t2] = floatX(score);
-        att_t[t2] = floatX(t2 <= t ? precise::exp(score - maxval) * inv : 0.0f);
+        float p = t2 <= t ? precise::exp(score - maxval) * inv : 0.0f;
+        if (write_preatt) preatt[row + t2] = floatX(score);
+        if (keep_probs) pre_t[t2] = p;
+        att_t[t2] = floatX(p);
     }
 }
 
-// out (B,T,C) = att v; grid (hs, T, B*NH).
+// out (B,T,C) = att v, att the probabilities in float; grid (hs, T, B*NH).
 kernel void attention_values(device floatX* out [[buffer(0)]],
-                             device const floatX* att [[buffer(1)]],
+                             device const float* att [[buffer(1)]],
                              device const floatX* inp [[buffer(2)]],
                              constant int& T [[buffer(3)]],
                              constant int& C [[buffer(4)]],
                              constant int& NH [[buffer(5)]],
                              uint3 pos [[thread_position_in_grid]]) {
     int i = pos.x, t = pos.y, bh = pos.z, b = bh / NH, h = bh % NH, hs = C / NH;
-    device const floatX* att_t = att + ((ulong)bh * T + t) * T;
+    device const float* att_t = att + ((ulong)bh * T + t) * T;
     device const floatX* v = inp + (ulong)b * T * 3 * C + 2 * C + h * hs + i;
     float acc = 0.0f;
-    for (int t2 = 0; t2 <= t; ++t2) acc += float(att_t[t2]) * float(v[(ulong)t2 * 3 * C]);
+    for (int t2 = 0; t2 <= t; ++t2) acc += att_t[t2] * float(v[(ulong)t2 * 3 * C]);
     out[((ulong)b * T + t) * C + h * hs + i] = floatX(acc);
 }
 
-// datt[t][t2] += dout_t . v_t2 (t2 <= t); grid (T [t2], T [t], B*NH).
+// datt[t][t2] += dout_t . v_t2 (t2 <= t), and with keep_float datt_float the same unrounded;
+// grid (T [t2], T [t], B*NH).
 kernel void attention_backward_datt(device floatX* datt [[buffer(0)]],
-                                    device const floatX* dout [[buffer(1)]],
-                                    device const floatX* inp [[buffer(2)]],
-                                    constant int& T [[buffer(3)]],
-                                    constant int& C [[buffer(4)]],
-                                    constant int& NH [[buffer(5)]],
+                                    device float* datt_float [[buffer(1)]],
+                                    device const floatX* dout [[buffer(2)]],
+                                    device const floatX* inp [[buffer(3)]],
+                                    constant int& T [[buffer(4)]],
+                                    constant int& C [[buffer(5)]],
+                                    constant int& NH [[buffer(6)]],
+                                    constant int& keep_float [[buffer(7)]],
                                     uint3 pos [[thread_position_in_grid]]) {
     int t2 = pos.x, t = pos.y, bh = pos.z, b = bh / NH, h = bh % NH, hs = C / NH;
     if (t2 > t) return;
@@ -488,7 +498,9 @@ kernel void attention_backward_datt(device floatX* datt [[buffer(0)]],
     float acc = 0.0f;
     for (int i = 0; i < hs; ++i) acc += float(dout_t[i]) * float(v[i]);
     const ulong at = ((ulong)bh * T + t) * T + t2;
-    datt[at] = floatX(float(datt[at]) + acc);
+    const float d = float(datt[at]) + acc;
+    datt[at] = floatX(d);
+    if (keep_float) datt_float[at] = d;
 }
 
 // dv[t2] += sum over t >= t2 of att[t][t2] dout_t; grid (hs, T [t2], B*NH).
@@ -507,12 +519,14 @@ kernel void attention_backward_dv(device floatX* dinp [[buffer(0)]],
     dinp[at] = floatX(float(dinp[at]) + acc);
 }
 
-// dpreatt[t][t2] += att[t][t2] (datt[t][t2] - sum_t3 att[t][t3] datt[t][t3]); one threadgroup
-// per row, grid (T, B*NH).
+// dpreatt[t][t2] += att[t][t2] (datt[t][t2] - sum_t3 att[t][t3] datt[t][t3]), datt in float,
+// and with keep_float dpreatt_float the same unrounded; one threadgroup per row, grid (T, B*NH).
 kernel void attention_backward_dpreatt(device floatX* dpreatt [[buffer(0)]],
-                                       device const floatX* datt [[buffer(1)]],
-                                       device const floatX* att [[buffer(2)]],
-                                       constant int& T [[buffer(3)]],
+                                       device float* dpreatt_float [[buffer(1)]],
+                                       device const float* datt [[buffer(2)]],
+                                       device const floatX* att [[buffer(3)]],
+                                       constant int& T [[buffer(4)]],
+                                       constant int& keep_float [[buffer(5)]],
                                        uint2 group [[threadgroup_position_in_grid]],
                                        uint tid [[thread_index_in_threadgroup]],
                                        uint num_threads [[threads_per_threadgroup]],
@@ -523,15 +537,18 @@ kernel void attention_backward_dpreatt(device floatX* dpreatt [[buffer(0)]],
     int t = group.x;
     ulong row = ((ulong)group.y * T + t) * T;
     float dot = 0.0f;
-    for (int t2 = tid; t2 <= t; t2 += num_threads) dot += float(att[row + t2]) * float(datt[row + t2]);
+    for (int t2 = tid; t2 <= t; t2 += num_threads) dot += float(att[row + t2]) * datt[row + t2];
     dot = threadgroup_sum(dot, partial, simd, lane, num_simds);
-    for (int t2 = tid; t2 <= t; t2 += num_threads)
-        dpreatt[row + t2] = floatX(float(dpreatt[row + t2]) + float(att[row + t2]) * (float(datt[row + t2]) - dot));
+    for (int t2 = tid; t2 <= t; t2 += num_threads) {
+        const float d = float(dpreatt[row + t2]) + float(att[row + t2]) * (datt[row + t2] - dot);
+        dpreatt[row + t2] = floatX(d);
+        if (keep_float) dpreatt_float[row + t2] = d;
+    }
 }
 
-// dq[t] += scale sum over t2 <= t of dpreatt[t][t2] k_t2; grid (hs, T, B*NH).
+// dq[t] += scale sum over t2 <= t of dpreatt[t][t2] k_t2 (dpreatt in float); grid (hs, T, B*NH).
 kernel void attention_backward_dq(device floatX* dinp [[buffer(0)]],
-                                  device const floatX* dpreatt [[buffer(1)]],
+                                  device const float* dpreatt [[buffer(1)]],
                                   device const floatX* inp [[buffer(2)]],
                                   constant int& T [[buffer(3)]],
                                   constant int& C [[buffer(4)]],
@@ -539,17 +556,17 @@ kernel void attention_backward_dq(device floatX* dinp [[buffer(0)]],
                                   constant float& scale [[buffer(6)]],
                                   uint3 pos [[thread_position_in_grid]]) {
     int i = pos.x, t = pos.y, bh = pos.z, b = bh / NH, h = bh % NH, hs = C / NH;
-    device const floatX* dpre_t = dpreatt + ((ulong)bh * T + t) * T;
+    device const float* dpre_t = dpreatt + ((ulong)bh * T + t) * T;
     device const floatX* k = inp + (ulong)b * T * 3 * C + C + h * hs + i;
     float acc = 0.0f;
-    for (int t2 = 0; t2 <= t; ++t2) acc += float(dpre_t[t2]) * float(k[(ulong)t2 * 3 * C]);
+    for (int t2 = 0; t2 <= t; ++t2) acc += dpre_t[t2] * float(k[(ulong)t2 * 3 * C]);
     const ulong at = ((ulong)b * T + t) * 3 * C + h * hs + i;
     dinp[at] = floatX(float(dinp[at]) + scale * acc);
 }
 
-// dk[t2] += scale sum over t >= t2 of dpreatt[t][t2] q_t; grid (hs, T [t2], B*NH).
+// dk[t2] += scale sum over t >= t2 of dpreatt[t][t2] q_t (dpreatt in float); grid (hs, T [t2], B*NH).
 kernel void attention_backward_dk(device floatX* dinp [[buffer(0)]],
-                                  device const floatX* dpreatt [[buffer(1)]],
+                                  device const float* dpreatt [[buffer(1)]],
                                   device const floatX* inp [[buffer(2)]],
                                   constant int& T [[buffer(3)]],
                                   constant int& C [[buffer(4)]],
@@ -557,10 +574,10 @@ kernel void attention_backward_dk(device floatX* dinp [[buffer(0)]],
                                   constant float& scale [[buffer(6)]],
                                   uint3 pos [[thread_position_in_grid]]) {
     int i = pos.x, t2 = pos.y, bh = pos.z, b = bh / NH, h = bh % NH, hs = C / NH;
-    device const floatX* dpre_bh = dpreatt + (ulong)bh * T * T;
+    device const float* dpre_bh = dpreatt + (ulong)bh * T * T;
     device const floatX* q = inp + (ulong)b * T * 3 * C + h * hs + i;
     float acc = 0.0f;
-    for (int t = t2; t < T; ++t) acc += float(dpre_bh[(ulong)t * T + t2]) * float(q[(ulong)t * 3 * C]);
+    for (int t = t2; t < T; ++t) acc += dpre_bh[(ulong)t * T + t2] * float(q[(ulong)t * 3 * C]);
     const ulong at = ((ulong)b * T + t2) * 3 * C + C + h * hs + i;
     dinp[at] = floatX(float(dinp[at]) + scale * acc);
 }
@@ -836,9 +853,9 @@ kernel void attention_gqa_scores(device float* scores [[buffer(0)]],
     scores[((ulong)bh * T + t) * T + t2] = score;
 }
 
-// out (B,T,NH,hs) = att v; grid (hs, T, B*NH).
+// out (B,T,NH,hs) = att v, att the probabilities in float; grid (hs, T, B*NH).
 kernel void attention_gqa_values(device floatX* out [[buffer(0)]],
-                                 device const floatX* att [[buffer(1)]],
+                                 device const float* att [[buffer(1)]],
                                  device const floatX* v [[buffer(2)]],
                                  constant int& T [[buffer(3)]],
                                  constant int& NH [[buffer(4)]],
@@ -846,10 +863,10 @@ kernel void attention_gqa_values(device floatX* out [[buffer(0)]],
                                  constant int& hs [[buffer(6)]],
                                  uint3 pos [[thread_position_in_grid]]) {
     int i = pos.x, t = pos.y, bh = pos.z, b = bh / NH, h = bh % NH, kvh = h / (NH / NKV);
-    device const floatX* att_t = att + ((ulong)bh * T + t) * T;
+    device const float* att_t = att + ((ulong)bh * T + t) * T;
     device const floatX* v_i = v + (ulong)b * T * NKV * hs + kvh * hs + i;
     float acc = 0.0f;
-    for (int t2 = 0; t2 <= t; ++t2) acc += float(att_t[t2]) * float(v_i[(ulong)t2 * NKV * hs]);
+    for (int t2 = 0; t2 <= t; ++t2) acc += att_t[t2] * float(v_i[(ulong)t2 * NKV * hs]);
     out[(((ulong)b * T + t) * NH + h) * hs + i] = floatX(acc);
 }
 

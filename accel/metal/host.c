@@ -394,15 +394,17 @@ ACCEL_METAL_API void accel_metal_attention_forward(void* ctx, floatX* out, float
     const int hs = C / NH;
     const float scale = (float)(1.0 / (double)sqrtf((float)hs));
     const ptrdiff_t BNH = (ptrdiff_t)B * NH;
-    const int narrow_scores = NARROW;
+    const int narrow = NARROW;
+    /* the scores, then the probabilities, in float: preatt, att at fp32, a scratch buffer else */
     float* scores = NARROW ? attention_scores(c, (size_t)BNH * T * T * sizeof(float), "attention_forward")
                            : (float*)preatt;
     if (scores == NULL || BNH == 0 || T == 0) return;
     const MetalArg scores_args[] = {buf(scores), buf(inp), val(&T, 4), val(&C, 4), val(&NH, 4), val(&scale, 4)};
     threads(c, K_ATTENTION_SCORES, scores_args, 6, T, T, BNH, 16, 16);
-    const MetalArg softmax_args[] = {buf(att), buf(preatt), buf(scores), val(&T, 4), val(&narrow_scores, 4)};
-    groups(c, K_ATTENTION_SOFTMAX, softmax_args, 5, T, BNH, row_threads(T), 1);
-    const MetalArg values_args[] = {buf(out), buf(att), buf(inp), val(&T, 4), val(&C, 4), val(&NH, 4)};
+    const MetalArg softmax_args[] = {buf(att), buf(preatt), buf(scores), val(&T, 4), val(&narrow, 4), val(&narrow, 4)};
+    groups(c, K_ATTENTION_SOFTMAX, softmax_args, 6, T, BNH, row_threads(T), 1);
+    const MetalArg values_args[] = {buf(out), buf(NARROW ? (const void*)scores : att), buf(inp), val(&T, 4),
+                                    val(&C, 4), val(&NH, 4)};
     threads(c, K_ATTENTION_VALUES, values_args, 6, hs, T, BNH, 32, 8);
 }
 
@@ -413,13 +415,23 @@ ACCEL_METAL_API void accel_metal_attention_backward(void* ctx, floatX* dinp, flo
     const int hs = C / NH;
     const float scale = (float)(1.0 / (double)sqrtf((float)hs));
     const ptrdiff_t BNH = (ptrdiff_t)B * NH;
-    const MetalArg datt_args[] = {buf(datt), buf(dout), buf(inp), val(&T, 4), val(&C, 4), val(&NH, 4)};
-    threads(c, K_ATTENTION_BACKWARD_DATT, datt_args, 6, T, T, BNH, 16, 16);
+    const int narrow = NARROW;
+    /* datt and dpreatt as the next kernels read them, in float: the outputs themselves at fp32,
+     * the two halves of a scratch buffer else */
+    float* scratch = NARROW ? attention_scores(c, 2 * (size_t)BNH * T * T * sizeof(float), "attention_backward")
+                            : NULL;
+    if ((NARROW && scratch == NULL) || BNH == 0 || T == 0) return;
+    float* datt_float = NARROW ? scratch : (float*)datt;
+    float* dpreatt_float = NARROW ? scratch + (size_t)BNH * T * T : (float*)dpreatt;
+    const MetalArg datt_args[] = {buf(datt), buf(datt_float), buf(dout), buf(inp), val(&T, 4), val(&C, 4),
+                                  val(&NH, 4), val(&narrow, 4)};
+    threads(c, K_ATTENTION_BACKWARD_DATT, datt_args, 8, T, T, BNH, 16, 16);
     const MetalArg dv_args[] = {buf(dinp), buf(dout), buf(att), val(&T, 4), val(&C, 4), val(&NH, 4)};
     threads(c, K_ATTENTION_BACKWARD_DV, dv_args, 6, hs, T, BNH, 32, 8);
-    const MetalArg dpreatt_args[] = {buf(dpreatt), buf(datt), buf(att), val(&T, 4)};
-    groups(c, K_ATTENTION_BACKWARD_DPREATT, dpreatt_args, 4, T, BNH, row_threads(T), 1);
-    const MetalArg dqk_args[] = {buf(dinp), buf(dpreatt), buf(inp), val(&T, 4), val(&C, 4), val(&NH, 4),
+    const MetalArg dpreatt_args[] = {buf(dpreatt), buf(dpreatt_float), buf(datt_float), buf(att), val(&T, 4),
+                                     val(&narrow, 4)};
+    groups(c, K_ATTENTION_BACKWARD_DPREATT, dpreatt_args, 6, T, BNH, row_threads(T), 1);
+    const MetalArg dqk_args[] = {buf(dinp), buf(dpreatt_float), buf(inp), val(&T, 4), val(&C, 4), val(&NH, 4),
                                  val(&scale, 4)};
     threads(c, K_ATTENTION_BACKWARD_DQ, dqk_args, 7, hs, T, BNH, 32, 8);
     threads(c, K_ATTENTION_BACKWARD_DK, dqk_args, 7, hs, T, BNH, 32, 8);
@@ -549,16 +561,18 @@ ACCEL_METAL_API void accel_metal_attention_gqa_forward(void* ctx, floatX* out, f
     Context* c = context(ctx);
     const float scale = attention_scale(hs);
     const ptrdiff_t BNH = (ptrdiff_t)B * NH;
-    const int narrow_scores = 0;   /* att is the only (B,NH,T,T) output */
+    const int no_preatt = 0, narrow = NARROW;   /* att is the only (B,NH,T,T) output */
+    /* the scores, then the probabilities, in float: att itself at fp32 (the softmax in place), a
+     * scratch buffer else */
     float* scores = NARROW ? attention_scores(c, (size_t)BNH * T * T * sizeof(float), "attention_gqa_forward")
-                           : (float*)att;   /* fp32: the softmax runs in place */
+                           : (float*)att;
     if (scores == NULL || BNH == 0 || T == 0) return;
     const MetalArg scores_args[] = {buf(scores), buf(q), buf(k), val(&T, 4), val(&NH, 4), val(&NKV, 4), val(&hs, 4),
                                     val(&scale, 4)};
     threads(c, K_ATTENTION_GQA_SCORES, scores_args, 8, T, T, BNH, 16, 16);
-    const MetalArg softmax_args[] = {buf(att), buf(att), buf(scores), val(&T, 4), val(&narrow_scores, 4)};
-    groups(c, K_ATTENTION_SOFTMAX, softmax_args, 5, T, BNH, row_threads(T), 1);
-    const MetalArg values_args[] = {buf(out), buf(att), buf(v), val(&T, 4), val(&NH, 4), val(&NKV, 4), val(&hs, 4)};
+    const MetalArg softmax_args[] = {buf(att), buf(att), buf(scores), val(&T, 4), val(&no_preatt, 4), val(&narrow, 4)};
+    groups(c, K_ATTENTION_SOFTMAX, softmax_args, 6, T, BNH, row_threads(T), 1);
+    const MetalArg values_args[] = {buf(out), buf(scores), buf(v), val(&T, 4), val(&NH, 4), val(&NKV, 4), val(&hs, 4)};
     threads(c, K_ATTENTION_GQA_VALUES, values_args, 7, hs, T, BNH, 32, 8);
 }
 
