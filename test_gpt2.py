@@ -8,6 +8,7 @@ tensors, then take 10 AdamW steps on the batch and compare the losses.
     python test_gpt2.py --model M.bin --state S.bin       # any llm.c-format pair
     python test_gpt2.py --backend check:cpu               # on a backend (accel/README.md)
     python test_gpt2.py --precision bf16                  # the model in bf16 (llm.c's PRECISION)
+    python test_gpt2.py --backend check:metal-emu --precision fp16   # in half precision
 
 The tolerances are fp32's, or a lower-precision backend's own (ane-emu's fp16: see
 parity_tolerances); the output says which. Exits 0 only when every comparison passes
@@ -39,6 +40,10 @@ the fixtures), parameters off by a tenth of their init's spread, one gradient el
 tenth of its tensor's largest.  What no tolerance of this size can catch: a bf16 store that
 truncates instead of rounding (off by up to one bf16 step where rounding is off by half of
 one; the fixtures pass with every matmul output truncated), a kernel test's job.
+
+--precision fp16 (the GPUs' half precision: Metal's) is held to the float32 reference alone,
+at the bf16 tolerances scaled to fp16's epsilon (2^-10, eight times finer): NARROW_TOLERANCES.
+Its gradients are compared with the loss scale divided out (llmc/model.pyx).
 """
 import argparse
 import importlib
@@ -69,7 +74,11 @@ BF16_EPSILON = 0.079
 BF16_FLOOR = 2.0 ** -5
 BF16_LOSS_TOL = 0.05
 BF16_LOSS_DROP = 0.03
-PRECISIONS = ("fp32", "bf16")
+# --precision fp16: the same, each in fp16's epsilons (2^-10, eight times finer than bf16's):
+# (epsilon, floor, loss, loss drop) by narrow precision
+NARROW_TOLERANCES = {"bf16": (BF16_EPSILON, BF16_FLOOR, BF16_LOSS_TOL, BF16_LOSS_DROP),
+                     "fp16": (BF16_EPSILON / 8, BF16_FLOOR / 8, BF16_LOSS_TOL / 8, BF16_LOSS_DROP / 8)}
+PRECISIONS = ("fp32", "bf16", "fp16")
 STEPS = 10
 # llm.c's test_gpt2.c optimizer: AdamW on every tensor
 LR, BETA1, BETA2, EPS, WEIGHT_DECAY = 1e-4, 0.9, 0.999, 1e-8, 0.01
@@ -101,11 +110,13 @@ def expected_losses(config, params, state, state_path):
     return None, None
 
 
-def bf16_tolerance(expected):
-    """The elementwise bf16 tolerance of a tensor: BF16_FLOOR of its largest magnitude plus
-    BF16_EPSILON of each element's (llm.c's check_tensor, scaled to the tensor)."""
+def narrow_tolerance(expected, precision="bf16"):
+    """The elementwise tolerance of a tensor at a narrow precision: its floor of the tensor's
+    largest magnitude plus its epsilon of each element's (llm.c's check_tensor, scaled to the
+    tensor; NARROW_TOLERANCES)."""
+    epsilon, floor, _, _ = NARROW_TOLERANCES[precision]
     expected = np.abs(np.asarray(expected, np.float64))
-    return BF16_FLOOR * expected.max() + BF16_EPSILON * expected
+    return floor * expected.max() + epsilon * expected
 
 
 def tolerance_used(err, tol):
@@ -117,20 +128,23 @@ def tolerance_used(err, tol):
     return float(used.max()) if used.size else 0.0
 
 
-def bf16_loss_tolerance(expected_losses):
-    """The bf16 tolerance of the loss and the step losses: llm.c's BF16_LOSS_TOL, and at most
-    BF16_LOSS_DROP of the reference's drop over its steps (when it has them)."""
+def narrow_loss_tolerance(expected_losses, precision="bf16"):
+    """The tolerance of the loss and the step losses at a narrow precision: llm.c's
+    BF16_LOSS_TOL (in fp16's epsilons at fp16), and at most its share of the reference's drop
+    over its steps (when it has them)."""
+    _, _, loss_tol, loss_drop = NARROW_TOLERANCES[precision]
     if expected_losses is None or len(expected_losses) < 2:
-        return BF16_LOSS_TOL
+        return loss_tol
     drop = abs(expected_losses[0] - expected_losses[min(STEPS, len(expected_losses)) - 1])
-    return min(BF16_LOSS_TOL, BF16_LOSS_DROP * drop)
+    return min(loss_tol, loss_drop * drop)
 
 
-def bf16_tolerance_line(loss_tol):
-    return (f"tolerances bf16 (llm.c's test_gpt2.cu, scaled to each tensor): logits and "
-            f"gradients |ours - ref| <= {BF16_FLOOR:g} max|ref| + {BF16_EPSILON:g} |ref|, loss "
-            f"and step losses {loss_tol:.3g} (llm.c's {BF16_LOSS_TOL:g}, at most "
-            f"{BF16_LOSS_DROP:g} of the reference's {STEPS}-step drop)")
+def narrow_tolerance_line(loss_tol, precision="bf16"):
+    epsilon, floor, loss, drop = NARROW_TOLERANCES[precision]
+    return (f"tolerances {precision} (llm.c's test_gpt2.cu bf16 ones, scaled to each tensor"
+            f"{'' if precision == 'bf16' else ' and to fp16'}): logits and gradients "
+            f"|ours - ref| <= {floor:g} max|ref| + {epsilon:g} |ref|, loss and step losses "
+            f"{loss_tol:.3g} ({loss:g}, at most {drop:g} of the reference's {STEPS}-step drop)")
 
 
 def parity_tolerances(backend):
@@ -153,16 +167,18 @@ def check_parity(model, state, expected_grads, losses_source, autocast_source=No
     """The parity check of any model family: STEPS steps (forward, zero_grad, backward, AdamW)
     on the debug state's batch; at the first, logits and loss against the state's and every
     gradient tensor against expected_grads (name -> array); then the step losses against
-    losses_source() -> (losses or None, where they came from).  A bf16 model (model.precision)
-    is held to the bf16 tolerances (module docstring), and, given autocast_source() ->
-    (logits, loss, grads by name, step losses) or None, compared with that reference too.
-    Prints a line per comparison and "overall okay: 0/1"; returns whether all passed."""
+    losses_source() -> (losses or None, where they came from).  A bf16 or fp16 model
+    (model.precision) is held to that precision's tolerances (module docstring), its gradients
+    with the loss scale divided out, and at bf16, given autocast_source() -> (logits, loss,
+    grads by name, step losses) or None, compared with that reference too.  Prints a line per
+    comparison and "overall okay: 0/1"; returns whether all passed."""
     okay = True
-    bf16 = model.precision == "bf16"
-    if bf16:   # the loss's tolerance depends on the expected step losses: first (at fp32, last)
+    precision = model.precision
+    narrow = precision != "fp32"
+    if narrow:   # the loss's tolerance depends on the expected step losses: first (at fp32, last)
         expected, source = losses_source()
-        loss_tol = bf16_loss_tolerance(expected)
-        print(bf16_tolerance_line(loss_tol))
+        loss_tol = narrow_loss_tolerance(expected, precision)
+        print(narrow_tolerance_line(loss_tol, precision))
     else:
         (logits_tol, grad_tol, loss_step_tol), which = parity_tolerances(model.backend)
         print(which)
@@ -172,10 +188,10 @@ def check_parity(model, state, expected_grads, losses_source, autocast_source=No
         okay &= bool(ok)
         print(f"{what:<10} {'OK' if ok else 'NOT OK':<7} {detail}")
 
-    def compare_bf16(logits, loss, grads, ref_logits, ref_loss, ref_grads, loss_tol):
-        """The first step's comparisons at the bf16 tolerances, against one reference."""
+    def compare_narrow(logits, loss, grads, ref_logits, ref_loss, ref_grads, loss_tol):
+        """The first step's comparisons at the precision's tolerances, against one reference."""
         err = np.abs(logits.astype(np.float64) - ref_logits)
-        tol = bf16_tolerance(ref_logits)
+        tol = narrow_tolerance(ref_logits, precision)
         bad = err > tol
         report("logits", not bad.any(), f"max abs err {err.max():.2e}, {bad.sum()} of {err.size} "
                f"outside, {tolerance_used(err, tol):.0%} of the tolerance at worst")
@@ -186,14 +202,14 @@ def check_parity(model, state, expected_grads, losses_source, autocast_source=No
             err = np.abs(grad - expected)
             scale = np.abs(expected).max()
             rel = err.max() / scale if scale > 0 else err.max()
-            used = tolerance_used(err, bf16_tolerance(expected))
+            used = tolerance_used(err, narrow_tolerance(expected, precision))
             report(name, used <= 1.0, f"max abs err / max |grad| = {rel:.2e}, {used:.0%} of the "
                    f"tolerance at worst")
 
     def compare_losses(losses, expected, source, tol):
         diff = np.abs(np.array(losses) - np.array(expected[:STEPS]))
         report("losses", diff.max() <= tol, f"max |diff| {diff.max():.2e} vs {source}" +
-               (f" ({diff.max() / tol:.0%} of the tolerance)" if bf16 else ""))
+               (f" ({diff.max() / tol:.0%} of the tolerance)" if narrow else ""))
 
     V = state.logits.shape[2]
     losses = []
@@ -203,10 +219,11 @@ def check_parity(model, state, expected_grads, losses_source, autocast_source=No
         model.zero_grad()
         model.backward()
         elapsed_ms = (time.perf_counter() - start) * 1e3
-        if step == 0 and bf16:
+        if step == 0 and narrow:   # the gradients of the loss: its scale (fp16) divided out
             first = (model.logits[:, :, :V].copy(), loss,
-                     {name: grad.copy() for name, grad in model.grad_tensors().items()})
-            compare_bf16(*first, state.logits, state.loss, expected_grads, loss_tol)
+                     {name: grad / np.float32(model.loss_scale)
+                      for name, grad in model.grad_tensors().items()})
+            compare_narrow(*first, state.logits, state.loss, expected_grads, loss_tol)
         elif step == 0:
             logits = model.logits[:, :, :V]
             err = np.abs(logits.astype(np.float64) - state.logits)
@@ -223,21 +240,24 @@ def check_parity(model, state, expected_grads, losses_source, autocast_source=No
         print(f"step {step}: loss {loss:.6f} (took {elapsed_ms:.1f} ms)")
         model.update(LR, BETA1, BETA2, EPS, WEIGHT_DECAY, step + 1)
 
-    if not bf16:
+    if not narrow:
         expected, source = losses_source()
     if expected is None:
         print("losses     no expected step losses (no PyTorch, no .losses.json beside the state): not compared")
     else:
-        compare_losses(losses, expected, source, loss_tol if bf16 else loss_step_tol)
-    if bf16 and autocast_source is not None:
+        compare_losses(losses, expected, source, loss_tol if narrow else loss_step_tol)
+    if precision == "fp16":
+        print("against a PyTorch fp16 reference: not compared (PyTorch's CPU autocast reference "
+              "is bf16's; fp16 is held to the float32 reference, at fp16's tolerances)")
+    if precision == "bf16" and autocast_source is not None:
         autocast = autocast_source()
         if autocast is None:
             print("against the PyTorch bf16-autocast reference: not compared (no PyTorch)")
         else:
             ref_logits, ref_loss, ref_grads, ref_losses = autocast
-            tol = bf16_loss_tolerance(ref_losses)
+            tol = narrow_loss_tolerance(ref_losses)
             print(f"against the PyTorch bf16-autocast reference (loss and step losses {tol:.3g}):")
-            compare_bf16(*first, ref_logits, ref_loss, ref_grads, tol)
+            compare_narrow(*first, ref_logits, ref_loss, ref_grads, tol)
             compare_losses(losses, ref_losses, "the PyTorch bf16-autocast reference", tol)
     if model.backend.name.startswith("check:"):
         report("check", model.backend.report()["mismatches"] == 0, model.backend.summary())
@@ -268,8 +288,9 @@ def main():
                         help="the backend to run on: cpu, check:NAME, profile:NAME, ...")
     parser.add_argument("--precision", choices=PRECISIONS, default="fp32",
                         help="the model's precision (llm.c's PRECISION; bf16: bf16 parameters "
-                             "and activations, float32 master weights), compared with the "
-                             "reference at its tolerances (default: fp32)")
+                             "and activations, float32 master weights; fp16 likewise, with "
+                             "dynamic loss scaling), compared with the reference at its "
+                             "tolerances (default: fp32)")
     args = parser.parse_args()
 
     # after argument parsing, so --help works before a build

@@ -38,7 +38,10 @@ as llm.c's train_gpt2.cu.
 --precision bf16 is llm.c's mixed precision (its default there; fp32 here): bf16 parameters and
 activations in the kernels, float32 gradients, AdamW m and v and master weights (llmc/model.pyx);
 a GPT-2 checkpoint is then llm.c's bf16 model file (version 5), a Llama one stays llama2.c's
-float32 file (the master weights), and the state holds the master weights.
+float32 file (the master weights), and the state holds the master weights.  --precision fp16 is
+the GPUs' half precision (Metal's; the CPU's fp16 table is check:'s oracle, slower than fp32):
+the same with fp16 instead of bf16, float32 model files, and dynamic loss scaling (a step whose
+gradients overflow is skipped and halves the scale; the state keeps the scale).
 
 --json-log writes each step's cost as a JSON line (ms, tokens/s, TFLOPS against the peak,
 compile time, kernel groups with --profile) and ends with an efficiency report
@@ -232,7 +235,13 @@ def parse_args(argv):
                         "the kernels; float32 gradients, AdamW m and v and master weights). At "
                         "bf16 a GPT-2 checkpoint is llm.c's bf16 model file (version 5, the bf16 "
                         "parameters), a Llama one stays llama2.c's float32 file (the master "
-                        "weights: llama2.c has no bf16 file); the state holds the master weights")
+                        "weights: llama2.c has no bf16 file); the state holds the master weights. "
+                        "fp16: the same in half precision with dynamic loss scaling, float32 "
+                        "model files (metal, metal-emu; the CPU's fp16 table is check:'s oracle)")
+    p.add_argument("--loss-scale", type=float, default=None, metavar="S",
+                   help="fp16: the dynamic loss scale to start at, a power of two (default "
+                        "65536, PyTorch's GradScaler's; it halves at each overflow and doubles "
+                        "after 2000 steps without one)")
     p.add_argument("--recompute", metavar="POLICY", default="all",
                    help="activation checkpointing: all (keep every layer's activations), "
                         "every-N, sqrt, boundary, none (keep fewer, recompute them in backward: "
@@ -297,6 +306,12 @@ def parse_args(argv):
         args.recompute = parse_policy(args.recompute)
     except ValueError as e:
         p.error(f"argument --recompute: {e}")
+    if args.loss_scale is not None:
+        require(args.precision == "fp16", "--loss-scale", args.loss_scale,
+                f"only fp16 scales its loss, this run is --precision {args.precision}")
+        require(math.isfinite(args.loss_scale) and args.loss_scale >= 1 and
+                math.frexp(args.loss_scale)[0] == 0.5, "--loss-scale", args.loss_scale,
+                "must be a power of two >= 1")
     require(args.vocab_size is None or args.vocab_size >= 1, "--vocab-size", args.vocab_size,
             "must be at least 1")
     if args.compact_vocab and args.vocab_size is not None:
@@ -642,8 +657,8 @@ def memory_line(memory, precision="fp32"):
     it says what is bf16: the activations (half the bytes of fp32's; their statistics and
     losses float32) and, beside the float32 master weights, the parameters."""
     mib = lambda n: f"{n / 2 ** 20:,.0f} MiB"  # noqa: E731
-    what = dict(params=" (bf16 + float32 master weights)", activations=" (bf16)",
-                activation_grads=" (bf16)") if precision == "bf16" else {}
+    what = dict(params=f" ({precision} + float32 master weights)", activations=f" ({precision})",
+                activation_grads=f" ({precision})") if precision != "fp32" else {}
     return ("memory allocated: " + ", ".join(f"{kind} {mib(n)}{what.get(kind, '')}"
                                              for kind, n in memory.items())
             + f"; total {mib(sum(memory.values()))}")
@@ -653,6 +668,8 @@ def precision_text(precision):
     """The config table's precision: what it keeps in which type."""
     if precision == "bf16":
         return "bf16 (float32 master weights, gradients, AdamW)"
+    if precision == "fp16":
+        return "fp16 (float32 master weights, gradients, AdamW; dynamic loss scaling)"
     return precision
 
 
@@ -802,6 +819,9 @@ def main(argv=None):
         hardware_note = bf16_hardware_note()
         if hardware_note is not None:
             note(hardware_note)
+    if args.precision == "fp16" and runs_on_cpu(args.backend) and rank == 0:
+        note("--precision fp16 on the CPU: its fp16 table is check:'s oracle for the GPUs (the "
+             "float32 kernels on widened copies), slower than fp32")
 
     # the data's shards (tinyshakespeare's prepared if they are the default and missing): the
     # model's vocabulary comes from them with --compact-vocab, or from their tokenizer.bin
@@ -812,6 +832,8 @@ def main(argv=None):
     resume_model_path = (None if resume_step is None else
                          checkpoint_paths(args.output_dir, resume_step)[0])
     model, init_desc = load_model(args, Model, resume_model_path)
+    if args.loss_scale is not None:   # a resume's state sets its own below
+        model.set_loss_scale(args.loss_scale)
     dist.set_zero_stage(args.zero_stage, model)
     config = model.config
     check_data_tokenizer(args, config)
@@ -982,12 +1004,15 @@ def main(argv=None):
         # 1/micro_batches of it
         micro_batches = grad_accum_steps * num_processes
         grad_norm = dist.grad_norm(model) / micro_batches
+        # fp16: gradients that overflowed skip the update and halve the loss scale (llmc/model.pyx)
+        overflow = model.gradients_overflowed(grad_norm)
+        model.adjust_loss_scale(not overflow)
         skip = None
-        if outliers is not None:   # -sl, -sg: an outlier's update is skipped whole, as llm.c's
+        if outliers is not None and not overflow:   # -sl, -sg: an outlier's update is skipped whole, as llm.c's
             zloss = outliers["loss"].update(loss)
             zgrad = outliers["grad_norm"].update(grad_norm)
             skip = outlier_skip(zloss, zgrad, args)
-        if skip is None:   # t is the step's, skipped or not (llm.c's), as is the schedule's
+        if skip is None and not overflow:   # t is the step's, skipped or not (llm.c's), as is the schedule's
             clip = GRAD_CLIP / grad_norm if grad_norm > GRAD_CLIP else 1.0
             model.update(lr, BETA1, BETA2, EPS, args.weight_decay, step + 1,
                          grad_scale=clip / micro_batches, decay_2d_only=True)
@@ -1004,9 +1029,13 @@ def main(argv=None):
             total_collective_s += collective_s
             ema_tokens_per_second = 0.95 * ema_tokens_per_second + 0.05 * tokens_per_second
             shown_tokens_per_second = ema_tokens_per_second / (1 - 0.95 ** timed_steps)
-        if skip is not None:
+        if overflow:
+            console.print(f"skipping update: the fp16 gradients overflowed; loss scale now "
+                          f"2^{math.log2(model.loss_scale):.0f}")
+        elif skip is not None:
             console.print(f"skipping update due to {skip[0]} z-score of {skip[1]:f}")
-        zscores = ("", "") if outliers is None else (f" ({zloss:+.2f}z)", f" ({zgrad:+.2f}z)")
+        zscores = (("", "") if outliers is None or overflow else
+                   (f" ({zloss:+.2f}z)", f" ({zgrad:+.2f}z)"))
         console.status(f"step {step + 1:4d}/{num_steps} | loss {loss:.6f}{zscores[0]} | norm "
                        f"{grad_norm:.4f}{zscores[1]} | lr {lr:.2e} | {elapsed_s * 1000:.2f} ms | "
                        f"{shown_tokens_per_second:.0f} tok/s")
@@ -1016,6 +1045,8 @@ def main(argv=None):
                          **(backend_metrics if efficiency is not None else {}))
         if skip is not None:
             logger.log_skip(step, *skip)
+        if overflow:
+            logger.log_overflow(step, model.loss_scale)
         if first_step and not restarted:  # everything is allocated now: how much, as llm.c
             console.print(memory_line(model.memory(), model.precision))
         first_step = False

@@ -364,6 +364,12 @@ def require_available(name):
         raise BackendError(f"backend '{name}' is unavailable: {unavailable} ({_available_line()})")
 
 
+# where each narrow precision runs (the backends whose modules' PRECISIONS have it), for the
+# line that refuses one
+RUNS_AT = {"bf16": "cpu, hip, hip-emu, metal, metal-emu",
+           "fp16": "metal, metal-emu, and cpu (check:'s oracle, slower than fp32)"}
+
+
 def require_precision(name, str precision):
     """Raise the BackendError get_backend(name, precision) would for a backend with no table of
     that precision, in one line, without making the backend (its module says: PRECISIONS,
@@ -380,7 +386,8 @@ def require_precision(name, str precision):
     precisions = getattr(module, "PRECISIONS", ("fp32",))
     if precision not in precisions:
         raise BackendError(f"backend '{name}' has no {precision} kernels (it runs "
-                           f"{', '.join(precisions)}; bf16 runs on: cpu, hip, hip-emu)")
+                           f"{', '.join(precisions)}; {precision} runs on: "
+                           f"{RUNS_AT[precision]})")
     return module
 
 

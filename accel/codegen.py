@@ -6,7 +6,9 @@ Writes the mechanical parts of the backend table from its one description, accel
     accel/_entry_enum.pxi the entries' numbers                       included by accel/instrument.pyx
     accel/_wrappers.pxi   check:/profile:/guard:'s wrappers          included by accel/instrument.pyx
     accel/_cpu_table.pxi  the CPU backend's adapters                 included by accel/cpu.pyx
-    accel/_cpu_bf16_table.pxi  the CPU's bf16 table: each fp32 entry on widened copies
+    accel/_cpu_bf16_table.pxi  the CPU's bf16 table: generic kernels, and fp32 entries on
+                               widened copies                        included by accel/cpu.pyx
+    accel/_cpu_fp16_table.pxi  the CPU's fp16 table: fp32 entries on widened copies
                                                                      included by accel/cpu.pyx
 
 setup.py runs it before Cython; a file is rewritten only when its text changes, so an unchanged
@@ -174,28 +176,48 @@ def cpu_pxi():
     return "\n".join(lines) + "\n"
 
 
-def cpu_bf16_pxi():
-    """The CPU's bf16 table, from each entry's bf16 mark (accel/spec.py):
+# the narrow precisions of the CPU: (its storage type in kernels/, the widening and narrowing
+# of whole arrays, the module that has them)
+NARROW = {"bf16": ("bf16", "widen", "narrow", "kernels.bf16"),
+          "fp16": ("fp16", "widen_fp16", "narrow_fp16", "kernels.fp16")}
+
+
+def cpu_narrow_mark(entry, precision):
+    """How the CPU's table of a narrow precision fills an entry: at bf16 the spec's mark
+    (below); at fp16, which no CPU kernel is written for, every sized entry is an adapter and
+    the rest (the unsized lookups, the mixed group) are written by hand (None)."""
+    if precision == "bf16" or entry.bf16 == "same":
+        return entry.bf16
+    names = {a.name for a in entry.args if not a.pointer}
+    sized = all(uses_only(a.elements, names) for a in entry.args if a.floatx)
+    return "adapter" if sized and entry.group != "mixed" else None
+
+
+def cpu_narrow_pxi(precision):
+    """The CPU's table at a narrow precision (bf16, fp16), from each entry's mark
+    (cpu_narrow_mark; accel/spec.py's bf16):
       "kernel"   the CPU kernel is written once for both precisions (kernels/bf16.pxd's floatX):
                  called with its floatX arguments as bf16 pointers
       "adapter"  the fp32 CPU entry (cpu_NAME, accel/cpu.pyx and _cpu_table.pxi) on float32
-                 copies of its bf16 arguments in the backend's scratch memory (exact: every bf16
-                 is a float32), what it wrote rounded back to bf16 once, to nearest even
-      None       written by hand in accel/cpu.pyx (the GEMMs)"""
-    lines = [BANNER]
+                 copies of its narrow arguments in the backend's scratch memory (exact: every
+                 bf16 and fp16 is a float32), what it wrote rounded back once, to nearest even
+      None       written by hand in accel/cpu.pyx"""
+    ctype, widen, narrow, module = NARROW[precision]
+    lines = [BANNER, f"from {module} cimport {ctype}, {widen}, {narrow}", ""]
     fills = []
     for e in spec.ENTRIES:
-        if e.bf16 not in ("kernel", "adapter"):
+        mark = cpu_narrow_mark(e, precision)
+        if mark not in ("kernel", "adapter"):
             continue
         args = ", ".join(["void* ctx"] + [a.declaration for a in e.args])
-        lines.append(f"cdef {e.returns} bf16_{e.name}({args}) noexcept nogil:")
+        lines.append(f"cdef {e.returns} {precision}_{e.name}({args}) noexcept nogil:")
         fills.append(e.name)
-        if e.bf16 == "kernel":
+        if mark == "kernel":
             module, _, call = e.cpu.partition(":")
             call = call.strip() or f"{e.name}({', '.join(a.name for a in e.args)})"
             for a in e.args:
                 if a.floatx:
-                    cast = "<const bf16*>" if a.ctype.startswith("const") else "<bf16*>"
+                    cast = f"<const {ctype}*>" if a.ctype.startswith("const") else f"<{ctype}*>"
                     call = re.sub(rf"\b{a.name}\b", f"{cast}{a.name}", call)
             lines.append(f"    {'return ' if e.returns != 'void' else ''}{call}")
             lines.append("")
@@ -205,38 +227,42 @@ def cpu_bf16_pxi():
         unsized = [a.name for a in e.args if a.floatx and not uses_only(a.elements, names)]
         if unsized:
             raise ValueError(f"accel/spec.py: {e.name}'s {unsized[0]} has no length in the call's "
-                             f"numbers: write its bf16 entry by hand (bf16=None)")
+                             f"numbers: write its {precision} entry by hand (bf16=None)")
         total = " + ".join(f"({n})" for n in sizes.values())
         lines.append(f"    cdef float* w = reserve(<Scratch*>ctx, {total})")
         lines.append("    if w == NULL:")
-        lines.append(f"        fail(b\"{e.name} (bf16): out of memory for its float32 copies\")")
+        lines.append(f"        fail(b\"{e.name} ({precision}): out of memory for its float32 copies\")")
         lines.append("        return" + (" 0" if e.returns != "void" else ""))
         offset = "0"
-        for a in e.args:
+        for a in e.args:   # an optional argument that is NULL stays NULL
             if a.floatx:
-                lines.append(f"    cdef float* w_{a.name} = w + {offset}")
+                null = f"NULL if {a.name} == NULL else " if a.optional else ""
+                lines.append(f"    cdef float* w_{a.name} = {null}w + {offset}")
                 offset = f"{offset} + {sizes[a.name]}" if offset != "0" else sizes[a.name]
+        guard = lambda a: f"if {a.name} != NULL: " if a.optional else ""  # noqa: E731
         for a in e.args:   # outputs too: an entry may leave some elements as they were
             if a.floatx:
-                lines.append(f"    widen(w_{a.name}, <const bf16*>{a.name}, {sizes[a.name]})")
+                lines.append(f"    {guard(a)}{widen}(w_{a.name}, <const {ctype}*>{a.name}, "
+                             f"{sizes[a.name]})")
         call_args = ", ".join(f"w_{a.name}" if a.floatx else a.name for a in e.args)
         returns = e.returns != "void"
         lines.append(f"    {'cdef ' + e.returns + ' result = ' if returns else ''}cpu_{e.name}(ctx, {call_args})")
         for a in e.args:
             if a.floatx and a.written:
-                lines.append(f"    narrow(<bf16*>{a.name}, w_{a.name}, {sizes[a.name]})")
+                lines.append(f"    {guard(a)}{narrow}(<{ctype}*>{a.name}, w_{a.name}, {sizes[a.name]})")
         if returns:
             lines.append("    return result")
         lines.append("")
-    lines.append("cdef void fill_bf16(BackendTable* t) noexcept:")
-    lines.append('    """The bf16 entries written from the spec: generic kernels and adapters."""')
-    lines += [f"    t.{name} = bf16_{name}" for name in fills]
+    lines.append(f"cdef void fill_{precision}(BackendTable* t) noexcept:")
+    lines.append(f'    """The {precision} entries written from the spec: generic kernels and adapters."""')
+    lines += [f"    t.{name} = {precision}_{name}" for name in fills]
     return "\n".join(lines) + "\n"
 
 
 OUTPUTS = {"_table.pxi": table_pxi, "_call.pxi": call_pxi, "_entry_enum.pxi": entry_enum_pxi,
            "_wrappers.pxi": wrappers_pxi, "_cpu_table.pxi": cpu_pxi,
-           "_cpu_bf16_table.pxi": cpu_bf16_pxi}
+           "_cpu_bf16_table.pxi": lambda: cpu_narrow_pxi("bf16"),
+           "_cpu_fp16_table.pxi": lambda: cpu_narrow_pxi("fp16")}
 
 
 def main():

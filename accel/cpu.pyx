@@ -5,20 +5,24 @@ drops the context, which the CPU does not need; those are written from accel/spe
 (accel/_cpu_table.pxi).  What is here is what is not a kernel: memory, the loss's fill and mean,
 and the one entry that reports an error.
 
-Two tables: fp32, and bf16 (create(precision="bf16")), whose floatX arguments point to bf16.
-A bf16 entry is a kernel written once for both precisions, or else the fp32 entry run on
-float32 copies of its bf16 arguments made in the backend's scratch memory (both written from
-accel/spec.py into accel/_cpu_bf16_table.pxi); the GEMMs run
-on bf16 operands (kernels/matmul_bf16.pyx: AMX or AVX512_BF16 through oneMKL where the CPU has
-them), and the rounding of the parameters is written here.
+Three tables: fp32, bf16 and fp16 (create(precision=...)), whose floatX arguments point to
+float32, bf16 or fp16.  A bf16 entry is a kernel written once for both precisions, or else the
+fp32 entry run on float32 copies of its bf16 arguments made in the backend's scratch memory
+(both written from accel/spec.py into accel/_cpu_bf16_table.pxi); the GEMMs run on bf16
+operands (kernels/matmul_bf16.pyx: AMX or AVX512_BF16 through oneMKL where the CPU has them),
+and the rounding of the parameters is written here.  The fp16 table is check:'s oracle for the
+GPUs' half precision (Metal's): every entry is the fp32 one on widened copies, its outputs
+rounded to nearest once (accel/_cpu_fp16_table.pxi), slower than fp32 and never tuned.
 
 Memory comes from mmap: page-aligned (so guard:cpu can protect it), zero pages until first
 written, and large buffers advised to transparent huge pages as NumPy does for its arrays.
 """
 from accel.backend cimport Backend, BackendTable
-from kernels.adamw cimport adamw_update_rounded
+from kernels.adamw cimport adamw_update, adamw_update_rounded
 from kernels.attention_gqa cimport attention_gqa_backward
 from kernels.bf16 cimport bf16, narrow, narrow_stochastic, widen
+from kernels.embedding cimport embedding_forward
+from kernels.fp16 cimport fp16, fp16_to_float, float_to_fp16, narrow_fp16
 from kernels.matmul_bf16 cimport matmul_backward_bf16, matmul_forward_bf16
 from libc.stdint cimport uint32_t
 from libc.stdlib cimport calloc, free
@@ -146,7 +150,7 @@ cdef void cpu_ffn_backward(void* ctx, float* dinp, float* dw1, float* dw3, float
 
 # --- bf16 --------------------------------------------------------------------------------
 
-# The bf16 table's context: scratch memory for the float32 copies of an adapter's arguments,
+# A narrow (bf16, fp16) table's context: scratch memory for the float32 copies of an adapter's arguments,
 # kept between calls and grown to the largest call's (its pages are the step's, not new ones)
 ctypedef struct Scratch:
     float* base
@@ -164,7 +168,7 @@ cdef float* reserve(Scratch* s, Py_ssize_t floats) noexcept nogil:
 
 
 cdef class ScratchOwner:
-    """Owns a bf16 table's Scratch (its backend's keepalive)."""
+    """Owns a narrow table's Scratch (its backend's keepalive)."""
     cdef Scratch* s
 
     def __dealloc__(self):
@@ -206,7 +210,44 @@ cdef void bf16_adamw_update_rounded(void* ctx, float* params, float* master, flo
 include "accel/_cpu_bf16_table.pxi"
 
 
-PRECISIONS = ("fp32", "bf16")
+# --- fp16: what is not an adapter -------------------------------------------------------
+
+cdef void fp16_encoder_forward(void* ctx, float* out, const int* inp, const float* wte,
+                               const float* wpe, int B, int T, int C) noexcept nogil:
+    # wte's rows are looked up by token: an adapter could not size its copy
+    cdef const fp16* wte_h = <const fp16*>wte
+    cdef const fp16* wpe_h = <const fp16*>wpe
+    cdef fp16* out_h = <fp16*>out
+    cdef Py_ssize_t bt, i
+    for bt in range(<Py_ssize_t>B * T):
+        for i in range(C):
+            out_h[bt * C + i] = float_to_fp16(fp16_to_float(wte_h[<Py_ssize_t>inp[bt] * C + i]) +
+                                              fp16_to_float(wpe_h[(bt % T) * C + i]))
+
+
+cdef void fp16_embedding_forward(void* ctx, float* out, const int* inp, const float* wte,
+                                 int B, int T, int C) noexcept nogil:
+    # a copy of rows: the bf16 kernel moves 2-byte elements whatever they hold
+    embedding_forward(<bf16*>out, inp, <const bf16*>wte, B, T, C)
+
+
+cdef void fp16_narrow_params(void* ctx, float* params, const float* master, Py_ssize_t n,
+                             Py_ssize_t first, int seed) noexcept nogil:
+    narrow_fp16(<fp16*>params, master, n)   # to nearest: the master weights keep the rest
+
+
+cdef void fp16_adamw_update_rounded(void* ctx, float* params, float* master, float* m, float* v,
+                                    const float* grads, Py_ssize_t n, float lr, float beta1,
+                                    float beta2, float eps, float weight_decay, float grad_scale,
+                                    int t, Py_ssize_t first) noexcept nogil:
+    adamw_update(master, m, v, grads, n, lr, beta1, beta2, eps, weight_decay, grad_scale, t)
+    narrow_fp16(<fp16*>params, master, n)
+
+
+include "accel/_cpu_fp16_table.pxi"
+
+
+PRECISIONS = ("fp32", "bf16", "fp16")
 
 
 def create(bint flash=True, str precision="fp32"):
@@ -217,7 +258,7 @@ def create(bint flash=True, str precision="fp32"):
     groups = ("linear", "gpt2", "llama", "classifier") + (("flash",) if flash else ()) + \
         ("fused",) + (("mixed",) if precision != "fp32" else ())
     cdef ScratchOwner owner = ScratchOwner()
-    if precision == "bf16":
+    if precision != "fp32":
         owner.s = <Scratch*>calloc(1, sizeof(Scratch))
         if owner.s == NULL:
             raise MemoryError()
@@ -247,6 +288,12 @@ def create(bint flash=True, str precision="fp32"):
         t.matmul_backward = bf16_matmul_backward
         t.narrow_params = bf16_narrow_params
         t.adamw_update_rounded = bf16_adamw_update_rounded
+    elif precision == "fp16":
+        fill_fp16(t)
+        t.encoder_forward = fp16_encoder_forward
+        t.embedding_forward = fp16_embedding_forward
+        t.narrow_params = fp16_narrow_params
+        t.adamw_update_rounded = fp16_adamw_update_rounded
     if not flash:
         t.flash_attention_forward = NULL
         t.flash_attention_backward = NULL

@@ -25,6 +25,7 @@ import numpy as np
 cimport cython
 from accel.backend cimport Backend, BackendTable
 from kernels.bf16 cimport bf16, bf16_to_float
+from kernels.fp16 cimport fp16, fp16_to_float
 from libc.math cimport fabs, frexp, isnan, isinf, sqrt
 from libc.stdio cimport fprintf, stderr, fflush
 from libc.stdlib cimport abort, calloc, free, malloc, realloc
@@ -49,12 +50,26 @@ for _i, _name in enumerate(_entry_bytes):
     entry_names[_i] = _name
 cdef double check_units = CHECK_UNITS
 cdef double unit_roundoff = UNIT_ROUNDOFF
-# bf16 outputs: both sides round a float32 result once to nearest, so where the two float32
-# results straddle a rounding boundary they differ by one ulp, at most 2^-7 of the largest
-# element; and the mean signed difference, in ulps of each element, stays near 0, where a store
-# that truncates (or rounds one way) moves it to about -0.5 ulp of every inexact element
-cdef double BF16_ULP = 2.0 ** -7
-cdef double BF16_BIAS_LIMIT = 0.05
+# Narrow (bf16, fp16) outputs: both sides round a float32 result once to nearest, so where the
+# two float32 results straddle a rounding boundary they differ by one ulp, at most 2^-7 (bf16:
+# 8 significant bits) or 2^-10 (fp16: 11) of the largest element; and the mean signed
+# difference, in ulps of each element, stays near 0, where a store that truncates (or rounds one
+# way) moves it to about -0.5 ulp of every inexact element
+cdef enum Narrow:
+    FLOAT32 = 0
+    BF16 = 1
+    FP16 = 2
+cdef double NARROW_ULP[3]
+NARROW_ULP[:] = [0.0, 2.0 ** -7, 2.0 ** -10]
+cdef int MANTISSA_BITS[3]
+MANTISSA_BITS[:] = [23, 7, 10]
+cdef double BIAS_LIMIT = 0.05
+
+
+cdef inline double narrow_at(Narrow format, const void* p, Py_ssize_t i) noexcept nogil:
+    if format == BF16:
+        return bf16_to_float((<const bf16*>p)[i])
+    return fp16_to_float((<const fp16*>p)[i])
 
 
 ctypedef struct Allocation:
@@ -74,7 +89,7 @@ ctypedef struct Instrument:
     BackendTable target
     BackendTable oracle
     int mode
-    bint bf16               # the tables' floatX outputs are bf16 (compare_bf16)
+    Narrow narrow           # what the tables' floatX outputs are (compare's narrow outputs)
     Allocation* allocations
     int num_allocations, capacity
     float* scratch          # host copy of one target output, for comparing
@@ -173,19 +188,18 @@ cdef void compare(Instrument* s, Entry entry, float* out, Py_ssize_t n, double r
     """Compare n elements of a target output with the oracle's, each element a sum of
     `reduction` terms; on a mismatch, overwrite the target's with the oracle's.
     causal_T > 0: (..., T, T) scores, compared at t2 <= t only.  floatx: an output in the
-    tables' precision (at bf16, compared as compare_bf16 says)."""
+    tables' precision (bf16, fp16: compared as NARROW_ULP says)."""
     if out == NULL or n <= 0:
         return
-    cdef bint bf16_output = floatx and s.bf16
+    cdef Narrow narrow = s.narrow if floatx else FLOAT32
     cdef const float* expected = of(s, out)
-    cdef size_t nbytes = n * (sizeof(bf16) if bf16_output else sizeof(float))
+    cdef size_t nbytes = n * (sizeof(float) if narrow == FLOAT32 else sizeof(bf16))
     cdef Py_ssize_t i, row, col, differ = 0, compared = 0
     cdef double a, e, diff, max_diff = 0.0, max_expected = 0.0, rel, bias = 0.0, ulps
     cdef double tol = tolerance_of(s, entry, reduction)
     cdef bint broken = False
     cdef int exponent
-    if bf16_output:
-        tol += BF16_ULP
+    tol += NARROW_ULP[<int>narrow]
     if nbytes > s.scratch_bytes:
         free(s.scratch)
         s.scratch = <float*>malloc(nbytes)
@@ -199,8 +213,8 @@ cdef void compare(Instrument* s, Entry entry, float* out, Py_ssize_t n, double r
             row, col = (i // causal_T) % causal_T, i % causal_T
             if col > row:
                 continue
-        if bf16_output:
-            a, e = bf16_to_float((<bf16*>s.scratch)[i]), bf16_to_float((<const bf16*>expected)[i])
+        if narrow != FLOAT32:
+            a, e = narrow_at(narrow, s.scratch, i), narrow_at(narrow, expected, i)
             compared += 1
             if a != e and not (isnan(a) or isinf(a) or isnan(e) or isinf(e)) and e != 0.0:
                 # the difference in ulps of e, signed away from zero: rounding to nearest
@@ -209,7 +223,10 @@ cdef void compare(Instrument* s, Entry entry, float* out, Py_ssize_t n, double r
                 # cancels to far below the output's scale, exactly 0 on one side): not a
                 # rounding's doing, and the error test below judges it
                 frexp(e, &exponent)
-                ulps = (a - e) / (fabs(e) / e) / (2.0 ** (exponent - 8))
+                exponent -= 1 + MANTISSA_BITS[<int>narrow]
+                if narrow == FP16 and exponent < -24:   # a subnormal's ulp
+                    exponent = -24
+                ulps = (a - e) / (fabs(e) / e) / (2.0 ** exponent)
                 if fabs(ulps) <= 1.0:
                     differ += 1
                     bias += ulps
@@ -230,10 +247,10 @@ cdef void compare(Instrument* s, Entry entry, float* out, Py_ssize_t n, double r
     rel = max_diff / max_expected if max_expected > 0.0 else max_diff
     if compared > 0:
         bias /= compared
-        if fabs(bias) > BF16_BIAS_LIMIT + 4.0 * sqrt(<double>differ) / compared:
-            fprintf(stderr, "check: %s's bf16 output is rounded with a bias of %.3f ulp over "
-                    "%zd elements (%zd differ): not to nearest\n", entry_names[<int>entry], bias,
-                    compared, differ)
+        if fabs(bias) > BIAS_LIMIT + 4.0 * sqrt(<double>differ) / compared:
+            fprintf(stderr, "check: %s's %s output is rounded with a bias of %.3f ulp over "
+                    "%zd elements (%zd differ): not to nearest\n", entry_names[<int>entry],
+                    "bf16" if narrow == BF16 else "fp16", bias, compared, differ)
             broken = True
     if broken:
         rel = 1.0 / 0.0
@@ -432,7 +449,7 @@ def create(str wrapper, Backend target):
     if b.oracle is not None:
         b.s.oracle = b.oracle.table
     b.s.mode = mode
-    b.s.bf16 = target.precision == "bf16"
+    b.s.narrow = {"fp32": FLOAT32, "bf16": BF16, "fp16": FP16}[target.precision]
     b.s.step, b.s.layer = 0, -1
     b.reset()
     for entry, tolerance in target.tolerances.items():   # a lower-precision backend's own

@@ -112,7 +112,7 @@ class Dashboard:
         self.head, self.report, self.last = {}, None, None
         self.losses, self.val_losses, self.step_ms = {}, {}, {}
         self.hellaswag = {}   # step -> HellaSwag's accuracy
-        self.skipped = {}     # step -> why its update was skipped ("loss" or "grad")
+        self.skipped = {}     # step -> why its update was skipped ("loss", "grad", fp16's "overflow")
         self.sample_step, self.sample, self.sampling = None, None, None
         self.ended = False   # the run is over (follow() says so): no "(sampling ...)" then
 
@@ -227,7 +227,8 @@ class Dashboard:
             if self.skipped:
                 newest = max(self.skipped)
                 stats.add_row(f"skipped updates {len(self.skipped)}",
-                              f"last at step {newest + 1} ({self.skipped[newest]} z-score)")
+                              f"last at step {newest + 1} ({self.skipped[newest]}"
+                              f"{'' if self.skipped[newest] == 'overflow' else ' z-score'})")
             for row in self._rates():
                 rates.add_row(*row)
             rates.add_row(f"compile {100 * last['compile_share']:.1f}%",

@@ -20,7 +20,9 @@ Model.params_as_run; Llama: llama2.c's files are float32, so the master weights)
 state holds the float32 master weights, as llm.c's use_master_weights. A resume takes the
 master weights from the state and the bf16 parameters from a bf16 model file, else rounds
 them from the master weights with the seed of the last update, as that update did; a state
-of the other precision is refused in one line.
+of the other precision is refused in one line.  At fp16 the model file is float32 (llm.c's has
+no fp16 version: the master weights, the fp16 parameters rounded from them to nearest) and the
+state keeps the loss scale.
 
 An output dir holds one run: run.json is its configuration (model, B, T, data), which a
 resume must match (run_differences), as it must the number of processes of the training
@@ -85,12 +87,14 @@ def write_checkpoint(output_dir, step, model, loader, keep=0, dist=SINGLE, outli
         model.save(model_path)
         if outliers is not None:
             atomic_write(outliers_path(output_dir, step), (json.dumps(outliers) + "\n").encode())
-    master, last_update = None, 0
+    master, last_update, loss_scale = None, 0, {}
     if model.precision != "fp32":   # the float32 master weights of the optimizer shard
         start, end = model.optimizer_shard
         master, last_update = model.params[start:end], model.step
+    if model.precision == "fp16":
+        loss_scale = dict(loss_scale=model.loss_scale, loss_scale_steps=model.loss_scale_steps)
     write_state(state_path, step, model.m, model.v, loader.state(),
-                dist.num_processes, rank, master=master, last_update=last_update)
+                dist.num_processes, rank, master=master, last_update=last_update, **loss_scale)
     dist.barrier()  # every rank's state is written
     if rank == 0:
         atomic_write(done_path, b"")
@@ -139,17 +143,20 @@ def resume(output_dir, step, model, loader, dist=SINGLE):
                           f"{processes})")
     model_path, state_path, _ = checkpoint_paths(output_dir, step, dist.process_rank)
     state = read_training_state(state_path, model.m.size, dist.num_processes, dist.process_rank)
-    bf16 = model.precision != "fp32"
-    if (state.master is not None) != bf16:
-        held = ("the float32 master weights of a bf16 run" if state.master is not None else
-                "no master weights: an fp32 run's state")
-        other = "bf16" if state.master is not None else "fp32"
+    mixed = model.precision != "fp32"
+    written = ("fp32" if state.master is None else "fp16" if state.loss_scale is not None else
+               "bf16")
+    if written != model.precision:
+        held = (f"the float32 master weights of a {written} run" if state.master is not None
+                else "no master weights: an fp32 run's state")
         raise FormatError(state_path, f"holds {held}, this run is {model.precision}: resume "
-                                      f"it with --precision {other}")
+                                      f"it with --precision {written}")
     model.m = state.m
     model.v = state.v
-    if bf16:
+    if mixed:
         restore_master_weights(model, model_path, state, dist)
+    if state.loss_scale is not None:
+        model.set_loss_scale(state.loss_scale, state.loss_scale_steps)
     loader.load_state(state.loader_state, source=state_path)
     return state.step
 

@@ -107,6 +107,12 @@ class Logger:
         self._log(f"s:{step} skip_{reason}z:{z:.4f}")
         self.log_json("skip", step=step, reason=reason, z=z, threshold=threshold)
 
+    def log_overflow(self, step, loss_scale):
+        """The update of step skipped: its fp16 gradients overflowed; the loss scale is now
+        loss_scale (llmc/model.pyx)."""
+        self._log(f"s:{step} overflow_loss_scale:{loss_scale:g}")
+        self.log_json("skip", step=step, reason="overflow", loss_scale=loss_scale)
+
 
 # the main.log lines of evaluations at a step, taken before that step's checkpoint is written
 EVALUATED = ("tel", "eval")

@@ -17,7 +17,7 @@ cdef class Model:
     cdef readonly Backend backend
     cdef BackendTable table              # the backend's table, ctx first
     cdef readonly object config
-    cdef readonly str precision          # "fp32" or "bf16": the backend's (accel/spec.py)
+    cdef readonly str precision          # "fp32", "bf16" or "fp16": the backend's (accel/spec.py)
     cdef readonly int itemsize           # bytes of a parameter or activation the kernels read
     cdef readonly Layout param_layout
     cdef readonly object recompute_plan  # llmc.recompute.RecomputePlan of the policy
@@ -25,7 +25,9 @@ cdef class Model:
                                          # policy; None before the first forward
     cdef readonly Layout act_grad_layout # their gradients; None before the first backward
     cdef Buffer _params, _grads, _m, _v, _acts, _grads_acts, _inputs, _targets
-    cdef Buffer _master                  # bf16: the float32 master weights (None at fp32)
+    cdef Buffer _master                  # bf16, fp16: the float32 master weights (None at fp32)
+    cdef readonly float loss_scale       # what backward scales the loss by (fp16; 1 elsewhere)
+    cdef readonly int loss_scale_steps   # finite steps since the loss scale last changed
     cdef readonly int B, T               # shape of the last forward
     cdef bint has_targets                # the last forward had targets
     cdef float mean_loss

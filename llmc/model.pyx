@@ -35,16 +35,29 @@ table runs the model: the parameters the kernels read and the activations are bf
 FP32_ACTIVATIONS), the parameter gradients, AdamW's m and v and the master weights are float32
 (llm.c's default), and each update rounds the master weights into the bf16 parameters
 stochastically, from a hash of each parameter's index and the step, so a resumed run rounds as
-the uninterrupted one.  `params` is always the float32 master weights.
+the uninterrupted one.  `params` is always the float32 master weights.  At "fp16" (the GPUs'
+half precision, Metal's) likewise, with the parameters rounded to nearest, and with dynamic loss
+scaling, since fp16 has 5 exponent bits: backward differentiates the loss times loss_scale, so
+that the activation gradients (fp16) stay above its smallest subnormal (2^-24) and the
+parameter gradients (float32) are loss_scale times the loss's (grads); grad_norm and update
+divide it out.  A step whose gradients are not finite (an fp16 overflow) is skipped and halves
+the scale (adjust_loss_scale); LOSS_SCALE_GROWTH_STEPS finite steps in a row double it.  The
+scale is a power of two, so scaling and unscaling are exact.
 """
 import numpy as np
 
 from accel.backend import get_backend
 from kernels.bf16 import to_float32
-from libc.math cimport sqrt
+from libc.math cimport isfinite, sqrt
 from llmc import recompute
 
-__all__ = ["Layout", "Model"]
+__all__ = ["Layout", "Model", "LOSS_SCALE_INITIAL", "LOSS_SCALE_GROWTH_STEPS"]
+
+# fp16's dynamic loss scaling (as PyTorch's GradScaler's defaults): the scale a run starts at,
+# and the finite steps in a row after which it doubles
+LOSS_SCALE_INITIAL = 2.0 ** 16
+LOSS_SCALE_GROWTH_STEPS = 2000
+LOSS_SCALE_MAX = 2.0 ** 24   # past it an fp16 gradient of 2^-24 * 2^24 = 1 gains nothing
 
 
 cdef class Layout:
@@ -100,8 +113,9 @@ cdef class Model:
 
     def __init__(self, config, backend="cpu", recompute="all", precision=None):
         """A model of this config with all parameters zero, on a backend (a name, see
-        accel.backend.get_backend, or a Backend), at a precision ("fp32" or "bf16"; None: the
-        Backend's, or fp32), keeping activations by a recompute policy (llmc.recompute.POLICIES)."""
+        accel.backend.get_backend, or a Backend), at a precision ("fp32", "bf16", "fp16"; None:
+        the Backend's, or fp32), keeping activations by a recompute policy
+        (llmc.recompute.POLICIES)."""
         if precision is None:
             precision = getattr(backend, "precision", "fp32")
         self.backend = get_backend(backend, precision)
@@ -115,6 +129,8 @@ cdef class Model:
         self._params = self.backend.alloc(self.param_layout.size * self.itemsize)
         if self.precision != "fp32":
             self._master = self.backend.alloc(self.param_layout.nbytes)
+        self.loss_scale = LOSS_SCALE_INITIAL if self.precision == "fp16" else 1.0
+        self.loss_scale_steps = 0
         self.point_parameters(floats(self._params), NULL)
         self.recompute = recompute
         self.mean_loss = -1.0
@@ -242,12 +258,19 @@ cdef class Model:
         fp32, params itself): what a model file of the run's precision holds."""
         if self._master is None:
             return self.params
-        return to_float32(self._params.to_numpy(np.uint16, 0, self.param_layout.size))
+        return self._widen(self._params.to_numpy(np.uint16, 0, self.param_layout.size))
+
+    def _widen(self, bits):
+        """The model's 2-byte elements (uint16 bits, bf16 or fp16) as float32, exactly."""
+        if self.precision == "fp16":
+            return bits.view(np.float16).astype(np.float32)
+        return to_float32(bits)
 
     @property
     def grads(self):
-        """All parameter gradients, laid out as params; assign to load new ones (the
-        all-reduce of a backend whose memory is not the host's, llmc/distributed.py)."""
+        """All parameter gradients, laid out as params, of the loss times loss_scale (fp16; 1
+        elsewhere); assign to load new ones (the all-reduce of a backend whose memory is not
+        the host's, llmc/distributed.py)."""
         self._ensure_grads()
         return self._host(self._grads, 0, self.param_layout.size)
 
@@ -327,7 +350,7 @@ cdef class Model:
         if layout.itemsizes[i] == 4:
             flat = self._host(self._acts, layout.offsets[i], layout.sizes[i])
         else:
-            flat = to_float32(self._acts.to_numpy(np.uint16, layout.byte_offsets[i], layout.sizes[i]))
+            flat = self._widen(self._acts.to_numpy(np.uint16, layout.byte_offsets[i], layout.sizes[i]))
         return flat.reshape(layout.shapes[i])
 
     def memory(self):
@@ -547,7 +570,8 @@ cdef class Model:
         cdef int j, l, L = self.L, n = self.layer_fields - 1
         self.table.mark(ctx, self.step, -1)
         self.table.zero(ctx, self.grads_acts_head, self.head_grad_bytes)
-        self.table.fill(ctx, self.dlosses, 1.0 / BT, BT)   # the loss is the mean over B*T positions
+        # the loss is the mean over B*T positions (times the loss scale: fp16)
+        self.table.fill(ctx, self.dlosses, self.loss_scale / BT, BT)
         self.table.zero(ctx, self.dstream[L % 2], self.stream_bytes)
         self.head_backward(self.dstream[L % 2], self.head_grads, self.head_acts,
                            self._layer_input(L), targets, B, T)
@@ -568,8 +592,9 @@ cdef class Model:
     # --- optimizer -------------------------------------------------------------------------
 
     def grad_norm(self, bint shard_only=False):
-        """Global L2 norm of all parameter gradients; with shard_only, of the optimizer
-        shard's alone (ZeRO-1: the other processes hold the rest, reduced)."""
+        """Global L2 norm of all parameter gradients (of the loss: the loss scale divided out);
+        with shard_only, of the optimizer shard's alone (ZeRO-1: the other processes hold the
+        rest, reduced).  Not finite where a gradient is not (fp16: an overflow)."""
         self._ensure_grads()
         cdef const float* grads = floats(self._grads)
         cdef Py_ssize_t n = self.param_layout.size
@@ -580,7 +605,38 @@ cdef class Model:
         with nogil:
             norm_squared = self.table.global_norm_squared(self.table.ctx, grads, n)
         self.backend.check_error()
-        return sqrt(norm_squared)
+        return sqrt(norm_squared) / self.loss_scale
+
+    def gradients_overflowed(self, double grad_norm):
+        """Whether a step's gradients, of this grad_norm, overflowed fp16 (not finite): its
+        update is to be skipped (elsewhere never: fp32 and bf16 do not scale their loss)."""
+        return self.precision == "fp16" and not isfinite(grad_norm)
+
+    def adjust_loss_scale(self, bint finite):
+        """After a step's gradients (fp16's dynamic loss scaling; elsewhere nothing): not
+        finite, the scale halves (the caller skips the update); LOSS_SCALE_GROWTH_STEPS finite
+        ones in a row, it doubles.  Returns whether the scale changed."""
+        if self.precision != "fp16":
+            return False
+        cdef float before = self.loss_scale
+        if not finite:
+            self.loss_scale = max(self.loss_scale / 2, 1.0)
+            self.loss_scale_steps = 0
+        else:
+            self.loss_scale_steps += 1
+            if self.loss_scale_steps >= LOSS_SCALE_GROWTH_STEPS:
+                self.loss_scale = min(self.loss_scale * 2, LOSS_SCALE_MAX)
+                self.loss_scale_steps = 0
+        return self.loss_scale != before
+
+    def set_loss_scale(self, float scale, int steps=0):
+        """Set the loss scale (a power of two; a resume, tests) and the finite steps since it
+        last changed."""
+        if self.precision != "fp16" and scale != 1.0:
+            raise ValueError(f"a {self.precision} model has no loss scale (fp16 has)")
+        if not (scale >= 1.0 and isfinite(scale)):
+            raise ValueError(f"the loss scale must be a finite power of two >= 1, got {scale}")
+        self.loss_scale, self.loss_scale_steps = scale, steps
 
     def _decay_spans(self, bint decay_2d_only):
         """[(start, size, decayed)]: runs of neighbouring tensors that share their decay."""
@@ -599,11 +655,12 @@ cdef class Model:
 
     def update(self, float lr, float beta1, float beta2, float eps, float weight_decay, int t,
                float grad_scale=1.0, bint decay_2d_only=False):
-        """One AdamW step (t counts from 1) on grads * grad_scale, of the parameters in the
-        optimizer shard (all unless sharded).  Weight decay applies to every tensor, as llm.c's
+        """One AdamW step (t counts from 1) on grads * grad_scale / loss_scale, of the
+        parameters in the optimizer shard (all unless sharded).  Weight decay applies to every tensor, as llm.c's
         train_gpt2.c, or with decay_2d_only to MATRICES alone, as llm.c's CUDA trainer."""
         if t < 1:
             raise ValueError(f"the AdamW step t counts from 1, got {t}")
+        grad_scale /= self.loss_scale   # exact: a power of two
         self._ensure_grads()
         self._m = self._moments(self._m)
         self._v = self._moments(self._v)

@@ -12,6 +12,7 @@ The JSON log (llmc/logger.py's Logger writes it beside main.log) has one object 
     {"type": "val", "step", "loss"}                                  every val loss
     {"type": "eval", "step", "accuracy", "correct", "examples"}      HellaSwag (-h 1)
     {"type": "skip", "step", "reason", "z", "threshold"}             an update -sl/-sg skipped
+    {"type": "skip", "step", "reason": "overflow", "loss_scale"}      one fp16's overflow skipped
     {"type": "report", ...}  at the end: the summary the console prints as a table
 A resumed run appends to it (a new "run" line first).
 

@@ -5,6 +5,7 @@ Planted faults: deliberately wrong table entries, for the tests that prove check
 """
 from accel.backend cimport Backend, BackendTable
 from kernels.bf16 cimport bf16, float_bits, widen
+from kernels.fp16 cimport fp16, fp16_to_float as fp16_value, float_to_fp16, widen_fp16
 from kernels.gelu cimport gelu_forward
 from kernels.layernorm cimport layernorm_backward
 from kernels.matmul cimport matmul_forward
@@ -57,17 +58,37 @@ cdef void bf16_truncating_gelu_forward(void* ctx, float* out, const float* inp,
         (<bf16*>out)[i] = <bf16>(float_bits(wide[N + i]) >> 16)
     free(wide)
 
+cdef void fp16_truncating_gelu_forward(void* ctx, float* out, const float* inp,
+                                       Py_ssize_t N) noexcept nogil:
+    # as bf16_truncating_gelu_forward, in fp16: each output rounded toward zero (the fp16
+    # below it in magnitude), off by at most one ulp
+    cdef float* wide = <float*>malloc(2 * N * sizeof(float) + 1)
+    cdef Py_ssize_t i
+    cdef fp16 h
+    if wide == NULL:
+        return
+    widen_fp16(wide, <const fp16*>inp, N)
+    gelu_forward(wide + N, wide, N)
+    for i in range(N):
+        h = float_to_fp16(wide[N + i])
+        if abs(<double>fp16_value(h)) > abs(<double>wide[N + i]) and (h & 0x7fff) != 0:
+            h -= 1   # rounded up in magnitude: the neighbour toward zero
+        (<fp16*>out)[i] = h
+    free(wide)
+
 FAULTS = ("gelu_forward", "layernorm_backward",      # found by tests/test_backend.py
           "flash_attention_backward")                # and tests/test_flash_attention.py
 LLAMA_FAULTS = ("rope_backward",)                    # found by tests/test_llama_model.py
 SUBTLE_FAULTS = ("matmul_forward",)                  # found at d12's widths by test_check_tolerance.py
 BF16_FAULTS = ("bf16_gelu_forward",)                 # found by tests/test_bf16.py (a bf16 table)
+FP16_FAULTS = ("fp16_gelu_forward",)                 # found by tests/test_fp16.py (an fp16 table)
 
 
 def faulty_cpu(str fault):
-    """The CPU backend with one entry (of FAULTS, LLAMA_FAULTS, SUBTLE_FAULTS or BF16_FAULTS,
-    whose backend is the bf16 one) wrong."""
-    cdef str precision = "bf16" if fault in BF16_FAULTS else "fp32"
+    """The CPU backend with one entry (of FAULTS, LLAMA_FAULTS, SUBTLE_FAULTS, BF16_FAULTS or
+    FP16_FAULTS, whose backends are the bf16 and fp16 ones) wrong."""
+    cdef str precision = ("bf16" if fault in BF16_FAULTS else "fp16" if fault in FP16_FAULTS
+                          else "fp32")
     cdef Backend good = cpu.create(precision=precision)
     cdef Backend backend = Backend(f"cpu-with-faulty-{fault}", True, good.groups, good, precision)
     backend.table = good.table
@@ -84,7 +105,9 @@ def faulty_cpu(str fault):
         t.matmul_forward = bf16_truncating_matmul_forward
     elif fault == "bf16_gelu_forward":
         t.gelu_forward = bf16_truncating_gelu_forward
+    elif fault == "fp16_gelu_forward":
+        t.gelu_forward = fp16_truncating_gelu_forward
     else:
         raise ValueError(f"no planted fault for {fault!r} (there are: "
-                         f"{', '.join(FAULTS + LLAMA_FAULTS + SUBTLE_FAULTS + BF16_FAULTS)})")
+                         f"{', '.join(FAULTS + LLAMA_FAULTS + SUBTLE_FAULTS + BF16_FAULTS + FP16_FAULTS)})")
     return backend

@@ -1,6 +1,7 @@
 """Mixed precision (bf16) on the CPU: the conversions, the bf16 table entry by entry against the
-fp32 table, both bf16 GEMM paths, check: at bf16 and a planted rounding fault, and the models
-(master weights, stochastic rounding, determinism) of both families."""
+fp32 table (and the fp16 table, check:'s oracle for the GPUs' half precision, likewise), both
+bf16 GEMM paths, check: at bf16 and a planted rounding fault, and the models (master weights,
+stochastic rounding, determinism) of both families."""
 import dataclasses
 import os
 import subprocess
@@ -14,7 +15,7 @@ from accel.backend import BackendError, get_backend
 from accel.spec import BY_NAME, ORDER, evaluate, tolerance
 from entries import SMALL, numbers
 from faults import faulty_cpu
-from kernels import bf16
+from kernels import bf16, fp16
 from train_gpt2 import GPT2, GPT2Config
 from train_llama2 import Llama2
 
@@ -79,10 +80,28 @@ def test_stochastic_rounding_depends_on_index_and_seed_alone():
     assert np.array_equal(bf16.to_bf16(x[50_000:], seed=11, first=50_000), whole[50_000:])
 
 
-# --- the bf16 table against the fp32 table --------------------------------------------------
+# --- the bf16 (and fp16) table against the fp32 table ----------------------------------------
 
-def bf16_values(rng, arg, dims):
-    """Inputs for an argument as the spec's init says, every value exactly a bf16."""
+def rounded(values, precision):
+    """float32 values rounded to nearest at a narrow precision, as float32."""
+    if precision == "fp16":
+        return fp16.from_fp16(fp16.to_fp16(values))
+    return bf16.to_float32(bf16.to_bf16(values))
+
+
+def stored(values, precision):
+    """float32 values as a narrow precision's bits, for a buffer (and back: loaded)."""
+    return fp16.to_fp16(values) if precision == "fp16" else bf16.to_bf16(values)
+
+
+def loaded(buffer, precision):
+    if precision == "fp16":
+        return buffer.to_numpy(np.float16).astype(np.float32)
+    return bf16.to_float32(buffer.to_numpy(np.uint16))
+
+
+def narrow_values(rng, arg, dims, precision="bf16"):
+    """Inputs for an argument as the spec's init says, every value exactly of the precision."""
     n = evaluate(arg.elements, dims)
     if arg.init == "tokens":
         return rng.integers(0, dims["V"], n).astype(np.int32)
@@ -95,7 +114,7 @@ def bf16_values(rng, arg, dims):
     else:
         data = rng.standard_normal(n)
     data = data.astype(np.float32)
-    return bf16.to_float32(bf16.to_bf16(data)) if arg.floatx else data
+    return rounded(data, precision) if arg.floatx else data
 
 
 def run_entry(backend, name, inputs, dims):
@@ -107,50 +126,51 @@ def run_entry(backend, name, inputs, dims):
         if not a.pointer:
             continue
         data = inputs[a.name]
-        if a.floatx and backend.precision == "bf16":
-            data = bf16.to_bf16(data)
+        if a.floatx and backend.precision != "fp32":
+            data = stored(data, backend.precision)
         buffers[a.name] = backend.alloc(data.nbytes)
         buffers[a.name].load(data)
     backend.call(name, *[buffers[a.name] if a.pointer else values[a.name] for a in entry.args])
     out = {}
     for a in entry.args:
         if a.pointer and a.written:
-            if a.floatx and backend.precision == "bf16":
-                out[a.name] = bf16.to_float32(buffers[a.name].to_numpy(np.uint16))
+            if a.floatx and backend.precision != "fp32":
+                out[a.name] = loaded(buffers[a.name], backend.precision)
             else:
                 out[a.name] = buffers[a.name].to_numpy(np.int32 if a.dtype() == "int32" else np.float32)
     return out
 
 
-def forward_inputs(fp32, name, inputs, dims):
-    """A backward's init=forward inputs: what the fp32 forward writes, rounded to bf16."""
+def forward_inputs(fp32, name, inputs, dims, precision="bf16"):
+    """A backward's init=forward inputs: what the fp32 forward writes, rounded to precision."""
     forward = BY_NAME[name.replace("_backward", "_forward")]
     written = run_entry(fp32, forward.name, {a.name: inputs.get(a.name, np.zeros(
         evaluate(a.elements, numbers(name, dims)), np.float32)) for a in forward.args if a.pointer}, dims)
     for a in BY_NAME[name].args:
         if a.init == "forward":
             value = written[a.name]
-            inputs[a.name] = bf16.to_float32(bf16.to_bf16(value)) if a.floatx else value
+            inputs[a.name] = rounded(value, precision) if a.floatx else value
 
 
 KERNELS = [name for name in ORDER if BY_NAME[name].wrap and BY_NAME[name].group != "mixed"
            and any(a.floatx for a in BY_NAME[name].args)]
 
 
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
 @pytest.mark.parametrize("name", KERNELS)
-def test_each_bf16_entry_is_the_fp32_entry_rounded_once(name):
-    """On bf16 inputs, a bf16 entry's outputs are the fp32 entry's rounded to nearest: bit for
-    bit where the bf16 table runs the fp32 kernel on widened copies, within an ulp at a few
-    elements where it runs code of its own."""
-    fp32, half = get_backend("cpu"), get_backend("cpu", "bf16")
+def test_each_narrow_entry_is_the_fp32_entry_rounded_once(name, precision):
+    """On bf16 (fp16) inputs, a bf16 (fp16) entry's outputs are the fp32 entry's rounded to
+    nearest: bit for bit where the table runs the fp32 kernel on widened copies (every fp16
+    entry), within an ulp at a few elements where it runs code of its own."""
+    fp32, half = get_backend("cpu"), get_backend("cpu", precision)
     rng = np.random.default_rng(abs(hash(name)) % 2**32)
     dims = SMALL
     values = numbers(name, dims)
     entry = BY_NAME[name]
-    inputs = {a.name: bf16_values(rng, a, values) for a in entry.args
+    inputs = {a.name: narrow_values(rng, a, values, precision) for a in entry.args
               if a.pointer and a.init != "forward"}
     if any(a.init == "forward" for a in entry.args):
-        forward_inputs(fp32, name, inputs, dims)
+        forward_inputs(fp32, name, inputs, dims, precision)
     expected = run_entry(fp32, name, inputs, dims)
     got = run_entry(half, name, inputs, dims)
     for a in entry.args:
@@ -158,14 +178,14 @@ def test_each_bf16_entry_is_the_fp32_entry_rounded_once(name):
             continue
         want = expected[a.name]
         if a.floatx:
-            want = bf16.to_float32(bf16.to_bf16(want))
+            want = rounded(want, precision)
         if a.causal:   # only t2 <= t is written
             T = dims["T"]
             keep = np.tril(np.ones((T, T), bool))
             want, got_a = want.reshape(-1, T, T)[:, keep], got[a.name].reshape(-1, T, T)[:, keep]
         else:
             got_a = got[a.name]
-        if entry.bf16 == "adapter":   # the fp32 kernel itself on the same float32 values
+        if entry.bf16 == "adapter" or precision == "fp16":   # the fp32 kernel on the same values
             assert np.array_equal(got_a, want), (name, a.name, np.abs(got_a - want).max())
             continue
         # its own code (a GEMM, or a kernel compiled for bf16 loads): float32 sums in another

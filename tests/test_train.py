@@ -413,9 +413,16 @@ def test_a_resume_at_another_precision_is_refused_in_one_line(data, tmp_path, ca
 
 
 def test_precision_flag_errors_in_one_line(capsys, data):
-    line = error_of(capsys, "-e", "d1", "-i", data.train, "-j", data.val, "--precision", "fp16",
+    line = error_of(capsys, "-e", "d1", "-i", data.train, "-j", data.val, "--precision", "fp8",
                     status=2)
-    assert "argument --precision: invalid choice: 'fp16'" in line
+    assert "argument --precision: invalid choice: 'fp8'" in line
+    line = error_of(capsys, "-e", "d1", "-i", data.train, "-j", data.val, "--loss-scale", 1024,
+                    status=2)
+    assert line.startswith("train.py: error: argument --loss-scale: only fp16 scales its loss, "
+                           "this run is --precision fp32, got 1024.0")
+    line = error_of(capsys, "-e", "d1", "-i", data.train, "-j", data.val, "--precision", "fp16",
+                    "--loss-scale", 1000, status=2)
+    assert "argument --loss-scale: must be a power of two >= 1, got 1000.0" in line
     # a backend without bf16 kernels: accel's line
     from accel.backend import backend_names
     if dict((name, why) for name, _, why in backend_names())["ane-emu"] is not None:

@@ -479,13 +479,15 @@ MT_STATE_WORDS = 624
 
 
 def write_state(path, step, m, v, loader_state, num_processes=1, process_rank=0, master=None,
-                last_update=0):
+                last_update=0, loss_scale=None, loss_scale_steps=0):
     """Write llm.c's training state (train_gpt2.cu save_state) of process process_rank of a
     run of num_processes, on shuffled data: the step, AdamW's m and v (1-D, one value per
     parameter of this process's optimizer shard: all of them but under ZeRO-1) and
     loader_state, the state() of a shuffling DataLoader; a bf16 run also gives master, the
     float32 master weights of the same shard (llm.c's use_master_weights), and last_update,
-    the AdamW t of its last update (the seed its bf16 parameters were rounded with)."""
+    the AdamW t of its last update (the seed its bf16 parameters were rounded with); an fp16
+    run its loss scale (a power of two: header int 12 is 1 + its log2, 0 without one, as llm.c
+    leaves it) and the finite steps since it changed (header int 13)."""
     m, v = np.asarray(m), np.asarray(v)
     if m.ndim != 1 or v.shape != m.shape:
         raise ValueError(f"write_state: m and v must be 1-D and of one size, got {m.shape} "
@@ -497,6 +499,8 @@ def write_state(path, step, m, v, loader_state, num_processes=1, process_rank=0,
     header[0:6] = [STATE_MAGIC, STATE_VERSION, num_processes, process_rank,
                    int(master is not None), 1]  # shuffled
     header[10], header[11] = step, last_update
+    if loss_scale is not None:
+        header[12], header[13] = 1 + int(np.log2(loss_scale)), loss_scale_steps
     header[30:34].view("<u8")[:] = [loader_state["shard_idx"], loader_state["sample_idx"]]
     pos = int(loader_state["rng_pos"])
     rng = np.zeros((), dtype=MT_STATE_DTYPE)
@@ -531,6 +535,8 @@ class TrainingState:
     v: np.ndarray
     master: np.ndarray         # the float32 master weights of that shard (a bf16 run's), or None
     last_update: int           # the AdamW t of the last update (0: none, or not recorded)
+    loss_scale: float          # an fp16 run's loss scale, None for a run without one
+    loss_scale_steps: int      # fp16: the finite steps since the loss scale changed
     loader_state: dict         # what DataLoader.load_state takes
 
 
@@ -586,7 +592,9 @@ def read_training_state(path, num_parameters, num_processes=1, process_rank=0):
         "rng_pos": MT_STATE_WORDS if left <= 1 else MT_STATE_WORDS + 1 - left,
     }
     return TrainingState(step=int(header[10]), m=m, v=v, master=master,
-                         last_update=int(header[11]), loader_state=loader_state)
+                         last_update=int(header[11]),
+                         loss_scale=2.0 ** (header[12] - 1) if header[12] > 0 else None,
+                         loss_scale_steps=int(header[13]), loader_state=loader_state)
 
 
 def read_state(path, num_parameters, num_processes=1, process_rank=0):
