@@ -170,6 +170,20 @@ def test_half_arithmetic_is_correctly_rounded(conversions, op, numpy_op):
     assert np.all(np.isnan(out[nan].view(np.float16)))
 
 
+def test_narrowing_a_float_into_a_half_must_be_written_out(tmp_path):
+    """MSL narrows implicitly; the emulator's half and bfloat do not, so a store that forgets its
+    floatX(...) fails to build instead of rounding unseen."""
+    def builds(body):
+        source = tmp_path / "narrowing.cpp"
+        source.write_text(f'#include "msl_half.h"\nvoid f(half* h, bfloat* b, float x) {{ {body} }}\n')
+        return subprocess.run(["g++", "-std=c++17", "-fsyntax-only", "-I", str(ROOT / "accel" / "emu"), str(source)],
+                              capture_output=True).returncode == 0
+    assert builds("h[0] = half(x); b[0] = bfloat(x); float y = h[0] + b[0] * x; (void)y;")
+    assert not builds("h[0] = x;")
+    assert not builds("b[0] = x;")
+    assert not builds("h[0] = h[0] + x;")   # half + float is float, as in MSL
+
+
 @pytest.mark.parametrize("floats", [boundary_floats, random_floats], ids=["boundaries", "random"])
 def test_bfloat_rounds_as_kernels_bf16(conversions, floats):
     x = floats()
@@ -357,6 +371,7 @@ def test_fp16_narrow_params_rounds_to_nearest_even_whatever_the_seed(libraries, 
     nan = np.isnan(master)
     np.testing.assert_array_equal(got[~nan], want[~nan])
     assert np.isnan(got[nan].view(np.float16)).all()
+    np.testing.assert_array_equal(got, narrowed(get_backend("cpu", "fp16"), master, 5, seed))   # the CPU's table
 
 
 def rounded_update(target, precision, state, first, t=3):
@@ -376,8 +391,8 @@ def rounded_update(target, precision, state, first, t=3):
 def test_adamw_update_rounded_as_the_cpu(libraries, precision):
     """The float32 update as the CPU's adamw_update (within the last bits: the CPU's compiler may
     contract a multiply and an add; seen: 1.5% of the weights one or two ulps apart), and params
-    the new master rounded as narrow_params rounds it with seed t: bf16 as the CPU's bf16 table,
-    bit for bit wherever the two new masters are, fp16 to nearest even."""
+    the new master rounded as narrow_params rounds it with seed t (bf16 stochastically, fp16 to
+    nearest even): as the CPU's table of the precision, bit for bit wherever the new masters are."""
     rng = np.random.default_rng(4)
     n = 20011
     state = {"master": (rng.standard_normal(n) / 10).astype(np.float32),
@@ -396,12 +411,12 @@ def test_adamw_update_rounded_as_the_cpu(libraries, precision):
         np.testing.assert_allclose(have, want, rtol=0, atol=4 * 2.0 ** -24 * np.max(np.abs(want)), err_msg=key)
     if precision == "bf16":
         np.testing.assert_array_equal(got[0], to_bf16(got[1], seed=t, first=first))
-        params, master, _, _ = rounded_update(get_backend("cpu", "bf16"), "bf16", state, first, t)
-        same = master.view(np.uint32) == got[1].view(np.uint32)
-        assert same.mean() > 0.9
-        np.testing.assert_array_equal(got[0][same], params[same])
     else:
         np.testing.assert_array_equal(got[0], got[1].astype(np.float16).view(np.uint16))
+    params, master, _, _ = rounded_update(get_backend("cpu", precision), precision, state, first, t)
+    same = master.view(np.uint32) == got[1].view(np.uint32)
+    assert same.mean() > 0.9
+    np.testing.assert_array_equal(got[0][same], params[same])   # the CPU's table, where the masters agree
 
 
 # --- planted faults -----------------------------------------------------------------------------
