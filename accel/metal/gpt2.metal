@@ -23,7 +23,8 @@
 // precision: a kernel reads float(x[i]), computes in float and rounds each output once,
 // floatX(value); a gradient it adds into is read, added to in float, and rounded once. At fp32
 // every such conversion is the identity, so the fp32 kernels compute what they always did.
-// Intermediates an entry keeps between its kernels (attention's scores) stay float.
+// What one kernel of an entry hands the next stays float (attention's scores, probabilities,
+// datt and dpreatt: host.c's scratch). The mixed group's kernels are at the end.
 //
 // Conventions: a buffer's [[buffer(n)]] follows the table entry's argument order, outputs
 // first; scalars come after the buffers as `constant T&`. Kernels that sum over a row run one
