@@ -59,17 +59,24 @@ clean:
 	    while read -r f; do rm -f "$${f%.pyx}.c" "$$(dirname "$$f")"/*.so "$$(dirname "$$f")"/*.pyd; done
 
 # Metal on Linux: accel/metal/gpt2.metal rewritten for the CPU emulator of MSL (accel/emu) and
-# built with the emulator and the host side (accel/metal/host.c) into the library that backend
-# metal-emu loads. The tests build other variants (planted faults) with METAL_SOURCE and
-# METAL_EMU_LIB, and with ASAN=1 under AddressSanitizer; the emulator's and the host side's
-# objects are shared (accel/metal/build/*.o).
+# built with the emulator and the host side (accel/metal/host.c) into the libraries that backend
+# metal-emu loads, one per precision (floatX float, half, bfloat: accel/metal/README.md):
+# libmetal_emu.so (fp32), libmetal_emu_fp16.so, libmetal_emu_bf16.so. The tests build other
+# variants (planted faults) with METAL_SOURCE and METAL_EMU_LIB (then that library alone, at
+# METAL_PRECISION, default fp32), and with ASAN=1 under AddressSanitizer; the emulator's objects
+# are shared, the host side's one per precision (accel/metal/build/*.o).
 #   make metal-emu
-# On macOS: the Metal runtime with the same host side, and the compiled kernel library (needs
-# Xcode's command-line tools).
+# On macOS: the Metal runtime with the same host side, and the compiled kernel libraries, one of
+# each per precision (needs Xcode's command-line tools; bf16 needs MSL 3.1: macOS 14).
 #   make metal
 # On Linux, metal_runtime.m is checked by clang against stubs: make metal-syntax (below).
 METAL_SOURCE ?= accel/metal/gpt2.metal
-METAL_EMU_LIB ?= accel/metal/build/libmetal_emu.so
+METAL_PRECISION ?= fp32
+METAL_PRECISIONS = fp32 fp16 bf16
+METAL_DEFINES_fp32 =
+METAL_DEFINES_fp16 = -DACCEL_METAL_FP16
+METAL_DEFINES_bf16 = -DACCEL_METAL_BF16
+metal_suffix = $(if $(filter fp32,$(1)),,_$(1))
 METAL_EMU_FLAGS = -std=c++17 -O2 -g -Wall -fPIC -fvisibility=hidden -I accel/emu/include
 METAL_HOST_FLAGS = -std=c11 -O2 -g -Wall -fPIC -fvisibility=hidden
 ifeq ($(ASAN),1)
@@ -77,28 +84,39 @@ METAL_EMU_FLAGS += -fsanitize=address -fno-omit-frame-pointer
 METAL_HOST_FLAGS += -fsanitize=address -fno-omit-frame-pointer
 METAL_EMU_FLAVOR = .asan
 endif
-METAL_EMU_OBJECTS := accel/metal/build/emu_core$(METAL_EMU_FLAVOR).o accel/metal/build/msl_runtime$(METAL_EMU_FLAVOR).o \
-    accel/metal/build/host$(METAL_EMU_FLAVOR).o
+METAL_EMU_OBJECTS := accel/metal/build/emu_core$(METAL_EMU_FLAVOR).o accel/metal/build/msl_runtime$(METAL_EMU_FLAVOR).o
 
 .PHONY: metal-emu metal
-metal-emu: $(METAL_EMU_LIB)
-
 accel/metal/build/emu_core$(METAL_EMU_FLAVOR).o: accel/emu/emu_core.cpp accel/emu/emu_core.h
 	mkdir -p $(dir $@)
 	$(CXX) $(METAL_EMU_FLAGS) -c $< -o $@
-accel/metal/build/msl_runtime$(METAL_EMU_FLAVOR).o: accel/emu/msl_runtime.cpp accel/emu/msl_emu.h \
+accel/metal/build/msl_runtime$(METAL_EMU_FLAVOR).o: accel/emu/msl_runtime.cpp accel/emu/msl_emu.h accel/emu/msl_half.h \
         accel/emu/emu_core.h accel/metal/metal_runtime.h
 	mkdir -p $(dir $@)
 	$(CXX) $(METAL_EMU_FLAGS) -c $< -o $@
-accel/metal/build/host$(METAL_EMU_FLAVOR).o: accel/metal/host.c accel/metal/metal_runtime.h
+accel/metal/build/host_%$(METAL_EMU_FLAVOR).o: accel/metal/host.c accel/metal/metal_runtime.h
 	mkdir -p $(dir $@)
-	$(CC) $(METAL_HOST_FLAGS) -c $< -o $@
-$(METAL_EMU_LIB): $(METAL_SOURCE) $(METAL_EMU_OBJECTS) accel/emu/msl_rewrite.py accel/emu/msl_emu.h
-	mkdir -p $(dir $@)
-	$(PYTHON) accel/emu/msl_rewrite.py $(METAL_SOURCE) -o $@.cpp
-	$(CXX) $(METAL_EMU_FLAGS) -shared $@.cpp $(METAL_EMU_OBJECTS) -o $@
+	$(CC) $(METAL_HOST_FLAGS) $(METAL_DEFINES_$*) -c $< -o $@
 
-metal: accel/metal/build/libmetal_runtime.dylib accel/metal/build/gpt2.metallib
+# $(1): the emulator library, $(2): its precision
+define METAL_EMU_LIBRARY
+$(1): $(METAL_SOURCE) $(METAL_EMU_OBJECTS) accel/metal/build/host_$(2)$(METAL_EMU_FLAVOR).o accel/emu/msl_rewrite.py \
+        accel/emu/msl_emu.h accel/emu/msl_half.h
+	mkdir -p $$(dir $$@)
+	$(PYTHON) accel/emu/msl_rewrite.py $(METAL_SOURCE) -o $$@.cpp
+	$(CXX) $(METAL_EMU_FLAGS) $(METAL_DEFINES_$(2)) -shared $$@.cpp $(METAL_EMU_OBJECTS) \
+	    accel/metal/build/host_$(2)$(METAL_EMU_FLAVOR).o -o $$@
+endef
+ifeq ($(origin METAL_EMU_LIB),command line)
+$(eval $(call METAL_EMU_LIBRARY,$(METAL_EMU_LIB),$(METAL_PRECISION)))
+metal-emu: $(METAL_EMU_LIB)
+else
+$(foreach p,$(METAL_PRECISIONS),$(eval $(call METAL_EMU_LIBRARY,accel/metal/build/libmetal_emu$(call metal_suffix,$(p)).so,$(p))))
+metal-emu: $(foreach p,$(METAL_PRECISIONS),accel/metal/build/libmetal_emu$(call metal_suffix,$(p)).so)
+endif
+
+metal: $(foreach p,$(METAL_PRECISIONS),accel/metal/build/libmetal_runtime$(call metal_suffix,$(p)).dylib \
+    accel/metal/build/gpt2$(call metal_suffix,$(p)).metallib)
 
 # On Linux: metal_runtime.m checked by clang (Objective-C, ARC, every warning an error) against
 # stub declarations of the Foundation and Metal APIs it uses (accel/metal/stubs): its syntax,
@@ -113,12 +131,17 @@ metal-syntax:
 	@echo "metal_runtime.m: clean under $(METAL_CLANG) against accel/metal/stubs"
 METAL_RUNTIME_SOURCE ?= accel/metal/metal_runtime.m
 
-accel/metal/build/libmetal_runtime.dylib: accel/metal/metal_runtime.m accel/metal/host.c accel/metal/metal_runtime.h
-	mkdir -p $(dir $@)
-	xcrun clang -fobjc-arc -O2 -Wall -dynamiclib -framework Metal -framework Foundation \
-	    accel/metal/metal_runtime.m accel/metal/host.c -o $@
-
-accel/metal/build/gpt2.metallib: accel/metal/gpt2.metal
-	mkdir -p $(dir $@)
-	xcrun -sdk macosx metal -c $< -o accel/metal/build/gpt2.air
-	xcrun -sdk macosx metallib accel/metal/build/gpt2.air -o $@
+# $(1): precision; bf16's bfloat needs MSL 3.1
+define METAL_MACOS_LIBRARIES
+accel/metal/build/libmetal_runtime$(call metal_suffix,$(1)).dylib: accel/metal/metal_runtime.m accel/metal/host.c \
+        accel/metal/metal_runtime.h
+	mkdir -p $$(dir $$@)
+	xcrun clang -fobjc-arc -O2 -Wall -dynamiclib -framework Metal -framework Foundation $(METAL_DEFINES_$(1)) \
+	    accel/metal/metal_runtime.m accel/metal/host.c -o $$@
+accel/metal/build/gpt2$(call metal_suffix,$(1)).metallib: accel/metal/gpt2.metal
+	mkdir -p $$(dir $$@)
+	xcrun -sdk macosx metal $(if $(filter bf16,$(1)),-std=metal3.1) $(METAL_DEFINES_$(1)) -c $$< \
+	    -o accel/metal/build/gpt2$(call metal_suffix,$(1)).air
+	xcrun -sdk macosx metallib accel/metal/build/gpt2$(call metal_suffix,$(1)).air -o $$@
+endef
+$(foreach p,$(METAL_PRECISIONS),$(eval $(call METAL_MACOS_LIBRARIES,$(p))))

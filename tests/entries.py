@@ -10,6 +10,7 @@ import numpy as np
 
 from accel.spec import BY_NAME, ORDER, evaluate
 from kernels.bf16 import to_bf16
+from kernels.fp16 import to_fp16
 
 # odd sizes: no dimension a multiple of a tile, a warp or another dimension
 SMALL = dict(B=3, T=7, C=20, NH=4, NKV=2, hs=5, OC=60, H=26, V=37, Vp=40)
@@ -39,7 +40,8 @@ def fill(backend, arg, dims, rng):
         data = np.cos(rng.random(n) * np.pi).astype(np.float32)
     else:
         data = rng.standard_normal(n).astype(np.float32)
-    buffer.load(to_bf16(data) if arg.floatx and backend.precision == "bf16" else data)
+    narrow = {"bf16": to_bf16, "fp16": to_fp16}.get(backend.precision) if arg.floatx else None
+    buffer.load(narrow(data) if narrow else data)
     return buffer
 
 

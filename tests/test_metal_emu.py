@@ -207,16 +207,17 @@ LLAMA_FAULTS = [
      "int t2 = pos.x, t = pos.y, bh = pos.z, b = bh / NH, h = bh % NH, kvh = h % NKV;",
      {"attention_gqa_forward"}),
     ("rope-backward-forward-rotation",   # backward rotates by +angle
-     "out[at] += x0 * c + x1 * s;\n        out[at + 1] += x1 * c - x0 * s;",
-     "out[at] += x0 * c - x1 * s;\n        out[at + 1] += x1 * c + x0 * s;", {"rope_backward"}),
+     "out[at] = floatX(float(out[at]) + (x0 * c + x1 * s));\n        out[at + 1] = floatX(float(out[at + 1]) + (x1 * c - x0 * s));",
+     "out[at] = floatX(float(out[at]) + (x0 * c - x1 * s));\n        out[at + 1] = floatX(float(out[at + 1]) + (x1 * c + x0 * s));",
+     {"rope_backward"}),
     ("rmsnorm-unnormalised-mean-term",     # the mean term takes inp where it needs inp rstd
-     "dinp_bt[i] += (weight[i] * dout_bt[i] - (x[i] * s) * dnorm_norm_mean) * s;",
-     "dinp_bt[i] += (weight[i] * dout_bt[i] - x[i] * dnorm_norm_mean) * s;", {"rmsnorm_backward"}),
+     "(float(weight[i]) * float(dout_bt[i]) - (float(x[i]) * s) * dnorm_norm_mean) * s);",
+     "(float(weight[i]) * float(dout_bt[i]) - float(x[i]) * dnorm_norm_mean) * s);", {"rmsnorm_backward"}),
     ("classifier-without-the-target",      # the one-hot term of the gradient dropped
      "        if (i == target) value -= dloss;\n", "\n", {"classifier_backward"}),
     ("classifier-loss-without-the-max",    # the loss forgets the shift by the row's max
-     "losses[bt] = (maxval - x[targets[bt]]) + log_total;",
-     "losses[bt] = -x[targets[bt]] + log_total;", {"classifier_forward"}),
+     "losses[bt] = (maxval - float(x[targets[bt]])) + log_total;",
+     "losses[bt] = -float(x[targets[bt]]) + log_total;", {"classifier_forward"}),
 ]
 
 
@@ -329,7 +330,7 @@ class Runtime:
     def __init__(self, library):
         lib = self.lib = ctypes.CDLL(str(library))
         lib.metal_open.restype = ctypes.c_void_p
-        lib.metal_open.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]
+        lib.metal_open.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]
         lib.metal_alloc.restype = ctypes.c_void_p
         lib.metal_alloc.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
         lib.metal_kernel.restype = ctypes.c_void_p
@@ -341,7 +342,7 @@ class Runtime:
                                                ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint32),
                                                ctypes.POINTER(ctypes.c_uint32), ctypes.c_int]
         error = ctypes.create_string_buffer(256)
-        self.rt = lib.metal_open(b"", error, 256)
+        self.rt = lib.metal_open(b"", b"fp32", error, 256)
         assert self.rt, error.value
 
     def array(self, values, dtype):

@@ -51,10 +51,12 @@ def test_mac_script_dry_run_lists_every_step(tmp_path):
     assert done.returncode == 0, done.stderr
     steps = [line.split(":", 1)[0][3:] for line in done.stdout.splitlines() if line.startswith("== ")]
     assert steps == ["build-product", "build-metal", "parity-gpt2", "check-gpt2", "parity-llama", "check-llama",
-                     "train-llama", "train-gpt2", "bench", "ab-matmul"]
+                     "train-llama", "train-gpt2", "bench", "ab-matmul", "check-gpt2-fp16", "check-llama-fp16",
+                     "check-gpt2-bf16", "check-llama-bf16"]
     for command in ("make metal", "test_gpt2.py --backend check:metal", "test_llama2.py --backend check:metal",
                     "train.py --model stories15M --backend metal -b 4 -t 256 -x 20",
-                    "bench_metal.py -e 12 -b 4 -t 1024", "ab.py matmul --backend metal"):
+                    "bench_metal.py -e 12 -b 4 -t 1024", "ab.py matmul --backend metal",
+                    "test_gpt2.py --backend check:metal --precision bf16"):
         assert command in done.stdout, command
     if sys.platform != "darwin":   # the missing tools, one line each, and nothing run
         assert "check_and_time.sh: Metal needs macOS" in done.stderr

@@ -20,6 +20,7 @@
 #include <type_traits>
 
 #include "emu_core.h"
+#include "msl_half.h"
 
 // ---- scalar and vector types (global, as MSL has them) ------------------------------------
 
@@ -27,7 +28,6 @@ typedef unsigned int uint;
 typedef unsigned short ushort;
 typedef unsigned char uchar;
 typedef unsigned long ulong;
-typedef _Float16 half;
 
 namespace emu_msl {
 
@@ -78,11 +78,11 @@ struct alignas(sizeof(T) * 4) vec<T, 4> {
         for (int i = 0; i < N; ++i) r[i] = a[i] op b[i];                            \
         return r;                                                                   \
     }                                                                               \
-    template <class T, int N, class S, class = std::enable_if_t<std::is_arithmetic_v<S> || std::is_same_v<S, _Float16>>> \
+    template <class T, int N, class S, class = std::enable_if_t<std::is_arithmetic_v<S> || emu_msl::is_msl_float<S>>> \
     vec<T, N> operator op(const vec<T, N>& a, S s) {                                \
         return a op vec<T, N>(T(s));                                                \
     }                                                                               \
-    template <class T, int N, class S, class = std::enable_if_t<std::is_arithmetic_v<S> || std::is_same_v<S, _Float16>>> \
+    template <class T, int N, class S, class = std::enable_if_t<std::is_arithmetic_v<S> || emu_msl::is_msl_float<S>>> \
     vec<T, N> operator op(S s, const vec<T, N>& a) {                                \
         return vec<T, N>(T(s)) op a;                                                \
     }                                                                               \
@@ -235,9 +235,10 @@ inline mem_flags operator|(mem_flags a, mem_flags b) { return mem_flags(int(a) |
 #define simdgroup_barrier(...) ((void)::emu::warp_shuffle(0, int(::emu::current_thread->lane), "simdgroup_barrier", EMU_MSL_HERE))
 
 // Math: the host's accurate functions for every flavour (metal::, precise::, fast::): the
-// emulator checks logic, not the GPU's rounding. Templates, so that float and half both work.
+// emulator checks logic, not the GPU's rounding. Templates, so that float, half and bfloat all
+// work (a half's function computed in float, rounded once to half).
 #define EMU_MSL_UNARY(name, expr)                                       \
-    template <class T, class = std::enable_if_t<std::is_floating_point_v<T> || std::is_same_v<T, _Float16>>> \
+    template <class T, class = std::enable_if_t<::emu_msl::is_msl_float<T>>> \
     inline T name(T x) {                                                \
         return T(expr);                                                 \
     }

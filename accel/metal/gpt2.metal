@@ -14,6 +14,18 @@
 // logs of the losses, the square roots of the norms. Sums run in a fixed order (no float
 // atomics), so results are deterministic.
 //
+// Precision: floatX (below) is the element type of every argument accel/spec.py declares floatX
+// (activations, the parameters the kernels read, activation gradients): float, or half
+// (ACCEL_METAL_FP16) or bfloat (ACCEL_METAL_BF16, MSL 3.1), fixed when the library is compiled
+// (metal_runtime.m passes the macro, `make metal` builds a metallib per precision). Everything
+// declared float stays float at every precision: parameter gradients, statistics (mean, rstd),
+// losses, probabilities, lse, AdamW's state and the master weights. Arithmetic is float at every
+// precision: a kernel reads float(x[i]), computes in float and rounds each output once,
+// floatX(value); a gradient it adds into is read, added to in float, and rounded once. At fp32
+// every such conversion is the identity, so the fp32 kernels compute what they always did.
+// What one kernel of an entry hands the next stays float (attention's scores, probabilities,
+// datt and dpreatt: host.c's scratch). The mixed group's kernels are at the end.
+//
 // Conventions: a buffer's [[buffer(n)]] follows the table entry's argument order, outputs
 // first; scalars come after the buffers as `constant T&`. Kernels that sum over a row run one
 // threadgroup per row and reduce through simdgroups (simd_sum) and threadgroup memory; never
@@ -21,6 +33,14 @@
 #include <metal_stdlib>
 #include <metal_simdgroup_matrix>
 using namespace metal;
+
+#if defined(ACCEL_METAL_FP16)
+typedef half floatX;
+#elif defined(ACCEL_METAL_BF16)
+typedef bfloat floatX;
+#else
+typedef float floatX;
+#endif
 
 constant float LAYERNORM_EPS = 1e-5f;
 constant float GELU_SCALING_FACTOR = 0.7978845608028654f;  // sqrt(2/pi)
@@ -81,7 +101,23 @@ kernel void sum_partials(device float* partials [[buffer(0)]],
     if (simd == 0 && lane == 0) partials[group] = total;
 }
 
-// AdamW over n parameters; beta1_correction = 1 - beta1^t, beta2_correction = 1 - beta2^t.
+// One parameter's AdamW update; returns its new value. beta1_correction = 1 - beta1^t,
+// beta2_correction = 1 - beta2^t.
+float adamw_one(device float* params, device float* m, device float* v, device const float* grads, uint i,
+                float lr, float beta1, float beta2, float eps, float weight_decay, float grad_scale,
+                float beta1_correction, float beta2_correction) {
+    float grad = grads[i] * grad_scale;
+    float m_i = beta1 * m[i] + (1.0f - beta1) * grad;
+    float v_i = beta2 * v[i] + (1.0f - beta2) * grad * grad;
+    m[i] = m_i;
+    v[i] = v_i;
+    float m_hat = m_i / beta1_correction;
+    float v_hat = v_i / beta2_correction;
+    params[i] = params[i] - lr * (m_hat / (precise::sqrt(v_hat) + eps) + weight_decay * params[i]);
+    return params[i];
+}
+
+// AdamW over n parameters.
 kernel void adamw_update(device float* params [[buffer(0)]],
                          device float* m [[buffer(1)]],
                          device float* v [[buffer(2)]],
@@ -97,65 +133,58 @@ kernel void adamw_update(device float* params [[buffer(0)]],
                          constant float& beta2_correction [[buffer(12)]],
                          uint i [[thread_position_in_grid]],
                          uint stride [[threads_per_grid]]) {
-    for (; i < n; i += stride) {
-        float grad = grads[i] * grad_scale;
-        float m_i = beta1 * m[i] + (1.0f - beta1) * grad;
-        float v_i = beta2 * v[i] + (1.0f - beta2) * grad * grad;
-        m[i] = m_i;
-        v[i] = v_i;
-        float m_hat = m_i / beta1_correction;
-        float v_hat = v_i / beta2_correction;
-        params[i] = params[i] - lr * (m_hat / (precise::sqrt(v_hat) + eps) + weight_decay * params[i]);
-    }
+    for (; i < n; i += stride)
+        adamw_one(params, m, v, grads, i, lr, beta1, beta2, eps, weight_decay, grad_scale, beta1_correction,
+                  beta2_correction);
 }
 
 // ---- encoder -------------------------------------------------------------------------------
 
 // out (B,T,C) = wte[inp] + wpe[t]; grid (C, BT).
-kernel void encoder_forward(device float* out [[buffer(0)]],
+kernel void encoder_forward(device floatX* out [[buffer(0)]],
                             device const int* inp [[buffer(1)]],
-                            device const float* wte [[buffer(2)]],
-                            device const float* wpe [[buffer(3)]],
+                            device const floatX* wte [[buffer(2)]],
+                            device const floatX* wpe [[buffer(3)]],
                             constant int& T [[buffer(4)]],
                             constant int& C [[buffer(5)]],
                             uint2 pos [[thread_position_in_grid]]) {
     uint c = pos.x, bt = pos.y;
-    out[(ulong)bt * C + c] = wte[(ulong)inp[bt] * C + c] + wpe[(ulong)(bt % T) * C + c];
+    out[(ulong)bt * C + c] = floatX(float(wte[(ulong)inp[bt] * C + c]) + float(wpe[(ulong)(bt % T) * C + c]));
 }
 
 // dwte (Vp,C) += dout summed by token; grid (C): one thread per channel walks the positions in
 // order, so positions sharing a token never race.
 kernel void encoder_backward_wte(device float* dwte [[buffer(0)]],
-                                 device const float* dout [[buffer(1)]],
+                                 device const floatX* dout [[buffer(1)]],
                                  device const int* inp [[buffer(2)]],
                                  constant int& BT [[buffer(3)]],
                                  constant int& C [[buffer(4)]],
                                  uint c [[thread_position_in_grid]]) {
-    for (int bt = 0; bt < BT; ++bt) dwte[(ulong)inp[bt] * C + c] += dout[(ulong)bt * C + c];
+    for (int bt = 0; bt < BT; ++bt) dwte[(ulong)inp[bt] * C + c] += float(dout[(ulong)bt * C + c]);
 }
 
 // dwpe (maxT,C) += dout summed over the batch; grid (C, T).
 kernel void encoder_backward_wpe(device float* dwpe [[buffer(0)]],
-                                 device const float* dout [[buffer(1)]],
+                                 device const floatX* dout [[buffer(1)]],
                                  constant int& B [[buffer(2)]],
                                  constant int& T [[buffer(3)]],
                                  constant int& C [[buffer(4)]],
                                  uint2 pos [[thread_position_in_grid]]) {
     uint c = pos.x, t = pos.y;
     float acc = dwpe[(ulong)t * C + c];
-    for (int b = 0; b < B; ++b) acc += dout[((ulong)b * T + t) * C + c];
+    for (int b = 0; b < B; ++b) acc += float(dout[((ulong)b * T + t) * C + c]);
     dwpe[(ulong)t * C + c] = acc;
 }
 
 // ---- layernorm -----------------------------------------------------------------------------
 
 // out (B,T,C), mean, rstd (B,T); one threadgroup per position.
-kernel void layernorm_forward(device float* out [[buffer(0)]],
+kernel void layernorm_forward(device floatX* out [[buffer(0)]],
                               device float* mean [[buffer(1)]],
                               device float* rstd [[buffer(2)]],
-                              device const float* inp [[buffer(3)]],
-                              device const float* weight [[buffer(4)]],
-                              device const float* bias [[buffer(5)]],
+                              device const floatX* inp [[buffer(3)]],
+                              device const floatX* weight [[buffer(4)]],
+                              device const floatX* bias [[buffer(5)]],
                               constant int& C [[buffer(6)]],
                               uint bt [[threadgroup_position_in_grid]],
                               uint tid [[thread_index_in_threadgroup]],
@@ -164,20 +193,20 @@ kernel void layernorm_forward(device float* out [[buffer(0)]],
                               uint lane [[thread_index_in_simdgroup]],
                               uint num_simds [[simdgroups_per_threadgroup]]) {
     threadgroup float partial[32];
-    device const float* x = inp + (ulong)bt * C;
-    device float* out_bt = out + (ulong)bt * C;
+    device const floatX* x = inp + (ulong)bt * C;
+    device floatX* out_bt = out + (ulong)bt * C;
     float sum = 0.0f;
-    for (int i = tid; i < C; i += num_threads) sum += x[i];
+    for (int i = tid; i < C; i += num_threads) sum += float(x[i]);
     float m = threadgroup_sum(sum, partial, simd, lane, num_simds) / C;
     // variance from the shifted values (two passes), as the CPU kernel
     float var = 0.0f;
     for (int i = tid; i < C; i += num_threads) {
-        float shift = x[i] - m;
+        float shift = float(x[i]) - m;
         var += shift * shift;
     }
     var = threadgroup_sum(var, partial, simd, lane, num_simds) / C;
     float s = 1.0f / precise::sqrt(var + LAYERNORM_EPS);
-    for (int i = tid; i < C; i += num_threads) out_bt[i] = (s * (x[i] - m)) * weight[i] + bias[i];
+    for (int i = tid; i < C; i += num_threads) out_bt[i] = floatX((s * (float(x[i]) - m)) * float(weight[i]) + float(bias[i]));
     if (tid == 0) {
         mean[bt] = m;
         rstd[bt] = s;
@@ -185,10 +214,10 @@ kernel void layernorm_forward(device float* out [[buffer(0)]],
 }
 
 // dinp (B,T,C) += ...; one threadgroup per position.
-kernel void layernorm_backward_dinp(device float* dinp [[buffer(0)]],
-                                    device const float* dout [[buffer(1)]],
-                                    device const float* inp [[buffer(2)]],
-                                    device const float* weight [[buffer(3)]],
+kernel void layernorm_backward_dinp(device floatX* dinp [[buffer(0)]],
+                                    device const floatX* dout [[buffer(1)]],
+                                    device const floatX* inp [[buffer(2)]],
+                                    device const floatX* weight [[buffer(3)]],
                                     device const float* mean [[buffer(4)]],
                                     device const float* rstd [[buffer(5)]],
                                     constant int& C [[buffer(6)]],
@@ -199,22 +228,22 @@ kernel void layernorm_backward_dinp(device float* dinp [[buffer(0)]],
                                     uint lane [[thread_index_in_simdgroup]],
                                     uint num_simds [[simdgroups_per_threadgroup]]) {
     threadgroup float partial[32];
-    device const float* x = inp + (ulong)bt * C;
-    device const float* dout_bt = dout + (ulong)bt * C;
-    device float* dinp_bt = dinp + (ulong)bt * C;
+    device const floatX* x = inp + (ulong)bt * C;
+    device const floatX* dout_bt = dout + (ulong)bt * C;
+    device floatX* dinp_bt = dinp + (ulong)bt * C;
     float m = mean[bt], s = rstd[bt];
     float dnorm_sum = 0.0f, dnorm_norm_sum = 0.0f;
     for (int i = tid; i < C; i += num_threads) {
-        float dnorm = weight[i] * dout_bt[i];
+        float dnorm = float(weight[i]) * float(dout_bt[i]);
         dnorm_sum += dnorm;
-        dnorm_norm_sum += dnorm * ((x[i] - m) * s);
+        dnorm_norm_sum += dnorm * ((float(x[i]) - m) * s);
     }
     float dnorm_mean = threadgroup_sum(dnorm_sum, partial, simd, lane, num_simds) / C;
     float dnorm_norm_mean = threadgroup_sum(dnorm_norm_sum, partial, simd, lane, num_simds) / C;
     for (int i = tid; i < C; i += num_threads) {
-        float norm = (x[i] - m) * s;
-        float dnorm = weight[i] * dout_bt[i];
-        dinp_bt[i] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
+        float norm = (float(x[i]) - m) * s;
+        float dnorm = float(weight[i]) * float(dout_bt[i]);
+        dinp_bt[i] = floatX(float(dinp_bt[i]) + (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s);
     }
 }
 
@@ -222,8 +251,8 @@ kernel void layernorm_backward_dinp(device float* dinp [[buffer(0)]],
 // threadgroups (the grid is rounded up: threads past C have nothing to do).
 kernel void layernorm_backward_params(device float* dweight [[buffer(0)]],
                                       device float* dbias [[buffer(1)]],
-                                      device const float* dout [[buffer(2)]],
-                                      device const float* inp [[buffer(3)]],
+                                      device const floatX* dout [[buffer(2)]],
+                                      device const floatX* inp [[buffer(3)]],
                                       device const float* mean [[buffer(4)]],
                                       device const float* rstd [[buffer(5)]],
                                       constant int& BT [[buffer(6)]],
@@ -232,9 +261,9 @@ kernel void layernorm_backward_params(device float* dweight [[buffer(0)]],
     if (c >= uint(C)) return;
     float dw = 0.0f, db = 0.0f;
     for (int bt = 0; bt < BT; ++bt) {
-        float d = dout[(ulong)bt * C + c];
+        float d = float(dout[(ulong)bt * C + c]);
         db += d;
-        dw += (inp[(ulong)bt * C + c] - mean[bt]) * rstd[bt] * d;
+        dw += (float(inp[(ulong)bt * C + c]) - mean[bt]) * rstd[bt] * d;
     }
     dweight[c] += dw;
     dbias[c] += db;
@@ -257,26 +286,13 @@ enum {
 // simdgroup s taking blocks s, s + (simdgroups), ...; the K-slices of A and B are staged in
 // threadgroup memory (zeros past M, N or K, so any shape and any strides), and the finished
 // tile goes out through the same threadgroup memory, which masks the edges and adds bias and out.
-// Threadgroup memory: 16 KB of staging, under the 32 KB every Metal GPU has.
-kernel void matmul(device float* out [[buffer(0)]],
-                   device const float* a [[buffer(1)]],
-                   device const float* b [[buffer(2)]],
-                   device const float* bias [[buffer(3)]],
-                   constant int& M [[buffer(4)]],
-                   constant int& N [[buffer(5)]],
-                   constant int& K [[buffer(6)]],
-                   constant int& a_row [[buffer(7)]],
-                   constant int& a_k [[buffer(8)]],
-                   constant int& b_k [[buffer(9)]],
-                   constant int& b_col [[buffer(10)]],
-                   constant int& accumulate [[buffer(11)]],
-                   constant int& has_bias [[buffer(12)]],
-                   uint2 group [[threadgroup_position_in_grid]],
-                   uint t [[thread_index_in_threadgroup]],
-                   uint simd [[simdgroup_index_in_threadgroup]],
-                   uint num_simds [[simdgroups_per_threadgroup]]) {
-    threadgroup float staging[TILE * TILE];  // A's slice then B's (TILE x TILE_K each), then out's tile
-    threadgroup float identity_tile[8 * 8];
+// Threadgroup memory: 16 KB of staging, under the 32 KB every Metal GPU has. A and B are floatX,
+// staged as float: the products and sums are float32 at every precision (simdgroup_float8x8),
+// and out (floatX, or float for a parameter gradient: OutT) is rounded once.
+template <typename OutT>
+void matmul_tile(device OutT* out, device const floatX* a, device const floatX* b, device const floatX* bias, int M,
+                 int N, int K, int a_row, int a_k, int b_k, int b_col, int accumulate, int has_bias, uint2 group,
+                 uint t, uint simd, uint num_simds, threadgroup float* staging, threadgroup float* identity_tile) {
     threadgroup float* a_tile = staging;                   // a_tile[row * TILE_K + k]
     threadgroup float* b_tile = staging + TILE * TILE_K;   // b_tile[k * TILE + col]
     threadgroup float* out_tile = staging;                 // out_tile[row * TILE + col], after the slices
@@ -291,9 +307,9 @@ kernel void matmul(device float* out [[buffer(0)]],
     for (int k0 = 0; k0 < K; k0 += TILE_K) {
         for (int e = t; e < TILE * TILE_K; e += TILE_THREADS * TILE_THREADS) {
             int r = e / TILE_K, k = e % TILE_K;  // A: neighbouring threads, neighbouring k
-            a_tile[e] = row0 + r < M && k0 + k < K ? a[(long)(row0 + r) * a_row + (long)(k0 + k) * a_k] : 0.0f;
+            a_tile[e] = row0 + r < M && k0 + k < K ? float(a[(long)(row0 + r) * a_row + (long)(k0 + k) * a_k]) : 0.0f;
             int kb = e / TILE, c = e % TILE;     // B: neighbouring threads, neighbouring columns
-            b_tile[e] = k0 + kb < K && col0 + c < N ? b[(long)(k0 + kb) * b_k + (long)(col0 + c) * b_col] : 0.0f;
+            b_tile[e] = k0 + kb < K && col0 + c < N ? float(b[(long)(k0 + kb) * b_k + (long)(col0 + c) * b_col]) : 0.0f;
         }
         threadgroup_barrier(mem_flags::mem_threadgroup);
         // each slice summed on its own, then added: two-level summation keeps the rounding
@@ -319,31 +335,83 @@ kernel void matmul(device float* out [[buffer(0)]],
     for (int e = t; e < TILE * TILE; e += TILE_THREADS * TILE_THREADS) {
         int row = row0 + e / TILE, col = col0 + e % TILE;
         if (row < M && col < N) {
-            device float* o = out + (long)row * N + col;
-            float v = has_bias ? out_tile[e] + bias[col] : out_tile[e];
-            *o = accumulate ? *o + v : v;
+            device OutT* o = out + (long)row * N + col;
+            float v = has_bias ? out_tile[e] + float(bias[col]) : out_tile[e];
+            *o = OutT(accumulate ? float(*o) + v : v);
         }
     }
 }
 
+// out floatX: the forward's output, dinp
+kernel void matmul(device floatX* out [[buffer(0)]],
+                   device const floatX* a [[buffer(1)]],
+                   device const floatX* b [[buffer(2)]],
+                   device const floatX* bias [[buffer(3)]],
+                   constant int& M [[buffer(4)]],
+                   constant int& N [[buffer(5)]],
+                   constant int& K [[buffer(6)]],
+                   constant int& a_row [[buffer(7)]],
+                   constant int& a_k [[buffer(8)]],
+                   constant int& b_k [[buffer(9)]],
+                   constant int& b_col [[buffer(10)]],
+                   constant int& accumulate [[buffer(11)]],
+                   constant int& has_bias [[buffer(12)]],
+                   uint2 group [[threadgroup_position_in_grid]],
+                   uint t [[thread_index_in_threadgroup]],
+                   uint simd [[simdgroup_index_in_threadgroup]],
+                   uint num_simds [[simdgroups_per_threadgroup]]) {
+    threadgroup float staging[TILE * TILE];  // A's slice then B's (TILE x TILE_K each), then out's tile
+    threadgroup float identity_tile[8 * 8];
+    matmul_tile(out, a, b, bias, M, N, K, a_row, a_k, b_k, b_col, accumulate, has_bias, group, t, simd, num_simds,
+                staging, identity_tile);
+}
+
+// out float: dweight (the parameter gradients are float32 at every precision)
+kernel void matmul_float_out(device float* out [[buffer(0)]],
+                             device const floatX* a [[buffer(1)]],
+                             device const floatX* b [[buffer(2)]],
+                             device const floatX* bias [[buffer(3)]],
+                             constant int& M [[buffer(4)]],
+                             constant int& N [[buffer(5)]],
+                             constant int& K [[buffer(6)]],
+                             constant int& a_row [[buffer(7)]],
+                             constant int& a_k [[buffer(8)]],
+                             constant int& b_k [[buffer(9)]],
+                             constant int& b_col [[buffer(10)]],
+                             constant int& accumulate [[buffer(11)]],
+                             constant int& has_bias [[buffer(12)]],
+                             uint2 group [[threadgroup_position_in_grid]],
+                             uint t [[thread_index_in_threadgroup]],
+                             uint simd [[simdgroup_index_in_threadgroup]],
+                             uint num_simds [[simdgroups_per_threadgroup]]) {
+    threadgroup float staging[TILE * TILE];
+    threadgroup float identity_tile[8 * 8];
+    matmul_tile(out, a, b, bias, M, N, K, a_row, a_k, b_k, b_col, accumulate, has_bias, group, t, simd, num_simds,
+                staging, identity_tile);
+}
+
 // dbias (OC,) += dout (BT,OC) summed over the rows; one thread per output channel.
 kernel void bias_backward(device float* dbias [[buffer(0)]],
-                          device const float* dout [[buffer(1)]],
+                          device const floatX* dout [[buffer(1)]],
                           constant int& BT [[buffer(2)]],
                           constant int& OC [[buffer(3)]],
                           uint o [[thread_position_in_grid]]) {
     float acc = 0.0f;
-    for (int bt = 0; bt < BT; ++bt) acc += dout[(ulong)bt * OC + o];
+    for (int bt = 0; bt < BT; ++bt) acc += float(dout[(ulong)bt * OC + o]);
     dbias[o] += acc;
 }
 
 // ---- attention -----------------------------------------------------------------------------
 // inp (B,T,3C) holds q, k, v; head h's part of a row is [h*hs, (h+1)*hs) of each third.
 // preatt, att (B,NH,T,T): row t of head bh holds columns t2 <= t (causal), zero above.
+// What one kernel of an entry hands the next goes through float: the scores, the probabilities
+// the values kernel reads, the backward's datt and dpreatt (host.c: at fp32 the outputs
+// themselves, at fp16 and bf16 a float scratch buffer), so each output is the float32 value the
+// CPU computes, rounded once.
 
-// preatt = scale q k^T (zero above the diagonal); grid (T [t2], T [t], B*NH).
-kernel void attention_scores(device float* preatt [[buffer(0)]],
-                             device const float* inp [[buffer(1)]],
+// scores = scale q k^T (zero above the diagonal); grid (T [t2], T [t], B*NH).
+kernel void attention_scores(device float* scores [[buffer(0)]],
+                             device const floatX* inp [[buffer(1)]],
                              constant int& T [[buffer(2)]],
                              constant int& C [[buffer(3)]],
                              constant int& NH [[buffer(4)]],
@@ -352,18 +420,25 @@ kernel void attention_scores(device float* preatt [[buffer(0)]],
     int t2 = pos.x, t = pos.y, bh = pos.z, b = bh / NH, h = bh % NH, hs = C / NH;
     float score = 0.0f;
     if (t2 <= t) {
-        device const float* q = inp + ((ulong)b * T + t) * 3 * C + h * hs;
-        device const float* k = inp + ((ulong)b * T + t2) * 3 * C + C + h * hs;
-        for (int i = 0; i < hs; ++i) score += q[i] * k[i];
+        device const floatX* q = inp + ((ulong)b * T + t) * 3 * C + h * hs;
+        device const floatX* k = inp + ((ulong)b * T + t2) * 3 * C + C + h * hs;
+        for (int i = 0; i < hs; ++i) score += float(q[i]) * float(k[i]);
         score *= scale;
     }
-    preatt[((ulong)bh * T + t) * T + t2] = score;
+    scores[((ulong)bh * T + t) * T + t2] = score;
 }
 
-// att = softmax of preatt over t2 <= t (zero above); one threadgroup per row, grid (T, B*NH).
-kernel void attention_softmax(device float* att [[buffer(0)]],
-                              device const float* preatt [[buffer(1)]],
-                              constant int& T [[buffer(2)]],
+// att = softmax of the scores over t2 <= t (zero above); with write_preatt also preatt = the
+// scores rounded, with keep_probs the scores replaced by the probabilities in float (both at fp16
+// and bf16, where the scores are host.c's float scratch; at fp32 the scores are preatt, or att
+// itself: in place, each thread reading its elements before it writes them); one threadgroup per
+// row, grid (T, B*NH).
+kernel void attention_softmax(device floatX* att [[buffer(0)]],
+                              device floatX* preatt [[buffer(1)]],
+                              device float* scores [[buffer(2)]],
+                              constant int& T [[buffer(3)]],
+                              constant int& write_preatt [[buffer(4)]],
+                              constant int& keep_probs [[buffer(5)]],
                               uint2 group [[threadgroup_position_in_grid]],
                               uint tid [[thread_index_in_threadgroup]],
                               uint num_threads [[threads_per_threadgroup]],
@@ -373,75 +448,86 @@ kernel void attention_softmax(device float* att [[buffer(0)]],
     threadgroup float partial[32];
     int t = group.x;
     ulong row = ((ulong)group.y * T + t) * T;
-    device const float* pre_t = preatt + row;
-    device float* att_t = att + row;
+    device float* pre_t = scores + row;
+    device floatX* att_t = att + row;
     float maxval = -INFINITY;
     for (int t2 = tid; t2 <= t; t2 += num_threads) maxval = max(maxval, pre_t[t2]);
     maxval = threadgroup_max(maxval, partial, simd, lane, num_simds);
     float sum = 0.0f;
-    for (int t2 = tid; t2 <= t; t2 += num_threads) {
-        float e = precise::exp(pre_t[t2] - maxval);
-        att_t[t2] = e;
-        sum += e;
-    }
+    for (int t2 = tid; t2 <= t; t2 += num_threads) sum += precise::exp(pre_t[t2] - maxval);
     float inv = 1.0f / threadgroup_sum(sum, partial, simd, lane, num_simds);
-    for (int t2 = tid; t2 < T; t2 += num_threads) att_t[t2] = t2 <= t ? att_t[t2] * inv : 0.0f;
+    for (int t2 = tid; t2 < T; t2 += num_threads) {
+        float score = pre_t[t2];
+        float p = t2 <= t ? precise::exp(score - maxval) * inv : 0.0f;
+        if (write_preatt) preatt[row + t2] = floatX(score);
+        if (keep_probs) pre_t[t2] = p;
+        att_t[t2] = floatX(p);
+    }
 }
 
-// out (B,T,C) = att v; grid (hs, T, B*NH).
-kernel void attention_values(device float* out [[buffer(0)]],
+// out (B,T,C) = att v, att the probabilities in float; grid (hs, T, B*NH).
+kernel void attention_values(device floatX* out [[buffer(0)]],
                              device const float* att [[buffer(1)]],
-                             device const float* inp [[buffer(2)]],
+                             device const floatX* inp [[buffer(2)]],
                              constant int& T [[buffer(3)]],
                              constant int& C [[buffer(4)]],
                              constant int& NH [[buffer(5)]],
                              uint3 pos [[thread_position_in_grid]]) {
     int i = pos.x, t = pos.y, bh = pos.z, b = bh / NH, h = bh % NH, hs = C / NH;
     device const float* att_t = att + ((ulong)bh * T + t) * T;
-    device const float* v = inp + (ulong)b * T * 3 * C + 2 * C + h * hs + i;
+    device const floatX* v = inp + (ulong)b * T * 3 * C + 2 * C + h * hs + i;
     float acc = 0.0f;
-    for (int t2 = 0; t2 <= t; ++t2) acc += att_t[t2] * v[(ulong)t2 * 3 * C];
-    out[((ulong)b * T + t) * C + h * hs + i] = acc;
+    for (int t2 = 0; t2 <= t; ++t2) acc += att_t[t2] * float(v[(ulong)t2 * 3 * C]);
+    out[((ulong)b * T + t) * C + h * hs + i] = floatX(acc);
 }
 
-// datt[t][t2] += dout_t . v_t2 (t2 <= t); grid (T [t2], T [t], B*NH).
-kernel void attention_backward_datt(device float* datt [[buffer(0)]],
-                                    device const float* dout [[buffer(1)]],
-                                    device const float* inp [[buffer(2)]],
-                                    constant int& T [[buffer(3)]],
-                                    constant int& C [[buffer(4)]],
-                                    constant int& NH [[buffer(5)]],
+// datt[t][t2] += dout_t . v_t2 (t2 <= t), and with keep_float datt_float the same unrounded;
+// grid (T [t2], T [t], B*NH).
+kernel void attention_backward_datt(device floatX* datt [[buffer(0)]],
+                                    device float* datt_float [[buffer(1)]],
+                                    device const floatX* dout [[buffer(2)]],
+                                    device const floatX* inp [[buffer(3)]],
+                                    constant int& T [[buffer(4)]],
+                                    constant int& C [[buffer(5)]],
+                                    constant int& NH [[buffer(6)]],
+                                    constant int& keep_float [[buffer(7)]],
                                     uint3 pos [[thread_position_in_grid]]) {
     int t2 = pos.x, t = pos.y, bh = pos.z, b = bh / NH, h = bh % NH, hs = C / NH;
     if (t2 > t) return;
-    device const float* dout_t = dout + ((ulong)b * T + t) * C + h * hs;
-    device const float* v = inp + ((ulong)b * T + t2) * 3 * C + 2 * C + h * hs;
+    device const floatX* dout_t = dout + ((ulong)b * T + t) * C + h * hs;
+    device const floatX* v = inp + ((ulong)b * T + t2) * 3 * C + 2 * C + h * hs;
     float acc = 0.0f;
-    for (int i = 0; i < hs; ++i) acc += dout_t[i] * v[i];
-    datt[((ulong)bh * T + t) * T + t2] += acc;
+    for (int i = 0; i < hs; ++i) acc += float(dout_t[i]) * float(v[i]);
+    const ulong at = ((ulong)bh * T + t) * T + t2;
+    const float d = float(datt[at]) + acc;
+    datt[at] = floatX(d);
+    if (keep_float) datt_float[at] = d;
 }
 
 // dv[t2] += sum over t >= t2 of att[t][t2] dout_t; grid (hs, T [t2], B*NH).
-kernel void attention_backward_dv(device float* dinp [[buffer(0)]],
-                                  device const float* dout [[buffer(1)]],
-                                  device const float* att [[buffer(2)]],
+kernel void attention_backward_dv(device floatX* dinp [[buffer(0)]],
+                                  device const floatX* dout [[buffer(1)]],
+                                  device const floatX* att [[buffer(2)]],
                                   constant int& T [[buffer(3)]],
                                   constant int& C [[buffer(4)]],
                                   constant int& NH [[buffer(5)]],
                                   uint3 pos [[thread_position_in_grid]]) {
     int i = pos.x, t2 = pos.y, bh = pos.z, b = bh / NH, h = bh % NH, hs = C / NH;
-    device const float* att_bh = att + (ulong)bh * T * T;
+    device const floatX* att_bh = att + (ulong)bh * T * T;
     float acc = 0.0f;
-    for (int t = t2; t < T; ++t) acc += att_bh[(ulong)t * T + t2] * dout[((ulong)b * T + t) * C + h * hs + i];
-    dinp[((ulong)b * T + t2) * 3 * C + 2 * C + h * hs + i] += acc;
+    for (int t = t2; t < T; ++t) acc += float(att_bh[(ulong)t * T + t2]) * float(dout[((ulong)b * T + t) * C + h * hs + i]);
+    const ulong at = ((ulong)b * T + t2) * 3 * C + 2 * C + h * hs + i;
+    dinp[at] = floatX(float(dinp[at]) + acc);
 }
 
-// dpreatt[t][t2] += att[t][t2] (datt[t][t2] - sum_t3 att[t][t3] datt[t][t3]); one threadgroup
-// per row, grid (T, B*NH).
-kernel void attention_backward_dpreatt(device float* dpreatt [[buffer(0)]],
-                                       device const float* datt [[buffer(1)]],
-                                       device const float* att [[buffer(2)]],
-                                       constant int& T [[buffer(3)]],
+// dpreatt[t][t2] += att[t][t2] (datt[t][t2] - sum_t3 att[t][t3] datt[t][t3]), datt in float,
+// and with keep_float dpreatt_float the same unrounded; one threadgroup per row, grid (T, B*NH).
+kernel void attention_backward_dpreatt(device floatX* dpreatt [[buffer(0)]],
+                                       device float* dpreatt_float [[buffer(1)]],
+                                       device const float* datt [[buffer(2)]],
+                                       device const floatX* att [[buffer(3)]],
+                                       constant int& T [[buffer(4)]],
+                                       constant int& keep_float [[buffer(5)]],
                                        uint2 group [[threadgroup_position_in_grid]],
                                        uint tid [[thread_index_in_threadgroup]],
                                        uint num_threads [[threads_per_threadgroup]],
@@ -452,15 +538,19 @@ kernel void attention_backward_dpreatt(device float* dpreatt [[buffer(0)]],
     int t = group.x;
     ulong row = ((ulong)group.y * T + t) * T;
     float dot = 0.0f;
-    for (int t2 = tid; t2 <= t; t2 += num_threads) dot += att[row + t2] * datt[row + t2];
+    for (int t2 = tid; t2 <= t; t2 += num_threads) dot += float(att[row + t2]) * datt[row + t2];
     dot = threadgroup_sum(dot, partial, simd, lane, num_simds);
-    for (int t2 = tid; t2 <= t; t2 += num_threads) dpreatt[row + t2] += att[row + t2] * (datt[row + t2] - dot);
+    for (int t2 = tid; t2 <= t; t2 += num_threads) {
+        const float d = float(dpreatt[row + t2]) + float(att[row + t2]) * (datt[row + t2] - dot);
+        dpreatt[row + t2] = floatX(d);
+        if (keep_float) dpreatt_float[row + t2] = d;
+    }
 }
 
-// dq[t] += scale sum over t2 <= t of dpreatt[t][t2] k_t2; grid (hs, T, B*NH).
-kernel void attention_backward_dq(device float* dinp [[buffer(0)]],
+// dq[t] += scale sum over t2 <= t of dpreatt[t][t2] k_t2 (dpreatt in float); grid (hs, T, B*NH).
+kernel void attention_backward_dq(device floatX* dinp [[buffer(0)]],
                                   device const float* dpreatt [[buffer(1)]],
-                                  device const float* inp [[buffer(2)]],
+                                  device const floatX* inp [[buffer(2)]],
                                   constant int& T [[buffer(3)]],
                                   constant int& C [[buffer(4)]],
                                   constant int& NH [[buffer(5)]],
@@ -468,16 +558,17 @@ kernel void attention_backward_dq(device float* dinp [[buffer(0)]],
                                   uint3 pos [[thread_position_in_grid]]) {
     int i = pos.x, t = pos.y, bh = pos.z, b = bh / NH, h = bh % NH, hs = C / NH;
     device const float* dpre_t = dpreatt + ((ulong)bh * T + t) * T;
-    device const float* k = inp + (ulong)b * T * 3 * C + C + h * hs + i;
+    device const floatX* k = inp + (ulong)b * T * 3 * C + C + h * hs + i;
     float acc = 0.0f;
-    for (int t2 = 0; t2 <= t; ++t2) acc += dpre_t[t2] * k[(ulong)t2 * 3 * C];
-    dinp[((ulong)b * T + t) * 3 * C + h * hs + i] += scale * acc;
+    for (int t2 = 0; t2 <= t; ++t2) acc += dpre_t[t2] * float(k[(ulong)t2 * 3 * C]);
+    const ulong at = ((ulong)b * T + t) * 3 * C + h * hs + i;
+    dinp[at] = floatX(float(dinp[at]) + scale * acc);
 }
 
-// dk[t2] += scale sum over t >= t2 of dpreatt[t][t2] q_t; grid (hs, T [t2], B*NH).
-kernel void attention_backward_dk(device float* dinp [[buffer(0)]],
+// dk[t2] += scale sum over t >= t2 of dpreatt[t][t2] q_t (dpreatt in float); grid (hs, T [t2], B*NH).
+kernel void attention_backward_dk(device floatX* dinp [[buffer(0)]],
                                   device const float* dpreatt [[buffer(1)]],
-                                  device const float* inp [[buffer(2)]],
+                                  device const floatX* inp [[buffer(2)]],
                                   constant int& T [[buffer(3)]],
                                   constant int& C [[buffer(4)]],
                                   constant int& NH [[buffer(5)]],
@@ -485,60 +576,62 @@ kernel void attention_backward_dk(device float* dinp [[buffer(0)]],
                                   uint3 pos [[thread_position_in_grid]]) {
     int i = pos.x, t2 = pos.y, bh = pos.z, b = bh / NH, h = bh % NH, hs = C / NH;
     device const float* dpre_bh = dpreatt + (ulong)bh * T * T;
-    device const float* q = inp + (ulong)b * T * 3 * C + h * hs + i;
+    device const floatX* q = inp + (ulong)b * T * 3 * C + h * hs + i;
     float acc = 0.0f;
-    for (int t = t2; t < T; ++t) acc += dpre_bh[(ulong)t * T + t2] * q[(ulong)t * 3 * C];
-    dinp[((ulong)b * T + t2) * 3 * C + C + h * hs + i] += scale * acc;
+    for (int t = t2; t < T; ++t) acc += dpre_bh[(ulong)t * T + t2] * float(q[(ulong)t * 3 * C]);
+    const ulong at = ((ulong)b * T + t2) * 3 * C + C + h * hs + i;
+    dinp[at] = floatX(float(dinp[at]) + scale * acc);
 }
 
 // ---- GELU and residual (elementwise, grid-stride) ------------------------------------------
 
-kernel void gelu_forward(device float* out [[buffer(0)]],
-                         device const float* inp [[buffer(1)]],
+kernel void gelu_forward(device floatX* out [[buffer(0)]],
+                         device const floatX* inp [[buffer(1)]],
                          constant uint& n [[buffer(2)]],
                          uint i [[thread_position_in_grid]],
                          uint stride [[threads_per_grid]]) {
     for (; i < n; i += stride) {
-        float x = inp[i];
+        float x = float(inp[i]);
         // precise::tanh: fast math's tanh is far off for large |x| (llm.c's Metal note)
-        out[i] = 0.5f * x * (1.0f + precise::tanh(GELU_SCALING_FACTOR * (x + GELU_CUBIC * x * x * x)));
+        out[i] = floatX(0.5f * x * (1.0f + precise::tanh(GELU_SCALING_FACTOR * (x + GELU_CUBIC * x * x * x))));
     }
 }
 
-kernel void gelu_backward(device float* dinp [[buffer(0)]],
-                          device const float* inp [[buffer(1)]],
-                          device const float* dout [[buffer(2)]],
+kernel void gelu_backward(device floatX* dinp [[buffer(0)]],
+                          device const floatX* inp [[buffer(1)]],
+                          device const floatX* dout [[buffer(2)]],
                           constant uint& n [[buffer(3)]],
                           uint i [[thread_position_in_grid]],
                           uint stride [[threads_per_grid]]) {
     for (; i < n; i += stride) {
-        float x = inp[i];
+        float x = float(inp[i]);
         float tanh_out = precise::tanh(GELU_SCALING_FACTOR * (x + GELU_CUBIC * x * x * x));
         float sech2 = 1.0f - tanh_out * tanh_out;
         float local_grad = 0.5f * (1.0f + tanh_out) +
                            x * 0.5f * sech2 * GELU_SCALING_FACTOR * (1.0f + 3.0f * GELU_CUBIC * x * x);
-        dinp[i] += local_grad * dout[i];
+        dinp[i] = floatX(float(dinp[i]) + local_grad * float(dout[i]));
     }
 }
 
-kernel void residual_forward(device float* out [[buffer(0)]],
-                             device const float* inp1 [[buffer(1)]],
-                             device const float* inp2 [[buffer(2)]],
+kernel void residual_forward(device floatX* out [[buffer(0)]],
+                             device const floatX* inp1 [[buffer(1)]],
+                             device const floatX* inp2 [[buffer(2)]],
                              constant uint& n [[buffer(3)]],
                              uint i [[thread_position_in_grid]],
                              uint stride [[threads_per_grid]]) {
-    for (; i < n; i += stride) out[i] = inp1[i] + inp2[i];
+    for (; i < n; i += stride) out[i] = floatX(float(inp1[i]) + float(inp2[i]));
 }
 
-kernel void residual_backward(device float* dinp1 [[buffer(0)]],
-                              device float* dinp2 [[buffer(1)]],
-                              device const float* dout [[buffer(2)]],
+kernel void residual_backward(device floatX* dinp1 [[buffer(0)]],
+                              device floatX* dinp2 [[buffer(1)]],
+                              device const floatX* dout [[buffer(2)]],
                               constant uint& n [[buffer(3)]],
                               uint i [[thread_position_in_grid]],
                               uint stride [[threads_per_grid]]) {
     for (; i < n; i += stride) {
-        dinp1[i] += dout[i];
-        dinp2[i] += dout[i];
+        float d = float(dout[i]);
+        dinp1[i] = floatX(float(dinp1[i]) + d);
+        dinp2[i] = floatX(float(dinp2[i]) + d);
     }
 }
 
@@ -547,7 +640,7 @@ kernel void residual_backward(device float* dinp1 [[buffer(0)]],
 // probs (B,T,Vp) = softmax of logits over the first V entries, zero in the padding; one
 // threadgroup per position.
 kernel void softmax_forward(device float* probs [[buffer(0)]],
-                            device const float* logits [[buffer(1)]],
+                            device const floatX* logits [[buffer(1)]],
                             constant int& V [[buffer(2)]],
                             constant int& Vp [[buffer(3)]],
                             uint bt [[threadgroup_position_in_grid]],
@@ -557,14 +650,14 @@ kernel void softmax_forward(device float* probs [[buffer(0)]],
                             uint lane [[thread_index_in_simdgroup]],
                             uint num_simds [[simdgroups_per_threadgroup]]) {
     threadgroup float partial[32];
-    device const float* x = logits + (ulong)bt * Vp;
+    device const floatX* x = logits + (ulong)bt * Vp;
     device float* p = probs + (ulong)bt * Vp;
     float maxval = -INFINITY;
-    for (int i = tid; i < V; i += num_threads) maxval = max(maxval, x[i]);
+    for (int i = tid; i < V; i += num_threads) maxval = max(maxval, float(x[i]));
     maxval = threadgroup_max(maxval, partial, simd, lane, num_simds);
     float sum = 0.0f;
     for (int i = tid; i < V; i += num_threads) {
-        float e = precise::exp(x[i] - maxval);
+        float e = precise::exp(float(x[i]) - maxval);
         p[i] = e;
         sum += e;
     }
@@ -582,7 +675,7 @@ kernel void crossentropy_forward(device float* losses [[buffer(0)]],
 }
 
 // dlogits (B,T,Vp) += (probs - onehot(target)) dlosses, over the first V entries; grid (V, BT).
-kernel void crossentropy_softmax_backward(device float* dlogits [[buffer(0)]],
+kernel void crossentropy_softmax_backward(device floatX* dlogits [[buffer(0)]],
                                           device const float* dlosses [[buffer(1)]],
                                           device const float* probs [[buffer(2)]],
                                           device const int* targets [[buffer(3)]],
@@ -591,19 +684,19 @@ kernel void crossentropy_softmax_backward(device float* dlogits [[buffer(0)]],
     uint i = pos.x, bt = pos.y;
     ulong at = (ulong)bt * Vp + i;
     float dloss = dlosses[bt];
-    float d = dlogits[at] + probs[at] * dloss;
+    float d = float(dlogits[at]) + probs[at] * dloss;
     if (i == uint(targets[bt])) d -= dloss;
-    dlogits[at] = d;
+    dlogits[at] = floatX(d);
 }
 
 // ---- Llama: RMSNorm ------------------------------------------------------------------------
 
 // out (B,T,C) = inp rstd weight, rstd (B,T) = 1 / sqrt(mean of inp^2 + eps); one threadgroup
 // per position.
-kernel void rmsnorm_forward(device float* out [[buffer(0)]],
+kernel void rmsnorm_forward(device floatX* out [[buffer(0)]],
                             device float* rstd [[buffer(1)]],
-                            device const float* inp [[buffer(2)]],
-                            device const float* weight [[buffer(3)]],
+                            device const floatX* inp [[buffer(2)]],
+                            device const floatX* weight [[buffer(3)]],
                             constant float& eps [[buffer(4)]],
                             constant int& C [[buffer(5)]],
                             uint bt [[threadgroup_position_in_grid]],
@@ -613,22 +706,22 @@ kernel void rmsnorm_forward(device float* out [[buffer(0)]],
                             uint lane [[thread_index_in_simdgroup]],
                             uint num_simds [[simdgroups_per_threadgroup]]) {
     threadgroup float partial[32];
-    device const float* x = inp + (ulong)bt * C;
-    device float* out_bt = out + (ulong)bt * C;
+    device const floatX* x = inp + (ulong)bt * C;
+    device floatX* out_bt = out + (ulong)bt * C;
     float ss = 0.0f;
-    for (int i = tid; i < C; i += num_threads) ss += x[i] * x[i];
+    for (int i = tid; i < C; i += num_threads) ss += float(x[i]) * float(x[i]);
     ss = threadgroup_sum(ss, partial, simd, lane, num_simds);
     float s = 1.0f / precise::sqrt(ss / C + eps);
-    for (int i = tid; i < C; i += num_threads) out_bt[i] = (x[i] * s) * weight[i];
+    for (int i = tid; i < C; i += num_threads) out_bt[i] = floatX((float(x[i]) * s) * float(weight[i]));
     if (tid == 0) rstd[bt] = s;
 }
 
 // dinp (B,T,C) += rstd (weight dout - norm mean(weight dout norm)), norm = inp rstd; one
 // threadgroup per position.
-kernel void rmsnorm_backward_dinp(device float* dinp [[buffer(0)]],
-                                  device const float* dout [[buffer(1)]],
-                                  device const float* inp [[buffer(2)]],
-                                  device const float* weight [[buffer(3)]],
+kernel void rmsnorm_backward_dinp(device floatX* dinp [[buffer(0)]],
+                                  device const floatX* dout [[buffer(1)]],
+                                  device const floatX* inp [[buffer(2)]],
+                                  device const floatX* weight [[buffer(3)]],
                                   device const float* rstd [[buffer(4)]],
                                   constant int& C [[buffer(5)]],
                                   uint bt [[threadgroup_position_in_grid]],
@@ -638,29 +731,29 @@ kernel void rmsnorm_backward_dinp(device float* dinp [[buffer(0)]],
                                   uint lane [[thread_index_in_simdgroup]],
                                   uint num_simds [[simdgroups_per_threadgroup]]) {
     threadgroup float partial[32];
-    device const float* x = inp + (ulong)bt * C;
-    device const float* dout_bt = dout + (ulong)bt * C;
-    device float* dinp_bt = dinp + (ulong)bt * C;
+    device const floatX* x = inp + (ulong)bt * C;
+    device const floatX* dout_bt = dout + (ulong)bt * C;
+    device floatX* dinp_bt = dinp + (ulong)bt * C;
     float s = rstd[bt];
     float dnorm_norm_sum = 0.0f;
-    for (int i = tid; i < C; i += num_threads) dnorm_norm_sum += weight[i] * dout_bt[i] * (x[i] * s);
+    for (int i = tid; i < C; i += num_threads) dnorm_norm_sum += float(weight[i]) * float(dout_bt[i]) * (float(x[i]) * s);
     float dnorm_norm_mean = threadgroup_sum(dnorm_norm_sum, partial, simd, lane, num_simds) / C;
     for (int i = tid; i < C; i += num_threads)
-        dinp_bt[i] += (weight[i] * dout_bt[i] - (x[i] * s) * dnorm_norm_mean) * s;
+        dinp_bt[i] = floatX(float(dinp_bt[i]) + (float(weight[i]) * float(dout_bt[i]) - (float(x[i]) * s) * dnorm_norm_mean) * s);
 }
 
 // dweight (C,) += sum over the positions of inp rstd dout; one thread per channel, in whole
 // threadgroups (threads past C have nothing to do).
 kernel void rmsnorm_backward_dweight(device float* dweight [[buffer(0)]],
-                                     device const float* dout [[buffer(1)]],
-                                     device const float* inp [[buffer(2)]],
+                                     device const floatX* dout [[buffer(1)]],
+                                     device const floatX* inp [[buffer(2)]],
                                      device const float* rstd [[buffer(3)]],
                                      constant int& BT [[buffer(4)]],
                                      constant int& C [[buffer(5)]],
                                      uint c [[thread_position_in_grid]]) {
     if (c >= uint(C)) return;
     float dw = 0.0f;
-    for (int bt = 0; bt < BT; ++bt) dw += (inp[(ulong)bt * C + c] * rstd[bt]) * dout[(ulong)bt * C + c];
+    for (int bt = 0; bt < BT; ++bt) dw += (float(inp[(ulong)bt * C + c]) * rstd[bt]) * float(dout[(ulong)bt * C + c]);
     dweight[c] += dw;
 }
 
@@ -668,9 +761,9 @@ kernel void rmsnorm_backward_dweight(device float* dweight [[buffer(0)]],
 // (the embedding's backward is encoder_backward_wte: the same scatter by token)
 
 // out (B,T,C) = wte[inp]; grid (C, BT).
-kernel void embedding_forward(device float* out [[buffer(0)]],
+kernel void embedding_forward(device floatX* out [[buffer(0)]],
                               device const int* inp [[buffer(1)]],
-                              device const float* wte [[buffer(2)]],
+                              device const floatX* wte [[buffer(2)]],
                               constant int& C [[buffer(3)]],
                               uint2 pos [[thread_position_in_grid]]) {
     uint c = pos.x, bt = pos.y;
@@ -681,8 +774,8 @@ kernel void embedding_forward(device float* out [[buffer(0)]],
 // rotated by +angle (forward), or dinp += dout rotated by -angle (backward, `backward` 1);
 // cos, sin (T, hs/2). Grid (hs/2, NH, BT): a thread reads its pair before writing it, so out
 // may be inp.
-kernel void rope(device float* out [[buffer(0)]],
-                 device const float* inp [[buffer(1)]],
+kernel void rope(device floatX* out [[buffer(0)]],
+                 device const floatX* inp [[buffer(1)]],
                  device const float* freqs_cos [[buffer(2)]],
                  device const float* freqs_sin [[buffer(3)]],
                  constant int& T [[buffer(4)]],
@@ -693,56 +786,57 @@ kernel void rope(device float* out [[buffer(0)]],
     int i = pos.x, h = pos.y, bt = pos.z, half_hs = hs / 2;
     float c = freqs_cos[(bt % T) * half_hs + i], s = freqs_sin[(bt % T) * half_hs + i];
     ulong at = ((ulong)bt * NH + h) * hs + 2 * i;
-    float x0 = inp[at], x1 = inp[at + 1];
+    float x0 = float(inp[at]), x1 = float(inp[at + 1]);
     if (backward) {
-        out[at] += x0 * c + x1 * s;
-        out[at + 1] += x1 * c - x0 * s;
+        out[at] = floatX(float(out[at]) + (x0 * c + x1 * s));
+        out[at + 1] = floatX(float(out[at + 1]) + (x1 * c - x0 * s));
     } else {
-        out[at] = x0 * c - x1 * s;
-        out[at + 1] = x0 * s + x1 * c;
+        out[at] = floatX(x0 * c - x1 * s);
+        out[at + 1] = floatX(x0 * s + x1 * c);
     }
 }
 
 // out (N,) = silu(a) b, silu(a) = a / (1 + exp(-a)).
-kernel void swiglu_forward(device float* out [[buffer(0)]],
-                           device const float* a [[buffer(1)]],
-                           device const float* b [[buffer(2)]],
+kernel void swiglu_forward(device floatX* out [[buffer(0)]],
+                           device const floatX* a [[buffer(1)]],
+                           device const floatX* b [[buffer(2)]],
                            constant uint& n [[buffer(3)]],
                            uint i [[thread_position_in_grid]],
                            uint stride [[threads_per_grid]]) {
     for (; i < n; i += stride) {
-        float x = a[i];
-        out[i] = x / (1.0f + precise::exp(-x)) * b[i];
+        float x = float(a[i]);
+        out[i] = floatX(x / (1.0f + precise::exp(-x)) * float(b[i]));
     }
 }
 
 // da += dout b s (1 + a (1 - s)), db += dout a s, s = sigmoid(a).
-kernel void swiglu_backward(device float* da [[buffer(0)]],
-                            device float* db [[buffer(1)]],
-                            device const float* dout [[buffer(2)]],
-                            device const float* a [[buffer(3)]],
-                            device const float* b [[buffer(4)]],
+kernel void swiglu_backward(device floatX* da [[buffer(0)]],
+                            device floatX* db [[buffer(1)]],
+                            device const floatX* dout [[buffer(2)]],
+                            device const floatX* a [[buffer(3)]],
+                            device const floatX* b [[buffer(4)]],
                             constant uint& n [[buffer(5)]],
                             uint i [[thread_position_in_grid]],
                             uint stride [[threads_per_grid]]) {
     for (; i < n; i += stride) {
-        float x = a[i];
+        float x = float(a[i]), d = float(dout[i]);
         float s = 1.0f / (1.0f + precise::exp(-x));
-        da[i] += dout[i] * b[i] * s * (1.0f + x * (1.0f - s));
-        db[i] += dout[i] * x * s;
+        da[i] = floatX(float(da[i]) + d * float(b[i]) * s * (1.0f + x * (1.0f - s)));
+        db[i] = floatX(float(db[i]) + d * x * s);
     }
 }
 
 // ---- Llama: grouped-query attention --------------------------------------------------------
 // q (B,T,NH,hs), k, v (B,T,NKV,hs): query head h reads key/value head h / (NH/NKV).
-// att (B,NH,T,T): the softmax's rows, t2 <= t (causal), zero above. The backward's scores
-// (the gradient of the pre-softmax scores) live in a (B,NH,T,T) scratch buffer of host.c's.
+// att (B,NH,T,T): the softmax's rows, t2 <= t (causal), zero above. The forward's scores (at fp16
+// and bf16) and the backward's (the gradient of the pre-softmax scores) live in a (B,NH,T,T)
+// float scratch buffer of host.c's.
 
-// att = scale q k^T, zero above the diagonal (the softmax then runs in place: attention_softmax
-// with att as both buffers); grid (T [t2], T [t], B*NH).
-kernel void attention_gqa_scores(device float* att [[buffer(0)]],
-                                 device const float* q [[buffer(1)]],
-                                 device const float* k [[buffer(2)]],
+// scores = scale q k^T, zero above the diagonal (then attention_softmax: at fp32 in place, the
+// scores being att); grid (T [t2], T [t], B*NH).
+kernel void attention_gqa_scores(device float* scores [[buffer(0)]],
+                                 device const floatX* q [[buffer(1)]],
+                                 device const floatX* k [[buffer(2)]],
                                  constant int& T [[buffer(3)]],
                                  constant int& NH [[buffer(4)]],
                                  constant int& NKV [[buffer(5)]],
@@ -752,18 +846,18 @@ kernel void attention_gqa_scores(device float* att [[buffer(0)]],
     int t2 = pos.x, t = pos.y, bh = pos.z, b = bh / NH, h = bh % NH, kvh = h / (NH / NKV);
     float score = 0.0f;
     if (t2 <= t) {
-        device const float* q_t = q + (((ulong)b * T + t) * NH + h) * hs;
-        device const float* k_t2 = k + (((ulong)b * T + t2) * NKV + kvh) * hs;
-        for (int i = 0; i < hs; ++i) score += q_t[i] * k_t2[i];
+        device const floatX* q_t = q + (((ulong)b * T + t) * NH + h) * hs;
+        device const floatX* k_t2 = k + (((ulong)b * T + t2) * NKV + kvh) * hs;
+        for (int i = 0; i < hs; ++i) score += float(q_t[i]) * float(k_t2[i]);
         score *= scale;
     }
-    att[((ulong)bh * T + t) * T + t2] = score;
+    scores[((ulong)bh * T + t) * T + t2] = score;
 }
 
-// out (B,T,NH,hs) = att v; grid (hs, T, B*NH).
-kernel void attention_gqa_values(device float* out [[buffer(0)]],
+// out (B,T,NH,hs) = att v, att the probabilities in float; grid (hs, T, B*NH).
+kernel void attention_gqa_values(device floatX* out [[buffer(0)]],
                                  device const float* att [[buffer(1)]],
-                                 device const float* v [[buffer(2)]],
+                                 device const floatX* v [[buffer(2)]],
                                  constant int& T [[buffer(3)]],
                                  constant int& NH [[buffer(4)]],
                                  constant int& NKV [[buffer(5)]],
@@ -771,19 +865,19 @@ kernel void attention_gqa_values(device float* out [[buffer(0)]],
                                  uint3 pos [[thread_position_in_grid]]) {
     int i = pos.x, t = pos.y, bh = pos.z, b = bh / NH, h = bh % NH, kvh = h / (NH / NKV);
     device const float* att_t = att + ((ulong)bh * T + t) * T;
-    device const float* v_i = v + (ulong)b * T * NKV * hs + kvh * hs + i;
+    device const floatX* v_i = v + (ulong)b * T * NKV * hs + kvh * hs + i;
     float acc = 0.0f;
-    for (int t2 = 0; t2 <= t; ++t2) acc += att_t[t2] * v_i[(ulong)t2 * NKV * hs];
-    out[(((ulong)b * T + t) * NH + h) * hs + i] = acc;
+    for (int t2 = 0; t2 <= t; ++t2) acc += att_t[t2] * float(v_i[(ulong)t2 * NKV * hs]);
+    out[(((ulong)b * T + t) * NH + h) * hs + i] = floatX(acc);
 }
 
 // scores[t][t2] = att[t][t2] (s[t2] - sum_t3 att[t][t3] s[t3]), s[t2] = dout_t . v_t2, for
 // t2 <= t: the gradient of the scores before the softmax (above the diagonal: not written,
 // never read); one threadgroup per row, grid (T, B*NH).
 kernel void attention_gqa_backward_scores(device float* scores [[buffer(0)]],
-                                          device const float* dout [[buffer(1)]],
-                                          device const float* v [[buffer(2)]],
-                                          device const float* att [[buffer(3)]],
+                                          device const floatX* dout [[buffer(1)]],
+                                          device const floatX* v [[buffer(2)]],
+                                          device const floatX* att [[buffer(3)]],
                                           constant int& T [[buffer(4)]],
                                           constant int& NH [[buffer(5)]],
                                           constant int& NKV [[buffer(6)]],
@@ -797,23 +891,23 @@ kernel void attention_gqa_backward_scores(device float* scores [[buffer(0)]],
     threadgroup float partial[32];
     int t = group.x, bh = group.y, b = bh / NH, h = bh % NH, kvh = h / (NH / NKV);
     ulong row = ((ulong)bh * T + t) * T;
-    device const float* dout_t = dout + (((ulong)b * T + t) * NH + h) * hs;
+    device const floatX* dout_t = dout + (((ulong)b * T + t) * NH + h) * hs;
     float dot = 0.0f;
     for (int t2 = tid; t2 <= t; t2 += num_threads) {
-        device const float* v_t2 = v + (((ulong)b * T + t2) * NKV + kvh) * hs;
+        device const floatX* v_t2 = v + (((ulong)b * T + t2) * NKV + kvh) * hs;
         float s = 0.0f;
-        for (int i = 0; i < hs; ++i) s += dout_t[i] * v_t2[i];
+        for (int i = 0; i < hs; ++i) s += float(dout_t[i]) * float(v_t2[i]);
         scores[row + t2] = s;
-        dot += att[row + t2] * s;
+        dot += float(att[row + t2]) * s;
     }
     dot = threadgroup_sum(dot, partial, simd, lane, num_simds);
-    for (int t2 = tid; t2 <= t; t2 += num_threads) scores[row + t2] = att[row + t2] * (scores[row + t2] - dot);
+    for (int t2 = tid; t2 <= t; t2 += num_threads) scores[row + t2] = float(att[row + t2]) * (scores[row + t2] - dot);
 }
 
 // dq[t] += scale sum over t2 <= t of scores[t][t2] k_t2; grid (hs, T, B*NH).
-kernel void attention_gqa_backward_dq(device float* dq [[buffer(0)]],
+kernel void attention_gqa_backward_dq(device floatX* dq [[buffer(0)]],
                                       device const float* scores [[buffer(1)]],
-                                      device const float* k [[buffer(2)]],
+                                      device const floatX* k [[buffer(2)]],
                                       constant int& T [[buffer(3)]],
                                       constant int& NH [[buffer(4)]],
                                       constant int& NKV [[buffer(5)]],
@@ -822,22 +916,23 @@ kernel void attention_gqa_backward_dq(device float* dq [[buffer(0)]],
                                       uint3 pos [[thread_position_in_grid]]) {
     int i = pos.x, t = pos.y, bh = pos.z, b = bh / NH, h = bh % NH, kvh = h / (NH / NKV);
     device const float* scores_t = scores + ((ulong)bh * T + t) * T;
-    device const float* k_i = k + (ulong)b * T * NKV * hs + kvh * hs + i;
+    device const floatX* k_i = k + (ulong)b * T * NKV * hs + kvh * hs + i;
     float acc = 0.0f;
-    for (int t2 = 0; t2 <= t; ++t2) acc += scores_t[t2] * k_i[(ulong)t2 * NKV * hs];
-    dq[(((ulong)b * T + t) * NH + h) * hs + i] += scale * acc;
+    for (int t2 = 0; t2 <= t; ++t2) acc += scores_t[t2] * float(k_i[(ulong)t2 * NKV * hs]);
+    const ulong at = (((ulong)b * T + t) * NH + h) * hs + i;
+    dq[at] = floatX(float(dq[at]) + scale * acc);
 }
 
 // The gradients of key/value head kvh at position t2, summed over the query heads of its group
 // (in head order) and the positions t >= t2:
 //   dk[t2] += scale sum scores[h][t][t2] q_h[t],  dv[t2] += sum att[h][t][t2] dout_h[t]
 // grid (hs, T [t2], B*NKV).
-kernel void attention_gqa_backward_dkv(device float* dk [[buffer(0)]],
-                                       device float* dv [[buffer(1)]],
+kernel void attention_gqa_backward_dkv(device floatX* dk [[buffer(0)]],
+                                       device floatX* dv [[buffer(1)]],
                                        device const float* scores [[buffer(2)]],
-                                       device const float* att [[buffer(3)]],
-                                       device const float* q [[buffer(4)]],
-                                       device const float* dout [[buffer(5)]],
+                                       device const floatX* att [[buffer(3)]],
+                                       device const floatX* q [[buffer(4)]],
+                                       device const floatX* dout [[buffer(5)]],
                                        constant int& T [[buffer(6)]],
                                        constant int& NH [[buffer(7)]],
                                        constant int& NKV [[buffer(8)]],
@@ -851,13 +946,13 @@ kernel void attention_gqa_backward_dkv(device float* dk [[buffer(0)]],
         for (int t = t2; t < T; ++t) {
             ulong at = (head * T + t) * T + t2;
             ulong row = (((ulong)b * T + t) * NH + h) * hs + i;   // q and dout share the layout
-            dk_acc += scores[at] * q[row];
-            dv_acc += att[at] * dout[row];
+            dk_acc += scores[at] * float(q[row]);
+            dv_acc += float(att[at]) * float(dout[row]);
         }
     }
     ulong out = (((ulong)b * T + t2) * NKV + kvh) * hs + i;
-    dk[out] += scale * dk_acc;
-    dv[out] += dv_acc;
+    dk[out] = floatX(float(dk[out]) + scale * dk_acc);
+    dv[out] = floatX(float(dv[out]) + dv_acc);
 }
 
 // ---- the classifier: loss and gradient from the logits and each row's log-sum-exp ----------
@@ -867,7 +962,7 @@ kernel void attention_gqa_backward_dkv(device float* dk [[buffer(0)]],
 // (with_loss 0: no losses, no targets); one threadgroup per position.
 kernel void classifier_forward(device float* losses [[buffer(0)]],
                                device float* logsum [[buffer(1)]],
-                               device const float* logits [[buffer(2)]],
+                               device const floatX* logits [[buffer(2)]],
                                device const int* targets [[buffer(3)]],
                                constant int& V [[buffer(4)]],
                                constant int& Vp [[buffer(5)]],
@@ -879,24 +974,24 @@ kernel void classifier_forward(device float* losses [[buffer(0)]],
                                uint lane [[thread_index_in_simdgroup]],
                                uint num_simds [[simdgroups_per_threadgroup]]) {
     threadgroup float partial[32];
-    device const float* x = logits + (ulong)bt * Vp;
+    device const floatX* x = logits + (ulong)bt * Vp;
     float maxval = -INFINITY;
-    for (int i = tid; i < V; i += num_threads) maxval = max(maxval, x[i]);
+    for (int i = tid; i < V; i += num_threads) maxval = max(maxval, float(x[i]));
     maxval = threadgroup_max(maxval, partial, simd, lane, num_simds);
     float sum = 0.0f;
-    for (int i = tid; i < V; i += num_threads) sum += precise::exp(x[i] - maxval);
+    for (int i = tid; i < V; i += num_threads) sum += precise::exp(float(x[i]) - maxval);
     float log_total = precise::log(threadgroup_sum(sum, partial, simd, lane, num_simds));
     if (tid == 0) {
         logsum[bt] = log_total;
-        if (with_loss) losses[bt] = (maxval - x[targets[bt]]) + log_total;
+        if (with_loss) losses[bt] = (maxval - float(x[targets[bt]])) + log_total;
     }
 }
 
 // dlogits (B,T,Vp) += (softmax - onehot(target)) dlosses over the first V entries, the softmax
 // recomputed as exp(logits - max) exp(-logsum); one threadgroup per position.
-kernel void classifier_backward(device float* dlogits [[buffer(0)]],
+kernel void classifier_backward(device floatX* dlogits [[buffer(0)]],
                                 device const float* dlosses [[buffer(1)]],
-                                device const float* logits [[buffer(2)]],
+                                device const floatX* logits [[buffer(2)]],
                                 device const float* logsum [[buffer(3)]],
                                 device const int* targets [[buffer(4)]],
                                 constant int& V [[buffer(5)]],
@@ -908,29 +1003,29 @@ kernel void classifier_backward(device float* dlogits [[buffer(0)]],
                                 uint lane [[thread_index_in_simdgroup]],
                                 uint num_simds [[simdgroups_per_threadgroup]]) {
     threadgroup float partial[32];
-    device const float* x = logits + (ulong)bt * Vp;
-    device float* d = dlogits + (ulong)bt * Vp;
+    device const floatX* x = logits + (ulong)bt * Vp;
+    device floatX* d = dlogits + (ulong)bt * Vp;
     float maxval = -INFINITY;
-    for (int i = tid; i < V; i += num_threads) maxval = max(maxval, x[i]);
+    for (int i = tid; i < V; i += num_threads) maxval = max(maxval, float(x[i]));
     maxval = threadgroup_max(maxval, partial, simd, lane, num_simds);
     float dloss = dlosses[bt];
     float scale = precise::exp(-logsum[bt]) * dloss;
     int target = targets[bt];
     for (int i = tid; i < V; i += num_threads) {
-        float value = d[i] + precise::exp(x[i] - maxval) * scale;
+        float value = float(d[i]) + precise::exp(float(x[i]) - maxval) * scale;
         if (i == target) value -= dloss;
-        d[i] = value;
+        d[i] = floatX(value);
     }
 }
 
 // ---- flash attention -----------------------------------------------------------------------
 // Causal self-attention that keeps each row's log-sum-exp (lse) instead of (B,NH,T,T) scores
 // and probabilities (the table's "flash" group; semantics kernels/flash_attention.pyx). One set
-// of kernels for both forms, through each tensor's row stride (in floats):
+// of kernels for both forms, through each tensor's row stride (in elements):
 //     GPT-2's   q, k, v the thirds of inp (B,T,3C): ldq = ldkv = 3C; out (B,T,C): ldo = C; NKV = NH
 //     Llama's   q (B,T,NH,hs), k, v (B,T,NKV,hs): query head h reads key/value head h / (NH/NKV)
 //     both      lse (B,NH,T)
-// Tiles of R query rows by R keys, staged in threadgroup memory with a row stride of hs + 1:
+// Tiles of R query rows by R keys, staged in threadgroup memory as float with a row stride of hs + 1:
 // host.c picks R, the largest of 16, 8, 4, 2, 1 with R (hs + 1) <= FLASH_TILE (R = 16 up to
 // hs 64, 8 up to hs 128, ...; past hs 1039 it refuses). Threadgroups of any size
 // (host.c: 128); no simdgroup functions, so nothing depends on the simdgroup width.
@@ -952,9 +1047,9 @@ enum {
 // threadgroup memory: forward 4 tiles + 1 square + 3 rows (17.8 KB), backward dk/dv 6 tiles
 // + 2 squares + 2 rows (27.1 KB), dq 5 tiles + 1 square + 2 rows (21.9 KB): under 32 KB
 
-// n rows of hs floats (row stride ld) into threadgroup memory (row stride hs + 1)
-void flash_stage(threadgroup float* dst, device const float* src, ulong ld, int n, int hs, int tid, int num_threads) {
-    for (int i = tid; i < n * hs; i += num_threads) dst[(i / hs) * (hs + 1) + i % hs] = src[(i / hs) * ld + i % hs];
+// n rows of hs elements (row stride ld) into threadgroup memory as float (row stride hs + 1)
+void flash_stage(threadgroup float* dst, device const floatX* src, ulong ld, int n, int hs, int tid, int num_threads) {
+    for (int i = tid; i < n * hs; i += num_threads) dst[(i / hs) * (hs + 1) + i % hs] = float(src[(i / hs) * ld + i % hs]);
 }
 
 // whether query t sees key t2 (causal)
@@ -970,11 +1065,11 @@ float flash_dot(threadgroup const float* a, threadgroup const float* b, int hs) 
 }
 
 // out, lse; grid (query tiles, B*NH) threadgroups, the last query tiles (most keys) first.
-kernel void flash_attention_forward(device float* out [[buffer(0)]],
+kernel void flash_attention_forward(device floatX* out [[buffer(0)]],
                                     device float* lse [[buffer(1)]],
-                                    device const float* q [[buffer(2)]],
-                                    device const float* k [[buffer(3)]],
-                                    device const float* v [[buffer(4)]],
+                                    device const floatX* q [[buffer(2)]],
+                                    device const floatX* k [[buffer(3)]],
+                                    device const floatX* v [[buffer(4)]],
                                     constant int& T [[buffer(5)]],
                                     constant int& NH [[buffer(6)]],
                                     constant int& NKV [[buffer(7)]],
@@ -994,8 +1089,8 @@ kernel void flash_attention_forward(device float* out [[buffer(0)]],
     const int P = hs + 1, tid = tid_, num_threads = num_threads_;
     const int i0 = (int(num_groups.x) - 1 - int(group.x)) * R, b = group.y / NH, h = group.y % NH;
     const int rows = min(R, T - i0), kvh = flash_kv_head(h, NH, NKV);
-    device const float* k_b = k + (ulong)b * T * ldkv + kvh * hs;
-    device const float* v_b = v + (ulong)b * T * ldkv + kvh * hs;
+    device const floatX* k_b = k + (ulong)b * T * ldkv + kvh * hs;
+    device const floatX* v_b = v + (ulong)b * T * ldkv + kvh * hs;
     flash_stage(Qs, q + ((ulong)b * T + i0) * ldq + h * hs, ldq, rows, hs, tid, num_threads);
     // Os, m, l: each element only ever set by the thread that starts it here, until the last barrier
     for (int i = tid; i < rows * hs; i += num_threads) Os[(i / hs) * P + i % hs] = 0.0f;
@@ -1036,10 +1131,10 @@ kernel void flash_attention_forward(device float* out [[buffer(0)]],
         }
         threadgroup_barrier(mem_flags::mem_threadgroup);  // the next key tile overwrites K, V, S, rescale
     }
-    device float* out_i = out + ((ulong)b * T + i0) * ldo + h * hs;
+    device floatX* out_i = out + ((ulong)b * T + i0) * ldo + h * hs;
     for (int i = tid; i < rows * hs; i += num_threads) {
         const int r = i / hs, d = i % hs;
-        out_i[(ulong)r * ldo + d] = Os[r * P + d] / l[r];
+        out_i[(ulong)r * ldo + d] = floatX(Os[r * P + d] / l[r]);
     }
     for (int r = tid; r < rows; r += num_threads)
         lse[((ulong)b * NH + h) * T + i0 + r] = m[r] + precise::log(l[r]);
@@ -1047,17 +1142,17 @@ kernel void flash_attention_forward(device float* out [[buffer(0)]],
 
 // The query rows i0 .. i0 + rows - 1 of head h: q and dout staged, their lse and D = rowsum(dout out)
 void flash_stage_queries(threadgroup float* Qs, threadgroup float* dOs, threadgroup float* lse_s,
-                         threadgroup float* D, device const float* q, device const float* dout,
-                         device const float* out, device const float* lse, int T, int NH, int hs, int ldq,
+                         threadgroup float* D, device const floatX* q, device const floatX* dout,
+                         device const floatX* out, device const float* lse, int T, int NH, int hs, int ldq,
                          int ldo, int b, int h, int i0, int rows, int tid, int num_threads) {
     const ulong first = (ulong)b * T + i0;
     flash_stage(Qs, q + first * ldq + h * hs, ldq, rows, hs, tid, num_threads);
     flash_stage(dOs, dout + first * ldo + h * hs, ldo, rows, hs, tid, num_threads);
     for (int r = tid; r < rows; r += num_threads) {
-        device const float* dout_r = dout + (first + r) * ldo + h * hs;
-        device const float* out_r = out + (first + r) * ldo + h * hs;
+        device const floatX* dout_r = dout + (first + r) * ldo + h * hs;
+        device const floatX* out_r = out + (first + r) * ldo + h * hs;
         float sum = 0.0f;
-        for (int d = 0; d < hs; ++d) sum += dout_r[d] * out_r[d];
+        for (int d = 0; d < hs; ++d) sum += float(dout_r[d]) * float(out_r[d]);
         D[r] = sum;
         lse_s[r] = lse[((ulong)b * NH + h) * T + i0 + r];
     }
@@ -1084,13 +1179,13 @@ void flash_probabilities(threadgroup float* Ps, threadgroup float* dSs, threadgr
 
 // dk, dv (rows of stride ldkv) += their sums over the group's query heads; grid (key tiles,
 // B*NKV) threadgroups.
-kernel void flash_attention_backward_dkv(device float* dk [[buffer(0)]],
-                                         device float* dv [[buffer(1)]],
-                                         device const float* dout [[buffer(2)]],
-                                         device const float* q [[buffer(3)]],
-                                         device const float* k [[buffer(4)]],
-                                         device const float* v [[buffer(5)]],
-                                         device const float* out [[buffer(6)]],
+kernel void flash_attention_backward_dkv(device floatX* dk [[buffer(0)]],
+                                         device floatX* dv [[buffer(1)]],
+                                         device const floatX* dout [[buffer(2)]],
+                                         device const floatX* q [[buffer(3)]],
+                                         device const floatX* k [[buffer(4)]],
+                                         device const floatX* v [[buffer(5)]],
+                                         device const floatX* out [[buffer(6)]],
                                          device const float* lse [[buffer(7)]],
                                          constant int& T [[buffer(8)]],
                                          constant int& NH [[buffer(9)]],
@@ -1141,19 +1236,20 @@ kernel void flash_attention_backward_dkv(device float* dk [[buffer(0)]],
     }
     for (int i = tid; i < cols * hs; i += num_threads) {
         const int c = i / hs, d = i % hs;
-        dk[first + (ulong)c * ldkv + d] += dKs[c * P + d];
-        dv[first + (ulong)c * ldkv + d] += dVs[c * P + d];
+        const ulong at = first + (ulong)c * ldkv + d;
+        dk[at] = floatX(float(dk[at]) + dKs[c * P + d]);
+        dv[at] = floatX(float(dv[at]) + dVs[c * P + d]);
     }
 }
 
 // dq (rows of stride ldq) += its sum over the key tiles; grid (query tiles, B*NH) threadgroups,
 // the last query tiles (most keys) first.
-kernel void flash_attention_backward_dq(device float* dq [[buffer(0)]],
-                                        device const float* dout [[buffer(1)]],
-                                        device const float* q [[buffer(2)]],
-                                        device const float* k [[buffer(3)]],
-                                        device const float* v [[buffer(4)]],
-                                        device const float* out [[buffer(5)]],
+kernel void flash_attention_backward_dq(device floatX* dq [[buffer(0)]],
+                                        device const floatX* dout [[buffer(1)]],
+                                        device const floatX* q [[buffer(2)]],
+                                        device const floatX* k [[buffer(3)]],
+                                        device const floatX* v [[buffer(4)]],
+                                        device const floatX* out [[buffer(5)]],
                                         device const float* lse [[buffer(6)]],
                                         constant int& T [[buffer(7)]],
                                         constant int& NH [[buffer(8)]],
@@ -1174,8 +1270,8 @@ kernel void flash_attention_backward_dq(device float* dq [[buffer(0)]],
     const int P = hs + 1, tid = tid_, num_threads = num_threads_;
     const int i0 = (int(num_groups.x) - 1 - int(group.x)) * R, b = group.y / NH, h = group.y % NH;
     const int rows = min(R, T - i0), kvh = flash_kv_head(h, NH, NKV);
-    device const float* k_b = k + (ulong)b * T * ldkv + kvh * hs;
-    device const float* v_b = v + (ulong)b * T * ldkv + kvh * hs;
+    device const floatX* k_b = k + (ulong)b * T * ldkv + kvh * hs;
+    device const floatX* v_b = v + (ulong)b * T * ldkv + kvh * hs;
     flash_stage_queries(Qs, dOs, lse_s, D, q, dout, out, lse, T, NH, hs, ldq, ldo, b, h, i0, rows, tid, num_threads);
     // dQs: each element only ever touched by the thread that zeroes it here
     for (int i = tid; i < rows * hs; i += num_threads) dQs[(i / hs) * P + i % hs] = 0.0f;
@@ -1195,9 +1291,80 @@ kernel void flash_attention_backward_dq(device float* dq [[buffer(0)]],
             dQs[r * P + d] += scale * sum;
         }
     }
-    device float* dq_i = dq + ((ulong)b * T + i0) * ldq + h * hs;
+    device floatX* dq_i = dq + ((ulong)b * T + i0) * ldq + h * hs;
     for (int i = tid; i < rows * hs; i += num_threads) {
         const int r = i / hs, d = i % hs;
-        dq_i[(ulong)r * ldq + d] += dQs[r * P + d];
+        dq_i[(ulong)r * ldq + d] = floatX(float(dq_i[(ulong)r * ldq + d]) + dQs[r * P + d]);
     }
+}
+
+// ---- mixed precision: the parameters the kernels read, from the float32 master weights --------
+// (the table's "mixed" group; host.c exports it at fp16 and bf16 only)
+#if defined(ACCEL_METAL_BF16)
+// 16 uniform bits from (index, seed), kernels/bf16.pxd's noise16: for each seed a bijection of
+// the index's low 32 bits (a multiply by an odd constant, then murmur3's finaliser)
+uint noise16(ulong index, uint seed) {
+    uint h = uint(index) * 0x9E3779B1u;
+    h += uint(index >> 32) * 0x85EBCA77u + seed * 0xC2B2AE3Du;
+    h ^= h >> 16;
+    h *= 0x85EBCA6Bu;
+    h ^= h >> 13;
+    h *= 0xC2B2AE35u;
+    h ^= h >> 16;
+    return h & 0xffffu;
+}
+
+// value rounded to bfloat: to nearest even when seed < 0, else stochastically (up with
+// probability the dropped fraction, the bits from (index, seed)); a NaN stays a quiet NaN. The
+// bit arithmetic of kernels/bf16.pxd's float_to_bf16 and float_to_bf16_stochastic, bit for bit.
+floatX rounded_param(float value, ulong index, int seed) {
+    const uint bits = as_type<uint>(value);
+    uint rounded;
+    if ((bits & 0x7fffffffu) > 0x7f800000u)
+        rounded = (bits >> 16) | 0x40u;
+    else if (seed < 0)
+        rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+    else
+        rounded = (bits + noise16(index, uint(seed))) >> 16;
+    return as_type<floatX>(ushort(rounded));
+}
+#else
+// fp16: to nearest even, whatever the seed (the master weights keep what rounding drops)
+floatX rounded_param(float value, ulong index, int seed) { return floatX(value); }
+#endif
+
+// params (n,) = master (n,) rounded, element i as parameter first + i
+kernel void narrow_params(device floatX* params [[buffer(0)]],
+                          device const float* master [[buffer(1)]],
+                          constant uint& n [[buffer(2)]],
+                          constant ulong& first [[buffer(3)]],
+                          constant int& seed [[buffer(4)]],
+                          uint i [[thread_position_in_grid]],
+                          uint stride [[threads_per_grid]]) {
+    for (; i < n; i += stride) params[i] = rounded_param(master[i], first + i, seed);
+}
+
+// AdamW on the master weights, each new one rounded into params as narrow_params does with seed t
+kernel void adamw_update_rounded(device floatX* params [[buffer(0)]],
+                                 device float* master [[buffer(1)]],
+                                 device float* m [[buffer(2)]],
+                                 device float* v [[buffer(3)]],
+                                 device const float* grads [[buffer(4)]],
+                                 constant uint& n [[buffer(5)]],
+                                 constant float& lr [[buffer(6)]],
+                                 constant float& beta1 [[buffer(7)]],
+                                 constant float& beta2 [[buffer(8)]],
+                                 constant float& eps [[buffer(9)]],
+                                 constant float& weight_decay [[buffer(10)]],
+                                 constant float& grad_scale [[buffer(11)]],
+                                 constant float& beta1_correction [[buffer(12)]],
+                                 constant float& beta2_correction [[buffer(13)]],
+                                 constant int& t [[buffer(14)]],
+                                 constant ulong& first [[buffer(15)]],
+                                 uint i [[thread_position_in_grid]],
+                                 uint stride [[threads_per_grid]]) {
+    for (; i < n; i += stride)
+        params[i] = rounded_param(adamw_one(master, m, v, grads, i, lr, beta1, beta2, eps, weight_decay, grad_scale,
+                                            beta1_correction, beta2_correction),
+                                  first + i, t);
 }

@@ -14,6 +14,13 @@
  * only after metal_synchronize, and the backend is not host_visible, so a model goes through
  * copy_to_host too.
  *
+ * Precision: one build per precision (the Makefile compiles this file, and gpt2.metal, with
+ * -DACCEL_METAL_FP16 or -DACCEL_METAL_BF16 for the 2-byte ones; fp32 without). The arguments
+ * accel/spec.py declares floatX are floatX here: float, or 16 bits of half or bfloat that the host
+ * never computes on, only offsets into (so pointer arithmetic counts elements of the right size).
+ * accel_metal_precision says which build this is (metal.pyx checks it); the 2-byte builds also
+ * fill the table's mixed group (narrow_params, adamw_update_rounded).
+ *
  * Dimension letters: B batch, T time, C channels, OC output channels, NH heads, NKV key/value heads,
  * hs head size (C / NH in GPT-2), V vocabulary, Vp padded vocabulary (row stride of logits, probs and wte), N or n elements.
  */
@@ -28,6 +35,19 @@
 
 #define ACCEL_METAL_API __attribute__((visibility("default")))
 
+#if defined(ACCEL_METAL_FP16)
+#define PRECISION "fp16"
+typedef uint16_t floatX;   /* half */
+#elif defined(ACCEL_METAL_BF16)
+#define PRECISION "bf16"
+typedef uint16_t floatX;   /* bfloat */
+#else
+#define PRECISION "fp32"
+typedef float floatX;
+#endif
+/* whether floatX is narrower than float: attention's scores then go through a float scratch buffer */
+#define NARROW (sizeof(floatX) < sizeof(float))
+
 /* the kernels of gpt2.metal, looked up once by name (KERNEL_NAMES, in this order) */
 enum Kernel {
     K_FILL, K_SUM_PARTIALS, K_ADAMW, K_ENCODER_FORWARD, K_ENCODER_BACKWARD_WTE,
@@ -40,7 +60,8 @@ enum Kernel {
     K_RMSNORM_BACKWARD_DWEIGHT, K_EMBEDDING_FORWARD, K_ROPE, K_SWIGLU_FORWARD, K_SWIGLU_BACKWARD,
     K_ATTENTION_GQA_SCORES, K_ATTENTION_GQA_VALUES, K_ATTENTION_GQA_BACKWARD_SCORES, K_ATTENTION_GQA_BACKWARD_DQ,
     K_ATTENTION_GQA_BACKWARD_DKV, K_CLASSIFIER_FORWARD, K_CLASSIFIER_BACKWARD, K_FLASH_FORWARD,
-    K_FLASH_BACKWARD_DKV, K_FLASH_BACKWARD_DQ, NUM_KERNELS
+    K_FLASH_BACKWARD_DKV, K_FLASH_BACKWARD_DQ, K_MATMUL_FLOAT_OUT, K_NARROW_PARAMS, K_ADAMW_ROUNDED,
+    NUM_KERNELS
 };
 
 static const char* const KERNEL_NAMES[NUM_KERNELS] = {
@@ -55,7 +76,8 @@ static const char* const KERNEL_NAMES[NUM_KERNELS] = {
     "rmsnorm_backward_dweight", "embedding_forward", "rope", "swiglu_forward", "swiglu_backward",
     "attention_gqa_scores", "attention_gqa_values", "attention_gqa_backward_scores",
     "attention_gqa_backward_dq", "attention_gqa_backward_dkv", "classifier_forward", "classifier_backward",
-    "flash_attention_forward", "flash_attention_backward_dkv", "flash_attention_backward_dq"};
+    "flash_attention_forward", "flash_attention_backward_dkv", "flash_attention_backward_dq", "matmul_float_out",
+    "narrow_params", "adamw_update_rounded"};
 
 enum {
     ROW_THREADS = 256,             /* most threads of a one-threadgroup-per-row kernel */
@@ -74,7 +96,8 @@ typedef struct {
     MetalRuntime* rt;
     const MetalKernel* kernels[NUM_KERNELS];
     float* partials;      /* (MAX_PARTIALS,) shared memory for mean and the norm */
-    float* scores;        /* attention_gqa_backward's (B,NH,T,T) scratch, grown on demand */
+    float* scores;        /* attention's (B,NH,T,T) float scores (GQA's backward; at fp16 and bf16
+                             both forwards), grown on demand */
     size_t scores_bytes;
     char host_error[256]; /* a failure found on the host side, "" if none */
     ptrdiff_t live;       /* allocations not yet freed */
@@ -140,11 +163,15 @@ static void close_context(Context* c) {
     free(c);
 }
 
-/* A context over the runtime with the kernels of `kernels` (a .metallib or .metal file; the
- * emulator's are built into it), or NULL with a one-line reason in `error`. */
+/* The precision of this build's floatX arguments: "fp32", "fp16" or "bf16". */
+ACCEL_METAL_API const char* accel_metal_precision(void) { return PRECISION; }
+
+/* A context over the runtime with the kernels of `kernels` (a .metallib or .metal file, compiled
+ * at this build's precision; the emulator's are built into it), or NULL with a one-line reason
+ * in `error`. */
 ACCEL_METAL_API void* accel_metal_create(const char* kernels, char* error, size_t error_size) {
     error[0] = 0;
-    MetalRuntime* rt = metal_open(kernels, error, error_size);
+    MetalRuntime* rt = metal_open(kernels, PRECISION, error, error_size);
     if (rt == NULL) {
         if (error[0] == 0) snprintf(error, error_size, "the runtime cannot open %s", kernels);
         return NULL;
@@ -281,13 +308,13 @@ ACCEL_METAL_API void accel_metal_adamw_update(void* ctx, float* params, float* m
 
 /* --- gpt2: its layers ------------------------------------------------------------------------------ */
 
-ACCEL_METAL_API void accel_metal_encoder_forward(void* ctx, float* out, const int* inp, const float* wte,
-                                                 const float* wpe, int B, int T, int C) {
+ACCEL_METAL_API void accel_metal_encoder_forward(void* ctx, floatX* out, const int* inp, const floatX* wte,
+                                                 const floatX* wpe, int B, int T, int C) {
     const MetalArg args[] = {buf(out), buf(inp), buf(wte), buf(wpe), val(&T, 4), val(&C, 4)};
     threads(context(ctx), K_ENCODER_FORWARD, args, 6, C, (ptrdiff_t)B * T, 1, 32, 8);
 }
 
-ACCEL_METAL_API void accel_metal_encoder_backward(void* ctx, float* dwte, float* dwpe, const float* dout,
+ACCEL_METAL_API void accel_metal_encoder_backward(void* ctx, float* dwte, float* dwpe, const floatX* dout,
                                                   const int* inp, int B, int T, int C, int Vp) {
     const int BT = B * T;
     (void)Vp;
@@ -297,14 +324,14 @@ ACCEL_METAL_API void accel_metal_encoder_backward(void* ctx, float* dwte, float*
     threads(context(ctx), K_ENCODER_BACKWARD_WPE, wpe_args, 5, C, T, 1, 32, 8);
 }
 
-ACCEL_METAL_API void accel_metal_layernorm_forward(void* ctx, float* out, float* mean, float* rstd, const float* inp,
-                                                   const float* weight, const float* bias, int B, int T, int C) {
+ACCEL_METAL_API void accel_metal_layernorm_forward(void* ctx, floatX* out, float* mean, float* rstd, const floatX* inp,
+                                                   const floatX* weight, const floatX* bias, int B, int T, int C) {
     const MetalArg args[] = {buf(out), buf(mean), buf(rstd), buf(inp), buf(weight), buf(bias), val(&C, 4)};
     groups(context(ctx), K_LAYERNORM_FORWARD, args, 7, (ptrdiff_t)B * T, 1, row_threads(C), 1);
 }
 
-ACCEL_METAL_API void accel_metal_layernorm_backward(void* ctx, float* dinp, float* dweight, float* dbias,
-                                                    const float* dout, const float* inp, const float* weight,
+ACCEL_METAL_API void accel_metal_layernorm_backward(void* ctx, floatX* dinp, float* dweight, float* dbias,
+                                                    const floatX* dout, const floatX* inp, const floatX* weight,
                                                     const float* mean, const float* rstd, int B, int T, int C) {
     const int BT = B * T;
     const MetalArg dinp_args[] = {buf(dinp), buf(dout), buf(inp), buf(weight), buf(mean), buf(rstd), val(&C, 4)};
@@ -316,76 +343,108 @@ ACCEL_METAL_API void accel_metal_layernorm_backward(void* ctx, float* dinp, floa
 }
 
 /* out (M,N) = A B (+ bias) or +=, with A(m,k) = a[m*a_row + k*a_k], B(k,n) = b[k*b_k + n*b_col] */
-static void gemm(Context* c, float* out, const float* a, const float* b, const float* bias, int M, int N, int K,
-                 int a_row, int a_k, int b_k, int b_col, int accumulate) {
+static void gemm(Context* c, enum Kernel kernel, void* out, const floatX* a, const floatX* b, const floatX* bias,
+                 int M, int N, int K, int a_row, int a_k, int b_k, int b_col, int accumulate) {
     const int has_bias = bias != NULL;
     const MetalArg args[] = {buf(out), buf(a), buf(b),
-                             buf(has_bias ? bias : out),   /* bound but unread without a bias */
+                             buf(has_bias ? (const void*)bias : out),   /* bound but unread without a bias */
                              val(&M, 4), val(&N, 4), val(&K, 4), val(&a_row, 4), val(&a_k, 4),
                              val(&b_k, 4), val(&b_col, 4), val(&accumulate, 4), val(&has_bias, 4)};
-    groups(c, K_MATMUL, args, 13, (N + TILE - 1) / TILE, (M + TILE - 1) / TILE, TILE_THREADS, TILE_THREADS);
+    groups(c, kernel, args, 13, (N + TILE - 1) / TILE, (M + TILE - 1) / TILE, TILE_THREADS, TILE_THREADS);
 }
 
-ACCEL_METAL_API void accel_metal_matmul_forward(void* ctx, float* out, const float* inp, const float* weight,
-                                                const float* bias, int B, int T, int C, int OC) {
+ACCEL_METAL_API void accel_metal_matmul_forward(void* ctx, floatX* out, const floatX* inp, const floatX* weight,
+                                                const floatX* bias, int B, int T, int C, int OC) {
     /* out (BT,OC) = inp (BT,C) weight (OC,C)^T + bias */
-    gemm(context(ctx), out, inp, weight, bias, B * T, OC, C, C, 1, 1, C, 0);
+    gemm(context(ctx), K_MATMUL, out, inp, weight, bias, B * T, OC, C, C, 1, 1, C, 0);
 }
 
-ACCEL_METAL_API void accel_metal_matmul_backward(void* ctx, float* dinp, float* dweight, float* dbias,
-                                                 const float* dout, const float* inp, const float* weight,
+ACCEL_METAL_API void accel_metal_matmul_backward(void* ctx, floatX* dinp, float* dweight, float* dbias,
+                                                 const floatX* dout, const floatX* inp, const floatX* weight,
                                                  int B, int T, int C, int OC) {
     Context* c = context(ctx);
     const int BT = B * T;
-    gemm(c, dinp, dout, weight, NULL, BT, C, OC, OC, 1, C, 1, 1);   /* += dout weight */
-    gemm(c, dweight, dout, inp, NULL, OC, C, BT, 1, OC, C, 1, 1);   /* += dout^T inp */
+    gemm(c, K_MATMUL, dinp, dout, weight, NULL, BT, C, OC, OC, 1, C, 1, 1);           /* += dout weight */
+    gemm(c, K_MATMUL_FLOAT_OUT, dweight, dout, inp, NULL, OC, C, BT, 1, OC, C, 1, 1);  /* += dout^T inp (float) */
     if (dbias != NULL) {
         const MetalArg args[] = {buf(dbias), buf(dout), val(&BT, 4), val(&OC, 4)};
         threads(c, K_BIAS_BACKWARD, args, 4, OC, 1, 1, LINEAR_GROUP, 1);
     }
 }
 
-ACCEL_METAL_API void accel_metal_attention_forward(void* ctx, float* out, float* preatt, float* att,
-                                                   const float* inp, int B, int T, int C, int NH) {
+/* The (B,NH,T,T) float scratch of attention's scores, at least nbytes; NULL (and the host error,
+ * naming `where`) without memory. */
+static float* attention_scores(Context* c, size_t nbytes, const char* where) {
+    if (c->scores_bytes >= nbytes) return c->scores;
+    if (c->scores != NULL) {
+        metal_synchronize(c->rt);   /* no queued dispatch still uses it */
+        metal_free(c->rt, c->scores);
+    }
+    c->scores = (float*)metal_alloc(c->rt, nbytes);
+    c->scores_bytes = c->scores != NULL ? nbytes : 0;
+    if (c->scores == NULL && c->host_error[0] == 0)
+        snprintf(c->host_error, sizeof c->host_error,
+                 "%s: out of memory for its %zu-byte scratch buffer", where, nbytes);
+    return c->scores;
+}
+
+ACCEL_METAL_API void accel_metal_attention_forward(void* ctx, floatX* out, floatX* preatt, floatX* att,
+                                                   const floatX* inp, int B, int T, int C, int NH) {
     Context* c = context(ctx);
     const int hs = C / NH;
     const float scale = (float)(1.0 / (double)sqrtf((float)hs));
     const ptrdiff_t BNH = (ptrdiff_t)B * NH;
-    const MetalArg scores_args[] = {buf(preatt), buf(inp), val(&T, 4), val(&C, 4), val(&NH, 4), val(&scale, 4)};
+    const int narrow = NARROW;
+    /* the scores, then the probabilities, in float: preatt, att at fp32, a scratch buffer else */
+    float* scores = NARROW ? attention_scores(c, (size_t)BNH * T * T * sizeof(float), "attention_forward")
+                           : (float*)preatt;
+    if (scores == NULL || BNH == 0 || T == 0) return;
+    const MetalArg scores_args[] = {buf(scores), buf(inp), val(&T, 4), val(&C, 4), val(&NH, 4), val(&scale, 4)};
     threads(c, K_ATTENTION_SCORES, scores_args, 6, T, T, BNH, 16, 16);
-    const MetalArg softmax_args[] = {buf(att), buf(preatt), val(&T, 4)};
-    groups(c, K_ATTENTION_SOFTMAX, softmax_args, 3, T, BNH, row_threads(T), 1);
-    const MetalArg values_args[] = {buf(out), buf(att), buf(inp), val(&T, 4), val(&C, 4), val(&NH, 4)};
+    const MetalArg softmax_args[] = {buf(att), buf(preatt), buf(scores), val(&T, 4), val(&narrow, 4), val(&narrow, 4)};
+    groups(c, K_ATTENTION_SOFTMAX, softmax_args, 6, T, BNH, row_threads(T), 1);
+    const MetalArg values_args[] = {buf(out), buf(NARROW ? (const void*)scores : att), buf(inp), val(&T, 4),
+                                    val(&C, 4), val(&NH, 4)};
     threads(c, K_ATTENTION_VALUES, values_args, 6, hs, T, BNH, 32, 8);
 }
 
-ACCEL_METAL_API void accel_metal_attention_backward(void* ctx, float* dinp, float* dpreatt, float* datt,
-                                                    const float* dout, const float* inp, const float* att,
+ACCEL_METAL_API void accel_metal_attention_backward(void* ctx, floatX* dinp, floatX* dpreatt, floatX* datt,
+                                                    const floatX* dout, const floatX* inp, const floatX* att,
                                                     int B, int T, int C, int NH) {
     Context* c = context(ctx);
     const int hs = C / NH;
     const float scale = (float)(1.0 / (double)sqrtf((float)hs));
     const ptrdiff_t BNH = (ptrdiff_t)B * NH;
-    const MetalArg datt_args[] = {buf(datt), buf(dout), buf(inp), val(&T, 4), val(&C, 4), val(&NH, 4)};
-    threads(c, K_ATTENTION_BACKWARD_DATT, datt_args, 6, T, T, BNH, 16, 16);
+    const int narrow = NARROW;
+    /* datt and dpreatt as the next kernels read them, in float: the outputs themselves at fp32,
+     * the two halves of a scratch buffer else */
+    float* scratch = NARROW ? attention_scores(c, 2 * (size_t)BNH * T * T * sizeof(float), "attention_backward")
+                            : NULL;
+    if ((NARROW && scratch == NULL) || BNH == 0 || T == 0) return;
+    float* datt_float = NARROW ? scratch : (float*)datt;
+    float* dpreatt_float = NARROW ? scratch + (size_t)BNH * T * T : (float*)dpreatt;
+    const MetalArg datt_args[] = {buf(datt), buf(datt_float), buf(dout), buf(inp), val(&T, 4), val(&C, 4),
+                                  val(&NH, 4), val(&narrow, 4)};
+    threads(c, K_ATTENTION_BACKWARD_DATT, datt_args, 8, T, T, BNH, 16, 16);
     const MetalArg dv_args[] = {buf(dinp), buf(dout), buf(att), val(&T, 4), val(&C, 4), val(&NH, 4)};
     threads(c, K_ATTENTION_BACKWARD_DV, dv_args, 6, hs, T, BNH, 32, 8);
-    const MetalArg dpreatt_args[] = {buf(dpreatt), buf(datt), buf(att), val(&T, 4)};
-    groups(c, K_ATTENTION_BACKWARD_DPREATT, dpreatt_args, 4, T, BNH, row_threads(T), 1);
-    const MetalArg dqk_args[] = {buf(dinp), buf(dpreatt), buf(inp), val(&T, 4), val(&C, 4), val(&NH, 4),
+    const MetalArg dpreatt_args[] = {buf(dpreatt), buf(dpreatt_float), buf(datt_float), buf(att), val(&T, 4),
+                                     val(&narrow, 4)};
+    groups(c, K_ATTENTION_BACKWARD_DPREATT, dpreatt_args, 6, T, BNH, row_threads(T), 1);
+    const MetalArg dqk_args[] = {buf(dinp), buf(dpreatt_float), buf(inp), val(&T, 4), val(&C, 4), val(&NH, 4),
                                  val(&scale, 4)};
     threads(c, K_ATTENTION_BACKWARD_DQ, dqk_args, 7, hs, T, BNH, 32, 8);
     threads(c, K_ATTENTION_BACKWARD_DK, dqk_args, 7, hs, T, BNH, 32, 8);
 }
 
-ACCEL_METAL_API void accel_metal_gelu_forward(void* ctx, float* out, const float* inp, ptrdiff_t N) {
+ACCEL_METAL_API void accel_metal_gelu_forward(void* ctx, floatX* out, const floatX* inp, ptrdiff_t N) {
     const uint32_t n32 = (uint32_t)N;
     if (!fits(context(ctx), N, "gelu_forward")) return;
     const MetalArg args[] = {buf(out), buf(inp), val(&n32, 4)};
     elementwise(context(ctx), K_GELU_FORWARD, args, 3, N);
 }
 
-ACCEL_METAL_API void accel_metal_gelu_backward(void* ctx, float* dinp, const float* inp, const float* dout,
+ACCEL_METAL_API void accel_metal_gelu_backward(void* ctx, floatX* dinp, const floatX* inp, const floatX* dout,
                                                ptrdiff_t N) {
     const uint32_t n32 = (uint32_t)N;
     if (!fits(context(ctx), N, "gelu_backward")) return;
@@ -393,7 +452,7 @@ ACCEL_METAL_API void accel_metal_gelu_backward(void* ctx, float* dinp, const flo
     elementwise(context(ctx), K_GELU_BACKWARD, args, 4, N);
 }
 
-ACCEL_METAL_API void accel_metal_residual_forward(void* ctx, float* out, const float* inp1, const float* inp2,
+ACCEL_METAL_API void accel_metal_residual_forward(void* ctx, floatX* out, const floatX* inp1, const floatX* inp2,
                                                   ptrdiff_t N) {
     const uint32_t n32 = (uint32_t)N;
     if (!fits(context(ctx), N, "residual_forward")) return;
@@ -401,7 +460,7 @@ ACCEL_METAL_API void accel_metal_residual_forward(void* ctx, float* out, const f
     elementwise(context(ctx), K_RESIDUAL_FORWARD, args, 4, N);
 }
 
-ACCEL_METAL_API void accel_metal_residual_backward(void* ctx, float* dinp1, float* dinp2, const float* dout,
+ACCEL_METAL_API void accel_metal_residual_backward(void* ctx, floatX* dinp1, floatX* dinp2, const floatX* dout,
                                                    ptrdiff_t N) {
     const uint32_t n32 = (uint32_t)N;
     if (!fits(context(ctx), N, "residual_backward")) return;
@@ -409,7 +468,7 @@ ACCEL_METAL_API void accel_metal_residual_backward(void* ctx, float* dinp1, floa
     elementwise(context(ctx), K_RESIDUAL_BACKWARD, args, 4, N);
 }
 
-ACCEL_METAL_API void accel_metal_softmax_forward(void* ctx, float* probs, const float* logits, int B, int T, int V,
+ACCEL_METAL_API void accel_metal_softmax_forward(void* ctx, float* probs, const floatX* logits, int B, int T, int V,
                                                  int Vp) {
     const MetalArg args[] = {buf(probs), buf(logits), val(&V, 4), val(&Vp, 4)};
     groups(context(ctx), K_SOFTMAX_FORWARD, args, 4, (ptrdiff_t)B * T, 1, row_threads(V), 1);
@@ -421,7 +480,7 @@ ACCEL_METAL_API void accel_metal_crossentropy_forward(void* ctx, float* losses, 
     threads(context(ctx), K_CROSSENTROPY_FORWARD, args, 4, (ptrdiff_t)B * T, 1, 1, LINEAR_GROUP, 1);
 }
 
-ACCEL_METAL_API void accel_metal_crossentropy_softmax_backward(void* ctx, float* dlogits, const float* dlosses,
+ACCEL_METAL_API void accel_metal_crossentropy_softmax_backward(void* ctx, floatX* dlogits, const float* dlosses,
                                                                const float* probs, const int* targets,
                                                                int B, int T, int V, int Vp) {
     const MetalArg args[] = {buf(dlogits), buf(dlosses), buf(probs), buf(targets), val(&Vp, 4)};
@@ -430,14 +489,14 @@ ACCEL_METAL_API void accel_metal_crossentropy_softmax_backward(void* ctx, float*
 
 /* --- llama: its layers ----------------------------------------------------------------------------- */
 
-ACCEL_METAL_API void accel_metal_embedding_forward(void* ctx, float* out, const int* inp, const float* wte, int B,
+ACCEL_METAL_API void accel_metal_embedding_forward(void* ctx, floatX* out, const int* inp, const floatX* wte, int B,
                                                    int T, int C) {
     const MetalArg args[] = {buf(out), buf(inp), buf(wte), val(&C, 4)};
     threads(context(ctx), K_EMBEDDING_FORWARD, args, 4, C, (ptrdiff_t)B * T, 1, 32, 8);
 }
 
 /* the scatter by token of GPT-2's encoder (one thread per channel walks the positions) */
-ACCEL_METAL_API void accel_metal_embedding_backward(void* ctx, float* dwte, const float* dout, const int* inp,
+ACCEL_METAL_API void accel_metal_embedding_backward(void* ctx, float* dwte, const floatX* dout, const int* inp,
                                                     int B, int T, int C, int V) {
     const int BT = B * T;
     (void)V;
@@ -445,14 +504,14 @@ ACCEL_METAL_API void accel_metal_embedding_backward(void* ctx, float* dwte, cons
     threads(context(ctx), K_ENCODER_BACKWARD_WTE, args, 5, C, 1, 1, LINEAR_GROUP, 1);
 }
 
-ACCEL_METAL_API void accel_metal_rmsnorm_forward(void* ctx, float* out, float* rstd, const float* inp,
-                                                 const float* weight, float eps, int B, int T, int C) {
+ACCEL_METAL_API void accel_metal_rmsnorm_forward(void* ctx, floatX* out, float* rstd, const floatX* inp,
+                                                 const floatX* weight, float eps, int B, int T, int C) {
     const MetalArg args[] = {buf(out), buf(rstd), buf(inp), buf(weight), val(&eps, 4), val(&C, 4)};
     groups(context(ctx), K_RMSNORM_FORWARD, args, 6, (ptrdiff_t)B * T, 1, row_threads(C), 1);
 }
 
-ACCEL_METAL_API void accel_metal_rmsnorm_backward(void* ctx, float* dinp, float* dweight, const float* dout,
-                                                  const float* inp, const float* weight, const float* rstd, int B,
+ACCEL_METAL_API void accel_metal_rmsnorm_backward(void* ctx, floatX* dinp, float* dweight, const floatX* dout,
+                                                  const floatX* inp, const floatX* weight, const float* rstd, int B,
                                                   int T, int C) {
     const int BT = B * T;
     const MetalArg dinp_args[] = {buf(dinp), buf(dout), buf(inp), buf(weight), buf(rstd), val(&C, 4)};
@@ -462,32 +521,32 @@ ACCEL_METAL_API void accel_metal_rmsnorm_backward(void* ctx, float* dinp, float*
            LINEAR_GROUP, 1);
 }
 
-static void rope(Context* c, float* out, const float* inp, const float* freqs_cos, const float* freqs_sin, int B,
+static void rope(Context* c, floatX* out, const floatX* inp, const float* freqs_cos, const float* freqs_sin, int B,
                  int T, int NH, int hs, int backward) {
     const MetalArg args[] = {buf(out), buf(inp), buf(freqs_cos), buf(freqs_sin), val(&T, 4), val(&NH, 4),
                              val(&hs, 4), val(&backward, 4)};
     threads(c, K_ROPE, args, 8, hs / 2, NH, (ptrdiff_t)B * T, 32, 8);
 }
 
-ACCEL_METAL_API void accel_metal_rope_forward(void* ctx, float* out, const float* inp, const float* freqs_cos,
+ACCEL_METAL_API void accel_metal_rope_forward(void* ctx, floatX* out, const floatX* inp, const float* freqs_cos,
                                               const float* freqs_sin, int B, int T, int NH, int hs) {
     rope(context(ctx), out, inp, freqs_cos, freqs_sin, B, T, NH, hs, 0);
 }
 
-ACCEL_METAL_API void accel_metal_rope_backward(void* ctx, float* dinp, const float* dout, const float* freqs_cos,
+ACCEL_METAL_API void accel_metal_rope_backward(void* ctx, floatX* dinp, const floatX* dout, const float* freqs_cos,
                                                const float* freqs_sin, int B, int T, int NH, int hs) {
     rope(context(ctx), dinp, dout, freqs_cos, freqs_sin, B, T, NH, hs, 1);
 }
 
-ACCEL_METAL_API void accel_metal_swiglu_forward(void* ctx, float* out, const float* a, const float* b, ptrdiff_t N) {
+ACCEL_METAL_API void accel_metal_swiglu_forward(void* ctx, floatX* out, const floatX* a, const floatX* b, ptrdiff_t N) {
     const uint32_t n32 = (uint32_t)N;
     if (!fits(context(ctx), N, "swiglu_forward")) return;
     const MetalArg args[] = {buf(out), buf(a), buf(b), val(&n32, 4)};
     elementwise(context(ctx), K_SWIGLU_FORWARD, args, 4, N);
 }
 
-ACCEL_METAL_API void accel_metal_swiglu_backward(void* ctx, float* da, float* db, const float* dout, const float* a,
-                                                 const float* b, ptrdiff_t N) {
+ACCEL_METAL_API void accel_metal_swiglu_backward(void* ctx, floatX* da, floatX* db, const floatX* dout, const floatX* a,
+                                                 const floatX* b, ptrdiff_t N) {
     const uint32_t n32 = (uint32_t)N;
     if (!fits(context(ctx), N, "swiglu_backward")) return;
     const MetalArg args[] = {buf(da), buf(db), buf(dout), buf(a), buf(b), val(&n32, 4)};
@@ -496,44 +555,35 @@ ACCEL_METAL_API void accel_metal_swiglu_backward(void* ctx, float* da, float* db
 
 static float attention_scale(int hs) { return (float)(1.0 / (double)sqrtf((float)hs)); }
 
-ACCEL_METAL_API void accel_metal_attention_gqa_forward(void* ctx, float* out, float* att, const float* q,
-                                                       const float* k, const float* v, int B, int T, int NH,
+ACCEL_METAL_API void accel_metal_attention_gqa_forward(void* ctx, floatX* out, floatX* att, const floatX* q,
+                                                       const floatX* k, const floatX* v, int B, int T, int NH,
                                                        int NKV, int hs) {
     Context* c = context(ctx);
     const float scale = attention_scale(hs);
     const ptrdiff_t BNH = (ptrdiff_t)B * NH;
-    const MetalArg scores_args[] = {buf(att), buf(q), buf(k), val(&T, 4), val(&NH, 4), val(&NKV, 4), val(&hs, 4),
+    const int no_preatt = 0, narrow = NARROW;   /* att is the only (B,NH,T,T) output */
+    /* the scores, then the probabilities, in float: att itself at fp32 (the softmax in place), a
+     * scratch buffer else */
+    float* scores = NARROW ? attention_scores(c, (size_t)BNH * T * T * sizeof(float), "attention_gqa_forward")
+                           : (float*)att;
+    if (scores == NULL || BNH == 0 || T == 0) return;
+    const MetalArg scores_args[] = {buf(scores), buf(q), buf(k), val(&T, 4), val(&NH, 4), val(&NKV, 4), val(&hs, 4),
                                     val(&scale, 4)};
     threads(c, K_ATTENTION_GQA_SCORES, scores_args, 8, T, T, BNH, 16, 16);
-    const MetalArg softmax_args[] = {buf(att), buf(att), val(&T, 4)};   /* in place */
-    groups(c, K_ATTENTION_SOFTMAX, softmax_args, 3, T, BNH, row_threads(T), 1);
-    const MetalArg values_args[] = {buf(out), buf(att), buf(v), val(&T, 4), val(&NH, 4), val(&NKV, 4), val(&hs, 4)};
+    const MetalArg softmax_args[] = {buf(att), buf(att), buf(scores), val(&T, 4), val(&no_preatt, 4), val(&narrow, 4)};
+    groups(c, K_ATTENTION_SOFTMAX, softmax_args, 6, T, BNH, row_threads(T), 1);
+    const MetalArg values_args[] = {buf(out), buf(scores), buf(v), val(&T, 4), val(&NH, 4), val(&NKV, 4), val(&hs, 4)};
     threads(c, K_ATTENTION_GQA_VALUES, values_args, 7, hs, T, BNH, 32, 8);
 }
 
-/* The scratch of attention_gqa_backward, at least nbytes; NULL (and the host error) without memory. */
-static float* gqa_scores(Context* c, size_t nbytes) {
-    if (c->scores_bytes >= nbytes) return c->scores;
-    if (c->scores != NULL) {
-        metal_synchronize(c->rt);   /* no queued dispatch still uses it */
-        metal_free(c->rt, c->scores);
-    }
-    c->scores = (float*)metal_alloc(c->rt, nbytes);
-    c->scores_bytes = c->scores != NULL ? nbytes : 0;
-    if (c->scores == NULL && c->host_error[0] == 0)
-        snprintf(c->host_error, sizeof c->host_error,
-                 "attention_gqa_backward: out of memory for its %zu-byte scratch buffer", nbytes);
-    return c->scores;
-}
-
-ACCEL_METAL_API void accel_metal_attention_gqa_backward(void* ctx, float* dq, float* dk, float* dv,
-                                                        const float* dout, const float* q, const float* k,
-                                                        const float* v, const float* att, int B, int T, int NH,
+ACCEL_METAL_API void accel_metal_attention_gqa_backward(void* ctx, floatX* dq, floatX* dk, floatX* dv,
+                                                        const floatX* dout, const floatX* q, const floatX* k,
+                                                        const floatX* v, const floatX* att, int B, int T, int NH,
                                                         int NKV, int hs) {
     Context* c = context(ctx);
     const float scale = attention_scale(hs);
     const ptrdiff_t BNH = (ptrdiff_t)B * NH;
-    float* scores = gqa_scores(c, (size_t)BNH * T * T * sizeof(float));
+    float* scores = attention_scores(c, (size_t)BNH * T * T * sizeof(float), "attention_gqa_backward");
     if (scores == NULL || BNH == 0 || T == 0) return;
     const MetalArg scores_args[] = {buf(scores), buf(dout), buf(v), buf(att), val(&T, 4), val(&NH, 4),
                                     val(&NKV, 4), val(&hs, 4)};
@@ -548,7 +598,7 @@ ACCEL_METAL_API void accel_metal_attention_gqa_backward(void* ctx, float* dq, fl
 
 /* --- classifier ------------------------------------------------------------------------------------ */
 
-ACCEL_METAL_API void accel_metal_classifier_forward(void* ctx, float* losses, float* logsum, const float* logits,
+ACCEL_METAL_API void accel_metal_classifier_forward(void* ctx, float* losses, float* logsum, const floatX* logits,
                                                     const int* targets, int B, int T, int V, int Vp) {
     const int with_loss = losses != NULL && targets != NULL;
     /* without a loss, losses and targets are bound to logsum, unread */
@@ -558,8 +608,8 @@ ACCEL_METAL_API void accel_metal_classifier_forward(void* ctx, float* losses, fl
     groups(context(ctx), K_CLASSIFIER_FORWARD, args, 7, (ptrdiff_t)B * T, 1, row_threads(V), 1);
 }
 
-ACCEL_METAL_API void accel_metal_classifier_backward(void* ctx, float* dlogits, const float* dlosses,
-                                                     const float* logits, const float* logsum, const int* targets,
+ACCEL_METAL_API void accel_metal_classifier_backward(void* ctx, floatX* dlogits, const float* dlosses,
+                                                     const floatX* logits, const float* logsum, const int* targets,
                                                      int B, int T, int V, int Vp) {
     const MetalArg args[] = {buf(dlogits), buf(dlosses), buf(logits), buf(logsum), buf(targets), val(&V, 4),
                              val(&Vp, 4)};
@@ -568,7 +618,7 @@ ACCEL_METAL_API void accel_metal_classifier_backward(void* ctx, float* dlogits, 
 
 /* --- flash ------------------------------------------------------------------------------------- */
 
-/* Where the tensors' rows are (row strides in floats): GPT-2's q, k, v are the thirds of inp's
+/* Where the tensors' rows are (row strides in elements): GPT-2's q, k, v are the thirds of inp's
  * rows (ldq = ldkv = 3C), Llama's separate tensors (NKV key/value heads). */
 typedef struct {
     int B, T, NH, NKV, hs, ldq, ldkv, ldo;
@@ -594,7 +644,7 @@ static int flash_tile(Context* c, FlashShape* s, const char* where) {
     return fits(c, (ptrdiff_t)s->B * s->T * s->ldq, where);
 }
 
-static void flash_forward(Context* c, float* out, float* lse, const float* q, const float* k, const float* v,
+static void flash_forward(Context* c, floatX* out, float* lse, const floatX* q, const floatX* k, const floatX* v,
                           FlashShape s, const char* where) {
     const float scale = attention_scale(s.hs);
     if ((ptrdiff_t)s.B * s.T * s.NH == 0 || !flash_tile(c, &s, where)) return;
@@ -604,8 +654,8 @@ static void flash_forward(Context* c, float* out, float* lse, const float* q, co
     groups(c, K_FLASH_FORWARD, args, 14, (s.T + s.R - 1) / s.R, (ptrdiff_t)s.B * s.NH, FLASH_GROUP, 1);
 }
 
-static void flash_backward(Context* c, float* dq, float* dk, float* dv, const float* dout, const float* q,
-                           const float* k, const float* v, const float* out, const float* lse, FlashShape s,
+static void flash_backward(Context* c, floatX* dq, floatX* dk, floatX* dv, const floatX* dout, const floatX* q,
+                           const floatX* k, const floatX* v, const floatX* out, const float* lse, FlashShape s,
                            const char* where) {
     const float scale = attention_scale(s.hs);
     if ((ptrdiff_t)s.B * s.T * s.NH == 0 || !flash_tile(c, &s, where)) return;
@@ -620,32 +670,66 @@ static void flash_backward(Context* c, float* dq, float* dk, float* dv, const fl
     groups(c, K_FLASH_BACKWARD_DQ, dq_args, 16, tiles, (ptrdiff_t)s.B * s.NH, FLASH_GROUP, 1);
 }
 
-ACCEL_METAL_API void accel_metal_flash_attention_forward(void* ctx, float* out, float* lse, const float* inp, int B,
+ACCEL_METAL_API void accel_metal_flash_attention_forward(void* ctx, floatX* out, float* lse, const floatX* inp, int B,
                                                          int T, int C, int NH) {
     /* GPT-2's form: q, k, v the thirds of inp's rows */
     const FlashShape s = {B, T, NH, NH, NH > 0 ? C / NH : 0, 3 * C, 3 * C, C, 0};
     flash_forward(context(ctx), out, lse, inp, inp + C, inp + 2 * C, s, "flash_attention_forward");
 }
 
-ACCEL_METAL_API void accel_metal_flash_attention_backward(void* ctx, float* dinp, const float* dout, const float* inp,
-                                                          const float* out, const float* lse, int B, int T, int C,
+ACCEL_METAL_API void accel_metal_flash_attention_backward(void* ctx, floatX* dinp, const floatX* dout, const floatX* inp,
+                                                          const floatX* out, const float* lse, int B, int T, int C,
                                                           int NH) {
     const FlashShape s = {B, T, NH, NH, NH > 0 ? C / NH : 0, 3 * C, 3 * C, C, 0};
     flash_backward(context(ctx), dinp, dinp + C, dinp + 2 * C, dout, inp, inp + C, inp + 2 * C, out, lse, s,
                    "flash_attention_backward");
 }
 
-ACCEL_METAL_API void accel_metal_flash_attention_gqa_forward(void* ctx, float* out, float* lse, const float* q,
-                                                             const float* k, const float* v, int B, int T, int NH,
+ACCEL_METAL_API void accel_metal_flash_attention_gqa_forward(void* ctx, floatX* out, float* lse, const floatX* q,
+                                                             const floatX* k, const floatX* v, int B, int T, int NH,
                                                              int NKV, int hs) {
     const FlashShape s = {B, T, NH, NKV, hs, NH * hs, NKV * hs, NH * hs, 0};
     flash_forward(context(ctx), out, lse, q, k, v, s, "flash_attention_gqa_forward");
 }
 
-ACCEL_METAL_API void accel_metal_flash_attention_gqa_backward(void* ctx, float* dq, float* dk, float* dv,
-                                                              const float* dout, const float* q, const float* k,
-                                                              const float* v, const float* out, const float* lse,
+ACCEL_METAL_API void accel_metal_flash_attention_gqa_backward(void* ctx, floatX* dq, floatX* dk, floatX* dv,
+                                                              const floatX* dout, const floatX* q, const floatX* k,
+                                                              const floatX* v, const floatX* out, const float* lse,
                                                               int B, int T, int NH, int NKV, int hs) {
     const FlashShape s = {B, T, NH, NKV, hs, NH * hs, NKV * hs, NH * hs, 0};
     flash_backward(context(ctx), dq, dk, dv, dout, q, k, v, out, lse, s, "flash_attention_gqa_backward");
 }
+
+/* --- mixed: the parameters the kernels read, from the float32 master weights (fp16, bf16) ------- */
+
+#if defined(ACCEL_METAL_FP16) || defined(ACCEL_METAL_BF16)
+/* params = master rounded: at bf16 stochastically (seed >= 0, element i's bits from (first + i,
+ * seed)) or to nearest even (seed -1), at fp16 always to nearest even (gpt2.metal's rounded_param) */
+ACCEL_METAL_API void accel_metal_narrow_params(void* ctx, floatX* params, const float* master, ptrdiff_t n,
+                                               ptrdiff_t first, int seed) {
+    Context* c = context(ctx);
+    const uint32_t n32 = (uint32_t)n;
+    const uint64_t first64 = (uint64_t)first;
+    if (!fits(c, n, "narrow_params")) return;
+    const MetalArg args[] = {buf(params), buf(master), val(&n32, 4), val(&first64, 8), val(&seed, 4)};
+    elementwise(c, K_NARROW_PARAMS, args, 5, n);
+}
+
+ACCEL_METAL_API void accel_metal_adamw_update_rounded(void* ctx, floatX* params, float* master, float* m, float* v,
+                                                      const float* grads, ptrdiff_t n, float lr, float beta1,
+                                                      float beta2, float eps, float weight_decay, float grad_scale,
+                                                      int t, ptrdiff_t first) {
+    Context* c = context(ctx);
+    const uint32_t n32 = (uint32_t)n;
+    const uint64_t first64 = (uint64_t)first;
+    /* as the CPU kernel computes them, in float */
+    const float beta1_correction = (float)(1.0 - powf(beta1, (float)t));
+    const float beta2_correction = (float)(1.0 - powf(beta2, (float)t));
+    if (!fits(c, n, "adamw_update_rounded")) return;
+    const MetalArg args[] = {buf(params), buf(master), buf(m), buf(v), buf(grads), val(&n32, 4), val(&lr, 4),
+                             val(&beta1, 4), val(&beta2, 4), val(&eps, 4), val(&weight_decay, 4),
+                             val(&grad_scale, 4), val(&beta1_correction, 4), val(&beta2_correction, 4), val(&t, 4),
+                             val(&first64, 8)};
+    elementwise(c, K_ADAMW_ROUNDED, args, 16, n);
+}
+#endif

@@ -31,8 +31,10 @@ typedef struct {
 } MetalArg;
 
 /* The runtime over a kernel library: a .metallib or .metal file (macOS), ignored by the
- * emulator, whose kernels are built into it. NULL with a one-line reason in `error` on failure. */
-MetalRuntime* metal_open(const char* library, char* error, size_t error_size);
+ * emulator, whose kernels are built into it. precision ("fp32", "fp16", "bf16"): what a .metal
+ * file is compiled at (its floatX: float, half, bfloat); a .metallib was built at one already.
+ * NULL with a one-line reason in `error` on failure. */
+MetalRuntime* metal_open(const char* library, const char* precision, char* error, size_t error_size);
 void metal_close(MetalRuntime* rt);
 /* The device's name, for messages. */
 const char* metal_device_name(MetalRuntime* rt);

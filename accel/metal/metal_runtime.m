@@ -58,7 +58,27 @@ static void set_error(MetalRuntime* rt, const char* what, NSError* error) {
         if (*c == '\n') *c = ' ';
 }
 
-EXPORT MetalRuntime* metal_open(const char* library, char* error, size_t error_size) {
+// The options gpt2.metal is compiled with at a precision: floatX by its macro (host.c's and the
+// Makefile's), and for bf16's bfloat MSL 3.1 (macOS 14); default options otherwise: fast math, as
+// `xcrun metal` compiles, gpt2.metal asking for precise math where it needs it. nil, with the
+// reason in `error`, where this macOS cannot compile that precision.
+static MTLCompileOptions* compile_options(const char* precision, char* error, size_t error_size) {
+    MTLCompileOptions* options = [MTLCompileOptions new];
+    if (strcmp(precision, "fp16") == 0) {
+        options.preprocessorMacros = [NSDictionary dictionaryWithObject:@"1" forKey:@"ACCEL_METAL_FP16"];
+    } else if (strcmp(precision, "bf16") == 0) {
+        if (@available(macOS 14.0, *)) {
+            options.languageVersion = MTLLanguageVersion3_1;
+        } else {
+            snprintf(error, error_size, "metal: bf16 needs MSL 3.1 (its bfloat type): macOS 14 or later");
+            return nil;
+        }
+        options.preprocessorMacros = [NSDictionary dictionaryWithObject:@"1" forKey:@"ACCEL_METAL_BF16"];
+    }
+    return options;
+}
+
+EXPORT MetalRuntime* metal_open(const char* library, const char* precision, char* error, size_t error_size) {
     @autoreleasepool {
         id<MTLDevice> device = MTLCreateSystemDefaultDevice();
         if (!device) {
@@ -81,12 +101,14 @@ EXPORT MetalRuntime* metal_open(const char* library, char* error, size_t error_s
             lib = [device newLibraryWithURL:[NSURL fileURLWithPath:path] error:&err];
         } else {
             NSString* source = [NSString stringWithContentsOfFile:path encoding:NSUTF8StringEncoding error:&err];
-            // default options: fast math, as `xcrun metal` compiles; gpt2.metal asks for precise
-            // math where it needs it
-            if (source) lib = [device newLibraryWithSource:source options:[MTLCompileOptions new] error:&err];
+            MTLCompileOptions* options = compile_options(precision, error, error_size);
+            if (!options) return NULL;
+            if (source) lib = [device newLibraryWithSource:source options:options error:&err];
         }
         if (!lib) {
-            snprintf(error, error_size, "metal: cannot load the kernels of %s: %s", library,
+            // (at bf16 the likely reason is a GPU or macOS without MSL 3.1's bfloat)
+            snprintf(error, error_size, "metal: cannot load the %s kernels of %s%s: %s", precision, library,
+                     strcmp(precision, "bf16") == 0 ? " (bf16 needs MSL 3.1's bfloat: macOS 14 and a GPU that has it)" : "",
                      err ? [[err localizedDescription] UTF8String] : "unknown error");
             for (char* c = error; *c; ++c)
                 if (*c == '\n') *c = ' ';

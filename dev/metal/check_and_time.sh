@@ -17,6 +17,8 @@
 #   4. speed: dev/metal/bench_metal.py, a GPT-2 d12 step at B=4, T=1024 against PyTorch on mps
 #      and MLX in the same run: the ratios
 #   5. the matmul's A/B table on metal (dev/metal/ab.py): the variants' errors and times
+#   6. half precision: test_gpt2.py and test_llama2.py on check:metal at fp16, then bf16 (bfloat
+#      needs MSL 3.1, macOS 14: on an older macOS that step fails, saying so)
 # Stops at the first failing step with its log's tail.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -101,4 +103,12 @@ run bench "$PYTHON" dev/metal/bench_metal.py -e 12 -b 4 -t 1024 --json "$OUT/ben
 
 # 5. the matmul's variants, checked and timed on the GPU
 run ab-matmul "$PYTHON" dev/metal/ab.py matmul --backend metal
+
+# 6. half precision, every kernel call against the CPU's table of that precision
+for precision in fp16 bf16; do
+    run "check-gpt2-$precision" "$PYTHON" test_gpt2.py --backend check:metal --precision "$precision"
+    passed "check-gpt2-$precision"
+    run "check-llama-$precision" "$PYTHON" test_llama2.py --backend check:metal --precision "$precision"
+    passed "check-llama-$precision"
+done
 echo "check_and_time.sh: done; logs and bench.json in $OUT/ (record the bench table in dev/BENCHMARKS.md)"

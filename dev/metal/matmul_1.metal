@@ -14,24 +14,13 @@ enum {
 // B(k,n) = b[k*b_k + n*b_col]: the strides give every transpose the layers need. A threadgroup
 // of 16 x 16 threads computes a 64 x 64 tile of out, each thread 4 x 4 outputs strided by 16
 // (so neighbouring threads write neighbouring outputs), from K-slices of A and B staged in
-// threadgroup memory. Threadgroups are whole: past M, N or K they load zeros, write nothing.
-kernel void matmul(device float* out [[buffer(0)]],
-                   device const float* a [[buffer(1)]],
-                   device const float* b [[buffer(2)]],
-                   device const float* bias [[buffer(3)]],
-                   constant int& M [[buffer(4)]],
-                   constant int& N [[buffer(5)]],
-                   constant int& K [[buffer(6)]],
-                   constant int& a_row [[buffer(7)]],
-                   constant int& a_k [[buffer(8)]],
-                   constant int& b_k [[buffer(9)]],
-                   constant int& b_col [[buffer(10)]],
-                   constant int& accumulate [[buffer(11)]],
-                   constant int& has_bias [[buffer(12)]],
-                   uint2 tid [[thread_position_in_threadgroup]],
-                   uint2 group [[threadgroup_position_in_grid]]) {
-    threadgroup float a_tile[TILE_K][TILE];  // a_tile[k][row]
-    threadgroup float b_tile[TILE_K][TILE];  // b_tile[k][col]
+// threadgroup memory as float. Threadgroups are whole: past M, N or K they load zeros, write
+// nothing. out is floatX (matmul) or float (matmul_float_out: dweight), rounded once.
+template <typename OutT>
+void matmul_tile(device OutT* out, device const floatX* a, device const floatX* b, device const floatX* bias, int M,
+                 int N, int K, int a_row, int a_k, int b_k, int b_col, int accumulate, int has_bias, uint2 tid,
+                 uint2 group, threadgroup float* a_tile, threadgroup float* b_tile) {
+    // a_tile[k * TILE + row], b_tile[k * TILE + col]
     int row0 = group.y * TILE, col0 = group.x * TILE;
     int t = tid.y * TILE_THREADS + tid.x;
     float acc[4][4];
@@ -40,9 +29,9 @@ kernel void matmul(device float* out [[buffer(0)]],
     for (int k0 = 0; k0 < K; k0 += TILE_K) {
         for (int e = t; e < TILE * TILE_K; e += TILE_THREADS * TILE_THREADS) {
             int r = e / TILE_K, k = e % TILE_K;  // A: neighbouring threads, neighbouring k
-            a_tile[k][r] = row0 + r < M && k0 + k < K ? a[(long)(row0 + r) * a_row + (long)(k0 + k) * a_k] : 0.0f;
+            a_tile[k * TILE + r] = row0 + r < M && k0 + k < K ? float(a[(long)(row0 + r) * a_row + (long)(k0 + k) * a_k]) : 0.0f;
             int kb = e / TILE, c = e % TILE;     // B: neighbouring threads, neighbouring columns
-            b_tile[kb][c] = k0 + kb < K && col0 + c < N ? b[(long)(k0 + kb) * b_k + (long)(col0 + c) * b_col] : 0.0f;
+            b_tile[kb * TILE + c] = k0 + kb < K && col0 + c < N ? float(b[(long)(k0 + kb) * b_k + (long)(col0 + c) * b_col]) : 0.0f;
         }
         threadgroup_barrier(mem_flags::mem_threadgroup);
         // each slice summed on its own, then added: two-level summation keeps the rounding
@@ -52,8 +41,8 @@ kernel void matmul(device float* out [[buffer(0)]],
             for (int j = 0; j < 4; ++j) slice[i][j] = 0.0f;
         for (int k = 0; k < TILE_K; ++k) {
             float av[4], bv[4];
-            for (int i = 0; i < 4; ++i) av[i] = a_tile[k][tid.y + TILE_THREADS * i];
-            for (int j = 0; j < 4; ++j) bv[j] = b_tile[k][tid.x + TILE_THREADS * j];
+            for (int i = 0; i < 4; ++i) av[i] = a_tile[k * TILE + tid.y + TILE_THREADS * i];
+            for (int j = 0; j < 4; ++j) bv[j] = b_tile[k * TILE + tid.x + TILE_THREADS * j];
             for (int i = 0; i < 4; ++i)
                 for (int j = 0; j < 4; ++j) slice[i][j] += av[i] * bv[j];
         }
@@ -66,11 +55,52 @@ kernel void matmul(device float* out [[buffer(0)]],
         for (int j = 0; j < 4; ++j) {
             int col = col0 + tid.x + TILE_THREADS * j;
             if (row < M && col < N) {
-                device float* o = out + (long)row * N + col;
-                float v = has_bias ? acc[i][j] + bias[col] : acc[i][j];
-                *o = accumulate ? *o + v : v;
+                device OutT* o = out + (long)row * N + col;
+                float v = has_bias ? acc[i][j] + float(bias[col]) : acc[i][j];
+                *o = OutT(accumulate ? float(*o) + v : v);
             }
         }
     }
 }
 
+// out floatX: the forward's output, dinp
+kernel void matmul(device floatX* out [[buffer(0)]],
+                   device const floatX* a [[buffer(1)]],
+                   device const floatX* b [[buffer(2)]],
+                   device const floatX* bias [[buffer(3)]],
+                   constant int& M [[buffer(4)]],
+                   constant int& N [[buffer(5)]],
+                   constant int& K [[buffer(6)]],
+                   constant int& a_row [[buffer(7)]],
+                   constant int& a_k [[buffer(8)]],
+                   constant int& b_k [[buffer(9)]],
+                   constant int& b_col [[buffer(10)]],
+                   constant int& accumulate [[buffer(11)]],
+                   constant int& has_bias [[buffer(12)]],
+                   uint2 tid [[thread_position_in_threadgroup]],
+                   uint2 group [[threadgroup_position_in_grid]]) {
+    threadgroup float a_tile[TILE_K * TILE];
+    threadgroup float b_tile[TILE_K * TILE];
+    matmul_tile(out, a, b, bias, M, N, K, a_row, a_k, b_k, b_col, accumulate, has_bias, tid, group, a_tile, b_tile);
+}
+
+// out float: dweight
+kernel void matmul_float_out(device float* out [[buffer(0)]],
+                             device const floatX* a [[buffer(1)]],
+                             device const floatX* b [[buffer(2)]],
+                             device const floatX* bias [[buffer(3)]],
+                             constant int& M [[buffer(4)]],
+                             constant int& N [[buffer(5)]],
+                             constant int& K [[buffer(6)]],
+                             constant int& a_row [[buffer(7)]],
+                             constant int& a_k [[buffer(8)]],
+                             constant int& b_k [[buffer(9)]],
+                             constant int& b_col [[buffer(10)]],
+                             constant int& accumulate [[buffer(11)]],
+                             constant int& has_bias [[buffer(12)]],
+                             uint2 tid [[thread_position_in_threadgroup]],
+                             uint2 group [[threadgroup_position_in_grid]]) {
+    threadgroup float a_tile[TILE_K * TILE];
+    threadgroup float b_tile[TILE_K * TILE];
+    matmul_tile(out, a, b, bias, M, N, K, a_row, a_k, b_k, b_col, accumulate, has_bias, tid, group, a_tile, b_tile);
+}

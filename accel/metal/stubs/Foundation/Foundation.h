@@ -40,6 +40,12 @@ __attribute__((objc_root_class))
 + (NSURL*)fileURLWithPath:(NSString*)path;
 @end
 
+// NSDictionary<KeyType, ObjectType> (a generic class in Apple's header; the parameters are
+// left out here)
+@interface NSDictionary : NSObject
++ (instancetype)dictionaryWithObject:(id)object forKey:(id)key;
+@end
+
 // Apple's Foundation defines these two inline, as ARC's bridging casts: a retained Core
 // Foundation reference out of an object, and the object back, released by ARC.
 static inline CFTypeRef CFBridgingRetain(id object) { return (__bridge_retained CFTypeRef)object; }

@@ -21,7 +21,12 @@ enum { MTLResourceStorageModeShared = 0 };
 typedef NSUInteger MTLCommandBufferStatus;
 enum { MTLCommandBufferStatusError = 5 };
 
+typedef NSUInteger MTLLanguageVersion;
+enum { MTLLanguageVersion3_1 = (3 << 16) + 1 };   // Apple's value: (major << 16) + minor
+
 @interface MTLCompileOptions : NSObject
+@property(readwrite, copy, nonatomic) NSDictionary* preprocessorMacros;   // NSDictionary<NSString*, NSObject*>*
+@property(readwrite, nonatomic) MTLLanguageVersion languageVersion;
 @end
 
 @protocol MTLFunction
