@@ -43,6 +43,25 @@ def test_ab_flags_a_wrong_variant(tmp_path):
     assert not ok and worst > 1000, worst
 
 
+@needs_emulator
+def test_bench_metal_times_each_side_at_fp16_on_the_emulator():
+    """The Mac script's timing (dev/metal/bench_metal.py) run for real, on metal-emu and
+    PyTorch's CPU: one step of d1 at fp16 (llm.pyx's half precision, PyTorch's float16
+    autocast), both sides starting from the same parameters."""
+    pytest.importorskip("torch", reason="PyTorch is the peer")
+    result = subprocess.run([sys.executable, "dev/metal/bench_metal.py", "--backend", "metal-emu",
+                             "--torch-device", "cpu", "-e", "1", "-b", "1", "-t", "8", "--steps", "1",
+                             "--warmup", "0", "--no-mlx", "--precision", "fp16"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = {line.split()[0] + " " + line.split()[1]: line.split()[-1]
+            for line in result.stdout.splitlines() if line.startswith(("llm.pyx fp16 ", "PyTorch fp16 "))
+            and ".." in line}
+    assert set(rows) == {"llm.pyx fp16", "PyTorch fp16"}, result.stdout
+    assert abs(float(rows["llm.pyx fp16"]) - float(rows["PyTorch fp16"])) < 1e-3, result.stdout
+    assert "llm.pyx fp16 / PyTorch fp16: " in result.stdout
+
+
 def test_mac_script_dry_run_lists_every_step(tmp_path):
     script = os.path.join(ROOT, "dev", "metal", "check_and_time.sh")
     assert subprocess.run(["bash", "-n", script]).returncode == 0

@@ -7,19 +7,25 @@ synchronized after each) of train_gpt2.GPT2 on --backend (default metal), of the
 PyTorch eager on --torch-device (default mps; train_gpt2_torch.GPT, torch.optim.AdamW), and, when
 MLX is installed, of the same model written here in MLX (mlx.core, value_and_grad,
 mlx.optimizers.AdamW with bias correction). Same parameters, same batch, each side in its own
-process, in this one run; fp32 everywhere.
+process, in this one run, at each --precision: fp32; fp16 (llm.pyx's half precision with loss
+scaling, PyTorch's float16 autocast on the device, MLX's forward on float16 casts of its float32
+parameters); bf16 likewise (bfloat16; Metal's needs macOS 14).  A side that cannot run at a
+precision (an older PyTorch without MPS autocast) is a row saying why.
 
-    python dev/metal/bench_metal.py                            d12, B=4, T=1024
+    python dev/metal/bench_metal.py                            d12, B=4, T=1024, fp32
+    python dev/metal/bench_metal.py --precision all            fp32, fp16 and bf16
     python dev/metal/bench_metal.py -e 4 -b 4 -t 256
     python dev/metal/bench_metal.py --backend metal-emu --torch-device cpu -e 1 -b 1 -t 8 --steps 1
                                                  the script's own test, where there is no Mac
                                                  (MLX on its CPU build, if installed)
 
 Prints ms/step (median, min-max) and tokens/s of each side, the ratios llm.pyx / PyTorch and
-llm.pyx / MLX, and the first and last losses of each (same start: they must agree).
+llm.pyx / MLX at each precision and llm.pyx's fp16 and bf16 over its fp32, and the first and
+last losses of each (same start: they must agree).
 NOT YET RUN ON A MAC (accel/metal/README.md).
 """
 import argparse
+import contextlib
 import importlib.util
 import json
 import math
@@ -35,9 +41,11 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from dev.bench_step import ADAMW, batch, json_worker, summarize  # noqa: E402
+from dev.bench_step import ADAMW, batch, config_for, json_worker, summarize  # noqa: E402
 from dev.gpu.bench_gpu import worker_llmpyx  # noqa: E402  (any backend: synchronizes it)
-from train_gpt2 import GPT2Config  # noqa: E402
+
+PRECISIONS = ("fp32", "fp16", "bf16")
+DTYPES = {"fp16": "float16", "bf16": "bfloat16"}   # PyTorch's and MLX's names
 
 
 def parse_args(argv=None):
@@ -51,14 +59,15 @@ def parse_args(argv=None):
     p.add_argument("--backend", default="metal", help="llm.pyx's backend")
     p.add_argument("--torch-device", default="mps", help="PyTorch's device (cpu: to test this script)")
     p.add_argument("--no-mlx", action="store_true", help="skip MLX even where it is installed")
+    p.add_argument("--precision", choices=[*PRECISIONS, "all"], default="fp32",
+                   help="the precisions timed (default fp32)")
     p.add_argument("--json", help="also write the results to this file")
     p.add_argument("--worker", choices=["llmpyx", "torch", "mlx"], help=argparse.SUPPRESS)
+    p.add_argument("--worker-precision", default="fp32", help=argparse.SUPPRESS)
     p.add_argument("--params", help=argparse.SUPPRESS)
-    return p.parse_args(argv)
-
-
-def config_for(args):
-    return GPT2Config.from_depth(args.depth)
+    args = p.parse_args(argv)
+    args.model = None   # GPT-2 (dev/bench_step.py's config_for and family_for)
+    return args
 
 
 def worker_torch(args):
@@ -73,11 +82,15 @@ def worker_torch(args):
     optimizer = torch.optim.AdamW(model.parameters(), lr=ADAMW["lr"], betas=(ADAMW["beta1"], ADAMW["beta2"]),
                                   eps=ADAMW["eps"], weight_decay=ADAMW["weight_decay"])
     x, y = (torch.from_numpy(a.astype(np.int64)).to(args.torch_device) for a in batch(config, args.batch, args.seq))
+    dtype = DTYPES.get(args.worker_precision)
+    autocast = (lambda: torch.autocast(args.torch_device, dtype=getattr(torch, dtype))) if dtype else \
+        contextlib.nullcontext
     losses, times = [], []
     for _ in range(args.warmup + args.steps):
         synchronize()
         start = time.perf_counter()
-        _, loss = model(x, y)
+        with autocast():
+            _, loss = model(x, y)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
@@ -88,11 +101,14 @@ def worker_torch(args):
                 device=args.torch_device)
 
 
-def mlx_loss(p, x, y, config):
+def mlx_loss(p, x, y, config, dtype=None):
     """GPT-2's mean cross-entropy in MLX, from llm.c's parameter tensors (wte's padding rows
-    take part and get zero gradient)."""
+    take part and get zero gradient); with a dtype, the forward on casts of the parameters to
+    it (the loss in float32), as autocast's mixed precision."""
     import mlx.core as mx
     import mlx.nn as nn
+    if dtype is not None:
+        p = {name: value.astype(getattr(mx, dtype)) for name, value in p.items()}
     B, T = x.shape
     C, NH, V = config.channels, config.num_heads, config.vocab_size
     hs = C // NH
@@ -118,7 +134,7 @@ def mlx_loss(p, x, y, config):
         f = nn.gelu_approx(a @ p["fcw"][l].T + p["fcb"][l])
         h = h + f @ p["fcprojw"][l].T + p["fcprojb"][l]
     logits = layernorm(h, p["lnfw"], p["lnfb"]) @ p["wte"][:V].T
-    return mx.mean(nn.losses.cross_entropy(logits, y))
+    return mx.mean(nn.losses.cross_entropy(logits.astype(mx.float32), y))
 
 
 def worker_mlx(args):
@@ -130,7 +146,8 @@ def worker_mlx(args):
     optimizer = optim.AdamW(learning_rate=ADAMW["lr"], betas=[ADAMW["beta1"], ADAMW["beta2"]], eps=ADAMW["eps"],
                             weight_decay=ADAMW["weight_decay"], bias_correction=True)
     x, y = (mx.array(a) for a in batch(config, args.batch, args.seq))
-    loss_and_grad = mx.value_and_grad(lambda p: mlx_loss(p, x, y, config))
+    dtype = DTYPES.get(args.worker_precision)
+    loss_and_grad = mx.value_and_grad(lambda p: mlx_loss(p, x, y, config, dtype))
     losses, times = [], []
     for _ in range(args.warmup + args.steps):
         start = time.perf_counter()
@@ -143,14 +160,17 @@ def worker_mlx(args):
                 device=str(mx.default_device()))
 
 
-def run_worker(kind, args, params):
-    argv = ["--worker", kind, "-e", str(args.depth), "-b", str(args.batch), "-t", str(args.seq), "--steps",
-            str(args.steps), "--warmup", str(args.warmup), "--backend", args.backend, "--torch-device",
-            args.torch_device, "--params", params]
+def run_worker(kind, precision, args, params):
+    """One side at one precision, in its own process: its result, or {"error": why}."""
+    argv = ["--worker", kind, "--worker-precision", precision, "-e", str(args.depth), "-b", str(args.batch),
+            "-t", str(args.seq), "--steps", str(args.steps), "--warmup", str(args.warmup), "--backend",
+            args.backend, "--torch-device", args.torch_device, "--params", params]
     try:
         return json_worker(__file__, argv)
     except RuntimeError as e:
-        raise SystemExit(str(e)) from None
+        if kind == "llmpyx" and precision == "fp32":   # the others start from its parameters
+            raise SystemExit(str(e)) from None
+        return {"error": str(e).strip().splitlines()[-1]}
 
 
 def main(argv=None):
@@ -163,26 +183,38 @@ def main(argv=None):
         return 0
     config = config_for(args)
     B, T = args.batch, args.seq
-    print(f"training step: d{args.depth} ({config.num_parameters() / 1e6:.1f}M parameters), B={B} T={T}, fp32, "
-          f"{args.warmup} warm-up + {args.steps} timed steps", flush=True)
+    precisions = PRECISIONS if args.precision == "all" else (args.precision,)
+    sides = ["llmpyx", "torch"] + (["mlx"] if not args.no_mlx and importlib.util.find_spec("mlx") else [])
+    names = {"llmpyx": "llm.pyx", "torch": "PyTorch", "mlx": "MLX"}
+    print(f"training step: d{args.depth} ({config.num_parameters() / 1e6:.1f}M parameters), B={B} T={T}, "
+          f"{', '.join(precisions)}, {args.warmup} warm-up + {args.steps} timed steps", flush=True)
+    results = {}
     with tempfile.TemporaryDirectory(prefix="bench_metal_") as tmp:
         params = os.path.join(tmp, "params.npy")
-        results = {"llm.pyx": run_worker("llmpyx", args, params)}   # writes params first
-        results["PyTorch"] = run_worker("torch", args, params)
-        if not args.no_mlx and importlib.util.find_spec("mlx") is not None:
-            results["MLX"] = run_worker("mlx", args, params)
+        # llm.pyx at fp32 first: its worker writes the parameters every side starts from
+        for precision in ("fp32",) + tuple(p for p in precisions if p != "fp32"):
+            for kind in sides:
+                results[f"{names[kind]} {precision}"] = run_worker(kind, precision, args, params)
+    results = {name: r for name, r in results.items() if name.split()[1] in precisions}
     for name, r in results.items():
-        print(f"{name}: {r['version']} on {r['device']}")
-    print(f"\n{'':<10} {'ms/step':>9} {'min-max ms':>17} {'tokens/s':>9}  losses (first .. last)")
+        print(f"{name}: " + (f"{r['version']} on {r['device']}" if "error" not in r else f"not run: {r['error']}"))
+    print(f"\n{'':<14} {'ms/step':>9} {'min-max ms':>17} {'tokens/s':>9}  losses (first .. last)")
     rows = {}
     for name, r in results.items():
+        if "error" in r:
+            continue
         s = summarize(r["times"])
         rows[name] = dict(s, losses=r["losses"], device=r["device"], version=r["version"])
-        print(f"{name:<10} {s['median'] * 1e3:9.1f} {s['min'] * 1e3:8.1f}-{s['max'] * 1e3:<8.1f} "
+        print(f"{name:<14} {s['median'] * 1e3:9.1f} {s['min'] * 1e3:8.1f}-{s['max'] * 1e3:<8.1f} "
               f"{B * T / s['median']:9.0f}  {r['losses'][0]:.6f} .. {r['losses'][-1]:.6f}")
-    for other in rows:
-        if other != "llm.pyx":
-            print(f"llm.pyx / {other}: {rows['llm.pyx']['median'] / rows[other]['median']:.2f}x the time per step")
+    for precision in precisions:
+        ours = rows.get(f"llm.pyx {precision}")
+        for name, row in rows.items():
+            if ours is not None and name.endswith(precision) and not name.startswith("llm.pyx"):
+                print(f"llm.pyx {precision} / {name}: {ours['median'] / row['median']:.2f}x the time per step")
+        if ours is not None and precision != "fp32" and "llm.pyx fp32" in rows:
+            print(f"llm.pyx {precision} / llm.pyx fp32: {ours['median'] / rows['llm.pyx fp32']['median']:.2f}x "
+                  f"the time per step")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(depth=args.depth, B=B, T=T, backend=args.backend, rows=rows), f, indent=1)

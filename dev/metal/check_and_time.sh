@@ -15,7 +15,7 @@
 #   3. training: 20 steps of train.py --backend metal, Llama (stories15M) and GPT-2 (d12) at
 #      B=4, T=256 (tinyshakespeare; random tokens where it cannot be prepared offline)
 #   4. speed: dev/metal/bench_metal.py, a GPT-2 d12 step at B=4, T=1024 against PyTorch on mps
-#      and MLX in the same run: the ratios
+#      and MLX in the same run, at fp32, fp16 and bf16: the ratios
 #   5. the matmul's A/B table on metal (dev/metal/ab.py): the variants' errors and times
 #   6. half precision: test_gpt2.py and test_llama2.py on check:metal at fp16, then bf16 (bfloat
 #      needs MSL 3.1, macOS 14: on an older macOS that step fails, saying so)
@@ -99,7 +99,7 @@ run train-llama "$PYTHON" train.py --model stories15M --backend metal -b 4 -t 25
 run train-gpt2 "$PYTHON" train.py --model d12 --backend metal -b 4 -t 256 -x 20 -v 10 -m 2 -s 0 "${data[@]}"
 
 # 4. speed against PyTorch (mps) and MLX on the same Mac
-run bench "$PYTHON" dev/metal/bench_metal.py -e 12 -b 4 -t 1024 --json "$OUT/bench.json"
+run bench "$PYTHON" dev/metal/bench_metal.py -e 12 -b 4 -t 1024 --precision all --json "$OUT/bench.json"
 
 # 5. the matmul's variants, checked and timed on the GPU
 run ab-matmul "$PYTHON" dev/metal/ab.py matmul --backend metal
