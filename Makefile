@@ -101,7 +101,7 @@ accel/metal/build/host_%$(METAL_EMU_FLAVOR).o: accel/metal/host.c accel/metal/me
 # $(1): the emulator library, $(2): its precision
 define METAL_EMU_LIBRARY
 $(1): $(METAL_SOURCE) $(METAL_EMU_OBJECTS) accel/metal/build/host_$(2)$(METAL_EMU_FLAVOR).o accel/emu/msl_rewrite.py \
-        accel/emu/msl_emu.h accel/emu/msl_half.h
+        accel/emu/msl_emu.h accel/emu/msl_half.h accel/emu/blas/bf16_bits.h
 	mkdir -p $$(dir $$@)
 	$(PYTHON) accel/emu/msl_rewrite.py $(METAL_SOURCE) -o $$@.cpp
 	$(CXX) $(METAL_EMU_FLAGS) $(METAL_DEFINES_$(2)) -shared $$@.cpp $(METAL_EMU_OBJECTS) \

@@ -163,8 +163,8 @@ def parity_tolerances(backend):
                         f"step losses {tolerances[2]:g}")
 
 
-def check_parity(model, state, expected_grads, losses_source, autocast_source=None):
-    """The parity check of any model family: STEPS steps (forward, zero_grad, backward, AdamW)
+def check_parity(model, state, expected_grads, losses_source, autocast_source=None, steps=STEPS):
+    """The parity check of any model family: `steps` (of STEPS) steps (forward, zero_grad, backward, AdamW)
     on the debug state's batch; at the first, logits and loss against the state's and every
     gradient tensor against expected_grads (name -> array); then the step losses against
     losses_source() -> (losses or None, where they came from).  A bf16 or fp16 model
@@ -207,13 +207,13 @@ def check_parity(model, state, expected_grads, losses_source, autocast_source=No
                    f"tolerance at worst")
 
     def compare_losses(losses, expected, source, tol):
-        diff = np.abs(np.array(losses) - np.array(expected[:STEPS]))
+        diff = np.abs(np.array(losses) - np.array(expected[:len(losses)]))
         report("losses", diff.max() <= tol, f"max |diff| {diff.max():.2e} vs {source}" +
                (f" ({diff.max() / tol:.0%} of the tolerance)" if narrow else ""))
 
     V = state.logits.shape[2]
     losses = []
-    for step in range(STEPS):
+    for step in range(steps):
         start = time.perf_counter()
         loss = model.forward(state.x, state.y)
         model.zero_grad()
@@ -265,6 +265,13 @@ def check_parity(model, state, expected_grads, losses_source, autocast_source=No
     return okay
 
 
+def add_steps_argument(parser):
+    """--steps: the first N of the STEPS training steps (both scripts)."""
+    parser.add_argument("--steps", type=int, choices=range(1, STEPS + 1), default=STEPS,
+                        metavar=f"1..{STEPS}", help=f"compare the first N of the {STEPS} training "
+                        f"steps' losses (a slow backend's check: the emulators; default {STEPS})")
+
+
 def autocast_reference(config, params, state, reference="train_gpt2_torch"):
     """The live PyTorch reference at bf16 autocast (the reference module's --dtype bfloat16:
     train_gpt2_torch, train_llama2_torch) on the state's batch: (logits, loss, gradients by
@@ -291,6 +298,7 @@ def main():
                              "and activations, float32 master weights; fp16 likewise, with "
                              "dynamic loss scaling), compared with the reference at its "
                              "tolerances (default: fp32)")
+    add_steps_argument(parser)
     args = parser.parse_args()
 
     # after argument parsing, so --help works before a build
@@ -313,7 +321,7 @@ def main():
           (f", precision {model.precision}" if model.precision != "fp32" else ""))
     okay = check_parity(model, state, param_views(config, state.grads),
                         lambda: expected_losses(config, params, state, args.state),
-                        lambda: autocast_reference(config, params, state))
+                        lambda: autocast_reference(config, params, state), args.steps)
     return 0 if okay else 1
 
 

@@ -27,7 +27,8 @@ import sys
 
 from llmc.formats import FormatError, param_views
 from llmc.formats.llmc import read_debug_state
-from test_gpt2 import PRECISIONS, STEPS, autocast_reference as gpt2s_autocast_reference, check_parity
+from test_gpt2 import (PRECISIONS, STEPS, add_steps_argument, autocast_reference as
+                       gpt2s_autocast_reference, check_parity)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIXTURE_MODEL = os.path.join(HERE, "tests", "fixtures", "llama2_tiny.bin")
@@ -61,7 +62,9 @@ def main():
                         help="the backend to run on: cpu, check:NAME, profile:NAME, ...")
     parser.add_argument("--precision", choices=PRECISIONS, default="fp32",
                         help="the model's precision (bf16: bf16 parameters and activations, "
-                             "float32 master weights), compared at its tolerances (default: fp32)")
+                             "float32 master weights; fp16 likewise, with dynamic loss "
+                             "scaling), compared at its tolerances (default: fp32)")
+    add_steps_argument(parser)
     args = parser.parse_args()
 
     # after argument parsing, so --help works before a build
@@ -80,7 +83,7 @@ def main():
           (f", precision {model.precision}" if model.precision != "fp32" else ""))
     okay = check_parity(model, state, param_views(config, state.grads),
                         lambda: expected_losses(config, params, state, args.state),
-                        lambda: autocast_reference(config, params, state))
+                        lambda: autocast_reference(config, params, state), args.steps)
     return 0 if okay else 1
 
 

@@ -25,21 +25,28 @@ def numbers(entry, dims):
                 beta2=0.999, weight_decay=0.01, grad_scale=1.0, t=3, first=5, seed=7)
 
 
+def host_data(arg, dims, rng):
+    """A pointer argument's values on the host, as the spec's init says: int32 token ids, or
+    float32 (before any rounding to the table's precision)."""
+    n = evaluate(arg.elements, dims)
+    if arg.init == "tokens":
+        return rng.integers(0, dims["V"], n).astype(np.int32)
+    if arg.init == "positive":
+        data = rng.random(n)
+    elif arg.init == "small":
+        data = rng.standard_normal(n) / 10
+    elif arg.init == "rope":
+        data = np.cos(rng.random(n) * np.pi)
+    else:
+        data = rng.standard_normal(n)
+    return data.astype(np.float32)
+
+
 def fill(backend, arg, dims, rng):
     """A Buffer for a pointer argument, filled as the spec's init says (a floatX one in the
     backend's precision)."""
-    n = evaluate(arg.elements, dims)
-    buffer = backend.alloc((backend.itemsize if arg.floatx else 4) * n)
-    if arg.init == "tokens":
-        data = rng.integers(0, dims["V"], n).astype(np.int32)
-    elif arg.init == "positive":
-        data = rng.random(n).astype(np.float32)
-    elif arg.init == "small":
-        data = (rng.standard_normal(n) / 10).astype(np.float32)
-    elif arg.init == "rope":
-        data = np.cos(rng.random(n) * np.pi).astype(np.float32)
-    else:
-        data = rng.standard_normal(n).astype(np.float32)
+    data = host_data(arg, dims, rng)
+    buffer = backend.alloc((backend.itemsize if arg.floatx else 4) * data.size)
     narrow = {"bf16": to_bf16, "fp16": to_fp16}.get(backend.precision) if arg.floatx else None
     buffer.load(narrow(data) if narrow else data)
     return buffer

@@ -13,7 +13,7 @@ import pytest
 import train_llama2
 from accel.backend import BackendError, get_backend
 from accel.spec import BY_NAME, ORDER, evaluate, tolerance
-from entries import SMALL, numbers
+from entries import SMALL, host_data, numbers
 from faults import faulty_cpu
 from kernels import bf16, fp16
 from train_gpt2 import GPT2, GPT2Config
@@ -102,18 +102,7 @@ def loaded(buffer, precision):
 
 def narrow_values(rng, arg, dims, precision="bf16"):
     """Inputs for an argument as the spec's init says, every value exactly of the precision."""
-    n = evaluate(arg.elements, dims)
-    if arg.init == "tokens":
-        return rng.integers(0, dims["V"], n).astype(np.int32)
-    if arg.init == "positive":
-        data = rng.random(n) + 0.01
-    elif arg.init == "small":
-        data = rng.standard_normal(n) / 10
-    elif arg.init == "rope":
-        data = np.cos(rng.random(n) * np.pi)
-    else:
-        data = rng.standard_normal(n)
-    data = data.astype(np.float32)
+    data = host_data(arg, dims, rng)
     return rounded(data, precision) if arg.floatx else data
 
 
@@ -270,17 +259,18 @@ def train(model, steps, tokens):
     return losses
 
 
-def test_check_cpu_at_bf16_is_clean_and_catches_a_truncating_store(capfd):
-    model = tiny_gpt2("check:cpu")
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_check_cpu_at_a_narrow_precision_is_clean_and_catches_a_truncating_store(precision, capfd):
+    model = tiny_gpt2("check:cpu", precision)
     train(model, 2, batch(97))
     assert model.backend.report()["mismatches"] == 0, model.backend.summary()
     from accel import instrument
-    faulty = instrument.create("check", faulty_cpu("bf16_gelu_forward"))
-    model = tiny_gpt2(faulty)
+    faulty = instrument.create("check", faulty_cpu(f"{precision}_gelu_forward"))
+    model = tiny_gpt2(faulty, precision)
     train(model, 1, batch(97))
     report = faulty.report()
     assert report["first"]["entry"] == "gelu_forward", faulty.summary()
-    assert "rounded with a bias" in capfd.readouterr().err
+    assert f"gelu_forward's {precision} output is rounded with a bias" in capfd.readouterr().err
 
 
 # --- the models --------------------------------------------------------------------------------

@@ -1,10 +1,10 @@
 """Half precision (fp16, the GPUs' and Metal's) on the CPU, the oracle check: compares the GPUs'
-fp16 tables with: the conversions against NumPy's float16, check: at fp16 and a planted
-rounding fault, dynamic loss scaling (underflow without it, the overflow that skips a step and
-halves the scale, and a planted loop that applies it anyway), the models of both families at
-fp16 against fp32 and the PyTorch reference (test_gpt2.py's and test_llama2.py's fp16
-tolerances, with planted faults), and a run that resumes bit for bit with its loss scale.
-(tests/test_bf16.py holds every fp16 entry against the fp32 entry rounded once.)"""
+fp16 tables with: the conversions against NumPy's float16, dynamic loss scaling (underflow
+without it, the overflow that skips a step and halves the scale, and a planted loop that
+applies it anyway), the models of both families at fp16 against fp32 and the PyTorch
+reference (test_gpt2.py's and test_llama2.py's fp16 tolerances, with planted faults), and a
+run that resumes bit for bit with its loss scale.  (tests/test_bf16.py holds every fp16 entry
+against the fp32 entry rounded once, and check:cpu at fp16 with a planted truncating store.)"""
 import dataclasses
 import math
 import os
@@ -17,14 +17,14 @@ import pytest
 
 import test_gpt2
 import train_llama2
-from accel import instrument
-from faults import faulty_cpu
 from kernels import fp16
 from llmc.formats import param_views
 from llmc.formats.llmc import read_checkpoint, read_debug_state, read_training_state
 from llmc.model import LOSS_SCALE_GROWTH_STEPS, LOSS_SCALE_INITIAL
+import test_bf16 as bf16_tests
+from test_bf16 import batch, train as train_steps
 from test_bf16_parity import failed
-from test_train import STEP_LINE, data, run_train, state_header, step_losses  # noqa: F401
+from test_train import STEP_LINE, data, run_train, state_header, step_losses  # noqa: F401 (data: a fixture)
 from train_gpt2 import GPT2, GPT2Config
 from train_llama2 import Llama2
 
@@ -52,35 +52,8 @@ def test_conversions_are_numpys_round_to_nearest_even():
     assert same.all(), x[~same][:5]
 
 
-def tiny_gpt2(backend="cpu", precision="fp16", seed=3):
-    config = GPT2Config.from_depth(2, max_seq_len=32, vocab_size=97)
-    return GPT2.random(config, seed=seed, backend=backend, precision=precision)
-
-
-def batch(V, B=2, T=16, seed=4):
-    rng = np.random.default_rng(seed)
-    return rng.integers(0, V, (B, T)), rng.integers(0, V, (B, T))
-
-
-def train_steps(model, steps, tokens):
-    losses = []
-    for t in range(1, steps + 1):
-        model.zero_grad()
-        losses.append(model.forward(*tokens))
-        model.backward()
-        model.update(1e-3, 0.9, 0.95, 1e-8, 0.01, t)
-    return losses
-
-
-def test_check_cpu_at_fp16_is_clean_and_catches_a_truncating_store(capfd):
-    model = tiny_gpt2("check:cpu")
-    train_steps(model, 2, batch(97))
-    assert model.backend.report()["mismatches"] == 0, model.backend.summary()
-    faulty = instrument.create("check", faulty_cpu("fp16_gelu_forward"))
-    model = tiny_gpt2(faulty)
-    train_steps(model, 1, batch(97))
-    assert faulty.report()["first"]["entry"] == "gelu_forward", faulty.summary()
-    assert "gelu_forward's fp16 output is rounded with a bias" in capfd.readouterr().err
+def tiny_gpt2(backend="cpu", precision="fp16"):
+    return bf16_tests.tiny_gpt2(backend, precision)
 
 
 # --- the models ----------------------------------------------------------------------------

@@ -31,7 +31,7 @@ import pytest
 from accel import instrument
 from accel.backend import BackendError, get_backend
 from accel.spec import BY_NAME, ORDER, evaluate, tolerance
-from entries import D12_WIDTHS, SMALL, numbers, run_every_entry
+from entries import D12_WIDTHS, SMALL, host_data, numbers, run_every_entry
 from hip_emu import adamw_steps, CXX, device, finish, make, needs_compiler, SCHEDULES, WARP_SIZES
 from kernels.bf16 import to_bf16, to_float32
 from train_gpt2 import GPT2, GPT2Config
@@ -77,12 +77,7 @@ def dtype_of(arg):
 
 def host_input(arg, values, rng):
     """An input as entries.fill makes it, on the host: bf16 arguments as their bits."""
-    n = evaluate(arg.elements, values)
-    if arg.init == "tokens":
-        return rng.integers(0, values["V"], n).astype(np.int32)
-    data = {"positive": lambda: rng.random(n), "small": lambda: rng.standard_normal(n) / 10,
-            "rope": lambda: np.cos(rng.random(n) * np.pi)}.get(arg.init, lambda: rng.standard_normal(n))()
-    data = data.astype(np.float32)
+    data = host_data(arg, values, rng)
     return to_bf16(data) if arg.floatx else data
 
 

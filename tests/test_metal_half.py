@@ -41,7 +41,7 @@ import pytest
 from accel import instrument
 from accel.backend import get_backend
 from accel.spec import BY_NAME, ORDER, entries_of, evaluate, tolerance
-from entries import D12_WIDTHS, SMALL, numbers, run_every_entry
+from entries import D12_WIDTHS, SMALL, host_data, numbers, run_every_entry
 from kernels.bf16 import to_bf16
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -217,12 +217,8 @@ def test_every_entry_matches_the_cpu_through_check(libraries, precision, config)
 
 def host_input(arg, values, rng):
     """An input as tests/entries.py fills it: a floatX one as fp16."""
-    n = evaluate(arg.elements, values)
-    if arg.init == "tokens":
-        return rng.integers(0, values["V"], n).astype(np.int32)
-    data = {"positive": lambda: rng.random(n), "small": lambda: rng.standard_normal(n) / 10,
-            "rope": lambda: np.cos(rng.random(n) * np.pi)}.get(arg.init, lambda: rng.standard_normal(n))()
-    return data.astype(np.float16 if arg.floatx else np.float32)
+    data = host_data(arg, values, rng)
+    return data.astype(np.float16) if arg.floatx else data
 
 
 def call(target, name, host, values, widen):

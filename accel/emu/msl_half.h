@@ -19,6 +19,8 @@
 #include <cstring>
 #include <type_traits>
 
+#include "blas/bf16_bits.h"   // bfloat's conversions: the emulated hipBLAS's bf16 ones
+
 namespace emu_msl {
 
 inline uint32_t float_bits(float f) {
@@ -61,15 +63,6 @@ inline float half_to_float(uint16_t h) {
     return bits_float(sign | ((exponent + 112) << 23) | (mantissa << 13));
 }
 
-// bfloat16 from float, to nearest even; a NaN stays a quiet NaN (kernels/bf16.pxd's float_to_bf16).
-inline uint16_t bfloat_bits_of(float f) {
-    const uint32_t bits = float_bits(f);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) return uint16_t((bits >> 16) | 0x40u);
-    return uint16_t((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
-}
-
-inline float bfloat_to_float(uint16_t b) { return bits_float(uint32_t(b) << 16); }
-
 // A 16-bit floating type: Traits::narrow(float) -> bits, Traits::widen(bits) -> float.
 template <class Traits>
 struct float16_storage {
@@ -101,8 +94,8 @@ struct half_traits {
     static float widen(uint16_t b) { return half_to_float(b); }
 };
 struct bfloat_traits {
-    static uint16_t narrow(float f) { return bfloat_bits_of(f); }
-    static float widen(uint16_t b) { return bfloat_to_float(b); }
+    static uint16_t narrow(float f) { return emu_blas::float_to_bf16(f); }   // kernels/bf16.pxd's rounding
+    static float widen(uint16_t b) { return emu_blas::bf16_to_float(b); }
 };
 
 // the MSL floating types: float, half, bfloat
