@@ -25,6 +25,8 @@ and bfloat (libmetal_emu_bf16.so) for the CPU emulator of MSL, and the emulator'
   matmul_forward at d12's widths), a kernel reading a floatX buffer through a float pointer (a
   spec declaration missed in the port).
 - host.c declares floatX exactly where accel/spec.py does (its pointer arithmetic counts elements).
+- The model's dynamic loss scaling on these kernels: the CPU's fp16 gradients at the default
+  scale, whole tensors lost to underflow without it, an overflow seen at 2^30.
 """
 import ctypes
 import math
@@ -512,6 +514,37 @@ def test_test_llama2_passes_on_check_metal_emu(libraries, precision):
                             cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0 and "overall okay: 1" in result.stdout, result.stdout + result.stderr
     assert "check      OK      check:metal-emu: 1591 outputs compared, all within tolerance" in result.stdout
+
+
+def test_loss_scaling_on_metal_emu_against_underflow_and_overflow(libraries):
+    """The model's dynamic loss scaling (llmc/model.pyx) on the GPU's fp16 kernels: at the
+    default scale the parameter gradients are the CPU's fp16 model's; unscaled, through weights
+    a tenth of GPT-2's init, the fp16 activation gradients underflow and whole tensors are lost;
+    at 2^30 they overflow fp16 and the step's gradient norm is not finite, which is what skips
+    the update and halves the scale (the train loop's planted fault: tests/test_fp16.py)."""
+    from train_gpt2 import GPT2, GPT2Config
+    config = GPT2Config.from_depth(1, max_seq_len=64, vocab_size=97)
+    rng = np.random.default_rng(4)
+    x, y = rng.integers(0, 97, (2, 64)), rng.integers(0, 97, (2, 64))
+
+    def gradients(backend, scale):
+        model = GPT2.random(config, seed=5, backend=backend, precision="fp16")
+        model.params = model.params * np.float32(0.1)
+        model.set_loss_scale(scale)
+        model.zero_grad()
+        model.forward(x, y)
+        model.backward()
+        return model, {k: g / np.float32(scale) for k, g in model.grad_tensors().items()}
+    _, cpu = gradients("cpu", 2.0 ** 16)
+    scaled_model, scaled = gradients("metal-emu", 2.0 ** 16)
+    _, unscaled = gradients("metal-emu", 1.0)
+
+    def worst(grads):   # the largest error of a tensor, relative to its largest gradient
+        return max(np.abs(grads[k] - cpu[k]).max() / np.abs(cpu[k]).max() for k in cpu)
+    assert worst(scaled) < 0.01 and not scaled_model.gradients_overflowed(scaled_model.grad_norm())
+    assert worst(unscaled) > 0.5
+    overflowed, _ = gradients("metal-emu", 2.0 ** 30)
+    assert overflowed.gradients_overflowed(overflowed.grad_norm())
 
 
 ASAN_SCRIPT = """
