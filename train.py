@@ -669,7 +669,7 @@ def precision_text(precision):
     if precision == "bf16":
         return "bf16 (float32 master weights, gradients, AdamW)"
     if precision == "fp16":
-        return "fp16 (float32 master weights, gradients, AdamW; dynamic loss scaling)"
+        return "fp16, scaled loss (float32 master, grads, AdamW)"
     return precision
 
 

@@ -236,5 +236,5 @@ def test_resume_at_fp16_is_bit_identical_and_keeps_the_loss_scale(data, tmp_path
     n = GPT2.from_checkpoint(str(out / "model_00000002.bin")).num_parameters
     assert read_training_state(str(out / "state_00000002_00000.bin"), n).loss_scale == \
         2.0 ** (header[12] - 1) < 2 ** 22
-    assert re.search(r"^\| precision\s+\| fp16 \(float32 master weights, gradients, AdamW; "
-                     r"dynamic loss scaling\)", straight, re.M)
+    assert re.search(r"^\| precision\s+\| fp16, scaled loss \(float32 master, grads, AdamW\)\s+\|$",
+                     straight, re.M)
