@@ -30,6 +30,8 @@ test: train_gpt2
 	$(PYTHON) test_llama2.py
 	$(PYTHON) test_gpt2.py --precision bf16
 	$(PYTHON) test_llama2.py --precision bf16
+	$(PYTHON) test_gpt2.py --precision fp16
+	$(PYTHON) test_llama2.py --precision fp16
 
 bench: train_gpt2
 	$(PYTHON) dev/bench_step.py
