@@ -182,8 +182,28 @@ def llmpyx_steps(model, x, y, first_t, steps):
         model.backward()
         model.update(ADAMW["lr"], ADAMW["beta1"], ADAMW["beta2"], ADAMW["eps"],
                      ADAMW["weight_decay"], t)
+        model.backend.synchronize()   # a device's queue (nothing on the CPU)
         times.append(time.perf_counter() - t0)
         losses.append(loss)
+    return losses, times
+
+
+def torch_steps(model, optimizer, x, y, autocast, steps, synchronize=lambda: None):
+    """(losses, seconds) of `steps` PyTorch training steps (the forward under autocast(),
+    zero_grad, backward, AdamW), the device synchronized before the clock starts and stops
+    (bench_gpu's CUDA, bench_metal's MPS)."""
+    losses, times = [], []
+    for _ in range(steps):
+        synchronize()
+        t0 = time.perf_counter()
+        with autocast():
+            _, loss = model(x, y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        synchronize()
+        times.append(time.perf_counter() - t0)
+        losses.append(loss.item())
     return losses, times
 
 
@@ -220,20 +240,8 @@ def worker_torch(args):
     x, y = (torch.from_numpy(a.astype(np.int64)) for a in batch(config, args.batch, args.seq))
     autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) \
         if args.precision == "bf16" else contextlib.nullcontext
-    losses, times = [], []
-    for step in range(args.warmup + args.steps):
-        t0 = time.perf_counter()
-        with autocast():
-            _, loss = model(x, y)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        loss = loss.item()
-        dt = time.perf_counter() - t0
-        losses.append(loss)
-        if step >= args.warmup:
-            times.append(dt)
-    return dict(times=times, losses=losses, rss=peak_rss_bytes(), torch=torch.__version__,
+    losses, times = torch_steps(model, optimizer, x, y, autocast, args.warmup + args.steps)
+    return dict(times=times[args.warmup:], losses=losses, rss=peak_rss_bytes(), torch=torch.__version__,
                 precision=args.precision)
 
 

@@ -34,7 +34,6 @@ import json
 import os
 import sys
 import tempfile
-import time
 
 import numpy as np
 
@@ -43,7 +42,8 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from dev.bench_step import ADAMW, batch, config_for, family_for, json_worker, reference_module, summarize  # noqa: E402
+from dev.bench_step import (ADAMW, batch, config_for, family_for, json_worker, reference_module,  # noqa: E402
+                            llmpyx_steps, summarize, torch_steps)
 
 PRECISIONS = ("fp32", "bf16")
 # issue 22's targets at bf16: llm.pyx's time per step over each peer's
@@ -81,16 +81,7 @@ def worker_llmpyx(args):
     if args.params:
         np.save(args.params, model.params)   # float32 (at bf16: the master weights)
     x, y = batch(config, args.batch, args.seq)
-    losses, times = [], []
-    for t in range(1, args.warmup + args.steps + 1):
-        start = time.perf_counter()
-        loss = model.forward(x, y)
-        model.zero_grad()
-        model.backward()
-        model.update(ADAMW["lr"], ADAMW["beta1"], ADAMW["beta2"], ADAMW["eps"], ADAMW["weight_decay"], t)
-        model.backend.synchronize()
-        times.append(time.perf_counter() - start)
-        losses.append(loss)
+    losses, times = llmpyx_steps(model, x, y, 1, args.warmup + args.steps)
     return dict(times=times[args.warmup:], losses=losses, device=getattr(model.backend, "device", ""))
 
 
@@ -111,18 +102,7 @@ def worker_torch(args):
     autocast = (lambda: torch.autocast("cuda" if on_gpu else "cpu", dtype=torch.bfloat16)) \
         if args.worker_precision == "bf16" else contextlib.nullcontext
     x, y = (torch.from_numpy(a.astype(np.int64)).to(args.torch_device) for a in batch(config, args.batch, args.seq))
-    losses, times = [], []
-    for _ in range(args.warmup + args.steps):
-        synchronize()
-        start = time.perf_counter()
-        with autocast():
-            _, loss = step_model(x, y)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        synchronize()
-        times.append(time.perf_counter() - start)
-        losses.append(loss.item())
+    losses, times = torch_steps(step_model, optimizer, x, y, autocast, args.warmup + args.steps, synchronize)
     return dict(times=times[args.warmup:], losses=losses, torch=torch.__version__,
                 device=torch.cuda.get_device_name() if on_gpu else "cpu")
 

@@ -41,7 +41,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from dev.bench_step import ADAMW, batch, config_for, json_worker, summarize  # noqa: E402
+from dev.bench_step import ADAMW, batch, config_for, json_worker, summarize, torch_steps  # noqa: E402
 from dev.gpu.bench_gpu import worker_llmpyx  # noqa: E402  (any backend: synchronizes it)
 
 PRECISIONS = ("fp32", "fp16", "bf16")
@@ -85,18 +85,7 @@ def worker_torch(args):
     dtype = DTYPES.get(args.worker_precision)
     autocast = (lambda: torch.autocast(args.torch_device, dtype=getattr(torch, dtype))) if dtype else \
         contextlib.nullcontext
-    losses, times = [], []
-    for _ in range(args.warmup + args.steps):
-        synchronize()
-        start = time.perf_counter()
-        with autocast():
-            _, loss = model(x, y)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        synchronize()
-        times.append(time.perf_counter() - start)
-        losses.append(loss.item())
+    losses, times = torch_steps(model, optimizer, x, y, autocast, args.warmup + args.steps, synchronize)
     return dict(times=times[args.warmup:], losses=losses, version=f"PyTorch {torch.__version__}",
                 device=args.torch_device)
 
