@@ -42,7 +42,7 @@ def _floats(shapes):
 
 def memory_plan(family, config, B, T, policy="all", backend="cpu", precision="fp32"):
     """Bytes of each buffer a training step of family(config) at (B, T) allocates under the
-    policy on the backend at the precision ("fp32" or "bf16"): {params, grads, adamw,
+    policy on the backend at the precision ("fp32", "bf16", "fp16"): {params, grads, adamw,
     activations, activation_grads, tokens}."""
     from accel.backend import get_backend
     from accel.spec import PRECISIONS
@@ -58,7 +58,7 @@ def memory_plan(family, config, B, T, policy="all", backend="cpu", precision="fp
     count = _floats(config.param_shapes())
     params = FLOAT * count
     return dict(
-        # at bf16 the kernels' bf16 parameters beside the float32 master weights
+        # at bf16 (fp16) the kernels' bf16 (fp16) parameters beside the float32 master weights
         params=params + (itemsize * count if precision != "fp32" else 0),
         grads=params, adamw=2 * params,
         activations=nbytes(recompute.activation_shapes(plan, embedding, layer, head)),
@@ -84,12 +84,13 @@ def measure_gflops(n=1024, repeats=3, precision="fp32"):
     """The GEMM rate (GFLOP/s) of the kernels' matmul now, on its usual threads: an (n, n) x
     (n, n) product, best of repeats after one warm-up; kernels.matmul's sgemm at fp32,
     kernels.matmul_bf16's at bf16 (bf16 operands and output as uint16 bits, float32 sums: the
-    bf16 GEMM of kernels.blas.BF16_LIBRARY)."""
+    bf16 GEMM of kernels.blas.BF16_LIBRARY); the sgemm at fp16 too, which the CPU's fp16 table
+    runs on widened copies."""
     rng = np.random.default_rng(0)
     inp = rng.standard_normal((1, n, n), dtype=np.float32)
     weight = rng.standard_normal((n, n), dtype=np.float32)
     out = np.empty((1, n, n), dtype=np.float32)
-    if precision == "fp32":
+    if precision != "bf16":
         from kernels import matmul
     else:
         from kernels import matmul_bf16 as matmul
@@ -126,19 +127,19 @@ def dry_run_text(family, config, name, B, T, policy="all", backend="cpu", gflops
     gflops = measure_gflops(precision=precision) if gflops is None else gflops
     plan = recompute.RecomputePlan(policy, family.num_layers_of(config))
     memory = memory_plan(family, config, B, T, policy, backend, precision)
-    bf16 = precision == "bf16"
+    narrow = precision != "fp32"   # bf16, fp16: 2-byte parameters and activations
     flops = flops_plan(family, config, B, T, policy)
     f = family.flops_per_token(config, T)
     seconds = flops["step"] / (gflops * 1e9)
     internals = "1 layer's internals" if plan.slots == 1 else f"{plan.slots} layers' internals"
     lines = [
         f"dry run: {name} ({config.describe()}), B={B} T={T}, recompute {plan.policy}"
-        f"{', precision bf16' if bf16 else ''}",
+        f"{f', precision {precision}' if narrow else ''}",
         f"parameters: {config.num_parameters():,}",
-        "memory (bf16: parameters and activations; float32: master weights, gradients, AdamW, "
-        "statistics, losses):" if bf16 else "memory (float32):",
+        f"memory ({precision}: parameters and activations; float32: master weights, gradients, "
+        f"AdamW, statistics, losses):" if narrow else "memory (float32):",
         f"  parameters            {format_bytes(memory['params']):>12}"
-        f"{'   (bf16 + float32 master weights)' if bf16 else ''}",
+        f"{f'   ({precision} + float32 master weights)' if narrow else ''}",
         f"  gradients             {format_bytes(memory['grads']):>12}",
         f"  AdamW m + v           {format_bytes(memory['adamw']):>12}",
         f"  activations           {format_bytes(memory['activations']):>12}   ({internals}, "
@@ -155,7 +156,7 @@ def dry_run_text(family, config, name, B, T, policy="all", backend="cpu", gflops
         f"{flops['backward'] / 1e9:,.2f} G + recompute ({plan.recomputed} layer forwards) "
         f"{flops['recompute'] / 1e9:,.2f} G = {flops['step'] / 1e9:,.2f} G",
         f"step time estimate: {_seconds(seconds)} at {gflops:.0f} GFLOP/s (this machine's "
-        f"{'bf16 GEMM' if bf16 else 'sgemm'} now), {B * T / seconds:,.3g} tokens/s; a floor: "
+        f"{'bf16 GEMM' if precision == 'bf16' else 'sgemm'} now), {B * T / seconds:,.3g} tokens/s; a floor: "
         f"the FLOPs alone",
         "every policy:          activations + grads   step FLOPs",
     ]
