@@ -54,6 +54,13 @@ def test_hellaswag_and_skipped_updates(tmp_path):
     text = text_of(d.render(100))
     assert "HellaSwag 0.5000" in text and dashboard.sparkline([0.25, 0.5], 70) in text
     assert "skipped updates 1" in text and "last at step 7 (loss z-score)" in text
+    # fp16's overflow skips (train.py --precision fp16): counted with the others, named as such
+    log.write_text("".join(json.dumps(r) + "\n" for r in rs[:-1] + extra + [
+        dict(type="skip", step=9, reason="overflow", loss_scale=32768.0)] + rs[-1:]))
+    d = dashboard.Dashboard(str(log), background=False)
+    assert d.poll()
+    text = text_of(d.render(100))
+    assert "skipped updates 2" in text and "last at step 10 (overflow)" in text
 
 
 def test_the_ane_steps_engine_dw_overlap_compiles_and_restarts(tmp_path):
