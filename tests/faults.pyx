@@ -44,31 +44,39 @@ cdef void bf16_truncating_matmul_forward(void* ctx, float* out, const float* inp
     for i in range(<Py_ssize_t>B * T * OC):   # stored as bf16 by truncation: 2^-8 of each value
         bits[i] &= <uint32_t>0xFFFF0000
 
+cdef float* widened_gelu(const float* inp, Py_ssize_t N, bint fp16_input) noexcept nogil:
+    """GELU in float32 on the widened bf16 (fp16) input, as the narrow table's: a buffer of 2N
+    floats whose second half is the result (the caller frees it); NULL without memory."""
+    cdef float* wide = <float*>malloc(2 * N * sizeof(float) + 1)
+    if wide == NULL:
+        return NULL
+    if fp16_input:
+        widen_fp16(wide, <const fp16*>inp, N)
+    else:
+        widen(wide, <const bf16*>inp, N)
+    gelu_forward(wide + N, wide, N)
+    return wide
+
 cdef void bf16_truncating_gelu_forward(void* ctx, float* out, const float* inp,
                                        Py_ssize_t N) noexcept nogil:
-    # GELU in float32 on the widened bf16 input, as the bf16 table's, but each output stored by
-    # dropping its low 16 bits instead of rounding to nearest: off by at most one ulp
-    cdef float* wide = <float*>malloc(2 * N * sizeof(float) + 1)
+    # each output stored by dropping its low 16 bits instead of rounding to nearest: off by at
+    # most one ulp
+    cdef float* wide = widened_gelu(inp, N, False)
     cdef Py_ssize_t i
     if wide == NULL:
         return
-    widen(wide, <const bf16*>inp, N)
-    gelu_forward(wide + N, wide, N)
     for i in range(N):
         (<bf16*>out)[i] = <bf16>(float_bits(wide[N + i]) >> 16)
     free(wide)
 
 cdef void fp16_truncating_gelu_forward(void* ctx, float* out, const float* inp,
                                        Py_ssize_t N) noexcept nogil:
-    # as bf16_truncating_gelu_forward, in fp16: each output rounded toward zero (the fp16
-    # below it in magnitude), off by at most one ulp
-    cdef float* wide = <float*>malloc(2 * N * sizeof(float) + 1)
+    # each output rounded toward zero (the fp16 below it in magnitude): off by at most one ulp
+    cdef float* wide = widened_gelu(inp, N, True)
     cdef Py_ssize_t i
     cdef fp16 h
     if wide == NULL:
         return
-    widen_fp16(wide, <const fp16*>inp, N)
-    gelu_forward(wide + N, wide, N)
     for i in range(N):
         h = float_to_fp16(wide[N + i])
         if abs(<double>fp16_value(h)) > abs(<double>wide[N + i]) and (h & 0x7fff) != 0:

@@ -1,11 +1,11 @@
 """Half precision (fp16, the GPUs' and Metal's) on the CPU, the oracle check: compares the GPUs'
 fp16 tables with: the conversions against NumPy's float16, dynamic loss scaling (underflow
 without it, the overflow that skips a step and halves the scale, and a planted loop that
-applies it anyway), the models of both families at fp16 against fp32 and the PyTorch
+applies it anyway), GPT-2 at fp16 against fp32, both families against the PyTorch
 reference (test_gpt2.py's and test_llama2.py's fp16 tolerances, with planted faults), and a
 run that resumes bit for bit with its loss scale.  (tests/test_bf16.py holds every fp16 entry
-against the fp32 entry rounded once, and check:cpu at fp16 with a planted truncating store.)"""
-import dataclasses
+against the fp32 entry rounded once, check:cpu at fp16 with a planted truncating store, and
+Llama at fp16 against fp32.)"""
 import math
 import os
 import re
@@ -16,17 +16,14 @@ import numpy as np
 import pytest
 
 import test_gpt2
-import train_llama2
 from kernels import fp16
 from llmc.formats import param_views
 from llmc.formats.llmc import read_checkpoint, read_debug_state, read_training_state
 from llmc.model import LOSS_SCALE_GROWTH_STEPS, LOSS_SCALE_INITIAL
-import test_bf16 as bf16_tests
-from test_bf16 import batch, train as train_steps
+from test_bf16 import batch, tiny_gpt2, train as train_steps
 from test_bf16_parity import failed
 from test_train import STEP_LINE, data, run_train, state_header, step_losses  # noqa: F401 (data: a fixture)
 from train_gpt2 import GPT2, GPT2Config
-from train_llama2 import Llama2
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -52,15 +49,11 @@ def test_conversions_are_numpys_round_to_nearest_even():
     assert same.all(), x[~same][:5]
 
 
-def tiny_gpt2(backend="cpu", precision="fp16"):
-    return bf16_tests.tiny_gpt2(backend, precision)
-
-
 # --- the models ----------------------------------------------------------------------------
 
 def test_gpt2_at_fp16_tracks_fp32_keeps_master_weights_and_scales_its_loss():
     tokens = batch(97)
-    fp32, half = tiny_gpt2(precision="fp32"), tiny_gpt2()
+    fp32, half = tiny_gpt2("cpu", "fp32"), tiny_gpt2("cpu", "fp16")
     assert (half.precision, half.itemsize, half.loss_scale) == ("fp16", 2, LOSS_SCALE_INITIAL)
     assert fp32.loss_scale == 1.0
     losses32, losses16 = train_steps(fp32, 5, tokens), train_steps(half, 5, tokens)
@@ -71,16 +64,6 @@ def test_gpt2_at_fp16_tracks_fp32_keeps_master_weights_and_scales_its_loss():
     # the gradients are the scaled loss's; grad_norm divides the scale out
     assert half.grad_norm() == pytest.approx(fp32.grad_norm(), rel=0.02)
     assert np.linalg.norm(half.grads) == pytest.approx(half.loss_scale * half.grad_norm(), rel=1e-5)
-
-
-def test_llama_at_fp16_tracks_fp32():
-    config = dataclasses.replace(train_llama2.PRESETS["stories15M"], dim=64, hidden_dim=160,
-                                 n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=101,
-                                 max_seq_len=32, shared_classifier=False)
-    tokens = batch(101)
-    losses = [train_steps(Llama2.random(config, seed=2, precision=p), 5, tokens)
-              for p in ("fp32", "fp16")]
-    assert np.allclose(losses[1], losses[0], atol=2e-3), losses
 
 
 def test_without_loss_scaling_small_gradients_vanish_in_fp16():
@@ -111,7 +94,7 @@ def test_without_loss_scaling_small_gradients_vanish_in_fp16():
 
 
 def test_the_loss_scale_halves_on_overflow_and_doubles_after_its_steps():
-    model = tiny_gpt2()
+    model = tiny_gpt2("cpu", "fp16")
     assert model.gradients_overflowed(math.inf) and model.gradients_overflowed(math.nan)
     assert not model.gradients_overflowed(1.0)
     assert model.adjust_loss_scale(False) and model.loss_scale == LOSS_SCALE_INITIAL / 2
@@ -121,7 +104,7 @@ def test_the_loss_scale_halves_on_overflow_and_doubles_after_its_steps():
     model.set_loss_scale(1.0)
     model.adjust_loss_scale(False)
     assert model.loss_scale == 1.0   # never below 1
-    fp32 = tiny_gpt2(precision="fp32")
+    fp32 = tiny_gpt2("cpu", "fp32")
     assert not fp32.gradients_overflowed(math.inf) and not fp32.adjust_loss_scale(False)
     with pytest.raises(ValueError, match="a fp32 model has no loss scale"):
         fp32.set_loss_scale(2.0)
