@@ -364,10 +364,18 @@ def require_available(name):
         raise BackendError(f"backend '{name}' is unavailable: {unavailable} ({_available_line()})")
 
 
-# where each narrow precision runs (the backends whose modules' PRECISIONS have it), for the
-# line that refuses one
-RUNS_AT = {"bf16": "cpu, hip, hip-emu, metal, metal-emu",
-           "fp16": "metal, metal-emu, and cpu (check:'s oracle, slower than fp32)"}
+def runs_at(str precision):
+    """The registered backends with a table of this precision (their modules' PRECISIONS; one
+    that cannot be imported here is left out), for the line that refuses one."""
+    names = []
+    for name, (module_name, _, _) in _REGISTRY.items():
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        if precision in getattr(module, "PRECISIONS", ("fp32",)):
+            names.append(name)
+    return ", ".join(names)
 
 
 def require_precision(name, str precision):
@@ -386,8 +394,7 @@ def require_precision(name, str precision):
     precisions = getattr(module, "PRECISIONS", ("fp32",))
     if precision not in precisions:
         raise BackendError(f"backend '{name}' has no {precision} kernels (it runs "
-                           f"{', '.join(precisions)}; {precision} runs on: "
-                           f"{RUNS_AT[precision]})")
+                           f"{', '.join(precisions)}; {precision} runs on: {runs_at(precision)})")
     return module
 
 
