@@ -54,6 +54,8 @@ def define_family(family):
     if family.name not in _MODULES:
         raise ValueError(f"define_family: {family.name!r} is not a registered family "
                          f"(register_family in llmc/families.py)")
+    from llmc.model import refuse_unfilled   # compiled: the registry itself loads without a build
+    refuse_unfilled(family.model_class)
     _DEFINED[family.name] = family
 
 

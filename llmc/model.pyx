@@ -22,7 +22,10 @@ A family (GPT-2 in train_gpt2.pyx) subclasses Model and gives
     embedding_forward / layer_forward(l, ...) / head_forward, and their backwards: its parts,
                                 through the backend table, on arrays of tensor pointers in the
                                 order of its shape lists (one layer's, the head's)
-and this core does the rest, every byte of it through the backend table (accel/backend.pxd):
+All but MATRICES, NO_GRAD, FP32_ACTIVATIONS and activation_options (whose defaults are "none"
+and "no options") are required: a family that leaves one to Model is refused, naming it, when
+it is defined (llmc/families.py) and when it is constructed (refuse_unfilled).
+And this core does the rest, every byte of it through the backend table (accel/backend.pxd):
 the buffers (parameters, gradients, AdamW's m and v, activations and their gradients, the
 tokens), the batch in and the mean loss out, the layers in order under an activation
 checkpoint policy (which layers' activations are kept, which recomputed in backward:
@@ -47,11 +50,12 @@ scale is a power of two, so scaling and unscaling are exact.
 import numpy as np
 
 from accel.backend import get_backend
+from cpython.pycapsule cimport PyCapsule_GetPointer
 from kernels.bf16 import to_float32
 from libc.math cimport isfinite, sqrt
 from llmc import recompute
 
-__all__ = ["Layout", "Model", "LOSS_SCALE_INITIAL", "LOSS_SCALE_GROWTH_STEPS"]
+__all__ = ["Layout", "Model", "LOSS_SCALE_INITIAL", "LOSS_SCALE_GROWTH_STEPS", "refuse_unfilled", "unfilled"]
 
 # fp16's dynamic loss scaling (as PyTorch's GradScaler's defaults): the scale a run starts at,
 # and the finite steps in a row after which it doubles
@@ -104,6 +108,60 @@ cdef inline int* ints(Buffer buffer) noexcept:
     return NULL if buffer is None else <int*>buffer.ptr
 
 
+# What a family must fill in (the docstring's list).  Model's own versions are empty and a
+# family that left one out would train silently wrong (no gradient from its layers, say), so a
+# family is refused when it is constructed, with the names it lacks.  A cdef method is overridden
+# where the class's table of C methods (Cython's vtable, the capsule __pyx_vtable__) points
+# elsewhere than Model's at that method's slot.
+FAMILY_METHODS = ("point_parameters", "embedding_forward", "layer_forward", "head_forward",
+                  "head_backward", "layer_backward", "embedding_backward")
+FAMILY_CLASSMETHODS = ("activation_shapes", "num_layers_of", "flops_per_token")
+_CHECKED = set()   # the classes already found complete
+
+
+cdef void** vtable(cls) except NULL:
+    return <void**>PyCapsule_GetPointer(cls.__pyx_vtable__, NULL)
+
+
+cdef dict method_slots():
+    """Each family method's slot in Model's vtable: where Model's table holds its address."""
+    cdef size_t[7] own = [<size_t><void*>Model.point_parameters,
+                          <size_t><void*>Model.embedding_forward, <size_t><void*>Model.layer_forward,
+                          <size_t><void*>Model.head_forward, <size_t><void*>Model.head_backward,
+                          <size_t><void*>Model.layer_backward, <size_t><void*>Model.embedding_backward]
+    cdef void** table = vtable(Model)
+    slots, i = {}, 0
+    while len(slots) < len(FAMILY_METHODS):   # every one is in the table: the scan stops there
+        for k in range(len(FAMILY_METHODS)):
+            if <size_t>table[i] == own[k]:
+                slots[FAMILY_METHODS[k]] = i
+        i += 1
+    return slots
+
+
+def unfilled(cls):
+    """The names of what the family class cls (a subclass of Model) leaves to Model's empty
+    defaults: its class attributes FAMILY and ENTRY_GROUPS, C methods, classmethods."""
+    missing = [name for name in ("FAMILY", "ENTRY_GROUPS") if not getattr(cls, name)]
+    cdef void** table = vtable(cls)
+    cdef void** own = vtable(Model)
+    missing += [name for name, slot in method_slots().items() if table[slot] == own[slot]]
+    missing += [name for name in FAMILY_CLASSMETHODS   # the class that defines it is Model
+                if next(k for k in cls.__mro__ if name in vars(k)) is Model]
+    return missing
+
+
+def refuse_unfilled(cls):
+    """TypeError in one line when the family class cls leaves something to Model."""
+    if cls in _CHECKED:
+        return
+    missing = unfilled(cls)
+    if missing:
+        raise TypeError(f"{cls.__name__} does not fill in {', '.join(missing)}: a model family "
+                        f"implements each (llmc/model.pyx)")
+    _CHECKED.add(cls)
+
+
 cdef class Model:
     FAMILY = None
     ENTRY_GROUPS = ()
@@ -116,6 +174,7 @@ cdef class Model:
         accel.backend.get_backend, or a Backend), at a precision ("fp32", "bf16", "fp16"; None:
         the Backend's, or fp32), keeping activations by a recompute policy
         (llmc.recompute.POLICIES)."""
+        refuse_unfilled(type(self))
         if precision is None:
             precision = getattr(backend, "precision", "fp32")
         self.backend = get_backend(backend, precision)
@@ -137,7 +196,7 @@ cdef class Model:
         self.step = 0
         self.shard_start, self.shard_end = 0, self.param_layout.size
 
-    # --- what a family fills in ----------------------------------------------------------
+    # --- what a family fills in (Model's own are never run: refuse_unfilled) ----------------
 
     cdef void point_parameters(self, float* params, float* grads) noexcept:
         pass

@@ -13,6 +13,7 @@ from kernels.rope cimport rope_forward
 from libc.stdint cimport uint32_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy
+from llmc.model cimport Model
 
 from accel import cpu
 
@@ -119,3 +120,44 @@ def faulty_cpu(str fault):
         raise ValueError(f"no planted fault for {fault!r} (there are: "
                          f"{', '.join(FAULTS + LLAMA_FAULTS + SUBTLE_FAULTS + BF16_FAULTS + FP16_FAULTS)})")
     return backend
+
+
+# ----------------------------------------------------------------------------
+# a family that forgot one of its parts (llmc/model.pyx refuses it)
+
+cdef class FamilyWithoutLayerBackward(Model):
+    """Every part a family fills in, each doing nothing, but layer_backward, left out."""
+    FAMILY = "gpt2"
+    ENTRY_GROUPS = ("core", "linear", "gpt2")
+
+    cdef void point_parameters(self, float* params, float* grads) noexcept:
+        pass
+
+    cdef void embedding_forward(self, float* out, const int* inputs, int B, int T) noexcept nogil:
+        pass
+
+    cdef void layer_forward(self, int l, float** acts, const float* inp, int B, int T) noexcept nogil:
+        pass
+
+    cdef void head_forward(self, float** acts, const float* inp, const int* targets,
+                           int B, int T) noexcept nogil:
+        pass
+
+    cdef void head_backward(self, float* dinp, float** grads_acts, float** acts, const float* inp,
+                            const int* targets, int B, int T) noexcept nogil:
+        pass
+
+    cdef void embedding_backward(self, const float* dout, const int* inputs, int B, int T) noexcept nogil:
+        pass
+
+    @classmethod
+    def activation_shapes(cls, config, int B, int T):
+        return ("x", (B, T)), [("y", (B, T))], [("losses", (B, T))]
+
+    @classmethod
+    def num_layers_of(cls, config):
+        return 1
+
+    @classmethod
+    def flops_per_token(cls, config, int T):
+        return {}

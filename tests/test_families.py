@@ -95,3 +95,19 @@ def test_a_model_file_names_its_family_by_its_first_bytes(tmp_path):
         family_of_file(tmp_path / "v0.bin")
     with pytest.raises(FormatError, match="a debug state of llm.c, not a model file"):
         family_of_file("tests/fixtures/gpt2_tiny_debug_state.bin")
+
+
+def test_a_family_that_leaves_out_a_part_is_refused():
+    """Model's own layer_backward does nothing: a family without its own would train with no
+    gradient from its layers, so it is refused, by name, when constructed and when defined."""
+    from faults import FamilyWithoutLayerBackward
+    from llmc.model import unfilled
+    config = get_family("gpt2").config_class.from_name("d1", vocab_size=64)
+    with pytest.raises(TypeError, match=r"^FamilyWithoutLayerBackward does not fill in "
+                                        r"layer_backward: "):
+        FamilyWithoutLayerBackward(config)
+    family = dataclasses.replace(get_family("gpt2"), model_class=FamilyWithoutLayerBackward)
+    with pytest.raises(TypeError, match="layer_backward"):
+        families.define_family(family)
+    for name in family_names():   # the real families fill in everything
+        assert unfilled(get_family(name).model_class) == []
