@@ -571,9 +571,9 @@ def load_model(args, Model, resume_path):
 
 
 def dry_run(args):
-    """Print the plan of a training step of the model (llmc/plan.py's, or the backend's own:
+    """Print the plan of a training step of the model (llmc/dry_run.py's, or the backend's own:
     accel/hooks.py), without allocating it."""
-    from llmc.plan import dry_run_text
+    from llmc.dry_run import dry_run_text
     Model = model_class(args)
     model_family = family_of(args.family)
     init, config = model_source(args)

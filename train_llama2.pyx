@@ -37,7 +37,7 @@ from llmc.families import Family, define_family
 from llmc.formats import model_format
 from llmc.formats.gguf import read_gguf
 from llmc.formats.llama2c import read_llama_model, write_llama_model
-from llmc.rope import rope_tables
+from llmc.rope_tables import rope_tables
 
 from accel.backend cimport Buffer
 from llmc.model cimport Model

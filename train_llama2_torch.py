@@ -38,7 +38,7 @@ from torch.nn import functional as F
 
 from llmc.formats import param_views
 from llmc.formats.llama2c import write_llama_model
-from llmc.rope import rope_tables
+from llmc.rope_tables import rope_tables
 from train_llama2 import PRESETS, LlamaConfig, llama2c_hidden_dim
 # test_gpt2.c's training loop and its files, the init's std and the dtypes, as for GPT-2
 from train_gpt2_torch import (DTYPES, INIT_STD, debug_state_name, forward_backward,
@@ -134,7 +134,7 @@ class Transformer(nn.Module):
         self.output = nn.Linear(config.dim, config.vocab_size, bias=False)
         if config.shared_classifier:
             self.output.weight = self.tok_embeddings.weight
-        # the model's own tables (llmc/rope.py: float64, rounded once; Meta's are float32,
+        # the model's own tables (llmc/rope_tables.py: float64, rounded once; Meta's are float32,
         # ~2e-4 rad off at t = 4096), so the parity checks compare the layers, not the tables
         cos, sin = rope_tables(config.max_seq_len, config.head_size, config.rope_theta)
         self.register_buffer("rope_cos", torch.from_numpy(cos), persistent=False)

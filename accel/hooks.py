@@ -7,7 +7,7 @@ BackendHooks subclass (accel/ane/device.py's, for ane); a backend that does not 
     for hooks in every_backend_hooks(): hooks.add_arguments(parser)   train.py --help lists all
     hooks = backend_hooks(args.backend)                                the chosen backend's
     hooks.check_arguments(args, parser.error)
-    hooks.dry_run_plan(Model, config, name, args)                      None: llmc/plan.py's plan
+    hooks.dry_run_plan(Model, config, name, args)                      None: llmc/dry_run.py's plan
     hooks.restarted()                              the process is the backend's own restart
     hooks.start_training(model, args, num_steps)   before the first step (BackendError: refused)
     hooks.before_step(model, step, save)           may save() the run and replace the process
@@ -32,7 +32,7 @@ class BackendHooks:
         ends the run in one line, as argparse's own errors do."""
 
     def dry_run_plan(self, family, config, name, args):
-        """The text train.py --dry-run prints for this backend, or None for llmc/plan.py's:
+        """The text train.py --dry-run prints for this backend, or None for llmc/dry_run.py's:
         family is the model family's class (train_llama2.Llama2), config the model's config,
         name what the text calls the model.  BackendError in one line for what cannot be
         planned."""

@@ -744,7 +744,7 @@ def limit_threads(n):
 
 def measure_machine(quick=False):
     """(sgemm GFLOP/s, DRAM GB/s) on the current thread settings, best of a few."""
-    from llmc.plan import measure_gflops
+    from llmc.dry_run import measure_gflops
     machine = load("dev.cpu.machine")
     gflops = measure_gflops(1024 if quick else 2048, 3)
     floats = 1 << (20 if quick else 26)    # 4 x 256 MiB: far past the 32 MiB L3

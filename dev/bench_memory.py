@@ -5,7 +5,7 @@ Runs training steps of GPT-2 or of a Llama preset (forward, zero_grad, backward,
 dev/bench_step.py's step)
 under each recompute policy (llmc/recompute.py), each policy in a fresh process so that each
 has its own peak RSS, and prints per policy: the peak RSS (ru_maxrss), the bytes the model
-allocated (Model.memory(), what llmc/plan.py plans), the activations' share of them, the step
+allocated (Model.memory(), what llmc/dry_run.py plans), the activations' share of them, the step
 time (median) and its ratio to "all" in the same run, and the losses (the same for every
 policy: the gradients are bit-identical).  With --rounds 2 the policies run A B C A B C, so a
 noisy neighbour hurts all alike.

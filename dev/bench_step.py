@@ -163,7 +163,7 @@ def worker_peak(args):
     """The sgemm rate of kernels.matmul (its library, split over --threads OpenMP threads),
     best of 5 calls after a warm-up; at bf16 also kernels.matmul_bf16's rate, the same way."""
     from kernels import blas
-    from llmc.plan import measure_gflops
+    from llmc.dry_run import measure_gflops
     peak = dict(gflops=measure_gflops(2048, 5), source=f"kernels.matmul 2048^3 on {blas.LIBRARY}")
     if args.precision == "bf16":
         peak.update(bf16_gflops=measure_gflops(2048, 5, "bf16"),

@@ -7,7 +7,7 @@
 # for k), hs head size (even).  The rotation is orthogonal, so backward rotates dout by -angle:
 #   dinp[.., 2i]   += dout[.., 2i] cos + dout[.., 2i+1] sin
 #   dinp[.., 2i+1] += dout[.., 2i+1] cos - dout[.., 2i] sin
-# cos and sin come from tables (maxT, hs/2) computed once (llmc/rope.py: in double, rounded to
+# cos and sin come from tables (maxT, hs/2) computed once (llmc/rope_tables.py: in double, rounded to
 # float at the end): the same table serves q and k, every layer, forward and backward, so the
 # kernels do no transcendental math (libm's sinf/cosf would not vectorise).
 from cython.parallel cimport prange
@@ -87,7 +87,7 @@ cdef _check_args(str where, str act, tuple act_shape, tuple x_shape, tuple cos_s
 
 def forward(float[:, :, :, ::1] out, const float[:, :, :, ::1] inp,
             const float[:, ::1] freqs_cos, const float[:, ::1] freqs_sin):
-    """out (B,T,NH,hs) = inp rotated by position; out may be inp. Tables from llmc.rope."""
+    """out (B,T,NH,hs) = inp rotated by position; out may be inp. Tables from llmc.rope_tables."""
     _check_args("forward", "out", shape4(out.shape), shape4(inp.shape),
                 (freqs_cos.shape[0], freqs_cos.shape[1]), (freqs_sin.shape[0], freqs_sin.shape[1]))
     cdef int B = inp.shape[0], T = inp.shape[1], NH = inp.shape[2], hs = inp.shape[3]

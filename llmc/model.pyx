@@ -9,7 +9,7 @@ A family (GPT-2 in train_gpt2.pyx) subclasses Model and gives
     FP32_ACTIVATIONS            the activations that stay float32 at every precision (the
                                 kernels' `float` arguments in accel/spec.py: statistics, losses)
     config.param_shapes()       its parameters, [(name, shape)] in file order
-    classmethods of the config, so that llmc/plan.py prices a model without making it:
+    classmethods of the config, so that llmc/dry_run.py prices a model without making it:
       activation_shapes(config, B, T)  its activations: the embedding's output (name, shape),
                                 one layer's [(name, shape)] (the last its output, the stream
                                 into the next layer), the head's (one of them "losses" (B, T))
@@ -414,7 +414,7 @@ cdef class Model:
 
     def memory(self):
         """Bytes allocated on the backend: {params, grads, adamw, activations,
-        activation_grads, tokens} (what llmc.plan.memory_plan predicts)."""
+        activation_grads, tokens} (what llmc.dry_run.memory_plan predicts)."""
         def size(*buffers):
             return sum(buf.nbytes for buf in buffers if buf is not None)
         return dict(params=size(self._params, self._master), grads=size(self._grads),

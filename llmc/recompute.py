@@ -1,7 +1,7 @@
 """
 Activation checkpointing: which layers' activations the forward pass keeps and which the
 backward pass recomputes.  Bookkeeping only, no memory: llmc/model.pyx lays out buffers and runs
-the layers by this plan, llmc/plan.py prices it without allocating.
+the layers by this plan, llmc/dry_run.py prices it without allocating.
 
 A model is an embedding, L layers and a head.  Layer l reads the residual stream at boundary l
 (the embedding's output for l = 0, else layer l-1's output) and writes boundary l+1, its output;

@@ -16,13 +16,13 @@ The JSON log (llmc/logger.py's Logger writes it beside main.log) has one object 
     {"type": "report", ...}  at the end: the summary the console prints as a table
 A resumed run appends to it (a new "run" line first).
 
-FLOPs are the model's, llmc/plan.py's flops_plan (forward + backward, 3x the forward): what the
+FLOPs are the model's, llmc/dry_run.py's flops_plan (forward + backward, 3x the forward): what the
 step must compute, not what a recompute policy adds on top, so the rate is comparable across
 policies (model FLOPs utilization). tokens/s = tokens per step * 1000 / ms.
 
 The peak (per process; times the number of processes for a run on many): --peak-tflops, else
 the backend's `peak_tflops` attribute where it has one, else, for a backend in host memory,
-the GEMM rate of the backend's precision measured now (llmc/plan.py's measure_gflops, about
+the GEMM rate of the backend's precision measured now (llmc/dry_run.py's measure_gflops, about
 0.1 s): kernels.matmul's sgemm at fp32, kernels.matmul_bf16's bf16 GEMM at bf16 (--precision
 bf16), so a bf16 run's TFLOPS count against the bf16 peak.
 
@@ -52,7 +52,7 @@ def device_peak(backend, peak_tflops=None):
     if backend.peak_tflops is not None:
         return float(backend.peak_tflops), f"{backend.name}'s peak_tflops"
     if backend.host_visible:
-        from llmc.plan import measure_gflops
+        from llmc.dry_run import measure_gflops
         if backend.precision == "bf16":
             from kernels.blas import BF16_LIBRARY
             return (measure_gflops(precision="bf16") / 1e3,
@@ -82,7 +82,7 @@ class Efficiency:
 
     def __init__(self, model, B, T, total_batch_size, num_processes=1, peak_tflops=None):
         from accel.backend import ENTRY_GROUPS
-        from llmc.plan import flops_plan
+        from llmc.dry_run import flops_plan
         self.backend = model.backend
         self.tokens_per_step = total_batch_size
         per_batch = flops_plan(type(model), model.config, B, T, model.recompute)

@@ -22,7 +22,7 @@ from llmc.formats.huggingface import HF_LLAMA_NAMES, hf_adjacent_pair_rows, hf_r
 from llmc.formats.llama2c import (read_llama2c_tokenizer, read_llama_model, write_llama2c_tokenizer,
                                   write_llama_model)
 from llmc.formats.llmc import read_shard, write_tokenizer
-from llmc.rope import rope_tables
+from llmc.rope_tables import rope_tables
 from train_llama2 import LlamaConfig
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -20,7 +20,7 @@ import train_llama2_torch as ref  # noqa: E402
 from llmc.formats import FormatError, param_views  # noqa: E402
 from llmc.formats.llama2c import read_llama_model  # noqa: E402
 from llmc.formats.llmc import read_debug_state  # noqa: E402
-from llmc.rope import rope_tables  # noqa: E402
+from llmc.rope_tables import rope_tables  # noqa: E402
 from train_llama2 import PRESETS, LlamaConfig, llama2c_hidden_dim  # noqa: E402
 
 # name: (hidden_dim, parameters); the counts of llama2.c's, TinyLlama's and Meta's models

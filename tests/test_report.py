@@ -1,7 +1,7 @@
 """
 The efficiency report (llmc/report.py): train.py --json-log on a small random GPT-2 (d2) writes
 JSON lines that parse and add up (tokens/s from the batch and ms/step, TFLOPS from
-llmc/plan.py's FLOPs, the kernel groups and "other" summing to the step time, the losses those
+llmc/dry_run.py's FLOPs, the kernel groups and "other" summing to the step time, the losses those
 of main.log), and the end-of-run report is their mean, with --profile the time per table entry
 adding up to the groups' (and printed as a table); the compile-time hook and the peak.
 """
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from llmc.formats.llmc import write_shard
-from llmc.plan import flops_plan
+from llmc.dry_run import flops_plan
 from llmc.report import Efficiency, device_peak
 from train_gpt2 import GPT2Config
 
@@ -65,7 +65,7 @@ def test_json_log_adds_up(data, tmp_path):
     val = [r for r in val if r["type"] == "val"]
     assert [r["step"] for r in train] == [0, 1, 2] and [r["step"] for r in val] == [0, 2, 3]
 
-    # the FLOPs are llmc/plan.py's: forward + backward of total/(B*T) micro-batches
+    # the FLOPs are llmc/dry_run.py's: forward + backward of total/(B*T) micro-batches
     from train_gpt2 import GPT2
     config = GPT2Config.from_depth(2, vocab_size=50257)
     per_batch = flops_plan(GPT2, config, B, T)

@@ -1,4 +1,4 @@
-# kernels.rope and its tables (llmc/rope.py): the tables against float64 and the same on every
+# kernels.rope and its tables (llmc/rope_tables.py): the tables against float64 and the same on every
 # SIMD level of NumPy's, forward and backward against float64 NumPy references and Meta's
 # complex-number formulation of RoPE under PyTorch autograd.
 import os
@@ -10,7 +10,7 @@ import pytest
 from threadpoolctl import threadpool_limits
 
 from kernels import rope
-from llmc.rope import rope_tables
+from llmc.rope_tables import rope_tables
 
 THETA = 10000.0  # Llama 2's rope_theta
 
@@ -160,7 +160,7 @@ TABLE_SIZES = [(256, 48, 1e4), (1024, 64, 1e4), (2048, 64, 1e4), (4096, 128, 1e4
 TABLES_SCRIPT = """
 import sys
 import numpy as np
-from llmc.rope import rope_tables
+from llmc.rope_tables import rope_tables
 from test_rope import numpy_dispatch_features
 sizes = eval(sys.argv[2])
 np.savez(sys.argv[1], *[t for size in sizes for t in rope_tables(*size)],

@@ -29,12 +29,12 @@ the budget (CompileBudget.usable: the limit less the headroom, the one object th
 refuses by too), the process saves its state and exec()s itself (accel/ane/restart.py) and the
 phase runs in the fresh process.  A layer group is the layers one process runs a pass of: the
 plan lists them, the compiles per step, the steps a process lasts, the memory of each group and
-of the whole model (llmc/plan.py's memory_plan), and the state a restart writes.
+of the whole model (llmc/dry_run.py's memory_plan), and the state a restart writes.
 
 The model comes from the caller, which knows its family: its config (a Llama config, read by
 its attributes: n_layers, max_seq_len, dim, n_heads, n_kv_heads, hidden_dim, describe(); the
 memory also by param_shapes() and num_parameters()) and, for the memory, the family's model
-class (train_llama2.Llama2, as llmc/plan.py takes it).  Bad plans are refused in one line
+class (train_llama2.Llama2, as llmc/dry_run.py takes it).  Bad plans are refused in one line
 (PlanError): a phase needing more compiles than a whole process gets, an unknown pipeline, a
 bad budget, policy, B, T or accum.
 """
@@ -42,7 +42,7 @@ from dataclasses import dataclass, field, replace
 
 from accel.ane.runtime import ANE_INNER_MULTIPLE, ANE_LIMIT, CompileBudget
 from llmc import recompute
-from llmc.plan import FLOAT, format_bytes, memory_plan
+from llmc.dry_run import FLOAT, format_bytes, memory_plan
 
 __all__ = ["FORWARD", "BACKWARD", "PIPELINES", "Phase", "PlanError", "Plan", "Process",
            "format_pipeline_plan", "inner_sizes", "kernel_id", "make_plan", "place",
@@ -308,10 +308,10 @@ def make_plan(config, pipeline="static", budget=None, policy="all", B=1, T=None,
 
 
 # ----------------------------------------------------------------------------
-# memory, from llmc/plan.py, and the dry run's text
+# memory, from llmc/dry_run.py, and the dry run's text
 
 def memory(plan, family):
-    """Bytes: the whole model's buffers on the CPU (llmc/plan.py's memory_plan of the family's
+    """Bytes: the whole model's buffers on the CPU (llmc/dry_run.py's memory_plan of the family's
     model class under the policy), one layer's parameters, the fp16 weights each process's
     kernels hold, and the state file a restart writes (between steps; inside a step also the
     gradients and the kept activations)."""
@@ -393,7 +393,7 @@ def format_pipeline_plan(plan, family, name=""):
                      f"step's compiles would pass the budget)")
     w = mem["whole"]
     lines += [
-        "memory on the CPU (float32, llmc/plan.py):",
+        "memory on the CPU (float32, llmc/dry_run.py):",
         f"  parameters {format_bytes(w['params'])}, gradients {format_bytes(w['grads'])}, "
         f"AdamW m + v {format_bytes(w['adamw'])}, activations {format_bytes(w['activations'])} "
         f"(recompute {plan.policy}), activation gradients {format_bytes(w['activation_grads'])}",

@@ -1,5 +1,5 @@
 # The machine's DRAM bandwidth, for dev/ab.py to rate the memory-bound kernels against (the sgemm
-# peak is llmc.plan.measure_gflops, kernels.matmul's own rate):
+# peak is llmc.dry_run.measure_gflops, kernels.matmul's own rate):
 #   bandwidth_seconds  one pass over four float arrays reading all and writing three (AdamW's
 #                   traffic) on the OpenMP threads: the DRAM bandwidth a streaming kernel can get
 # Not a kernel variant: dev/ab.py does not list it.

@@ -6,7 +6,7 @@ and its tokenizer.bin.
         n_kv_heads, vocab_size (negated when the classifier is not the embedding),
         max_seq_len; then fp32 tok_embeddings, attention_norm, wq, wk, wv, wo, ffn_norm, w1,
         w2, w3, norm (our flat order, train_llama2.param_shapes), RoPE's cos then sin table
-        (max_seq_len, head_size/2) each (llmc/rope.py's; run.c never reads them), and output
+        (max_seq_len, head_size/2) each (llmc/rope_tables.py's; run.c never reads them), and output
         when the classifier is separate.
     model file, version 1: 256 bytes of header: uint32 magic 0x616b3432 ("ak42"), int32
         version 1, the 7 int32 above (vocab_size positive), uint8 shared_classifier, zeros;
@@ -27,7 +27,7 @@ import numpy as np
 from llmc.formats import (FormatError, atomic_write, check_size, open_file, param_views,
                           read_array)
 from llmc.formats.llmc import FILE_KINDS
-from llmc.rope import rope_tables
+from llmc.rope_tables import rope_tables
 
 LLAMA2C_MAGIC = 0x616B3432
 LLAMA2C_V1_HEADER_BYTES = 256

@@ -1,4 +1,4 @@
-"""The dry-run planner (llmc/plan.py): its bytes are what a real model allocates, its FLOPs
+"""The dry-run planner (llmc/dry_run.py): its bytes are what a real model allocates, its FLOPs
 those of dev/bench_step.py, and train.py --dry-run prints it without training."""
 import os
 import subprocess
@@ -9,7 +9,7 @@ import pytest
 
 from accel import cpu
 from dev import bench_step   # its FLOP count, written apart
-from llmc.plan import dry_run_text, flops_plan, measure_gflops, memory_plan
+from llmc.dry_run import dry_run_text, flops_plan, measure_gflops, memory_plan
 from train_gpt2 import GPT2, GPT2Config
 from train_llama2 import PRESETS, Llama2, LlamaConfig
 
