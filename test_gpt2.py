@@ -303,9 +303,9 @@ def main():
 
     # after argument parsing, so --help works before a build
     from accel.backend import BackendError
-    from train_gpt2 import GPT2
+    from train_gpt2 import GPT2, GPT2Config
     try:
-        config, params = read_checkpoint(args.model)
+        config, params = read_checkpoint(args.model, GPT2Config)
         state = read_debug_state(args.state, config)
         model = GPT2(config, backend=args.backend, precision=args.precision)
     except (FormatError, BackendError) as e:

@@ -32,7 +32,7 @@ from llmc.formats.llmc import read_checkpoint, write_checkpoint
 
 from llmc.model cimport Model
 
-__all__ = ["GPT2", "GPT2Config", "activation_shapes", "padded_vocab_size", "param_shapes"]
+__all__ = ["GPT2", "GPT2Config", "activation_shapes", "padded_vocab_size", "param_shapes", "read_model"]
 
 # -e's default: GPT-2 124M's weights (python dev/download_gpt2.py), else a random d12
 PRETRAINED = os.path.relpath(os.path.join(os.path.dirname(os.path.abspath(__file__)),
@@ -82,6 +82,11 @@ class GPT2Config:
         if padded_vocab_size < vocab_size:
             return f"padded_vocab_size={padded_vocab_size} is smaller than vocab_size={vocab_size}"
         return None
+
+    @staticmethod
+    def padded_vocab_size_of(vocab_size):
+        """The rows of wte for a vocabulary of vocab_size (padded_vocab_size)."""
+        return padded_vocab_size(vocab_size)
 
     @classmethod
     def from_depth(cls, depth, max_seq_len=1024, vocab_size=50257):
@@ -293,7 +298,7 @@ cdef class GPT2(Model):
     @classmethod
     def from_checkpoint(cls, path, backend="cpu", recompute="all", precision=None):
         """Load an llm.c model file (version 3 fp32 or 5 bf16)."""
-        config, params = read_checkpoint(path)
+        config, params = read_model(path)
         model = cls(config, backend, recompute, precision)
         model.params = params
         return model
@@ -476,8 +481,13 @@ cdef class GPT2(Model):
 # ----------------------------------------------------------------------------
 # the family, as train.py, the tests and dev/ find it: llmc.families.get_family("gpt2")
 
+def read_model(path):
+    """(GPT2Config, float32 params) of an llm.c model file (version 3 fp32 or 5 bf16)."""
+    return read_checkpoint(path, GPT2Config)
+
+
 define_family(Family(
     name="gpt2", title="GPT-2", model_class=GPT2, config_class=GPT2Config, presets={},
     preset_noun=None, random_inits="dN, a random GPT-2 of depth N", default_init=PRETRAINED,
-    stand_in="d12", download="python dev/download_gpt2.py, online", read_model=read_checkpoint,
+    stand_in="d12", download="python dev/download_gpt2.py, online", read_model=read_model,
     formats=("llmc",), reference="train_gpt2_torch"))

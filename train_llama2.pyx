@@ -538,8 +538,8 @@ def read_model(path):
     """(LlamaConfig, float32 params) of a llama2.c model file (version 0 or 1) or a float32
     GGUF, told apart by their first bytes."""
     if model_format(path) == "gguf":
-        return read_gguf(path)[:2]
-    return read_llama_model(path)
+        return read_gguf(path, LlamaConfig)[:2]
+    return read_llama_model(path, LlamaConfig)
 
 
 define_family(Family(

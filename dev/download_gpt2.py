@@ -26,13 +26,14 @@ sys.path.insert(0, REPO_ROOT)
 from llmc.formats import FormatError  # noqa: E402
 from llmc.formats.huggingface import gpt2_from_hf, read_safetensors  # noqa: E402
 from llmc.formats.llmc import write_checkpoint, write_tokenizer  # noqa: E402
+from train_gpt2 import GPT2Config  # noqa: E402
 
 HF_URL = "https://huggingface.co/{model}/resolve/main/{file}"
 MODELS = {"gpt2": "124M", "gpt2-medium": "350M", "gpt2-large": "774M", "gpt2-xl": "1558M"}
 
 
 def convert_file(src, dst, num_heads=None, dtype="float32"):
-    config, params = gpt2_from_hf(read_safetensors(src), num_heads, source=src)
+    config, params = gpt2_from_hf(read_safetensors(src), GPT2Config, num_heads, source=src)
     write_checkpoint(dst, config, params, dtype=dtype)
     return config
 

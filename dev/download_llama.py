@@ -25,6 +25,7 @@ from download_gpt2 import download  # noqa: E402
 from llmc.formats import FormatError  # noqa: E402
 from llmc.formats.huggingface import llama_from_hf, read_hf_checkpoint  # noqa: E402
 from llmc.formats.llama2c import read_llama2c_tokenizer, read_llama_model, write_llama_model  # noqa: E402
+from train_llama2 import LlamaConfig  # noqa: E402
 
 TINYLLAMAS_URL = "https://huggingface.co/karpathy/tinyllamas/resolve/main/{name}.bin"
 LLAMA2C_TOKENIZER_URL = "https://raw.githubusercontent.com/karpathy/llama2.c/master/tokenizer.bin"
@@ -33,7 +34,7 @@ TINYLLAMAS = ("stories15M", "stories42M", "stories110M")
 
 def convert_hf(directory, output):
     tensors, hf_config = read_hf_checkpoint(directory)
-    config, params = llama_from_hf(tensors, hf_config, source=directory)
+    config, params = llama_from_hf(tensors, hf_config, LlamaConfig, source=directory)
     write_llama_model(output, config, params)
     return config
 
@@ -44,7 +45,7 @@ def download_tinyllama(name, output):
         url = TINYLLAMAS_URL.format(name=name)
         print(f"downloading {url}")
         download(url, src)
-        config, params = read_llama_model(src)
+        config, params = read_llama_model(src, LlamaConfig)
     write_llama_model(output, config, params)
     tokenizer = os.path.join(os.path.dirname(os.path.abspath(output)), "tokenizer.bin")
     if not os.path.exists(tokenizer):

@@ -149,7 +149,7 @@ def tensors_without_padding(config, params):
 
 def reads_back_equal(family, args, config, params, dtype):
     """Whether the output read back is the model written (its values rounded to dtype)."""
-    back = read_hf_model(args.output) if args.format == "hf" else family.read_model(args.output)
+    back = read_hf_model(args.output, {family.name: family.config_class}) if args.format == "hf" else family.read_model(args.output)
     if dtype == "bfloat16":
         params = bfloat16_bits_to_float32(float32_to_bfloat16_bits(params))
     sizes, tensors = tensors_without_padding(config, params)

@@ -96,7 +96,7 @@ def test_call_refuses_a_short_buffer_and_a_missing_pointer():
 # --- the model on check:, guard: and profile: --------------------------------------------------
 
 def fixture_step(backend):
-    config, params = read_checkpoint(FIXTURE_MODEL)
+    config, params = read_checkpoint(FIXTURE_MODEL, GPT2Config)
     state = read_debug_state(FIXTURE_STATE, config)
     model = GPT2(config, backend=backend)
     model.params = params

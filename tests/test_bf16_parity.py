@@ -127,7 +127,7 @@ def fixture_run(request):
     family = request.param
     script = SCRIPTS[family]
     if family == "gpt2":
-        config, params = read_checkpoint(script.FIXTURE_MODEL)
+        config, params = read_checkpoint(script.FIXTURE_MODEL, GPT2Config)
     else:
         model = Llama2.from_checkpoint(script.FIXTURE_MODEL)
         config, params = model.config, model.params.copy()
@@ -203,7 +203,7 @@ def test_reference_writes_a_bf16_autocast_state(family, tmp_path, capsys, monkey
     record = json.loads((tmp_path / "tiny_debug_state_bf16.losses.json").read_text())
     assert record["dtype"] == "bfloat16" and len(record["losses"]) == 10
     if family == "gpt2":
-        config, params = read_checkpoint(tmp_path / "tiny.bin")
+        config, params = read_checkpoint(tmp_path / "tiny.bin", GPT2Config)
     else:
         model = Llama2.from_checkpoint(tmp_path / "tiny.bin")
         config, params = model.config, model.params.copy()

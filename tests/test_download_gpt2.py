@@ -15,6 +15,7 @@ import pytest
 from llmc.formats import bfloat16_bits_to_float32, float32_to_bfloat16_bits, param_views
 from llmc.formats.huggingface import gpt2_from_hf, read_safetensors
 from llmc.formats.llmc import read_checkpoint
+from train_gpt2 import GPT2Config
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -103,7 +104,7 @@ def test_convert_to_llmc_checkpoint(tmp_path):
     hf = hf_gpt2_tensors()
     write_safetensors(tmp_path / "model.safetensors", hf)
     download_gpt2.convert_file(str(tmp_path / "model.safetensors"), str(tmp_path / "out.bin"))
-    config, params = read_checkpoint(tmp_path / "out.bin")
+    config, params = read_checkpoint(tmp_path / "out.bin", GPT2Config)
     check_layout(config, params, hf)
 
 
@@ -111,7 +112,7 @@ def test_convert_to_llmc_checkpoint(tmp_path):
 def test_half_precision_and_prefixed_names(tmp_path, dtype, rounded):
     hf = hf_gpt2_tensors(1)
     write_safetensors(tmp_path / "m.safetensors", hf, dtype=dtype, prefix="transformer.")
-    config, params = gpt2_from_hf(read_safetensors(tmp_path / "m.safetensors"))
+    config, params = gpt2_from_hf(read_safetensors(tmp_path / "m.safetensors"), GPT2Config)
     check_layout(config, params, hf, rounded)
 
 
@@ -123,7 +124,7 @@ def test_cli_writes_bf16(tmp_path):
                           "--from-safetensors", str(tmp_path / "model.safetensors"),
                           "-o", str(out), "--bf16"], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
-    config, params = read_checkpoint(out)
+    config, params = read_checkpoint(out, GPT2Config)
     check_layout(config, params, hf, as_bf16)  # written as bf16
 
 

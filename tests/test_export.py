@@ -268,10 +268,10 @@ def test_every_format_reads_back(sentencepiece, tmp_path, capsys):
     magics = [int.from_bytes((tmp_path / name).read_bytes()[:4], "little")
               for name in ("v0.bin", "v1.bin")]
     assert magics[0] != LLAMA2C_MAGIC and magics[1] == LLAMA2C_MAGIC   # version 0 has none
-    config, params = read_checkpoint(tmp_path / "g16.bin")
+    config, params = read_checkpoint(tmp_path / "g16.bin", GPT2Config)
     for folder in ("g_hf", "g16_hf"):
         assert json.loads((tmp_path / folder / "config.json").read_text())["dtype"] == "bfloat16"
-        config_back, params_back = read_hf_model(tmp_path / folder)
+        config_back, params_back = read_hf_model(tmp_path / folder, {"gpt2": GPT2Config})
         assert config_back == config and np.array_equal(params_back, params)
 
 
@@ -302,7 +302,7 @@ def test_a_run_dir_gives_its_newest_complete_checkpoint(tmp_path, capsys):
             open(done_path, "wb").close()
     code, line = run_export(capsys, run, "--format", "llmc", "-o", tmp_path / "out.bin")
     assert code == 0 and line.endswith(f"from {checkpoint_paths(run, 6)[0]}"), line
-    assert np.array_equal(read_checkpoint(tmp_path / "out.bin")[1], models[6].params)
+    assert np.array_equal(read_checkpoint(tmp_path / "out.bin", GPT2Config)[1], models[6].params)
     open(run / "vocab_map.bin", "wb").close()   # --compact-vocab's map: ids not the tokenizer's
     code, line = run_export(capsys, run, "--format", "hf", "-o", tmp_path / "hf", "--tokenizer",
                             "gpt2")
@@ -370,12 +370,15 @@ def test_a_failed_hf_export_leaves_nothing(tmp_path, monkeypatch):
 
 
 def test_bad_hf_folders_are_format_errors(tmp_path):
+    both = {"gpt2": GPT2Config, "llama": LlamaConfig}
     with pytest.raises(FormatError, match="no such file"):
-        read_hf_model(tmp_path)
+        read_hf_model(tmp_path, both)
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert"}))
     (tmp_path / "model.safetensors").write_bytes(b"\x02\x00\x00\x00\x00\x00\x00\x00{}")
-    with pytest.raises(FormatError, match="model_type 'bert': neither a GPT-2 nor a Llama"):
-        read_hf_model(tmp_path)
+    with pytest.raises(FormatError, match="model_type 'bert': not gpt2 or llama"):
+        read_hf_model(tmp_path, both)
+    with pytest.raises(FormatError, match="model_type 'bert': not llama"):
+        read_hf_model(tmp_path, {"llama": LlamaConfig})
 
 
 # --- lm-evaluation-harness, offline ----------------------------------------------------------

@@ -120,7 +120,7 @@ def test_checkpoint_fp32_round_trip_and_llmc_layout(tmp_path):
     path = tmp_path / "model.bin"
     write_checkpoint(path, CONFIG, params)
     assert path.read_bytes() == llmc_write_model_bytes(CONFIG, params, 3)
-    config, read = read_checkpoint(path)
+    config, read = read_checkpoint(path, GPT2Config)
     assert config == CONFIG
     assert read.dtype == np.float32 and read.shape == (CONFIG.num_parameters(),)
     np.testing.assert_array_equal(read, params)
@@ -130,7 +130,7 @@ def test_checkpoint_reads_llmc_file(tmp_path):
     params = random_params(CONFIG, seed=1)
     path = tmp_path / "llmc.bin"
     path.write_bytes(llmc_write_model_bytes(CONFIG, params, 3))
-    config, read = read_checkpoint(str(path))
+    config, read = read_checkpoint(str(path), GPT2Config)
     views = param_views(config, read)
     expected = param_views(CONFIG, params)
     for name in expected:
@@ -183,7 +183,7 @@ def test_checkpoint_bf16_matches_llmc_bytes(tmp_path):
     path = tmp_path / "model_bf16.bin"
     write_checkpoint(path, CONFIG, params, dtype="bfloat16")
     assert path.read_bytes() == llmc_write_model_bytes(CONFIG, params, 5)
-    config, read = read_checkpoint(path)
+    config, read = read_checkpoint(path, GPT2Config)
     assert config == CONFIG and read.dtype == np.float32
     np.testing.assert_array_equal(
         read, torch.from_numpy(params).to(torch.bfloat16).to(torch.float32).numpy())
@@ -194,7 +194,7 @@ def test_checkpoint_bf16_round_trip(tmp_path):
     path = tmp_path / "model_bf16.bin"
     write_checkpoint(path, CONFIG, params, dtype="bfloat16")
     assert path.stat().st_size == 1024 + 2 * CONFIG.num_parameters()
-    _, read = read_checkpoint(path)
+    _, read = read_checkpoint(path, GPT2Config)
     np.testing.assert_array_equal(
         read, bfloat16_bits_to_float32(bf16_round_nearest_even(params)))
 
@@ -445,7 +445,11 @@ def read_config_debug_state(path):
     return read_debug_state(path, CONFIG)
 
 
-READERS = {"model": read_checkpoint, "state": read_config_debug_state,
+def read_gpt2_checkpoint(path):
+    return read_checkpoint(path, GPT2Config)
+
+
+READERS = {"model": read_gpt2_checkpoint, "state": read_config_debug_state,
            "tok": read_tokenizer, "shard": read_shard}
 
 
@@ -500,8 +504,8 @@ def test_size_message_gives_expected_and_actual_bytes(files):
     path = files["model"]
     path.write_bytes(path.read_bytes()[:-4])
     expected = 1024 + 4 * CONFIG.num_parameters()
-    assert_format_error(path, f"expected {expected} bytes", read_checkpoint)
-    assert_format_error(path, f"found {expected - 4}", read_checkpoint)
+    assert_format_error(path, f"expected {expected} bytes", read_gpt2_checkpoint)
+    assert_format_error(path, f"found {expected - 4}", read_gpt2_checkpoint)
 
 
 @pytest.mark.parametrize("index,value,match", [(2, 0, "max_seq_len=0"), (3, -5, "vocab_size=-5"),
@@ -509,12 +513,12 @@ def test_size_message_gives_expected_and_actual_bytes(files):
                                                (7, 12, "padded_vocab_size=12")])
 def test_checkpoint_nonsense_header(files, index, value, match):
     patch_header(files["model"], index, value)
-    assert_format_error(files["model"], match, read_checkpoint)
+    assert_format_error(files["model"], match, read_gpt2_checkpoint)
 
 
 def test_checkpoint_header_size_mismatch(files):
     patch_header(files["model"], 6, 9)  # C=9, NH=3: valid sizes, but not this file's
-    assert_format_error(files["model"], "expected", read_checkpoint)
+    assert_format_error(files["model"], "expected", read_gpt2_checkpoint)
 
 
 def test_debug_state_bad_header(files):

@@ -124,7 +124,7 @@ def test_scripts_pass_at_fp16(family, capsys, monkeypatch):
 
 @pytest.fixture(scope="module")
 def gpt2_fixture():
-    config, params = read_checkpoint(test_gpt2.FIXTURE_MODEL)
+    config, params = read_checkpoint(test_gpt2.FIXTURE_MODEL, GPT2Config)
     state = read_debug_state(test_gpt2.FIXTURE_STATE, config)
     losses = test_gpt2.expected_losses(config, params, state, test_gpt2.FIXTURE_STATE)
     return config, params, state, losses

@@ -61,7 +61,7 @@ def test_version1_bytes_as_described(tmp_path, shared):
     expected += b"".join(fp32(t[name]) for name in order)
     write_llama_model(tmp_path / "m.bin", config, params, version=1)
     assert (tmp_path / "m.bin").read_bytes() == expected
-    config_back, params_back = read_llama_model(tmp_path / "m.bin")
+    config_back, params_back = read_llama_model(tmp_path / "m.bin", LlamaConfig)
     assert config_back == config and np.array_equal(params_back, params)
 
 
@@ -81,15 +81,15 @@ def test_legacy_bytes_as_described(tmp_path, shared):
     expected += b"" if shared else fp32(t["output"])
     write_llama_model(tmp_path / "m.bin", config, params, version=0)
     assert (tmp_path / "m.bin").read_bytes() == expected
-    config_back, params_back = read_llama_model(tmp_path / "m.bin")
+    config_back, params_back = read_llama_model(tmp_path / "m.bin", LlamaConfig)
     assert config_back == config and np.array_equal(params_back, params)
 
 
 def test_versions_convert_both_ways_byte_for_byte(tmp_path):
     config, params = tiny(False), random_params(tiny(False), seed=2)
     write_llama_model(tmp_path / "v0.bin", config, params, version=0)
-    write_llama_model(tmp_path / "v1.bin", *read_llama_model(tmp_path / "v0.bin"))
-    write_llama_model(tmp_path / "v0b.bin", *read_llama_model(tmp_path / "v1.bin"),
+    write_llama_model(tmp_path / "v1.bin", *read_llama_model(tmp_path / "v0.bin", LlamaConfig))
+    write_llama_model(tmp_path / "v0b.bin", *read_llama_model(tmp_path / "v1.bin", LlamaConfig),
                       version=0)
     assert (tmp_path / "v0.bin").read_bytes() == (tmp_path / "v0b.bin").read_bytes()
 
@@ -117,7 +117,7 @@ def test_bad_model_files_one_line_errors(tmp_path):
     def error(data):
         (tmp_path / "bad.bin").write_bytes(data)
         with pytest.raises(FormatError) as e:
-            read_llama_model(tmp_path / "bad.bin")
+            read_llama_model(tmp_path / "bad.bin", LlamaConfig)
         assert "\n" not in str(e.value)
         return str(e.value)
     assert "truncated: expected" in error(good[:-4])
@@ -127,7 +127,7 @@ def test_bad_model_files_one_line_errors(tmp_path):
     assert "not a llama2.c model" in error(struct.pack("<7i", 18, 40, 3, 3, 2, 37, 11) + good[256:])
     assert "model checkpoint of llm.c" in error(struct.pack("<256i", 20240326, 3, *[0] * 254))
     assert "no such file" in str(pytest.raises(FormatError, read_llama_model,
-                                               tmp_path / "missing.bin").value)
+                                               tmp_path / "missing.bin", LlamaConfig).value)
 
 
 def test_write_refuses_what_llama2c_cannot_hold(tmp_path):
@@ -275,7 +275,7 @@ def test_hf_checkpoint_converts(tmp_path):
     run = subprocess.run([sys.executable, script, "--from-safetensors", str(tmp_path / "hf"),
                           "-o", str(tmp_path / "m.bin")], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
-    config_back, params_back = read_llama_model(tmp_path / "m.bin")
+    config_back, params_back = read_llama_model(tmp_path / "m.bin", LlamaConfig)
     assert config_back == config and np.array_equal(params_back, params)
     del named["model.layers.2.mlp.up_proj.weight"]
     write_safetensors(tmp_path / "hf" / "model.safetensors", named)
@@ -362,7 +362,7 @@ def test_gguf_with_a_gpt2_style_vocabulary(tmp_path):
     types = field("tokenizer.ggml.token_type")
     assert types[eot] == gguf.TokenType.CONTROL and types[-1] == gguf.TokenType.UNUSED
     assert field("tokenizer.ggml.bos_token_id") == eot == field("tokenizer.ggml.eos_token_id")
-    config_back, params_back, _ = read_gguf(tmp_path / "m.gguf")
+    config_back, params_back, _ = read_gguf(tmp_path / "m.gguf", LlamaConfig)
     assert config_back == config and np.array_equal(params_back, params)
     with pytest.raises(ValueError, match="more than the model's vocabulary"):
         gguf_vocab(tmp_path / "tok.bin", len(tokens) - 1)

@@ -182,7 +182,7 @@ def run(tmp_path_factory):
 
 
 def test_run_writes_files_that_read_back(run):
-    config, params = read_llama_model(run / "tiny.bin")
+    config, params = read_llama_model(run / "tiny.bin", LlamaConfig)
     assert config == LlamaConfig(dim=24, n_layers=2, n_heads=6, n_kv_heads=2, vocab_size=61,
                                  hidden_dim=llama2c_hidden_dim(24), max_seq_len=9,
                                  shared_classifier=False)
@@ -203,13 +203,13 @@ def test_run_writes_files_that_read_back(run):
 
 def test_read_model_rejects_other_files(run, tmp_path):
     with pytest.raises(FormatError, match="not a llama2.c model"):
-        read_llama_model(run / "tiny_debug_state.bin")
+        read_llama_model(run / "tiny_debug_state.bin", LlamaConfig)
     truncated = tmp_path / "truncated.bin"
     truncated.write_bytes((run / "tiny.bin").read_bytes()[:-4])
     with pytest.raises(FormatError, match="truncated: expected"):
-        read_llama_model(truncated)
+        read_llama_model(truncated, LlamaConfig)
     with pytest.raises(FormatError, match="no such file"):
-        read_llama_model(tmp_path / "missing.bin")
+        read_llama_model(tmp_path / "missing.bin", LlamaConfig)
 
 
 @pytest.mark.parametrize("argv,message", [

@@ -128,7 +128,7 @@ def test_a_separate_classifier_from_the_command_line(capsys, data, tmp_path):
     stdout = run_train(*TINY, "--classifier", "separate", "-i", data.train, "-j", data.val,
                        "-s", 0, "-x", 1, "-n", 1, "-o", out)
     assert re.search(r"\| classifier +\| separate ", stdout) and STEP_LINE.search(stdout)
-    config, _ = read_llama_model(out / "model_00000001.bin")
+    config, _ = read_llama_model(out / "model_00000001.bin", LlamaConfig)
     assert config == LlamaConfig.from_name("d1", vocab_size=50257, shared_classifier=False)
     files = ["-i", data.train, "-j", data.val, "-s", 0]
     line = error_of(capsys, "-e", "d1", "--classifier", "separate", *files, status=2)

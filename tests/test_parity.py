@@ -11,6 +11,7 @@ import pytest
 import test_gpt2
 from llmc.formats import param_views
 from llmc.formats.llmc import read_checkpoint, read_debug_state, write_debug_state
+from train_gpt2 import GPT2Config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -56,7 +57,7 @@ def test_bf16_checkpoint_loads_and_runs(reference_d2, capsys, monkeypatch):
 @pytest.fixture(scope="module")
 def reference_losses_d2(reference_d2):
     model, state_path = reference_d2
-    config, params = read_checkpoint(model)
+    config, params = read_checkpoint(model, GPT2Config)
     state = read_debug_state(state_path, config)
     return test_gpt2.expected_losses(config, params, state, str(state_path))
 
@@ -70,7 +71,7 @@ def known_losses(reference_losses_d2, monkeypatch):
 
 def perturbed_state(reference_d2, tmp_path, change):
     model, state_path = reference_d2
-    config, _ = read_checkpoint(model)
+    config, _ = read_checkpoint(model, GPT2Config)
     state = read_debug_state(state_path, config)
     change(state, config)
     path = tmp_path / "perturbed_debug_state.bin"

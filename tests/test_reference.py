@@ -46,7 +46,7 @@ def run(tmp_path_factory):
 
 
 def test_run_writes_files_that_read_back(run):
-    config, params = read_checkpoint(run / "tiny.bin")
+    config, params = read_checkpoint(run / "tiny.bin", GPT2Config)
     assert config == TINY
     views = param_views(config, params)
     assert np.all(views["wte"][config.vocab_size:] == 0)  # llm.c's zero padding
@@ -54,7 +54,7 @@ def test_run_writes_files_that_read_back(run):
     assert abs(views["qkvw"].std() - 0.02) < 0.004
     assert abs(views["fcprojw"].std() - 0.02 / math.sqrt(2 * 2)) < 0.002
 
-    config_bf16, params_bf16 = read_checkpoint(run / "tiny_bf16.bin")
+    config_bf16, params_bf16 = read_checkpoint(run / "tiny_bf16.bin", GPT2Config)
     assert config_bf16 == TINY
     np.testing.assert_allclose(params_bf16, params, rtol=2.0**-8, atol=0)
 
@@ -77,7 +77,7 @@ def test_run_writes_files_that_read_back(run):
 
 
 def test_debug_state_matches_the_reference_functions(run):
-    config, params = read_checkpoint(run / "tiny.bin")
+    config, params = read_checkpoint(run / "tiny.bin", GPT2Config)
     state = read_debug_state(run / "tiny_debug_state.bin", config)
     logits, loss, grads = ref.reference_forward_backward(config, params, state.x, state.y)
     np.testing.assert_array_equal(logits, state.logits)
@@ -96,7 +96,7 @@ def loss64(config, params, x, y):
 
 
 def test_gradients_match_finite_differences(run):
-    config, params = read_checkpoint(run / "tiny.bin")
+    config, params = read_checkpoint(run / "tiny.bin", GPT2Config)
     state = read_debug_state(run / "tiny_debug_state.bin", config)
     views = param_views(config, params)
     offsets = np.cumsum([0] + [int(np.prod(s)) for _, s in config.param_shapes()])
@@ -139,7 +139,7 @@ def test_init_is_deterministic():
 
 
 def test_fixture_is_what_the_reference_computes():
-    config, params = read_checkpoint(FIXTURES / "gpt2_tiny.bin")
+    config, params = read_checkpoint(FIXTURES / "gpt2_tiny.bin", GPT2Config)
     assert config == GPT2Config(max_seq_len=16, vocab_size=50257, padded_vocab_size=50304,
                                 num_layers=2, num_heads=2, channels=8)
     state = read_debug_state(FIXTURES / "gpt2_tiny_debug_state.bin", config)

@@ -9,7 +9,7 @@ import os
 
 import numpy as np
 
-from llmc.formats import FormatError, open_file, param_views
+from llmc.formats.common import FormatError, open_file, param_views
 from llmc.formats.llama2c import read_llama2c_tokenizer
 from llmc.formats.llmc import TOKENIZER_MAGIC, read_tokenizer
 
@@ -227,10 +227,10 @@ def llama2c_pieces(tokens):
             text.replace("\u2581", " ").encode("utf-8") for text in tokens]
 
 
-def read_gguf(path):
-    """(LlamaConfig, params, tokens) of a float32 llama GGUF file, through gguf's reader."""
+def read_gguf(path, config_class):
+    """(config, params, tokens) of a float32 llama GGUF file, through gguf's reader; the config
+    a config_class (train_llama2.LlamaConfig)."""
     import gguf
-    from train_llama2 import LlamaConfig   # when called: the formats load without a build
     try:
         reader = gguf.GGUFReader(path)
     except (ValueError, OSError) as e:
@@ -244,7 +244,7 @@ def read_gguf(path):
     if field("general.architecture") != "llama":
         raise FormatError(path, f"architecture {field('general.architecture')!r}, not llama")
     tensors = {t.name: t for t in reader.tensors}
-    config = LlamaConfig(
+    config = config_class(
         dim=field("llama.embedding_length"), n_layers=field("llama.block_count"),
         n_heads=field("llama.attention.head_count"), n_kv_heads=field("llama.attention.head_count_kv"),
         vocab_size=len(field("tokenizer.ggml.tokens")), hidden_dim=field("llama.feed_forward_length"),

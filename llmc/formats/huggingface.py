@@ -25,9 +25,10 @@ import shutil
 
 import numpy as np
 
-from llmc.formats import (FormatError, atomic_write, bfloat16_bits_to_float32,
-                          float32_to_bfloat16_bits, open_file, param_views)
+from llmc.formats.common import (FormatError, atomic_write, bfloat16_bits_to_float32,
+                                 float32_to_bfloat16_bits, open_file, param_views)
 from llmc.formats.gguf import gpt2_spelled
+from llmc.formats.llama2c import sentencepiece_processor
 
 # ----------------------------------------------------------------------------
 # safetensors
@@ -109,11 +110,11 @@ HF_GPT2_NAMES = {  # ours -> (Hugging Face's, {l} the layer; transposed: a Conv1
 }
 
 
-def gpt2_from_hf(tensors, num_heads=None, source="safetensors"):
-    """(GPT2Config, params float32 in llm.c's layout, wte padded with zero rows) from Hugging
-    Face GPT-2 tensors (name -> array, with or without "transformer."); num_heads from its
-    config.json's n_head, else channels / 64 as in every GPT-2."""
-    from train_gpt2 import GPT2Config, padded_vocab_size   # when called, as llama_from_hf
+def gpt2_from_hf(tensors, config_class, num_heads=None, source="safetensors"):
+    """(config, params float32 in llm.c's layout, wte padded with zero rows) from Hugging
+    Face GPT-2 tensors (name -> array, with or without "transformer."), the config a
+    config_class (train_gpt2.GPT2Config); num_heads from its config.json's n_head, else
+    channels / 64 as in every GPT-2."""
     tensors = {name.removeprefix(HF_GPT2_PREFIX): t for name, t in tensors.items()}
 
     def get(name):
@@ -128,8 +129,9 @@ def gpt2_from_hf(tensors, num_heads=None, source="safetensors"):
     if L == 0:
         raise FormatError(source, "no transformer blocks (h.0.*): not a GPT-2 checkpoint?")
     try:
-        config = GPT2Config(max_seq_len=maxT, vocab_size=V, padded_vocab_size=padded_vocab_size(V),
-                            num_layers=L, num_heads=num_heads or C // 64, channels=C)
+        config = config_class(max_seq_len=maxT, vocab_size=V,
+                              padded_vocab_size=config_class.padded_vocab_size_of(V),
+                              num_layers=L, num_heads=num_heads or C // 64, channels=C)
     except ValueError as e:
         raise FormatError(source, str(e)) from None
     params = np.zeros(config.num_parameters(), dtype=np.float32)
@@ -197,17 +199,16 @@ def hf_adjacent_pair_rows(w, n_heads):
     return w.reshape(n_heads, 2, rows // n_heads // 2, cols).transpose(0, 2, 1, 3).reshape(rows, cols)
 
 
-def llama_from_hf(tensors, hf_config, source="safetensors"):
-    """(LlamaConfig, params) from Hugging Face LlamaForCausalLM tensors (name -> array) and its
-    config.json (a dict)."""
-    from train_llama2 import LlamaConfig   # when called: the formats load without a build
+def llama_from_hf(tensors, hf_config, config_class, source="safetensors"):
+    """(config, params) from Hugging Face LlamaForCausalLM tensors (name -> array) and its
+    config.json (a dict), the config a config_class (train_llama2.LlamaConfig)."""
     def get(name):
         if name not in tensors:
             raise FormatError(source, f"no tensor {name}: not a Hugging Face Llama checkpoint?")
         return tensors[name]
     try:
         n_heads = int(hf_config["num_attention_heads"])
-        config = LlamaConfig(
+        config = config_class(
             dim=int(hf_config["hidden_size"]), n_layers=int(hf_config["num_hidden_layers"]),
             n_heads=n_heads, n_kv_heads=int(hf_config.get("num_key_value_heads", n_heads)),
             vocab_size=int(hf_config["vocab_size"]), hidden_dim=int(hf_config["intermediate_size"]),
@@ -297,7 +298,6 @@ def sentencepiece_hf_vocab(model_path, max_length):
     each document.  Its class is transformers 5's TokenizersBackend, which builds the
     tokenizer from the model's own settings: LlamaTokenizer would ignore SentencePiece's
     removal of extra spaces (remove_extra_whitespaces, on in the vocabularies trained here)."""
-    from llmc.tokenizer import sentencepiece_processor
     with open_file(model_path) as f:
         model = f.read()
     try:
@@ -364,13 +364,18 @@ def read_hf_checkpoint(directory):
     return tensors, hf_config
 
 
-def read_hf_model(directory):
+HF_READERS = {"gpt2": lambda tensors, hf_config, config_class, source: gpt2_from_hf(
+                   tensors, config_class, hf_config.get("n_head"), source),
+              "llama": llama_from_hf}
+
+
+def read_hf_model(directory, config_classes):
     """(config, float32 params) of a transformers model folder of a GPT-2 or a Llama, told by
-    its config.json's model_type."""
+    its config.json's model_type; config_classes: {model_type: the config class it is read
+    into} ({"gpt2": train_gpt2.GPT2Config}), the model types the caller takes."""
     tensors, hf_config = read_hf_checkpoint(directory)
     model_type = hf_config.get("model_type")
-    if model_type == "gpt2":
-        return gpt2_from_hf(tensors, hf_config.get("n_head"), source=directory)
-    if model_type == "llama":
-        return llama_from_hf(tensors, hf_config, source=directory)
-    raise FormatError(directory, f"model_type {model_type!r}: neither a GPT-2 nor a Llama")
+    if model_type not in config_classes or model_type not in HF_READERS:
+        taken = " or ".join(t for t in config_classes if t in HF_READERS)
+        raise FormatError(directory, f"model_type {model_type!r}: not {taken}")
+    return HF_READERS[model_type](tensors, hf_config, config_classes[model_type], directory)

@@ -24,8 +24,8 @@ import os
 
 import numpy as np
 
-from llmc.formats import (FormatError, atomic_write, check_size, open_file, param_views,
-                          read_array)
+from llmc.formats.common import (FormatError, atomic_write, check_size, open_file, param_views,
+                                 read_array)
 from llmc.formats.llmc import FILE_KINDS
 from llmc.rope_tables import rope_tables
 
@@ -95,10 +95,10 @@ def write_llama_model(path, config, params, version=1):
     atomic_write(path, chunks)
 
 
-def read_llama_model(path):
-    """(LlamaConfig, params float32 1-D in LlamaConfig.param_shapes() order) from a llama2.c
-    model file of either version; raises FormatError naming what is wrong."""
-    from train_llama2 import LlamaConfig   # not at the top: train_llama2 imports this module
+def read_llama_model(path, config_class):
+    """(config, params float32 1-D in config.param_shapes() order) from a llama2.c model file of
+    either version, the config a config_class (train_llama2.LlamaConfig); raises FormatError
+    naming what is wrong."""
     with open_file(path) as f:
         size = os.fstat(f.fileno()).st_size
         raw = f.read(LLAMA2C_V1_HEADER_BYTES)
@@ -127,10 +127,10 @@ def read_llama_model(path):
             sizes[5] = abs(sizes[5])
         try:
             dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, max_seq_len = sizes
-            config = LlamaConfig(dim=dim, n_layers=n_layers, n_heads=n_heads,
-                                 n_kv_heads=n_kv_heads, vocab_size=vocab_size,
-                                 hidden_dim=hidden_dim, max_seq_len=max_seq_len,
-                                 shared_classifier=shared)
+            config = config_class(dim=dim, n_layers=n_layers, n_heads=n_heads,
+                                  n_kv_heads=n_kv_heads, vocab_size=vocab_size,
+                                  hidden_dim=hidden_dim, max_seq_len=max_seq_len,
+                                  shared_classifier=shared)
         except ValueError as e:
             kind = "version 1" if version == 1 else "legacy (version 0)"
             raise FormatError(path, f"not a llama2.c model: its {kind} header {sizes} is bad "
@@ -170,6 +170,13 @@ def write_llama2c_tokenizer(path, pieces, scores):
         body += np.array([score], dtype="<f4").tobytes() + np.array([len(piece)], "<u4").tobytes()
         body += piece
     atomic_write(path, bytes(body))
+
+
+def sentencepiece_processor(model_path):
+    """The SentencePiece model file at model_path (the tokenizer.model llama2.c's vocabulary
+    comes from), loaded by the sentencepiece package."""
+    import sentencepiece as spm
+    return spm.SentencePieceProcessor(model_file=model_path)
 
 
 def read_llama2c_tokenizer(path):

@@ -36,15 +36,16 @@ Every file starts with a header of 256 little-endian int32 (1024 bytes); the dat
                mt19937_state)
 
 The debug state and the training state serve the Llama family too (its parameters in its
-own layout); the checkpoint is GPT-2's (train_gpt2.GPT2Config).
+own layout); the checkpoint is GPT-2's: its reader makes the config of the class its caller
+gives (train_gpt2.GPT2Config).
 """
 import os
 from dataclasses import dataclass
 
 import numpy as np
 
-from llmc.formats import (FormatError, atomic_write, bfloat16_bits_to_float32, check_size,
-                          float32_to_bfloat16_bits, open_file, param_views, read_array)
+from llmc.formats.common import (FormatError, atomic_write, bfloat16_bits_to_float32, check_size,
+                                 float32_to_bfloat16_bits, open_file, param_views, read_array)
 
 HEADER_INTS = 256
 HEADER_BYTES = HEADER_INTS * 4
@@ -90,7 +91,7 @@ def _read_header(f, path, magic, kind):
             if found in FILE_KINDS:
                 raise FormatError(path, f"this is {FILE_KINDS[found]}, not {kind} "
                                         f"(magic number {found}, expected {magic})")
-            looks = " (it begins like a text file)" if _looks_like_text(raw[:64]) else ""
+            looks = " (it begins like a text file)" if looks_like_text(raw[:64]) else ""
             raise FormatError(path, f"not {kind}: bad magic number {found} "
                                     f"(expected {magic}){looks}")
     if len(raw) < HEADER_BYTES:
@@ -100,7 +101,7 @@ def _read_header(f, path, magic, kind):
     return [int(v) for v in np.frombuffer(raw, dtype="<i4")], size
 
 
-def _looks_like_text(raw):
+def looks_like_text(raw):
     return all(32 <= byte < 127 or byte in b"\t\n\r" for byte in raw)
 
 
@@ -122,9 +123,9 @@ def _as_params(config, params, who):
 # ----------------------------------------------------------------------------
 # model checkpoint
 
-def read_checkpoint(path):
-    """(GPT2Config, params: float32 1-D) from an llm.c model checkpoint (fp32 or bf16)."""
-    from train_gpt2 import GPT2Config   # not at the top: train_gpt2 imports this module
+def read_checkpoint(path, config_class):
+    """(config, params: float32 1-D) from an llm.c model checkpoint (fp32 or bf16); the config
+    is a config_class (train_gpt2.GPT2Config), checked by its size_problem first."""
     with open_file(path) as f:
         header, size = _read_header(f, path, MODEL_MAGIC, "a model checkpoint")
         version = header[1]
@@ -134,11 +135,11 @@ def read_checkpoint(path):
             raise FormatError(path, f"unsupported checkpoint version {version}{hint}; "
                                     f"supported: 3 (fp32), 5 (bf16)")
         maxT, V, L, NH, C, Vp = header[2:8]
-        problem = GPT2Config.size_problem(maxT, V, Vp, L, NH, C)
+        problem = config_class.size_problem(maxT, V, Vp, L, NH, C)
         if problem:
             raise FormatError(path, f"bad header: {problem}")
-        config = GPT2Config(max_seq_len=maxT, vocab_size=V, padded_vocab_size=Vp,
-                            num_layers=L, num_heads=NH, channels=C)
+        config = config_class(max_seq_len=maxT, vocab_size=V, padded_vocab_size=Vp,
+                              num_layers=L, num_heads=NH, channels=C)
         dtype = MODEL_VERSIONS[version]
         count = config.num_parameters()
         itemsize = 4 if dtype == "float32" else 2
