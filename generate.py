@@ -46,7 +46,7 @@ from llmc.cli import Parser
 from llmc.dataloader import DataError
 from llmc.families import FamilyError, family_of_file
 from llmc.formats import FormatError, model_format
-from llmc.sampler import SAMPLE_SEED, Sampler
+from llmc.sampler import SAMPLE_SEED, Sampler, continue_prompt
 from llmc.tokenizer import (Tokenizer, TokenizerError, gpt2_encoding, load_tokenizer,
                             tokenizer_beside_shards)
 from llmc.vocab import MAP_NAME, VocabMap
@@ -127,22 +127,6 @@ def assumed_tokenizer(path):
     return open_tokenizer(name)
 
 
-def generate(model, prompt, steps, sampler, stop_token):
-    """Yield up to steps tokens after the prompt's, each chosen by sampler from the logits at
-    the last position so far; stop before stop_token."""
-    V = model.config.vocab_size
-    tokens = np.zeros((1, len(prompt) + steps - 1), dtype=np.int32)   # padded with token 0
-    tokens[0, :len(prompt)] = prompt
-    for t in range(len(prompt), len(prompt) + steps):
-        model.forward(tokens)
-        token = sampler(model.logits[0, t - 1, :V])
-        if token == stop_token:
-            return
-        yield token
-        if t < tokens.shape[1]:
-            tokens[0, t] = token
-
-
 def main(argv=None):
     args = parse_args(argv)
     path = newest_model_file(args.model)
@@ -183,7 +167,7 @@ def main(argv=None):
     sys.stdout.write("".join(piece(t) for t in prompt[1:]))
     sys.stdout.flush()
     count, start = 0, None
-    for token in generate(model, prompt, steps, sampler, tokenizer.eot_token):
+    for token in continue_prompt(model, prompt, steps, sampler, tokenizer.eot_token):
         sys.stdout.write(piece(token))
         sys.stdout.flush()
         count += 1

@@ -59,14 +59,15 @@ import glob
 import math
 import os
 import re
+import sys
 import time
 
 from accel.hooks import backend_hooks, every_backend_hooks, with_wrapper
 from accel.spec import PRECISIONS
 from llmc import default_data, distributed, evalloader
 from llmc.checkpoint import (RUN_NAME, checkpoint_files, checkpoint_paths, complete_steps,
-                             find_max_step, outliers_path, read_outliers, resume,
-                             run_differences, write_checkpoint, write_run_config)
+                             find_max_step, outliers_path, read_outliers, restart, restarts,
+                             resume, run_differences, write_checkpoint, write_run_config)
 from llmc.cli import Parser
 from llmc.dataloader import DataError, DataLoader, shard_files
 from llmc.families import (DEFAULT_FAMILY, FamilyError, family_names, family_of_file,
@@ -76,17 +77,14 @@ from llmc.formats.llama2c import read_llama2c_tokenizer
 from llmc.formats.llmc import GPT2_EOT_TOKEN, read_evalfile
 from llmc.logger import Console, Logger, note, plot_losses
 from llmc.outlier_detector import WINDOW, OutlierDetector
-from llmc.recompute import parse_policy
+from llmc.recompute import RecomputePlan, parse_policy
 from llmc.report import LOG_NAME, Efficiency, profile_lines
 from llmc.sampler import generate
 from llmc.schedulers import SCHEDULERS, get_scheduler
-from llmc.tokenizer import (GPT2_VOCAB_SIZE, TokenizerError, load_tokenizer,
-                            tokenizer_beside_shards)
+from llmc.tokenizer import (DEFAULT_TOKENIZER, GPT2_VOCAB_SIZE, TokenizerError,
+                            data_tokenizer, load_sample_tokenizer, load_tokenizer)
 from llmc.vocab import MAP_NAME, VocabMap
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-# the defaults live in the repository, wherever train.py is run from
-DEFAULT_TOKENIZER = os.path.join(HERE, "gpt2_tokenizer.bin")
 GRAD_CLIP = 1.0
 BETA1, BETA2, EPS = 0.9, 0.95, 1e-8  # llm.c's train_gpt2.cu
 
@@ -382,16 +380,10 @@ def has_field(config_class, name):
 # ----------------------------------------------------------------------------
 # model, tokenizer, evaluation
 
-def data_tokenizer(args):
-    """The path of the training data's tokenizer: a tokenizer.bin beside its shards (the data
-    scripts write llama2.c's with a SentencePiece vocabulary there), else llm.c's GPT-2 one."""
-    return tokenizer_beside_shards(args.train_data) or DEFAULT_TOKENIZER
-
-
 def data_vocab_size(args):
     """The vocabulary of the training data's tokenizer: a tokenizer.bin beside the shards, or
     GPT-2's."""
-    path = data_tokenizer(args)
+    path = data_tokenizer(args.train_data)
     if path == DEFAULT_TOKENIZER:
         return GPT2_VOCAB_SIZE
     try:
@@ -414,7 +406,7 @@ def check_data_tokenizer(args, config):
         return
     tokens = data_vocab_size(args)
     if tokens > config.vocab_size:
-        path = data_tokenizer(args)
+        path = data_tokenizer(args.train_data)
         which = ("GPT-2's (no tokenizer.bin beside -i's shards)" if path == DEFAULT_TOKENIZER
                  else path)
         raise TrainError(f"-i {args.train_data}: the data's tokenizer, {which}, has {tokens} "
@@ -573,7 +565,7 @@ def load_model(args, Model, resume_path):
 def dry_run(args):
     """Print the plan of a training step of the model (llmc/dry_run.py's, or the backend's own:
     accel/hooks.py), without allocating it."""
-    from llmc.dry_run import dry_run_text
+    from llmc.dry_run import dry_run_text, memory_plan
     Model = model_class(args)
     model_family = family_of(args.family)
     init, config = model_source(args)
@@ -593,7 +585,10 @@ def dry_run(args):
     require_backend(args, here=False)   # one without --precision's kernels: not at it
     from accel.backend import BackendError
     try:   # the backend's own plan (the ANE's: its pipeline against the compile budget), if any
-        text = backend_hooks(args.backend).dry_run_plan(Model, config, f"{family} {init}", args)
+        text = backend_hooks(args.backend).dry_run_plan(
+            Model, config, f"{family} {init}", args,
+            RecomputePlan(args.recompute, Model.num_layers_of(config)),
+            memory_plan(Model, config, args.B, args.T, args.recompute))
         if text is None:
             text = dry_run_text(Model, config, f"{family} {init}", args.B, args.T, args.recompute,
                                 backend=args.backend, precision=args.precision)
@@ -602,23 +597,10 @@ def dry_run(args):
     print(text)
 
 
-def load_sample_tokenizer(args, vocab_map=None):
-    """The tokenizer of the samples: the data's (a tokenizer.bin beside its shards), llm.c's
-    gpt2_tokenizer.bin if present, else tiktoken's GPT-2; None (the samples print as token
-    ids) when none can be had. With --compact-vocab's map, one of the compact ids that
-    decodes through the map (printing the original ids when there is no tokenizer)."""
-    try:
-        tokenizer = load_tokenizer(data_tokenizer(args))
-    except (TokenizerError, FormatError) as e:
-        note(f"no tokenizer, printing token ids ({e})")
-        tokenizer = None
-    return tokenizer if vocab_map is None else vocab_map.tokenizer(tokenizer)
-
-
 def sample_start_token(args):
     """The token samples start from: the eot of the data's tokenizer file (llama2.c's BOS),
     GPT-2's <|endoftext|> without one."""
-    path = data_tokenizer(args)
+    path = data_tokenizer(args.train_data)
     if not os.path.exists(path):
         return GPT2_EOT_TOKEN
     try:
@@ -825,7 +807,7 @@ def main(argv=None):
 
     # the data's shards (tinyshakespeare's prepared if they are the default and missing): the
     # model's vocabulary comes from them with --compact-vocab, or from their tokenizer.bin
-    default_data.prepare(args.train_data, args.val_data)
+    default_data.prepare_default(args.train_data, args.val_data)
 
     # the model (its vocabulary the data's ids with --compact-vocab)
     vocab_map = compact_vocabulary(args, resume_step, rank)
@@ -842,7 +824,7 @@ def main(argv=None):
     if args.gen_tokens > config.max_seq_len:
         raise TrainError(f"-g {args.gen_tokens} exceeds the model's max sequence length "
                          f"{config.max_seq_len}")
-    if (args.sample_every > 0 and data_tokenizer(args) == DEFAULT_TOKENIZER
+    if (args.sample_every > 0 and data_tokenizer(args.train_data) == DEFAULT_TOKENIZER
             and config.vocab_size <= GPT2_EOT_TOKEN and vocab_map is None):
         raise TrainError(f"-s {args.sample_every}: samples start from GPT-2's <|endoftext|> "
                          f"({GPT2_EOT_TOKEN}), outside the model's vocabulary of "
@@ -871,9 +853,20 @@ def main(argv=None):
         hooks.start_training(model, args, num_steps)
     except BackendError as e:
         raise TrainError(str(e)) from None
-    restarted = hooks.restarted()
+    # a backend that runs only so many steps in a process (the ANE's static pipeline): the run
+    # goes on in fresh processes from its checkpoints (llmc/checkpoint.py's restart)
+    process_steps = hooks.process_steps(model)
+    if process_steps is not None and num_steps > process_steps:
+        if args.output_dir is None:
+            raise TrainError(f"--backend {args.backend} runs {process_steps} steps of this model "
+                             f"in a process, the run {num_steps}: it goes on in fresh processes "
+                             f"from its checkpoints, give it -o DIR")
+        if os.path.basename(sys.argv[0]) != "train.py":
+            raise TrainError(f"--backend {args.backend} restarts the command line after "
+                             f"{process_steps} steps: run train.py as a command, not train.main()")
+    restarted = restarts() > 0
 
-    # the backend's own restart (accel/hooks.py) says one line, not the settings again
+    # a restart of the run says one line, not the settings again
     settings = Console(open(os.devnull, "w")) if restarted else console
     settings.table([
         ("train data pattern", args.train_data), ("val data pattern", args.val_data),
@@ -966,7 +959,7 @@ def main(argv=None):
                 and not resuming and rank == 0):
             if not tokenizer_loaded:
                 console.write("")  # its notes go below the last step line
-                tokenizer, tokenizer_loaded = load_sample_tokenizer(args, vocab_map), True
+                tokenizer, tokenizer_loaded = load_sample_tokenizer(args.train_data, vocab_map), True
             generate(model, tokenizer, args.gen_tokens, console)
 
         def save(step=step):
@@ -982,9 +975,14 @@ def main(argv=None):
 
         if last_step:
             break
-        # the ANE's static pipeline saves the run here and exec()s itself past its compile
-        # budget, resuming at this step (accel/ane/device.py)
-        hooks.before_step(model, step, save)
+        # a backend that cannot run this step in this process (the ANE's static pipeline past
+        # its compile budget, accel/ane/hooks.py): the run goes on from here in a fresh one
+        cannot = hooks.before_step(model, step)
+        if cannot is not None:
+            if args.output_dir is None:
+                raise TrainError(f"{cannot}: the run would go on in a fresh process from its "
+                                 f"checkpoint, give it -o DIR")
+            restart(args.output_dir, step, save, args.checkpoint_every, args.resume, cannot)
 
         # --------------- one step of training -----------------
         if efficiency is not None:
@@ -1040,6 +1038,8 @@ def main(argv=None):
                        f"{grad_norm:.4f}{zscores[1]} | lr {lr:.2e} | {elapsed_s * 1000:.2f} ms | "
                        f"{shown_tokens_per_second:.0f} tok/s")
         backend_metrics = hooks.after_step(model)   # the ANE's engine, dW, compiles
+        if process_steps is not None:
+            backend_metrics["restarts"] = restarts()
         logger.log_train(step, loss, lr, grad_norm,
                          **(efficiency.end(elapsed_s) if efficiency is not None else {}),
                          **(backend_metrics if efficiency is not None else {}))

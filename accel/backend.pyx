@@ -285,6 +285,9 @@ _REGISTRY = {}
 WRAPPERS = {"check": "runs each call on NAME and on the cpu oracle and compares them",
             "profile": "times each call on NAME",
             "guard": "NAME's memory unreadable outside its own calls (host backends)"}
+# the wrappers' module (create(wrapper, backend)), found by name as the backends' modules are:
+# like them, it is built on this one
+WRAPPERS_MODULE = "accel.instrument"
 
 
 def register_backend(str name, str module, str description, unavailable=None):
@@ -409,8 +412,8 @@ def get_backend(name, str precision="fp32"):
     require_available(name)
     wrapper, _, inner = name.partition(":")
     if inner:
-        from accel import instrument
-        return instrument.create(wrapper, get_backend(inner, precision))
+        return importlib.import_module(WRAPPERS_MODULE).create(wrapper,
+                                                               get_backend(inner, precision))
     module = require_precision(name, precision)
     try:
         backend = module.create(precision=precision) if precision != "fp32" else module.create()

@@ -27,7 +27,6 @@ import sys
 import tempfile
 import threading
 import time
-import types
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -86,17 +85,17 @@ def sample_checkpoint(model_path, head, gen_tokens):
     """The text train.py samples from the model file at model_path (its family, data's
     tokenizer and vocabulary compaction from the run's "run" record): its
     llmc/sampler.generate, seed 1337."""
-    import train
+    from llmc.families import get_family
     from llmc.logger import Console as TextConsole
     from llmc.sampler import generate
-    args = types.SimpleNamespace(family=head.get("family", "gpt2"),
-                                 train_data=head.get("train_data", ""))
+    from llmc.tokenizer import load_sample_tokenizer
     from llmc.vocab import MAP_NAME, VocabMap
-    model = train.model_class(args).from_checkpoint(model_path, "cpu")
+    model = get_family(head.get("family", "gpt2")).model_class.from_checkpoint(model_path, "cpu")
     vocab_map = (VocabMap.load(os.path.join(os.path.dirname(model_path), MAP_NAME))
                  if head.get("compact_vocab") else None)
     out = io.StringIO()
-    generate(model, train.load_sample_tokenizer(args, vocab_map), gen_tokens, TextConsole(out))
+    generate(model, load_sample_tokenizer(head.get("train_data", ""), vocab_map), gen_tokens,
+             TextConsole(out))
     return out.getvalue().split("---\n", 1)[1].rsplit("\n---", 1)[0]
 
 
@@ -243,7 +242,7 @@ class Dashboard:
                               f"overlap {last['ane_overlap_ms']:.1f} ms")
             if "ane_compiles" in last:    # its static pipeline
                 rates.add_row(f"ANE compiles {last['ane_compiles']}",
-                              f"restarts {last['ane_restarts']}", "")
+                              f"restarts {last.get('restarts', 0)}", "")
         elif not os.path.exists(self.log_path):
             stats.add_row(f"no {self.log_path} yet: train.py writes it with --json-log (a run "
                           f"without it cannot be followed)")

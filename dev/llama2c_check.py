@@ -35,9 +35,8 @@ import numpy as np
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
-import generate  # noqa: E402
 from llmc.formats.llama2c import read_llama2c_tokenizer  # noqa: E402
-from llmc.sampler import Sampler  # noqa: E402
+from llmc.sampler import Sampler, continue_prompt  # noqa: E402
 from llmc.tokenizer import SP_BOS, load_tokenizer  # noqa: E402
 
 VOCAB_SIZE = 512
@@ -199,7 +198,7 @@ def check(args, work):
         top = np.sort(logits)[-2:]
         margins[len(prompt) + len(margins)] = float(top[1] - top[0])
         return Sampler(0.0)(logits)
-    tokens = prompt + list(generate.generate(model, prompt, args.tokens, greedy, tok.eot_token))
+    tokens = prompt + list(continue_prompt(model, prompt, args.tokens, greedy, tok.eot_token))
     command = [sys.executable, os.path.join(REPO_ROOT, "generate.py"), model_path, "-p",
                args.prompt, "-n", str(args.tokens), "--temperature", "0", "--tokenizer",
                tokenizer_path]

@@ -27,11 +27,17 @@ state keeps the loss scale.
 An output dir holds one run: run.json is its configuration (model, B, T, data), which a
 resume must match (run_differences), as it must the number of processes of the training
 state (resume); -nk's rotation deletes only checkpoints older than the one just written.
+
+A backend may run only so many steps in a process (the ANE's static pipeline: a compile budget
+per process, accel/hooks.py's process_steps and before_step); the run then goes on in a fresh
+one from its checkpoint (restart): the same command line with -y 1, replacing the process.
 """
 import glob
 import json
 import os
 import re
+import signal
+import sys
 
 import numpy as np
 
@@ -128,6 +134,37 @@ def delete_checkpoint(output_dir, step, process_rank=0):
         os.remove(path)
     if process_rank == 0 and os.path.exists(outliers_path(output_dir, step)):
         os.remove(outliers_path(output_dir, step))
+
+
+# set in the environment of a process that restart() started: the restarts of the run so far
+RESTARTS_ENV = "LLMPYX_RESTARTS"
+# for the test of a kill between a restart's checkpoint and its exec(): SIGKILL there when set
+KILL_BEFORE_RESTART_ENV = "LLMPYX_KILL_BEFORE_RESTART"
+
+
+def restarts():
+    """How many times the run restarted itself before this process (0: its own start)."""
+    return int(os.environ.get(RESTARTS_ENV, "0"))
+
+
+def restart(output_dir, step, save, checkpoint_every, resuming, reason):
+    """Go on with the run in a fresh process from its checkpoint at step, because the backend
+    cannot run step in this one (reason, one line): save() the checkpoint unless the schedule
+    (-n checkpoint_every) wrote it, delete the ones only earlier restarts wrote (so the last
+    stays), say so in one line, and replace the process with the same command line resuming
+    (-y 1, unless it is a resume already)."""
+    if step not in complete_steps(output_dir):
+        save()
+    for old in complete_steps(output_dir):
+        if old < step and (checkpoint_every <= 0 or old % checkpoint_every):
+            delete_checkpoint(output_dir, old)
+    number = restarts() + 1
+    print(f"{reason}: checkpoint at step {step}, exec() restart {number}", flush=True)
+    sys.stderr.flush()
+    if os.environ.get(KILL_BEFORE_RESTART_ENV):
+        os.kill(os.getpid(), signal.SIGKILL)
+    argv = [sys.executable] + sys.orig_argv[1:] + ([] if resuming else ["-y", "1"])
+    os.execve(sys.executable, argv, dict(os.environ, **{RESTARTS_ENV: str(number)}))
 
 
 def resume(output_dir, step, model, loader, dist=SINGLE):

@@ -28,6 +28,7 @@ import time
 
 import numpy as np
 
+from accel.hooks import format_bytes
 from llmc import recompute
 
 __all__ = ["dry_run_text", "flops_plan", "measure_gflops", "memory_plan"]
@@ -104,13 +105,6 @@ def measure_gflops(n=1024, repeats=3, precision="fp32"):
         matmul.forward(out, inp, weight)
         best = min(best, time.perf_counter() - t0)
     return 2.0 * n ** 3 / best / 1e9
-
-
-def format_bytes(n):
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
 
 
 def _seconds(t):

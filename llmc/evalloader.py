@@ -22,13 +22,13 @@ import os
 
 import numpy as np
 
-from llmc.default_data import DATA_SCRIPTS
+from llmc.default_data import DATA_DIR
 
 __all__ = ["HELLASWAG", "completion_losses", "count_correct", "evaluate", "process_share"]
 
 # llm.c's fixed path, relative to where train.py runs (for short messages); dev/data/hellaswag.py
 # writes it
-HELLASWAG = os.path.relpath(os.path.join(DATA_SCRIPTS, "hellaswag", "hellaswag_val.bin"))
+HELLASWAG = os.path.relpath(os.path.join(DATA_DIR, "hellaswag", "hellaswag_val.bin"))
 RUN_MULTIPLE = 16   # the lengths the rows run at: multiples of this many tokens
 
 

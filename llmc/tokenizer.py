@@ -36,8 +36,9 @@ import zipfile
 
 import numpy as np
 
-from llmc.formats import atomic_write
-from llmc.formats.llama2c import read_llama2c_tokenizer, write_llama2c_tokenizer
+from llmc.formats import FormatError, atomic_write
+from llmc.formats.llama2c import (read_llama2c_tokenizer, sentencepiece_processor,
+                                  write_llama2c_tokenizer)
 from llmc.formats.llmc import TOKENIZER_MAGIC, read_tokenizer
 
 GPT2_RANKS_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
@@ -52,6 +53,10 @@ PYPI_SOURCES = [
     ("openai-whisper", ["--no-binary", ":all:"]),    # an sdist; pip reads its metadata first
 ]
 ONLINE_TIMEOUT_S = 10
+# llm.c's GPT-2 tokenizer file, in the repository (dev/download_gpt2.py writes it): the data's
+# tokenizer when its shards have none beside them
+DEFAULT_TOKENIZER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                 "gpt2_tokenizer.bin")
 
 
 class TokenizerError(RuntimeError):
@@ -284,6 +289,27 @@ def tokenizer_beside_shards(pattern):
     return beside if beside and os.path.exists(beside) else None
 
 
+def data_tokenizer(train_pattern):
+    """The path of the tokenizer of the token shards train_pattern matches: a tokenizer.bin
+    beside them (the data scripts write llama2.c's with a SentencePiece vocabulary there), else
+    llm.c's GPT-2 one (DEFAULT_TOKENIZER)."""
+    return tokenizer_beside_shards(train_pattern) or DEFAULT_TOKENIZER
+
+
+def load_sample_tokenizer(train_pattern, vocab_map=None):
+    """The tokenizer of a run's samples: its data's (data_tokenizer), else tiktoken's GPT-2;
+    None (the samples print as token ids) when none can be had, said in one line. With
+    --compact-vocab's map (llmc/vocab.py), one of the compact ids that decodes through the map
+    (printing the original ids when there is no tokenizer)."""
+    from llmc.logger import note   # train.py's one-line notes
+    try:
+        tokenizer = load_tokenizer(data_tokenizer(train_pattern))
+    except (TokenizerError, FormatError) as e:
+        note(f"no tokenizer, printing token ids ({e})")
+        tokenizer = None
+    return tokenizer if vocab_map is None else vocab_map.tokenizer(tokenizer)
+
+
 def load_tokenizer(path="gpt2_tokenizer.bin"):
     """The Tokenizer of the file at path if there is one (llm.c's tokenizer, llama2.c's
     tokenizer.bin, or a GGUF model's own vocabulary), else of tiktoken's GPT-2."""
@@ -397,11 +423,6 @@ def train_sentencepiece(text_path, model_prefix, vocab_size):
         raise TokenizerError(f"SentencePiece could not train a {vocab_size}-token vocabulary on "
                              f"{text_path}: {' '.join(str(e).split())}") from None
     return model_prefix + ".model"
-
-
-def sentencepiece_processor(model_path):
-    import sentencepiece as spm
-    return spm.SentencePieceProcessor(model_file=model_path)
 
 
 def export_llama2c_tokenizer(model_path, bin_path):

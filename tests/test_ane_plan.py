@@ -1,5 +1,6 @@
-"""The ANE pipeline planner, the runtime wrapper (mock; Core ML's conversion), the state file and
-the exec() restart (accel/ane/plan.py, runtime.py, restart.py) - all on Linux, no Mac."""
+"""The ANE pipeline planner, the runtime wrapper (mock; Core ML's conversion), and the lab's
+state file and exec() restart inside a step (accel/ane/plan.py, runtime.py, dev/ane/restart.py)
+- all on Linux, no Mac."""
 import os
 import subprocess
 import sys
@@ -7,12 +8,14 @@ import sys
 import numpy as np
 import pytest
 
-from accel.ane import restart
 from accel.ane.plan import PlanError, format_pipeline_plan, make_plan, memory
 from accel.ane.runtime import (BudgetExceeded, CompileBudget, CompileLimitError, MockRuntime,
                                NumpyProgram)
-from llmc.files import FormatError
-from train_llama2 import PRESETS, LlamaConfig
+from dev.ane import restart
+from llmc.dry_run import memory_plan
+from llmc.formats import FormatError
+from llmc.recompute import RecomputePlan
+from train_llama2 import PRESETS, Llama2, LlamaConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -20,6 +23,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def llama(name, **overrides):
     """A Llama config by preset name or dN: the planner takes its caller's config."""
     return LlamaConfig.from_name(name, **overrides)
+
+
+def plan_of(config, pipeline="static", budget=None, policy="all", **options):
+    """make_plan under the recompute plan of policy, as train.py's dry run gives it."""
+    return make_plan(config, pipeline, budget, RecomputePlan(policy, config.n_layers), **options)
 
 
 def identity_program(name="k"):
@@ -53,7 +61,7 @@ def test_static_schedule_avoids_the_compiler_failure():
     """Running every phase of 3 steps in one process fails on the mock compiler; the plan's
     restarts keep each process under its budget."""
     budget = CompileBudget(30, 4)
-    plan = make_plan(llama("d4"), "static", budget, "all", T=16, steps=3)
+    plan = plan_of(llama("d4"), "static", budget, "all", T=16, steps=3)
     naive = MockRuntime(budget, enforce_budget=False)
     with pytest.raises(CompileLimitError):
         for _ in range(3):
@@ -67,7 +75,7 @@ def test_static_schedule_avoids_the_compiler_failure():
 
 
 def test_dynamic_pipeline_compiles_once():
-    plan = make_plan(llama("stories110M"), "dynamic", None, "sqrt", T=256, steps=5)
+    plan = plan_of(llama("stories110M"), "dynamic", None, "sqrt", T=256, steps=5)
     assert plan.first_step_compiles == 8 and plan.compiles_per_step == 0
     assert plan.restarts == [] and plan.steps_per_process is None
 
@@ -75,7 +83,7 @@ def test_dynamic_pipeline_compiles_once():
 def test_static_stories110m_matches_the_anchor():
     """72 weighted kernels per step (the anchor's 60 + 12 split differently) + 2 attention:
     one step per process of 109 compiles, 1 restart per step."""
-    plan = make_plan(llama("stories110M"), "static", None, "all", T=256)
+    plan = plan_of(llama("stories110M"), "static", None, "all", T=256)
     assert plan.first_step_compiles == 74 and plan.steps_per_process == 1
 
 
@@ -85,7 +93,7 @@ def test_static_stories110m_matches_the_anchor():
 @pytest.mark.parametrize("L, n, expected", [(6, 3, [2, 5]), (7, 3, [2, 5, 6]), (4, 1, [0, 1, 2, 3]),
                                             (4, 4, [3]), (1, 1, [0])])
 def test_checkpointed_layers_when_the_last_layer_is_a_boundary(L, n, expected):
-    plan = make_plan(llama(f"d{L}"), "static", None, f"every-{n}", T=16, steps=1)
+    plan = plan_of(llama(f"d{L}"), "static", None, f"every-{n}", T=16, steps=1)
     assert plan.checkpointed_layers() == expected
     # the layer outputs the recompute layout keeps: the segments' chain + one per segment
     assert plan.rplan.outputs == plan.rplan.slots - 1 + len(expected)
@@ -95,7 +103,7 @@ def test_planner_and_runtime_share_the_headroom(tmp_path):
     """The executor refuses a runtime whose budget is not the plan's; with the plan's own it
     restarts exactly where the plan says (the demo prints where each process starts)."""
     state, out = tmp_path / "s.bin", tmp_path / "w.npy"
-    args = [sys.executable, "-m", "accel.ane.restart", "--state", str(state), "--out", str(out),
+    args = [sys.executable, "-m", "dev.ane.restart", "--state", str(state), "--out", str(out),
             "--steps", "2", "--limit", "20", "--headroom", "2"]
     bad = subprocess.run(args + ["--runtime-headroom", "0"], cwd=ROOT, capture_output=True,
                          text=True)
@@ -105,11 +113,11 @@ def test_planner_and_runtime_share_the_headroom(tmp_path):
 
 def test_budget_smaller_than_a_phase_is_rejected():
     with pytest.raises(PlanError, match="smaller than the backward of layer 10 needs: 38"):
-        make_plan(llama("stories110M"), "static", 40, "none", T=64)
+        plan_of(llama("stories110M"), "static", 40, "none", T=64)
     with pytest.raises(PlanError, match="unknown pipeline"):
-        make_plan(llama("stories15M"), "fused")
-    with pytest.raises(PlanError, match="unknown recompute policy"):
-        make_plan(llama("stories15M"), "static", policy="every-0")
+        plan_of(llama("stories15M"), "fused")
+    with pytest.raises(PlanError, match="a recompute plan of 3 layers for a model of 6"):
+        make_plan(llama("stories15M"), "static", None, RecomputePlan("all", 3))
 
 
 # ----------------------------------------------------------------------------
@@ -145,7 +153,7 @@ def test_exec_restart_resumes_to_the_same_weights(tmp_path):
     bits as a run that never restarts; a state file from elsewhere is refused."""
     def run(limit, out, steps=3, policy="every-2"):
         state = tmp_path / "state.bin"
-        args = [sys.executable, "-m", "accel.ane.restart", "--state", str(state), "--out",
+        args = [sys.executable, "-m", "dev.ane.restart", "--state", str(state), "--out",
                 str(out), "--steps", str(steps), "--limit", str(limit), "--headroom", "2",
                 "--policy", policy]
         done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -154,7 +162,7 @@ def test_exec_restart_resumes_to_the_same_weights(tmp_path):
         return [line for line in done.stdout.splitlines() if "starts at" in line]
 
     starts = run(20, tmp_path / "restarted.npy")
-    plan = make_plan(restart.FakeWorkload(3).config, "static", CompileBudget(20, 2), "every-2",
+    plan = plan_of(restart.FakeWorkload(3).config, "static", CompileBudget(20, 2), "every-2",
                      steps=3)
     assert [f"step {s} phase {i}" for s, i in plan.restarts] == [
         line.split("starts at ")[1] for line in starts[1:]]
@@ -208,9 +216,8 @@ def test_train_py_gets_the_ane_flags_check_and_plan_from_its_hooks(capsys):
 
 
 def test_private_path_shape_check_in_the_plan():
-    from train_llama2 import Llama2
-    plan = make_plan(llama("stories15M"), "static", None, "all", T=256)
-    text = format_pipeline_plan(plan, Llama2, "stories15M")
+    plan = plan_of(llama("stories15M"), "static", None, "all", T=256)
+    text = format_pipeline_plan(plan, memory_plan(Llama2, plan.config, 1, 256), "stories15M")
     assert "hs (head size)=48 -> 64" in text
 
 
@@ -297,10 +304,10 @@ def test_private_runtime_checks_shapes_and_outputs_before_trusting():
 def test_steps_per_process_of_a_small_static_model():
     """d2 static: 14 compiles in the first step (12 weighted + 2 attention), 12 in each next:
     8 steps in 109 compiles; micro-batches (gradient accumulation) reuse the kernels."""
-    plan = make_plan(llama("d2"), "static", None, "all", T=16)
+    plan = plan_of(llama("d2"), "static", None, "all", T=16)
     assert (plan.first_step_compiles, plan.compiles_per_step) == (14, 12)
     assert plan.steps_per_process == 8
-    accumulated = make_plan(llama("stories110M"), "static", None, "all", T=256, accum=10)
+    accumulated = plan_of(llama("stories110M"), "static", None, "all", T=256, accum=10)
     assert accumulated.compiles_per_step == 74 and accumulated.steps_per_process == 1
 
 
@@ -309,7 +316,7 @@ def test_resume_from_a_truncated_state_file_fails_in_one_line(tmp_path):
     meta = dict(key="x", step=1, phase=0, process=1)
     restart.write_state(state, meta, dict(W=np.zeros(100, np.float32)))
     state.write_bytes(state.read_bytes()[:-100])
-    done = subprocess.run([sys.executable, "-m", "accel.ane.restart", "--state", str(state),
+    done = subprocess.run([sys.executable, "-m", "dev.ane.restart", "--state", str(state),
                            "--out", str(tmp_path / "w.npy")], cwd=ROOT, capture_output=True,
                           text=True)
     assert done.returncode != 0
@@ -321,8 +328,7 @@ def test_resume_from_a_truncated_state_file_fails_in_one_line(tmp_path):
 def test_memory_counts_one_layers_matrices():
     """The fp16 copy the ANE holds of a layer is its matrices at 2 bytes each (planted: the
     count divided by the layers once more said 1.1 MiB for stories110M's 13.5)."""
-    from train_llama2 import Llama2
     config = llama("stories110M")
-    mem = memory(make_plan(config, "static"), Llama2)
+    mem = memory(plan_of(config, "static"), memory_plan(Llama2, config, 1, config.max_seq_len))
     dim, hidden = config.dim, config.hidden_dim
     assert mem["layer_matrix_elements"] == 4 * dim * dim + 3 * dim * hidden

@@ -85,7 +85,7 @@ def test_restarts_give_the_losses_of_a_run_without_them(shard, tmp_path):
     assert [r["step"] for r in split_log] == list(range(STEPS))
     assert [r["ane_compiles"] for r in whole_log] == [14] + [12] * (STEPS - 1)
     assert [r["ane_compiles"] for r in split_log] == [14] * STEPS
-    assert [r["ane_restarts"] for r in split_log] == list(range(STEPS))
+    assert [r["restarts"] for r in split_log] == list(range(STEPS))
     run_records = [r for r in map(json.loads, open(tmp_path / "split" / "log.jsonl"))
                    if r["type"] == "run"]
     assert len(run_records) == 1
@@ -106,13 +106,13 @@ def test_restarts_give_the_losses_of_a_run_without_them(shard, tmp_path):
 
 
 def test_a_kill_between_the_save_and_the_exec_loses_nothing(shard, tmp_path):
-    """SIGKILL right after the restart's checkpoint is written (LLMPYX_ANE_KILL_BEFORE_EXEC):
+    """SIGKILL right after the restart's checkpoint is written (LLMPYX_KILL_BEFORE_RESTART):
     running the command again with -y 1 (what the exec would have run) resumes at that step
     and ends with the losses and main.log of a run never stopped."""
     whole = run_static(shard, tmp_path / "whole", "--ane-budget", 1000)
     out = tmp_path / "killed"
     killed = run_static(shard, out, "--ane-budget", 40, status=-signal.SIGKILL,
-                        env={"LLMPYX_ANE_KILL_BEFORE_EXEC": "1"})
+                        env={"LLMPYX_KILL_BEFORE_RESTART": "1"})
     (restart,) = RESTART_LINE.findall(killed.stdout)
     at = int(restart[3])
     assert at == 2 and sorted(step_losses(killed.stdout)) == [1, 2]
@@ -150,16 +150,17 @@ def test_the_mock_runtime_restarts_alike_and_fails_where_the_budget_is_ignored(s
 
 
 def test_a_step_past_the_budget_and_a_restart_without_a_folder_are_one_line(shard, tmp_path):
-    cases = [(["--ane-budget", 20, "-o", tmp_path / "a"], "a step of this model compiles 14 "
-              "programs .* more than a process gets .*use --ane-pipeline dynamic.*"),
-             (["--ane-budget", 45], "5 steps of 14 compiles pass the budget .*give it -o DIR")]
+    cases = [(["--ane-budget", 20, "-o", tmp_path / "a"], "--ane-pipeline static: a step of this "
+              "model compiles 14 programs .* more than a process gets .*use --ane-pipeline "
+              "dynamic.*"),
+             (["--ane-budget", 45], "--backend ane-emu runs 2 steps of this model in a process, the "
+              "run 5: it goes on in fresh processes from its checkpoints, give it -o DIR")]
     for extra, message in cases:
         run = subprocess.run([sys.executable, "train.py", *map(str, common(shard)), "--backend",
                               "ane-emu", "--ane-pipeline", "static", *map(str, extra)], cwd=ROOT,
                              capture_output=True, text=True, timeout=300)
         assert run.returncode == 1
-        assert re.fullmatch(f"train.py: error: --ane-pipeline static: {message}\n", run.stderr), \
-            run.stderr
+        assert re.fullmatch(f"train.py: error: {message}\n", run.stderr), run.stderr
 
 
 # ----------------------------------------------------------------------------
@@ -174,10 +175,12 @@ def test_a_step_compiles_what_the_dry_run_plans(name, pipeline):
     weight-free attention programs in the first; dynamic the 8 kernels, in the first step only.
     The classifier's matmul runs on the CPU, as in the plan."""
     from accel.ane.plan import make_plan, static_step_compiles
+    from llmc.recompute import RecomputePlan
     from train_llama2 import PRESETS
     config = PRESETS[name]
     budget = runtime.CompileBudget(1000, 10)   # no restart: one process
-    plan = make_plan(config, pipeline, budget, B=1, T=32, steps=2)
+    plan = make_plan(config, pipeline, budget, RecomputePlan("all", config.n_layers), B=1, T=32,
+                     steps=2)
     backend = table.create(pipeline=pipeline, budget=budget, parallel_dw=False)
     model = Llama2.random(config, seed=0, backend=backend)
     assert model.fused

@@ -70,7 +70,7 @@ def test_the_ane_steps_engine_dw_overlap_compiles_and_restarts(tmp_path):
     rs = records()
     last = max(i for i, r in enumerate(rs) if r["type"] == "train")
     rs[last] = dict(rs[last], ane_engine_ms=12.5, ane_dw_ms=7.25, ane_overlap_ms=5.0,
-                  ane_compiles=30, ane_restarts=2)
+                  ane_compiles=30, restarts=2)
     log.write_text("".join(json.dumps(r) + "\n" for r in rs))
     d = dashboard.Dashboard(str(log), background=False)
     assert d.poll()

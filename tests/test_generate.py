@@ -22,7 +22,7 @@ import generate
 from llmc import checkpoint, tokenizer
 from llmc.formats.llama2c import read_llama2c_tokenizer, write_llama2c_tokenizer
 from llmc.formats.llmc import write_shard
-from llmc.sampler import Sampler, XorShift, sample_topp
+from llmc.sampler import Sampler, XorShift, continue_prompt, sample_topp
 from llmc.vocab import MAP_NAME, VocabMap
 from test_llama_formats import vocabulary  # noqa: F401  (a SentencePiece tokenizer.bin)
 from train_gpt2 import GPT2, GPT2Config
@@ -53,7 +53,7 @@ def load(path):
 
 
 def run_generation(model, steps, sampler, prompt=PROMPT):
-    return list(generate.generate(model, prompt, steps, sampler, stop_token=None))
+    return list(continue_prompt(model, prompt, steps, sampler, stop_token=None))
 
 
 # ----------------------------------------------------------------------------
@@ -358,7 +358,7 @@ def test_command_line_on_a_run_dir(tmp_path, vocabulary):  # noqa: F811
     tok = tokenizer.load_tokenizer(str(bin_path))
     model = Llama2.from_checkpoint(checkpoint.checkpoint_paths(str(out), 2)[0])
     prompt = tok.encode_prompt("First Citizen:")
-    tokens = list(generate.generate(model, prompt, 12, Sampler(0.0), tok.eot_token))
+    tokens = list(continue_prompt(model, prompt, 12, Sampler(0.0), tok.eot_token))
     piece = tok.stream_decoder(after=prompt[0])
     assert run.stdout == "".join(piece(t) for t in prompt[1:] + tokens) + "\n"
     assert run.stdout.startswith("First Citizen:")
@@ -380,7 +380,7 @@ def test_a_compact_vocabulary_model(capsys, tmp_path, vocabulary):  # noqa: F811
                   "--temperature", "0"])
     compact = [int(vocab_map.index[t]) for t in prompt]
     compacted = vocab_map.tokenizer(tok)
-    tokens = list(generate.generate(model, compact, 10, Sampler(0.0), compacted.eot_token))
+    tokens = list(continue_prompt(model, compact, 10, Sampler(0.0), compacted.eot_token))
     piece = compacted.stream_decoder(after=compact[0])
     stdout = capsys.readouterr().out
     assert stdout == "".join(piece(t) for t in compact[1:] + tokens) + "\n"

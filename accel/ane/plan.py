@@ -21,28 +21,29 @@ Two pipelines:
 
 A step (one weight update) is, for each of `accum` micro-batches, the forward of layers 0..L-1
 then the backward of layers L-1..0, and then the update on the CPU; a backward first recomputes
-the layers the checkpoint policy dropped (llmc/recompute.py's RecomputePlan.recomputes: the
-same walk as the model's), which needs their forward kernels again.  The phases (one layer's
+the layers the checkpoint policy dropped (the run's recompute plan, llmc/recompute.py's
+RecomputePlan: its recomputes() are the model's own walk), which needs their forward kernels
+again.  The phases (one layer's
 forward, one layer's backward with its recomputes, the update) run in order; a phase needs the
 kernels it runs that this process has not compiled since the last update.  When they would pass
 the budget (CompileBudget.usable: the limit less the headroom, the one object the runtime
 refuses by too), the process saves its state and exec()s itself (accel/ane/restart.py) and the
 phase runs in the fresh process.  A layer group is the layers one process runs a pass of: the
 plan lists them, the compiles per step, the steps a process lasts, the memory of each group and
-of the whole model (llmc/dry_run.py's memory_plan), and the state a restart writes.
+of the whole model (the run's: llmc/dry_run.py's memory_plan), and the state a restart writes.
 
-The model comes from the caller, which knows its family: its config (a Llama config, read by
-its attributes: n_layers, max_seq_len, dim, n_heads, n_kv_heads, hidden_dim, describe(); the
-memory also by param_shapes() and num_parameters()) and, for the memory, the family's model
-class (train_llama2.Llama2, as llmc/dry_run.py takes it).  Bad plans are refused in one line
-(PlanError): a phase needing more compiles than a whole process gets, an unknown pipeline, a
-bad budget, policy, B, T or accum.
+The model and the run come from the caller (the backend's dry_run_plan hook, accel/hooks.py),
+which knows them: the config (a Llama config, read by its attributes: n_layers, max_seq_len,
+dim, n_heads, n_kv_heads, hidden_dim, describe(); the memory also by param_shapes() and
+num_parameters()), the recompute plan (policy, num_layers, slots, output_of, recomputed,
+recomputes()) and the model's memory; nothing here imports the run.  Bad plans are refused in
+one line (PlanError): a phase needing more compiles than a whole process gets, an unknown
+pipeline, a bad budget, B, T or accum.
 """
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from accel.ane.runtime import ANE_INNER_MULTIPLE, ANE_LIMIT, CompileBudget
-from llmc import recompute
-from llmc.dry_run import FLOAT, format_bytes, memory_plan
+from accel.hooks import format_bytes
 
 __all__ = ["FORWARD", "BACKWARD", "PIPELINES", "Phase", "PlanError", "Plan", "Process",
            "format_pipeline_plan", "inner_sizes", "kernel_id", "make_plan", "place",
@@ -56,6 +57,7 @@ BACKWARD = (("ffn_backward", True), ("wo_backward", True), ("attention_backward"
             ("qkv_backward", True))
 SECONDS_PER_COMPILE = 0.105   # the anchor's M-series figure: 7.6 s for 72 kernels
 HALF = 2   # bytes of an fp16
+FLOAT = 4  # bytes of a float32
 
 
 class PlanError(ValueError):
@@ -196,7 +198,6 @@ class Plan:
     phases: list
     events: list                 # place() of `steps_simulated` steps
     steps_simulated: int
-    memory: dict = field(default_factory=dict)
 
     @property
     def policy(self):
@@ -280,22 +281,24 @@ class Plan:
         return [l for l in range(r.num_layers) if r.output_of[l] >= r.slots - 1]
 
 
-def make_plan(config, pipeline="static", budget=None, policy="all", B=1, T=None, accum=1,
-              steps=None):
-    """The plan of training the model of `config` (its sizes, as the module says) on the ANE;
+def make_plan(config, pipeline, budget, rplan, B=1, T=None, accum=1, steps=None):
+    """The plan of training the model of `config` (its sizes, as the module says) on the ANE
+    under the recompute plan rplan (llmc/recompute.py's RecomputePlan of its layers);
     PlanError (one line) for what cannot be planned."""
     if pipeline not in PIPELINES:
         raise PlanError(f"ANE plan: unknown pipeline {pipeline!r}: one of {', '.join(PIPELINES)}")
     try:
         budget = budget if isinstance(budget, CompileBudget) else CompileBudget.for_limit(
             ANE_LIMIT if budget is None else budget)
-        rplan = recompute.RecomputePlan(policy, config.n_layers)
     except ValueError as e:
         raise PlanError(f"ANE plan: {e}") from None
     T = config.max_seq_len if T is None else T
     for name, value in (("B", B), ("T", T), ("accum", accum)):
         if value < 1:
             raise PlanError(f"ANE plan: {name} must be at least 1, got {value}")
+    if rplan.num_layers != config.n_layers:
+        raise PlanError(f"ANE plan: a recompute plan of {rplan.num_layers} layers for a model "
+                        f"of {config.n_layers}")
     if T > config.max_seq_len:
         raise PlanError(f"ANE plan: T={T} exceeds the model's max sequence length "
                         f"{config.max_seq_len}")
@@ -308,15 +311,14 @@ def make_plan(config, pipeline="static", budget=None, policy="all", B=1, T=None,
 
 
 # ----------------------------------------------------------------------------
-# memory, from llmc/dry_run.py, and the dry run's text
+# memory, from the run's, and the dry run's text
 
-def memory(plan, family):
-    """Bytes: the whole model's buffers on the CPU (llmc/dry_run.py's memory_plan of the family's
-    model class under the policy), one layer's parameters, the fp16 weights each process's
-    kernels hold, and the state file a restart writes (between steps; inside a step also the
-    gradients and the kept activations)."""
-    config, B, T = plan.config, plan.B, plan.T
-    whole = memory_plan(family, config, B, T, plan.policy)
+def memory(plan, whole):
+    """Bytes: the whole model's buffers on the CPU (whole: the run's, llmc/dry_run.py's
+    memory_plan under the plan's policy), one layer's parameters, the fp16 weights each
+    process's kernels hold, and the state file a restart writes (between steps; inside a step
+    also the gradients and the kept activations)."""
+    config = plan.config
     layer_params = FLOAT * (replace(config, n_layers=2).num_parameters() -
                         replace(config, n_layers=1).num_parameters())   # fp32 bytes
     layer_weights = sum(shape[1] * shape[2] for name, shape in config.param_shapes()
@@ -333,12 +335,12 @@ def _layers(first, last):
     return f"layers {first}..{last}" if first < last else f"layers {first}..{last} (down)"
 
 
-def format_pipeline_plan(plan, family, name=""):
+def format_pipeline_plan(plan, whole, name=""):
     """The dry run's text of the ANE pipeline: the budget, the kernels, the compiles per step,
-    the layer groups (what each process runs of a step), the restarts, memory (of the family's
-    model class) and the private path's shapes."""
+    the layer groups (what each process runs of a step), the restarts, memory (whole: the
+    run's, as memory() takes it) and the private path's shapes."""
     c, r = plan.config, plan.rplan
-    mem = memory(plan, family)
+    mem = memory(plan, whole)
     steady = plan.compiles_per_step
     lines = [
         f"ANE plan: {name} ({c.describe()}), B={plan.B} T={plan.T}, {plan.pipeline} pipeline, "

@@ -10,8 +10,6 @@ import sys
 
 import numpy as np
 
-from accel.ane.runtime import RuntimeUnavailable
-
 LIBRARY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "build", "libane_private.dylib")
 ERR = 512
 
@@ -52,10 +50,10 @@ class Library:
         return {name: a.astype(np.float32) for name, a in outs.items()}
 
 
-def load():
-    """The library, or RuntimeUnavailable saying why not (not macOS, not built)."""
+def unavailable():
+    """Why the library cannot be loaded here (not macOS, not built), or None."""
     if sys.platform != "darwin":
-        raise RuntimeUnavailable("ane-private: the private ANE API needs macOS")
+        return "ane-private: the private ANE API needs macOS"
     if not os.path.exists(LIBRARY):
-        raise RuntimeUnavailable("ane-private: not built: run `make ane-private`")
-    return Library(LIBRARY)
+        return "ane-private: not built: run `make ane-private`"
+    return None

@@ -300,8 +300,10 @@ class PrivateANERuntime(Runtime):
     def __init__(self, budget=None, check_against=None, rtol=2e-2, atol=2e-2, lib=None):
         super().__init__(budget)
         if lib is None:
-            from accel.ane import private   # RuntimeUnavailable off macOS or unbuilt
-            lib = private.load()
+            from accel.ane import private
+            if private.unavailable():   # off macOS, or not built
+                raise RuntimeUnavailable(private.unavailable())
+            lib = private.Library(private.LIBRARY)
         self.lib = lib   # compile(text, blob, inputs, outputs), run(handle, inputs, outputs)
         self.reference = check_against
         self.rtol, self.atol = rtol, atol

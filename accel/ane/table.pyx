@@ -59,6 +59,7 @@ import numpy as np
 
 from accel.backend cimport Backend, BackendTable
 from accel import cpu
+from accel.ane.hooks import HOOKS, OPTIONS  # noqa: F401 (HOOKS: accel/hooks.py)
 
 LOSS_SCALE_TARGET_LOG2 = 8
 # check:ane-emu's tolerances for the entries that run in fp16 (relative to the largest oracle
@@ -680,11 +681,10 @@ cdef void ane_ffn_backward(void* ctx, float* dinp, float* dw1, float* dw3, float
 def create(runtime=None, name="ane-emu", pipeline=None, budget=None, parallel_dw=None):
     """The ane-emu backend, or with runtime=CoreMLRuntime() the ane one (families llama and
     gpt2: GPT-2's own layers run on the CPU).  pipeline, budget (a CompileBudget) and
-    parallel_dw default to what train.py's flags set (accel/ane/device.py's OPTIONS: dynamic,
+    parallel_dw default to what train.py's flags set (accel/ane/hooks.py's OPTIONS: dynamic,
     119 compiles, parallel); ane-emu's static pipeline runs on an interpreter that refuses
     compiles past the budget and fails past its limit as the ANE compiler does (or with
     LLMPYX_ANE_RUNTIME=mock on MockRuntime: the same, float32 storage)."""
-    from accel.ane.device import OPTIONS
     from accel.ane.runtime import InterpreterRuntime, MockRuntime
     pipeline = OPTIONS["pipeline"] if pipeline is None else pipeline
     budget = OPTIONS["budget"] if budget is None else budget
@@ -722,5 +722,3 @@ def create(runtime=None, name="ane-emu", pipeline=None, budget=None, parallel_dw
     backend.validate()
     return backend
 
-
-from accel.ane.device import HOOKS   # train.py's --ane-* flags and the restarts (accel/hooks.py)

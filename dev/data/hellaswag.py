@@ -20,10 +20,13 @@ context after a BOS as the data scripts start every document, and writes DIR/hel
 import argparse
 import json
 import os
+import sys
 
-from data_common import (DataPrepError, download_file, failing_in_one_line, gpt2_encoding,
-                         sentencepiece_processor)
-from llmc.formats.llmc import EvalExample, write_evalfile
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, REPO_ROOT)
+from llmc.data_prep import (DataPrepError, download_file, failing_in_one_line, gpt2_encoding,  # noqa: E402
+                            sentencepiece_processor)
+from llmc.formats.llmc import EvalExample, write_evalfile  # noqa: E402
 
 DATA_CACHE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hellaswag")
 DATA_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"

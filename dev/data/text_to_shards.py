@@ -18,7 +18,9 @@ import sys
 
 import numpy as np
 
-from data_common import DataPrepError, TokenizerError, gpt2_encoding, write_datafile
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, REPO_ROOT)
+from llmc.data_prep import DataPrepError, TokenizerError, gpt2_encoding, write_datafile  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

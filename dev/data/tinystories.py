@@ -20,13 +20,16 @@ import glob
 import json
 import os
 import random
+import sys
 import tarfile
 from multiprocessing import Pool
 
 import numpy as np
 
-from data_common import (DataPrepError, download_file, failing_in_one_line, gpt2_encoding,
-                         write_datafile)
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, REPO_ROOT)
+from llmc.data_prep import (DataPrepError, download_file, failing_in_one_line, gpt2_encoding,  # noqa: E402
+                            write_datafile)
 
 DATA_CACHE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tinystories")
 DATA_URL = ("https://huggingface.co/datasets/roneneldan/TinyStories/resolve/main/"

@@ -1,10 +1,11 @@
 """
-Restarting past the ANE compile budget: the state file, the exec() restart and the executor
-that runs a plan's phases (accel/ane/plan.py) on a runtime (accel/ane/runtime.py), restarting
-where the plan does and resuming by itself.
+The lab of restarts INSIDE a step past the ANE compile budget (the planner's layer groups,
+accel/ane/plan.py), which training does not do yet (it restarts between steps, from train.py's
+checkpoints): a state file, the exec() restart and an executor that runs a plan's phases on a
+runtime (accel/ane/runtime.py), restarting where the plan does and resuming by itself.
 
 The state file (one file, memory-mapped when read; written whole or not at all by
-llmc/files.py's atomic_write):
+llmc/formats/common.py's atomic_write):
 
     bytes 0..63     header: b"ANESTATE", uint32 version (1), uint32 metadata bytes,
                     uint64 array bytes, uint32 CRC-32 of the metadata and the arrays, zeros
@@ -15,11 +16,11 @@ llmc/files.py's atomic_write):
 
 A truncated file (its length is not the header's), a damaged one (the CRC), one of another run
 (the key: model, pipeline, budget, policy) or not a state file at all is refused in one line
-(llmc/files.py's FormatError).  Why not llm.c's training state file: it holds AdamW and the
-data loader but not the weights (they go to a model file beside it), nor a step's gradients
+(llmc/formats/common.py's FormatError).  Why not llm.c's training state file: it holds AdamW
+and the data loader but not the weights (they go to a model file beside it), nor a step's gradients
 and activations, and is read whole rather than mapped; this is one file per restart.
 
-    python -m accel.ane.restart --state S.bin --out W.npy --steps 3 --limit 20 --headroom 2
+    python -m dev.ane.restart --state S.bin --out W.npy --steps 3 --limit 20 --headroom 2
 
 runs a fake workload (a few layers of NumPy "kernels" with baked-in weights, a stand-in for a
 model's ANE kernels) under the static pipeline on the mock runtime, exec()ing itself whenever
@@ -37,7 +38,8 @@ import numpy as np
 
 from accel.ane.plan import BACKWARD, FORWARD, Process, kernel_id, make_plan, step_fits
 from accel.ane.runtime import CompileBudget, MockRuntime, NumpyProgram
-from llmc.files import FormatError, atomic_write
+from llmc.formats.common import FormatError, atomic_write
+from llmc.recompute import RecomputePlan
 
 __all__ = ["MAGIC", "exec_restart", "execute", "read_state", "write_state"]
 
@@ -264,7 +266,8 @@ def main(argv=None):
     args = p.parse_args(argv)
     budget = CompileBudget(args.limit, args.headroom)
     workload = FakeWorkload(args.layers)
-    plan = make_plan(workload.config, "static", budget, args.policy)
+    plan = make_plan(workload.config, "static", budget,
+                     RecomputePlan(args.policy, workload.config.n_layers))
     runtime = MockRuntime(budget if args.runtime_headroom is None else
                           CompileBudget(args.limit, args.runtime_headroom))
     try:

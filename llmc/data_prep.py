@@ -1,7 +1,8 @@
 """
-What the data scripts share: downloading a file, writing llm.c token shards, and the way to
-GPT-2's tokenizer (llmc.tokenizer.gpt2_encoding, with its offline fallbacks) and the formats
-(llmc/formats), which live at the repository root.
+What preparing data takes, for train.py's default data (llmc/default_data.py) and the data
+scripts (dev/data/): downloading a file or a package from PyPI, writing llm.c token shards,
+SentencePiece vocabularies, and GPT-2's tokenizer (llmc.tokenizer.gpt2_encoding, with its
+offline fallbacks), in one place.
 
 A token shard (llm.c's .bin) is a header of 256 int32 (magic 20240520, version 1, the number
 of tokens) followed by the tokens as uint16.
@@ -13,12 +14,8 @@ import sys
 import tempfile
 import urllib.request
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-if REPO_ROOT not in sys.path:
-    sys.path.insert(0, REPO_ROOT)
-
-from llmc.formats.llmc import HEADER_BYTES, write_shard  # noqa: E402
-from llmc.tokenizer import (EOT, TokenizerError, gpt2_encoding,  # noqa: E402,F401 (for the scripts)
+from llmc.formats.llmc import HEADER_BYTES, write_shard
+from llmc.tokenizer import (EOT, TokenizerError, gpt2_encoding,  # noqa: F401 (for the scripts)
                             export_llama2c_tokenizer, sentencepiece_processor, train_sentencepiece)
 
 DOWNLOAD_TIMEOUT_S = 30
