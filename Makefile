@@ -60,7 +60,8 @@ clean:
 	find . \( -name '.?*' -o -exec test -e '{}/pyvenv.cfg' \; \) -prune -o -name '*.pyx' -print | \
 	    while read -r f; do rm -f "$${f%.pyx}.c" "$$(dirname "$$f")"/*.so "$$(dirname "$$f")"/*.pyd; done
 
-# Metal on Linux: accel/metal/gpt2.metal rewritten for the CPU emulator of MSL (accel/emu) and
+# Metal on Linux: accel/metal/gpt2.metal (with the files it #includes, llama.metal and
+# flash.metal, spliced in) rewritten for the CPU emulator of MSL (accel/emu) and
 # built with the emulator and the host side (accel/metal/host.c) into the libraries that backend
 # metal-emu loads, one per precision (floatX float, half, bfloat: accel/metal/README.md):
 # libmetal_emu.so (fp32), libmetal_emu_fp16.so, libmetal_emu_bf16.so. The tests build other
@@ -73,6 +74,9 @@ clean:
 #   make metal
 # On Linux, metal_runtime.m is checked by clang against stubs: make metal-syntax (below).
 METAL_SOURCE ?= accel/metal/gpt2.metal
+# the files a build of METAL_SOURCE depends on: it and the .metal files beside it, where its
+# #includes are found (accel/metal: llama.metal, flash.metal)
+METAL_SOURCES = $(sort $(METAL_SOURCE) $(wildcard $(dir $(METAL_SOURCE))*.metal))
 METAL_PRECISION ?= fp32
 METAL_PRECISIONS = fp32 fp16 bf16
 METAL_DEFINES_fp32 =
@@ -102,7 +106,7 @@ accel/metal/build/host_%$(METAL_EMU_FLAVOR).o: accel/metal/host.c accel/metal/me
 
 # $(1): the emulator library, $(2): its precision
 define METAL_EMU_LIBRARY
-$(1): $(METAL_SOURCE) $(METAL_EMU_OBJECTS) accel/metal/build/host_$(2)$(METAL_EMU_FLAVOR).o accel/emu/msl_rewrite.py \
+$(1): $(METAL_SOURCES) $(METAL_EMU_OBJECTS) accel/metal/build/host_$(2)$(METAL_EMU_FLAVOR).o accel/emu/msl_rewrite.py \
         accel/emu/msl_emu.h accel/emu/msl_half.h accel/emu/blas/bf16_bits.h
 	mkdir -p $$(dir $$@)
 	$(PYTHON) accel/emu/msl_rewrite.py $(METAL_SOURCE) -o $$@.cpp
@@ -140,9 +144,9 @@ accel/metal/build/libmetal_runtime$(call metal_suffix,$(1)).dylib: accel/metal/m
 	mkdir -p $$(dir $$@)
 	xcrun clang -fobjc-arc -O2 -Wall -dynamiclib -framework Metal -framework Foundation $(METAL_DEFINES_$(1)) \
 	    accel/metal/metal_runtime.m accel/metal/host.c -o $$@
-accel/metal/build/gpt2$(call metal_suffix,$(1)).metallib: accel/metal/gpt2.metal
+accel/metal/build/gpt2$(call metal_suffix,$(1)).metallib: $(wildcard accel/metal/*.metal)
 	mkdir -p $$(dir $$@)
-	xcrun -sdk macosx metal $(if $(filter bf16,$(1)),-std=metal3.1) $(METAL_DEFINES_$(1)) -c $$< \
+	xcrun -sdk macosx metal $(if $(filter bf16,$(1)),-std=metal3.1) $(METAL_DEFINES_$(1)) -c accel/metal/gpt2.metal \
 	    -o accel/metal/build/gpt2$(call metal_suffix,$(1)).air
 	xcrun -sdk macosx metallib accel/metal/build/gpt2$(call metal_suffix,$(1)).air -o $$@
 endef

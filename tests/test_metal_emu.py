@@ -1,17 +1,20 @@
-"""accel/metal on Linux: gpt2.metal's kernels on the CPU emulator of MSL (backend metal-emu).
+"""accel/metal on Linux: its kernels (gpt2.metal, which #includes llama.metal and flash.metal) on
+the CPU emulator of MSL (backend metal-emu).
 
 Every entry of the table (GPT-2's, Llama's, the classifier's, flash attention's) through check:metal-emu against
 the CPU oracle at odd shapes, under every schedule of the emulator and with simdgroups of 32 and
 64; planted faults (a removed barrier, a barrier only some threads reach, a write past an
 output as llm.metal's layernorm does, wrong Llama kernels) caught; both whole models through
 test_gpt2.py and test_llama2.py. The faults are planted in patched copies of
-gpt2.metal in a temporary folder, built by `make metal-emu METAL_SOURCE=...`.
+the .metal files in a temporary folder (tests/metal_sources.py), built by `make metal-emu
+METAL_SOURCE=...`; a compile error is reported at the line of the file it was written in.
 """
 import ctypes
 import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -21,9 +24,9 @@ from accel import instrument
 from accel.backend import BackendError, get_backend
 from accel.spec import BY_NAME, entries_of
 from entries import D12_WIDTHS, SMALL, run_every_entry
+from metal_sources import SOURCE, patched
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCE = ROOT / "accel" / "metal" / "gpt2.metal"
 LIBRARY = ROOT / "accel" / "metal" / "build" / "libmetal_emu.so"
 SCHEDULES = [("lockstep", 1), ("lockstep-reverse", 1), ("warp-ahead", 1), ("warp-ahead-reverse", 1),
              ("shuffled", 1), ("shuffled", 2)]
@@ -35,23 +38,18 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def make_library(source=SOURCE, library=LIBRARY, asan=False):
-    """Build the emulator library of a .metal file (`make metal-emu`); its path."""
+def build(source, library, asan=False):
+    """`make metal-emu` of a .metal file into library: the finished process."""
     command = ["make", "-s", "-C", str(ROOT), "metal-emu", f"METAL_SOURCE={source}", f"METAL_EMU_LIB={library}",
                f"PYTHON={sys.executable}"] + (["ASAN=1"] if asan else [])
-    result = subprocess.run(command, capture_output=True, text=True)
+    return subprocess.run(command, capture_output=True, text=True)
+
+
+def make_library(source=SOURCE, library=LIBRARY, asan=False):
+    """Build the emulator library of a .metal file (`make metal-emu`); its path."""
+    result = build(source, library, asan)
     assert result.returncode == 0, result.stderr
     return library
-
-
-def patched(tmp_path, name, old, new):
-    """A copy of gpt2.metal with `old` (which must occur once) replaced; (path, 1-based line)."""
-    text = SOURCE.read_text()
-    assert text.count(old) == 1, old
-    path = tmp_path / name / "gpt2.metal"
-    path.parent.mkdir()
-    path.write_text(text.replace(old, new))
-    return path, text[:text.index(old)].count("\n") + 1
 
 
 def configure(library, schedule, seed=1, simdgroup_size=32):
@@ -179,7 +177,8 @@ def test_removed_barrier_is_caught(tmp_path):
     # threadgroup_sum without the barrier between writing the simdgroup totals and reading them:
     # a thread reads a total not written yet (NaN: threadgroup memory starts poisoned)
     old = "    if (lane == 0) partial[simd] = v;\n    threadgroup_barrier(mem_flags::mem_threadgroup);\n    float total = 0.0f;"
-    source, _ = patched(tmp_path, "no-barrier", old, old.replace("    threadgroup_barrier(mem_flags::mem_threadgroup);\n", ""))
+    without = old.replace("    threadgroup_barrier(mem_flags::mem_threadgroup);\n", "")
+    source, _ = patched(tmp_path / "no-barrier", [(old, without)])
     library = make_library(source, tmp_path / "no-barrier.so")
     caught = set()
     for schedule in SCHEDULES:
@@ -224,7 +223,8 @@ LLAMA_FAULTS = [
 
 @pytest.mark.parametrize("name, old, new, expected", LLAMA_FAULTS, ids=[f[0] for f in LLAMA_FAULTS])
 def test_wrong_llama_kernels_are_caught(tmp_path, name, old, new, expected):
-    source, _ = patched(tmp_path, name, old, new)
+    source, [(file, _)] = patched(tmp_path / name, [(old, new)])
+    assert file.name == "llama.metal"   # (the classifier's kernels too, as accel/hip's llama.hip)
     backend = checked(make_library(source, tmp_path / f"{name}.so"))
     run_every_entry(backend, groups=("llama", "classifier"))
     report = backend.report()
@@ -233,7 +233,7 @@ def test_wrong_llama_kernels_are_caught(tmp_path, name, old, new, expected):
 
 def test_barrier_only_some_threads_reach_is_reported_by_source_line(tmp_path):
     old = "        threadgroup_barrier(mem_flags::mem_threadgroup);  // the tiles are read before the next load"
-    source, line = patched(tmp_path, "divergent", old, "        if (t < 8) " + old.lstrip())
+    source, [(file, line)] = patched(tmp_path / "divergent", [(old, "        if (t < 8) " + old.lstrip())])
     library = make_library(source, tmp_path / "divergent.so")
     from accel.metal import metal
     backend = metal.create(str(library), "metal-emu")
@@ -245,7 +245,7 @@ def test_barrier_only_some_threads_reach_is_reported_by_source_line(tmp_path):
     assert "kernel 'matmul'" in message, message
     # (lanes 0-7 of a simdgroup at the barrier, the rest at the next simdgroup collective: a deadlock)
     assert "divergent barriers" in message or "exited while" in message or "deadlock" in message, message
-    assert f"threadgroup_barrier at {source}:{line}" in message, message
+    assert f"threadgroup_barrier at {file}:{line}" in message, message
     assert "\n" not in message
 
 
@@ -279,13 +279,13 @@ def test_address_sanitizer_reports_a_write_past_the_output(tmp_path):
     # threads past C touch memory past the row (the first such access, reading dout past its
     # end in the last row, is the one reported; the writes past dweight would follow)
     old = "    if (c >= uint(C)) return;\n    float dw = 0.0f, db = 0.0f;\n"
-    source, line = patched(tmp_path, "past-the-end", old, "\n    float dw = 0.0f, db = 0.0f;\n")
+    source, [(file, line)] = patched(tmp_path / "past-the-end", [(old, "\n    float dw = 0.0f, db = 0.0f;\n")])
     result = run_under_asan(make_library(source, tmp_path / "past-the-end.so", asan=True))
     assert result.returncode != 0
     summary = [s for s in result.stderr.splitlines() if s.startswith("SUMMARY: AddressSanitizer")]
     assert summary and "heap-buffer-overflow" in summary[0], result.stderr[-3000:]
     assert summary[0].endswith(" in layernorm_backward_params"), summary[0]
-    reported = int(summary[0].split(f"{source}:")[1].split()[0])
+    reported = int(summary[0].split(f"{file}:")[1].split()[0])
     assert line < reported < line + 10, summary[0]   # a line of that kernel's loop
 
 
@@ -319,6 +319,116 @@ def test_lint_names_each_planted_problem_by_line():
     assert "helper: parameter 'float* x' has no address space" in problems[1]
 
 
+def test_lint_reads_the_included_files_and_names_their_lines(tmp_path):
+    # a double planted in llama.metal, found through gpt2.metal; the copies in a folder named
+    # "new" (a word the lint refuses in code: the #line directives' file names are not code)
+    old = "    float x0 = float(inp[at]), x1 = float(inp[at + 1]);"
+    source, [(file, line)] = patched(tmp_path / "new", [(old, old.replace("float x0", "double x0"))])
+    result = subprocess.run([sys.executable, "accel/metal/lint.py", str(source)], cwd=ROOT, capture_output=True,
+                            text=True)
+    assert result.returncode == 1
+    assert result.stdout == f"{file}:{line}: double: Apple GPUs have no double precision\n", result.stdout
+
+
+# --- one source in three files: gpt2.metal #includes llama.metal and flash.metal ----------------
+
+def test_splice_inlines_quoted_includes_between_line_directives(tmp_path):
+    from accel.emu.msl_rewrite import Origins, RewriteError, splice
+    folder = tmp_path / 'a "quoted" folder'
+    folder.mkdir()
+    (folder / "a.metal").write_text('first\n#include "b.metal"  // b\n/* not this one:\n#include "none.metal"\n*/\n'
+                                    'last\n')
+    (folder / "b.metal").write_text("b1\nb2")   # (no newline at its end)
+    a, b = str(folder / "a.metal"), str(folder / "b.metal")
+    for name, names in [(None, (a, b)), ("src/a.metal", ("src/a.metal", "src/b.metal"))]:
+        text = splice(a, name)
+        origins = Origins(text, "(unused)")
+        assert [origins(text.index(s)) for s in ("first", "b1", "b2", "last")] == \
+            [(names[0], 1), (names[1], 1), (names[1], 2), (names[0], 6)], text
+        assert '\n#include "none.metal"\n' in text   # an include in a comment is a comment
+    # an include that is not there, and one that comes back: one line each, naming where
+    (folder / "c.metal").write_text('x\n#include "gone.metal"\n')
+    with pytest.raises(RewriteError) as error:
+        splice(str(folder / "c.metal"))
+    assert str(error.value) == f'{folder / "c.metal"}:2: #include "gone.metal": no such file beside {folder / "c.metal"}'
+    (folder / "d.metal").write_text('#include "e.metal"\n')
+    (folder / "e.metal").write_text('\n#include "d.metal"\n')
+    with pytest.raises(RewriteError, match=r"d\.metal: included again from within itself \(an include cycle\)$"):
+        splice(str(folder / "d.metal"))
+
+
+def test_a_compile_error_in_an_included_file_is_reported_at_its_own_line(tmp_path):
+    # g++ compiles the rewritten text of gpt2.metal with llama.metal spliced in: its #line
+    # directives make an error in llama.metal llama.metal's line, not one of the generated C++
+    old = "    float x0 = float(inp[at]), x1 = float(inp[at + 1]);"
+    source, [(file, line)] = patched(tmp_path / "compile-error", [(old, old.replace("inp[at + 1]", "inpt[at + 1]"))])
+    assert file.name == "llama.metal"
+    result = build(source, tmp_path / "compile-error.so")
+    assert result.returncode != 0
+    errors = [e for e in result.stderr.splitlines() if "error:" in e]
+    assert errors and errors[0].startswith(f"{file}:{line}:") and "inpt" in errors[0], result.stderr
+
+
+def test_an_edit_to_an_included_file_makes_the_library_out_of_date(tmp_path, library):
+    # a build depends on the .metal files beside METAL_SOURCE, where its includes are found
+    source, _ = patched(tmp_path / "copy", [])
+    built = tmp_path / "copy.so"
+    built.write_text("")   # stands for a build newer than everything it is made from
+
+    def up_to_date():
+        return subprocess.run(["make", "-q", "-C", str(ROOT), "metal-emu", f"METAL_SOURCE={source}",
+                               f"METAL_EMU_LIB={built}", f"PYTHON={sys.executable}"]).returncode == 0
+    later = time.time() + 100
+    os.utime(built, (later, later))
+    assert up_to_date()
+    os.utime(source.parent / "llama.metal", (later + 100, later + 100))
+    assert not up_to_date()
+
+
+# a stand-in for macOS's libmetal_runtime.dylib: it records what metal.pyx hands the runtime
+STUB_RUNTIME = r"""
+#include <stdio.h>
+#include <stdlib.h>
+const char* accel_metal_precision(void) { return "fp32"; }
+void accel_metal_destroy(void* ctx) { (void)ctx; }
+const char* accel_metal_device_name(void* ctx) { (void)ctx; return "stub"; }
+void* accel_metal_create(const char* kernels, const char* source, char* error, size_t error_size) {
+    FILE* f = fopen(getenv("STUB_RUNTIME_SEEN"), "w");
+    fprintf(f, "%s\n%s", kernels, source ? source : "(no source)");
+    fclose(f);
+    snprintf(error, error_size, "the stub makes no context");
+    return NULL;
+}
+"""
+
+
+def test_metal_is_given_the_source_with_its_includes_spliced_in(tmp_path, monkeypatch):
+    # on a Mac, without a metallib, metal_runtime.m compiles gpt2.metal's text with
+    # newLibraryWithSource, which resolves no include: metal.pyx hands it the text spliced as
+    # the emulator's build splices it; a .metallib goes by its path alone
+    from accel.emu.msl_rewrite import splice
+    from accel.metal import metal
+    (tmp_path / "stub.c").write_text(STUB_RUNTIME)
+    runtime = tmp_path / "libmetal_runtime.dylib"   # (dlopen on Linux minds no suffix)
+    subprocess.run(["gcc", "-shared", "-fPIC", str(tmp_path / "stub.c"), "-o", str(runtime)], check=True)
+    seen = tmp_path / "seen"
+    monkeypatch.setenv("STUB_RUNTIME_SEEN", str(seen))
+    text = splice(str(SOURCE))
+    assert all(f'#line 1 "{SOURCE.parent / name}"' in text for name in ("llama.metal", "flash.metal"))
+    for kernels, expected in [(None, f"{SOURCE}\n{text}"),
+                              (str(tmp_path / "gpt2.metallib"), f"{tmp_path / 'gpt2.metallib'}\n(no source)")]:
+        with pytest.raises(BackendError, match="^backend 'metal' is unavailable: the stub makes no context$"):
+            metal.create(str(runtime), "metal", kernels=kernels)
+        assert seen.read_text() == expected
+    # a copy whose include is missing: one line, before the runtime is asked
+    copy, _ = patched(tmp_path / "no-flash", [])
+    (copy.parent / "flash.metal").unlink()
+    seen.unlink()
+    with pytest.raises(BackendError, match=r'^backend \'metal\': .*gpt2\.metal:\d+: #include "flash\.metal": no such file'):
+        metal.create(str(runtime), "metal", kernels=str(copy))
+    assert not seen.exists()
+
+
 # --- the MSL front-end and the C ABI, on sample kernels (accel/emu/tests/msl_features.metal) --
 
 class MetalArg(ctypes.Structure):
@@ -331,7 +441,8 @@ class Runtime:
     def __init__(self, library):
         lib = self.lib = ctypes.CDLL(str(library))
         lib.metal_open.restype = ctypes.c_void_p
-        lib.metal_open.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]
+        lib.metal_open.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p,
+                                   ctypes.c_size_t]
         lib.metal_alloc.restype = ctypes.c_void_p
         lib.metal_alloc.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
         lib.metal_kernel.restype = ctypes.c_void_p
@@ -343,7 +454,7 @@ class Runtime:
                                                ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint32),
                                                ctypes.POINTER(ctypes.c_uint32), ctypes.c_int]
         error = ctypes.create_string_buffer(256)
-        self.rt = lib.metal_open(b"", b"fp32", error, 256)
+        self.rt = lib.metal_open(b"", None, b"fp32", error, 256)
         assert self.rt, error.value
 
     def array(self, values, dtype):
@@ -512,7 +623,7 @@ MATMUL_FAULTS = [
 
 @pytest.mark.parametrize("name, old, new", MATMUL_FAULTS, ids=[f[0] for f in MATMUL_FAULTS])
 def test_wrong_matmuls_are_caught_under_every_schedule(tmp_path, name, old, new):
-    source, _ = patched(tmp_path, name, old, new)
+    source, _ = patched(tmp_path / name, [(old, new)])
     library = make_library(source, tmp_path / f"{name}.so")
     for schedule in SCHEDULES:
         configure(library, *schedule)
@@ -598,7 +709,8 @@ FLASH_FAULTS = [
 
 @pytest.mark.parametrize("name, old, new, expected", FLASH_FAULTS, ids=[f[0] for f in FLASH_FAULTS])
 def test_wrong_flash_kernels_are_caught(tmp_path, name, old, new, expected):
-    source, _ = patched(tmp_path, name, old, new)
+    source, [(file, _)] = patched(tmp_path / name, [(old, new)])
+    assert file.name == "flash.metal"
     library = make_library(source, tmp_path / f"{name}.so")
     for schedule in SCHEDULES:
         configure(library, *schedule)

@@ -1,4 +1,5 @@
-"""accel/metal at fp16 and bf16 on Linux: gpt2.metal built with floatX half (libmetal_emu_fp16.so)
+"""accel/metal at fp16 and bf16 on Linux: its kernels (gpt2.metal and the llama.metal and flash.metal
+it #includes) built with floatX half (libmetal_emu_fp16.so)
 and bfloat (libmetal_emu_bf16.so) for the CPU emulator of MSL, and the emulator's half and bfloat.
 
 - The emulator's types (accel/emu/msl_half.h) against NumPy's float16 (which rounds to nearest
@@ -45,9 +46,9 @@ from accel.backend import get_backend
 from accel.spec import BY_NAME, ORDER, entries_of, evaluate, tolerance
 from entries import D12_WIDTHS, SMALL, host_data, numbers, run_every_entry
 from kernels.bf16 import to_bf16
+from metal_sources import SOURCE, patched
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCE = ROOT / "accel" / "metal" / "gpt2.metal"
 BUILD = ROOT / "accel" / "metal" / "build"
 # a few schedules and both simdgroup widths (tests/test_metal_emu.py runs every schedule at fp32)
 CONFIGS = [("lockstep", 1, 32), ("shuffled", 2, 64), ("warp-ahead-reverse", 1, 32)]
@@ -71,18 +72,6 @@ def make_library(precision, source=SOURCE, library=None):
     result = subprocess.run(command, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     return library
-
-
-def patched(tmp_path, name, replacements):
-    """A copy of gpt2.metal with each (old, new) replaced (old must occur once)."""
-    text = SOURCE.read_text()
-    for old, new in replacements:
-        assert text.count(old) == 1, old
-        text = text.replace(old, new)
-    path = tmp_path / name / "gpt2.metal"
-    path.parent.mkdir()
-    path.write_text(text)
-    return path
 
 
 def backend(library, precision, schedule="lockstep", seed=1, simdgroup_size=32):
@@ -430,7 +419,7 @@ TRUNCATING_GELU = (
 
 
 def test_a_truncating_store_is_caught_at_both_precisions(tmp_path, made, capfd):
-    source = patched(tmp_path, "truncate", [TRUNCATING_GELU])
+    source, _ = patched(tmp_path / "truncate", [TRUNCATING_GELU])
     for precision in ("bf16", "fp16"):
         b = checked(make_library(precision, source, tmp_path / f"truncate_{precision}.so"), precision)
         run_every_entry(b, groups=("gpt2",))
@@ -451,9 +440,7 @@ def test_a_matmul_accumulating_in_half_is_caught(tmp_path):
     section = text[start:end]
     half = section.replace("simdgroup_float8x8", "simdgroup_half8x8").replace(
         "make_filled_simdgroup_matrix<float, 8, 8>(0.0f)", "make_filled_simdgroup_matrix<half, 8, 8>(half(0.0f))")
-    source = tmp_path / "half_accumulation" / "gpt2.metal"
-    source.parent.mkdir()
-    source.write_text(text[:start] + half + text[end:])
+    source, _ = patched(tmp_path / "half_accumulation", [(section, half)])
     b = checked(make_library("fp16", source, tmp_path / "half_accumulation.so"), "fp16")
     run_every_entry(b, dims=D12_WIDTHS, groups=("linear",))
     report = b.report()
@@ -464,7 +451,7 @@ def test_a_matmul_accumulating_in_half_is_caught(tmp_path):
 def test_a_floatx_buffer_read_as_float_is_caught(tmp_path):
     """bias_backward reading dout (floatX in accel/spec.py) through a float pointer: the same at
     fp32, pairs of 16-bit values read as one float (and past the end) at fp16 and bf16."""
-    source = patched(tmp_path, "float_dout", [(
+    source, _ = patched(tmp_path / "float_dout", [(
         "kernel void bias_backward(device float* dbias [[buffer(0)]],\n"
         "                          device const floatX* dout [[buffer(1)]],",
         "kernel void bias_backward(device float* dbias [[buffer(0)]],\n"

@@ -116,7 +116,7 @@ void dispatch(MetalRuntime* rt, const MetalKernel* kernel, const MetalArg* args,
 
 }  // namespace
 
-EMU_MSL_EXPORT MetalRuntime* metal_open(const char*, const char*, char* error, size_t error_size) {
+EMU_MSL_EXPORT MetalRuntime* metal_open(const char*, const char*, const char*, char* error, size_t error_size) {
     auto* rt = new MetalRuntime;
     char name[96];
     std::snprintf(name, sizeof name, "metal-emu (CPU emulator of MSL, simdgroups of %d)", emu::config().warp_size);

@@ -8,11 +8,11 @@
  * accel/loader.pyx loads either one and fills the table by looking up one symbol per entry, as
  * it does for HIP's builds. Plain C, no Apple headers: the same file builds on both.
  *
- * Each entry picks the grid of its kernels (gpt2.metal) and binds their arguments in the order
- * of their [[buffer(n)]] attributes. Memory is Metal's shared storage, but a dispatch may still
- * be running when the host looks: the host touches memory (zero, copies, the loss, the norm)
- * only after metal_synchronize, and the backend is not host_visible, so a model goes through
- * copy_to_host too.
+ * Each entry picks the grid of its kernels (gpt2.metal, llama.metal, flash.metal) and binds their
+ * arguments in the order of their [[buffer(n)]] attributes. Memory is Metal's shared storage,
+ * but a dispatch may still be running when the host looks: the host touches memory (zero,
+ * copies, the loss, the norm) only after metal_synchronize, and the backend is not
+ * host_visible, so a model goes through copy_to_host too.
  *
  * Precision: one build per precision (the Makefile compiles this file, and gpt2.metal, with
  * -DACCEL_METAL_FP16 or -DACCEL_METAL_BF16 for the 2-byte ones; fp32 without). The arguments
@@ -48,7 +48,8 @@ typedef float floatX;
 /* whether floatX is narrower than float: attention's scores then go through a float scratch buffer */
 #define NARROW (sizeof(floatX) < sizeof(float))
 
-/* the kernels of gpt2.metal, looked up once by name (KERNEL_NAMES, in this order) */
+/* the kernels of gpt2.metal (and of llama.metal and flash.metal, which it includes), looked up
+ * once by name (KERNEL_NAMES, in this order) */
 enum Kernel {
     K_FILL, K_SUM_PARTIALS, K_ADAMW, K_ENCODER_FORWARD, K_ENCODER_BACKWARD_WTE,
     K_ENCODER_BACKWARD_WPE, K_LAYERNORM_FORWARD, K_LAYERNORM_BACKWARD_DINP,
@@ -87,7 +88,7 @@ enum {
     TILE = 64,                     /* gpt2.metal's matmul: outputs per threadgroup side, */
     TILE_THREADS = 16,             /* by threads per side */
     LINEAR_GROUP = 64,             /* one thread per channel or row */
-    FLASH_MAX_ROWS = 16,           /* gpt2.metal's flash kernels: the most query rows and keys per tile, */
+    FLASH_MAX_ROWS = 16,           /* flash.metal's kernels: the most query rows and keys per tile, */
     FLASH_TILE = 16 * 65,          /* the floats of a tile of R rows of hs + 1, */
     FLASH_GROUP = 128              /* threads per threadgroup */
 };
@@ -166,12 +167,12 @@ static void close_context(Context* c) {
 /* The precision of this build's floatX arguments: "fp32", "fp16" or "bf16". */
 ACCEL_METAL_API const char* accel_metal_precision(void) { return PRECISION; }
 
-/* A context over the runtime with the kernels of `kernels` (a .metallib or .metal file, compiled
- * at this build's precision; the emulator's are built into it), or NULL with a one-line reason
- * in `error`. */
-ACCEL_METAL_API void* accel_metal_create(const char* kernels, char* error, size_t error_size) {
+/* A context over the runtime with the kernels of `kernels`, a .metallib file, or a .metal file
+ * whose text (its includes spliced in) is `source`, compiled at this build's precision (the
+ * emulator's are built into it: metal_open), or NULL with a one-line reason in `error`. */
+ACCEL_METAL_API void* accel_metal_create(const char* kernels, const char* source, char* error, size_t error_size) {
     error[0] = 0;
-    MetalRuntime* rt = metal_open(kernels, PRECISION, error, error_size);
+    MetalRuntime* rt = metal_open(kernels, source, PRECISION, error, error_size);
     if (rt == NULL) {
         if (error[0] == 0) snprintf(error, error_size, "the runtime cannot open %s", kernels);
         return NULL;

@@ -5,7 +5,9 @@ an address space, and 3-vectors in buffers (16 bytes each in MSL, 12 in a host a
 
     python accel/metal/lint.py accel/metal/gpt2.metal      # exit status 1 if it finds anything
 
-Prints `file:line: what` for each finding. CI runs it on gpt2.metal (tests/test_metal_emu.py).
+Reads a file as the compiler does, its quoted includes spliced in (gpt2.metal's llama.metal and
+flash.metal: accel/emu/msl_rewrite.py's splice), and prints `file:line: what` for each finding,
+naming the file the line was written in. CI runs it on gpt2.metal (tests/test_metal_emu.py).
 """
 import argparse
 import os
@@ -14,7 +16,7 @@ import sys
 
 if __package__ in (None, ""):   # run as a script: the repository root is where accel/ is found
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-from accel.emu.msl_rewrite import blank_comments, line_of, matching_paren, split_params
+from accel.emu.msl_rewrite import Origins, RewriteError, blank_comments, matching_paren, splice, split_params
 
 ADDRESS_SPACE = re.compile(r"\b(device|constant|threadgroup|thread|threadgroup_imageblock|ray_data|object_data)\b")
 # C++ that MSL does not have (MSL spec, "Restrictions"): exceptions, dynamic allocation, RTTI,
@@ -65,23 +67,26 @@ def functions(text):
 
 
 def lint(source, path):
-    text = blank_comments(source)
+    """The findings in MSL text `source`, each `file:line: what`, in the text's order; its #line
+    directives (a spliced file's) name each line's file, `path` the lines before the first."""
+    origins = Origins(source, path)
+    text = blank_comments(source, strings=True)   # (a #line directive's file name is no code)
     problems = []
     for pattern, why in FORBIDDEN:
         for m in pattern.finditer(text):
-            problems.append((line_of(text, m.start()), why))
+            problems.append((m.start(), why))
     for name, start, end, is_kernel in functions(text):
         for a, b in split_params(text[start:end]):
             param = text[start + a:start + b]
             declaration = re.sub(r"\[\[.*?\]\]", "", param, flags=re.S)
-            line = line_of(text, start + a + len(param) - len(param.lstrip()))
+            at = start + a + len(param) - len(param.lstrip())
             if ("*" in declaration or "&" in declaration) and not ADDRESS_SPACE.search(declaration):
-                problems.append((line, f"{name}: parameter '{' '.join(declaration.split())}' has no address space "
-                                       "(device, constant, threadgroup or thread)"))
+                problems.append((at, f"{name}: parameter '{' '.join(declaration.split())}' has no address space "
+                                     "(device, constant, threadgroup or thread)"))
             if (is_kernel and re.search(r"\b(device|constant)\b", declaration) and VECTOR3.search(declaration)):
-                problems.append((line, f"{name}: a 3-vector in a buffer ('{' '.join(declaration.split())}') takes "
-                                       "16 bytes per element in MSL: use packed_ types or 4-vectors"))
-    return [f"{path}:{line}: {why}" for line, why in sorted(problems)]
+                problems.append((at, f"{name}: a 3-vector in a buffer ('{' '.join(declaration.split())}') takes "
+                                     "16 bytes per element in MSL: use packed_ types or 4-vectors"))
+    return ["%s:%d: %s" % (*origins(at), why) for at, why in sorted(problems)]
 
 
 def main(argv=None):
@@ -90,8 +95,10 @@ def main(argv=None):
     args = parser.parse_args(argv)
     problems = []
     for path in args.sources:
-        with open(path) as f:
-            problems += lint(f.read(), path)
+        try:
+            problems += lint(splice(path), path)
+        except RewriteError as e:   # an include that is not there
+            problems.append(str(e))
     for p in problems:
         print(p)
     return 1 if problems else 0

@@ -1,6 +1,6 @@
 """
-The Metal backend: the kernels of accel/metal/gpt2.metal behind the backend table
-(accel/backend.pxd). The host side (grids, argument binding, the sums to the host) is
+The Metal backend: the kernels of accel/metal/gpt2.metal (and of llama.metal and flash.metal,
+which it #includes) behind the backend table (accel/backend.pxd). The host side (grids, argument binding, the sums to the host) is
 accel/metal/host.c, compiled into each runtime library with the runtime of
 accel/metal/metal_runtime.h:
 
@@ -20,6 +20,7 @@ import os
 import sys
 
 from accel.backend import BackendError
+from accel.emu.msl_rewrite import RewriteError, splice
 from accel.loader cimport DeviceLibrary
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -56,7 +57,7 @@ EMULATOR_LIBRARY = emulator_library()
 MACOS_RUNTIME = macos_runtime()
 MACOS_METALLIB = macos_metallib()
 
-ctypedef void* (*create_fn)(const char* kernels, char* error, size_t error_size) noexcept nogil
+ctypedef void* (*create_fn)(const char* kernels, const char* source, char* error, size_t error_size) noexcept nogil
 ctypedef const char* (*precision_fn)() noexcept nogil
 
 
@@ -74,10 +75,19 @@ def create(library=None, str name="metal", kernels=None, str precision="fp32"):
     target = "metal" if library.endswith(".dylib") else "metal-emu"
     if not os.path.exists(library):
         raise BackendError(f"{library} is not built: run `make {target}`")
-    # the kernels: a .metallib or .metal file (macOS); the emulator's are built into it
+    # the kernels: a .metallib or .metal file (macOS); the emulator's are built into it. Metal
+    # compiles a .metal file's text, given with its includes spliced in (it resolves none), by
+    # the function that splices them for the emulator: one reading of the sources for both
     if kernels is None:
         metallib = macos_metallib(precision)
         kernels = metallib if target == "metal" and os.path.exists(metallib) else SOURCE
+    cdef bytes source_text = None
+    if target == "metal" and not kernels.endswith(".metallib"):
+        try:
+            source_text = splice(kernels).encode()
+        except RewriteError as e:
+            raise BackendError(f"backend '{name}': {e}") from None
+    cdef const char* source_c = NULL if source_text is None else <const char*>source_text
     cdef DeviceLibrary runtime = DeviceLibrary(library, name, "accel_metal_", f"`make {target}`")
     cdef str built = (<precision_fn>runtime.symbol("precision"))().decode()
     if built != precision:
@@ -90,7 +100,7 @@ def create(library=None, str name="metal", kernels=None, str precision="fp32"):
     error[0] = 0
     cdef void* ctx
     with nogil:
-        ctx = create_context(kernels_c, error, sizeof(error))
+        ctx = create_context(kernels_c, source_c, error, sizeof(error))
     return runtime.backend(ctx, error, GROUPS[precision], precision)
 
 

@@ -30,11 +30,15 @@ typedef struct {
     uint32_t nbytes;
 } MetalArg;
 
-/* The runtime over a kernel library: a .metallib or .metal file (macOS), ignored by the
- * emulator, whose kernels are built into it. precision ("fp32", "fp16", "bf16"): what a .metal
- * file is compiled at (its floatX: float, half, bfloat); a .metallib was built at one already.
- * NULL with a one-line reason in `error` on failure. */
-MetalRuntime* metal_open(const char* library, const char* precision, char* error, size_t error_size);
+/* The runtime over a kernel library (macOS): `source`, MSL text, compiled where it is not NULL (a
+ * .metal file's text with its quoted #includes spliced in: compiling source, Metal resolves no
+ * include), else the .metallib file `library` loaded; `library` names the kernels' file in
+ * messages either way. Both are ignored by the emulator, whose kernels are built into it.
+ * precision ("fp32", "fp16", "bf16"): what `source` is compiled at (its floatX: float, half,
+ * bfloat); a .metallib was built at one already. NULL with a one-line reason in `error` on
+ * failure. */
+MetalRuntime* metal_open(const char* library, const char* source, const char* precision, char* error,
+                         size_t error_size);
 void metal_close(MetalRuntime* rt);
 /* The device's name, for messages. */
 const char* metal_device_name(MetalRuntime* rt);

@@ -78,7 +78,8 @@ static MTLCompileOptions* compile_options(const char* precision, char* error, si
     return options;
 }
 
-EXPORT MetalRuntime* metal_open(const char* library, const char* precision, char* error, size_t error_size) {
+EXPORT MetalRuntime* metal_open(const char* library, const char* source, const char* precision, char* error,
+                                size_t error_size) {
     @autoreleasepool {
         id<MTLDevice> device = MTLCreateSystemDefaultDevice();
         if (!device) {
@@ -95,15 +96,15 @@ EXPORT MetalRuntime* metal_open(const char* library, const char* precision, char
             return NULL;
         }
         NSError* err = nil;
-        NSString* path = [NSString stringWithUTF8String:library];
         id<MTLLibrary> lib = nil;
-        if ([path hasSuffix:@".metallib"]) {
-            lib = [device newLibraryWithURL:[NSURL fileURLWithPath:path] error:&err];
-        } else {
-            NSString* source = [NSString stringWithContentsOfFile:path encoding:NSUTF8StringEncoding error:&err];
+        if (source) {
+            // the compiler's messages name each line's own file: the text's #line directives
             MTLCompileOptions* options = compile_options(precision, error, error_size);
             if (!options) return NULL;
-            if (source) lib = [device newLibraryWithSource:source options:options error:&err];
+            lib = [device newLibraryWithSource:[NSString stringWithUTF8String:source] options:options error:&err];
+        } else {
+            lib = [device newLibraryWithURL:[NSURL fileURLWithPath:[NSString stringWithUTF8String:library]]
+                                      error:&err];
         }
         if (!lib) {
             // (at bf16 the likely reason is a GPU or macOS without MSL 3.1's bfloat)

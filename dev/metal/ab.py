@@ -1,9 +1,9 @@
 """
 dev/metal/ab.py: the Metal kernel lab's A/B table (dev/metal/README.md). For each staged variant
 of a kernel (dev/metal/<kernel>_<N>.metal) and for accel/metal/gpt2.metal's own (the last row):
-  1. a copy of gpt2.metal with the kernel's section replaced by the variant's, built for the
-     backend (metal-emu: `make metal-emu` on the copy; metal: the copy compiled by the Metal
-     runtime at load, `make metal` first);
+  1. a copy of gpt2.metal with the kernel's section replaced by the variant's (beside copies of
+     the files it #includes), built for the backend (metal-emu: `make metal-emu` on the copy;
+     metal: the copy compiled by the Metal runtime at load, `make metal` first);
   2. check: every entry that runs the kernel through check:<backend> against the CPU oracle,
      on metal-emu under every schedule of the emulator; the largest error over its tolerance,
      and a variant out of tolerance makes the run exit non-zero, naming it;
@@ -19,6 +19,7 @@ import argparse
 import ctypes
 import glob
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -52,7 +53,11 @@ def variants(kernel):
 
 
 def spliced(kernel, variant, folder):
-    """A copy of gpt2.metal with `kernel`'s section taken from the variant's file."""
+    """A copy of gpt2.metal in folder with `kernel`'s section taken from the variant's file, and
+    copies of the other .metal files beside gpt2.metal (llama.metal, flash.metal: it #includes
+    them); the copy's path."""
+    for other in glob.glob(os.path.join(os.path.dirname(SOURCE), "*.metal")):
+        shutil.copy(other, folder)
     start, end = SECTIONS[kernel]
     text = open(SOURCE).read()
     section = open(variant).read()

@@ -11,8 +11,6 @@ typedef signed char BOOL;
 #define NO ((BOOL)0)
 #define nil ((id)0)
 typedef const void* CFTypeRef;
-typedef NSUInteger NSStringEncoding;
-enum { NSUTF8StringEncoding = 4 };
 
 __attribute__((objc_root_class))
 @interface NSObject {
@@ -27,9 +25,7 @@ __attribute__((objc_root_class))
 
 @interface NSString : NSObject
 + (instancetype)stringWithUTF8String:(const char*)string;
-+ (instancetype)stringWithContentsOfFile:(NSString*)path encoding:(NSStringEncoding)encoding error:(NSError**)error;
 - (const char*)UTF8String;
-- (BOOL)hasSuffix:(NSString*)suffix;
 @end
 
 @interface NSError : NSObject
