@@ -1,5 +1,5 @@
 """
-The ANE's static pipeline in training (accel/ane/table.pyx, accel/ane/device.py's hooks):
+The ANE's static pipeline in training (accel/ane/table.pyx, accel/ane/hooks.py):
 weights baked into the programs and rebuilt after each update, the compiles counted against
 the one CompileBudget, the process replaced by exec() before a step that would pass it and
 resumed from the run's checkpoint; and the weight gradients' GEMMs on a CPU worker thread

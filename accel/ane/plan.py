@@ -27,7 +27,8 @@ again.  The phases (one layer's
 forward, one layer's backward with its recomputes, the update) run in order; a phase needs the
 kernels it runs that this process has not compiled since the last update.  When they would pass
 the budget (CompileBudget.usable: the limit less the headroom, the one object the runtime
-refuses by too), the process saves its state and exec()s itself (accel/ane/restart.py) and the
+refuses by too), the process saves its state and exec()s itself (training between steps:
+llmc/checkpoint.py's restart; inside a step: the lab's dev/ane/restart.py) and the
 phase runs in the fresh process.  A layer group is the layers one process runs a pass of: the
 plan lists them, the compiles per step, the steps a process lasts, the memory of each group and
 of the whole model (the run's: llmc/dry_run.py's memory_plan), and the state a restart writes.

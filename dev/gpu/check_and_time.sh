@@ -158,8 +158,7 @@ random_data=(-i "$OUT/random_train.bin" -j "$OUT/random_val.bin")
 run data "$PYTHON" - "$OUT" <<'EOF'
 import subprocess, sys
 import numpy as np
-sys.path.insert(0, "dev/data")
-from data_common import write_datafile
+from llmc.data_prep import write_datafile
 rng = np.random.default_rng(0)
 for split, n in (("train", 400_000), ("val", 40_000)):
     write_datafile(f"{sys.argv[1]}/random_{split}.bin", rng.integers(0, 32000, n).tolist())

@@ -87,8 +87,7 @@ if [ "$DRY_RUN" != 1 ] && ! "$PYTHON" dev/data/tinyshakespeare.py > "$OUT/data.l
     "$PYTHON" - "$OUT" <<'PY'
 import sys
 import numpy as np
-sys.path.insert(0, "dev/data")
-from data_common import write_datafile
+from llmc.data_prep import write_datafile
 rng = np.random.default_rng(0)
 for split, n in (("train", 300_000), ("val", 40_000)):
     write_datafile(f"{sys.argv[1]}/random_{split}.bin", rng.integers(0, 50257, n).tolist())
