@@ -103,7 +103,7 @@ accel/metal/build/msl_runtime$(METAL_EMU_FLAVOR).o: accel/emu/msl_runtime.cpp ac
         accel/emu/emu_core.h accel/metal/metal_runtime.h
 	mkdir -p $(dir $@)
 	$(CXX) $(METAL_EMU_FLAGS) -c $< -o $@
-accel/metal/build/host_%$(METAL_EMU_FLAVOR).o: accel/metal/host.c accel/metal/metal_runtime.h
+accel/metal/build/host_%$(METAL_EMU_FLAVOR).o: accel/metal/host.c accel/metal/metal_runtime.h accel/generated/backend.h
 	mkdir -p $(dir $@)
 	$(CC) $(METAL_HOST_FLAGS) $(METAL_DEFINES_$*) -c $< -o $@
 
@@ -143,7 +143,7 @@ METAL_RUNTIME_SOURCE ?= accel/metal/metal_runtime.m
 # $(1): precision; bf16's bfloat needs MSL 3.1
 define METAL_MACOS_LIBRARIES
 accel/metal/build/libmetal_runtime$(call metal_suffix,$(1)).dylib: accel/metal/metal_runtime.m accel/metal/host.c \
-        accel/metal/metal_runtime.h
+        accel/metal/metal_runtime.h accel/generated/backend.h
 	mkdir -p $$(dir $$@)
 	xcrun clang -fobjc-arc -O2 -Wall -dynamiclib -framework Metal -framework Foundation $(METAL_DEFINES_$(1)) \
 	    accel/metal/metal_runtime.m accel/metal/host.c -o $$@
