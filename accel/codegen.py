@@ -296,9 +296,9 @@ def backend_h():
     lines = ["// The C declaration of every entry of the backend table, as a GPU build exports it, and of",
              "// what a build exports beside its entries (accel/loader.pyx looks them up by name).  A",
              "// backend's host side includes this (accel/hip/gpt2.hip, accel/metal/host.c), so that a",
-             "// definition whose signature differs from the spec is a compile error (g++, nvcc:",
-             "// conflicting declaration of C function; a C compiler: conflicting types).  The including",
-             "// file defines first:",
+             "// definition whose signature differs from the spec is a compile error (g++: conflicting",
+             "// declaration of C function; nvcc: more than one instance ... has \"C\" linkage; clang and",
+             "// C compilers: conflicting types).  The including file defines first:",
              "//     floatX             its precision's element type (float, a bf16 or half type)",
              "//     ACCEL_API          its export attributes (extern \"C\", visibility)",
              "//     ACCEL_ENTRY(name)  its exported name of an entry (accel_hip_##name)",
@@ -308,7 +308,7 @@ def backend_h():
              "",
              "// what a build exports beside its entries (create's arguments are each backend's own)"]
     for name, (returns, args) in spec.LIBRARY.items():
-        lines += header_declaration(returns, name, [a for a in [args] if a])
+        lines += header_declaration(returns, name, list(args))
     group = None
     for e in spec.ENTRIES:
         if e.group != group:
@@ -325,7 +325,7 @@ def library_pxi():
     """The function types of what a GPU build exports beside its entries (accel/loader.pyx)."""
     lines = ["# what a GPU build exports beside its entries, as the loader calls it"]
     for name, (returns, args) in spec.LIBRARY.items():
-        lines.append(f"ctypedef {returns} (*{name}_fn)({args}) noexcept nogil")
+        lines.append(f"ctypedef {returns} (*{name}_fn)({', '.join(args)}) noexcept nogil")
     return "\n".join(lines) + "\n"
 
 

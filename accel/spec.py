@@ -368,9 +368,9 @@ ENTRIES = [
 # arguments in C)}.  The loader looks them up (accel/loader.pyx, the backends' modules); create
 # is not here, its arguments being each backend's own (accel/hip/device.pyx, accel/metal/metal.pyx).
 LIBRARY = {
-    "destroy": ("void", "void* ctx"),               # the context and all it holds, released
-    "device_name": ("const char*", "void* ctx"),    # the device's name, for messages
-    "precision": ("const char*", ""),               # what floatX is in the build: "fp32", "bf16", ...
+    "destroy": ("void", ("void* ctx",)),             # the context and all it holds, released
+    "device_name": ("const char*", ("void* ctx",)),  # the device's name, for messages
+    "precision": ("const char*", ()),                # what floatX is in the build: "fp32", "bf16", ...
 }
 
 BY_NAME = {e.name: e for e in ENTRIES}

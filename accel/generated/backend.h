@@ -4,9 +4,9 @@
 // The C declaration of every entry of the backend table, as a GPU build exports it, and of
 // what a build exports beside its entries (accel/loader.pyx looks them up by name).  A
 // backend's host side includes this (accel/hip/gpt2.hip, accel/metal/host.c), so that a
-// definition whose signature differs from the spec is a compile error (g++, nvcc:
-// conflicting declaration of C function; a C compiler: conflicting types).  The including
-// file defines first:
+// definition whose signature differs from the spec is a compile error (g++: conflicting
+// declaration of C function; nvcc: more than one instance ... has "C" linkage; clang and
+// C compilers: conflicting types).  The including file defines first:
 //     floatX             its precision's element type (float, a bf16 or half type)
 //     ACCEL_API          its export attributes (extern "C", visibility)
 //     ACCEL_ENTRY(name)  its exported name of an entry (accel_hip_##name)
