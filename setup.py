@@ -230,11 +230,13 @@ directives = {
     "embedsignature": True,
 }
 
+# build_dir relative, as the sources are (setup.py runs in the repository's root): the objects then
+# go to build/temp.*/build/cython/..., not under a copy of the absolute path
 setup(
     name="llm.pyx",
     packages=[],
     ext_modules=cythonize(extensions(), compiler_directives=directives, nthreads=os.cpu_count() or 1,
-                          include_path=[HERE], build_dir=os.path.join(HERE, "build", "cython")),
+                          include_path=[HERE], build_dir=os.path.join("build", "cython")),
     zip_safe=False,
     cmdclass={"build_ext": BuildSayingWhat},
 )
