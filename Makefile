@@ -1,6 +1,9 @@
 # llm.pyx — build, test and benchmark.
 #   make train_gpt2      install what requirements.txt lists if anything is missing, then build
-#                        the product: every .pyx outside dev/ (NO_OMP=1, DEBUG=1, NO_NATIVE=1 switch)
+#                        the product: every .pyx outside dev/ (NO_OMP=1, DEBUG=1, NO_NATIVE=1 switch),
+#                        its modules beside their .pyx, Cython's C under build/cython
+#   make generate        rewrite accel/generated/ from accel/spec.py (accel/codegen.py): after a change
+#                        to the spec; the build checks that it is current and stops if not
 #   make dev             the kernel lab too: the variants in dev/cpu (dev/ab.py, dev/README.md)
 #   make test            unit tests (pytest) and the PyTorch parity checks (test_gpt2.py,
 #                        test_llama2.py, each in fp32 and in bf16); the variants' tests need
@@ -15,11 +18,14 @@
 #   make clean
 PYTHON ?= python3
 
-.PHONY: train_gpt2 dev test bench hip hip-emu hip-check-nvcc hip-check-amd ane-private clean
+.PHONY: train_gpt2 generate dev test bench hip hip-emu hip-check-nvcc hip-check-amd ane-private clean
 
 train_gpt2:
 	$(PYTHON) dev/ensure_requirements.py requirements.txt
 	$(PYTHON) setup.py -q build_ext --inplace
+
+generate:
+	$(PYTHON) accel/codegen.py
 
 dev: train_gpt2
 	LLMPYX_LAB=1 $(PYTHON) setup.py -q build_ext --inplace
@@ -53,12 +59,13 @@ else
 	@echo "make ane-private: needs macOS (the private ANE API is Apple's); on Linux: python train.py --backend ane --dry-run" >&2; exit 1
 endif
 
-# every .pyx's generated C, and the extension modules beside it (hidden folders and virtual
-# environments kept in the tree are left alone, as setup.py leaves them)
+# the build folders (Cython's C, the objects, the GPU libraries), and the extension modules beside
+# each .pyx (hidden folders and virtual environments kept in the tree are left alone, as setup.py
+# leaves them); accel/generated/ is a source, committed, and stays
 clean:
-	rm -rf build accel/metal/build accel/hip/build accel/ane/build accel/_*.pxi
+	rm -rf build accel/metal/build accel/hip/build accel/ane/build
 	find . \( -name '.?*' -o -exec test -e '{}/pyvenv.cfg' \; \) -prune -o -name '*.pyx' -print | \
-	    while read -r f; do rm -f "$${f%.pyx}.c" "$$(dirname "$$f")"/*.so "$$(dirname "$$f")"/*.pyd; done
+	    while read -r f; do rm -f "$$(dirname "$$f")"/*.so "$$(dirname "$$f")"/*.pyd; done
 
 # Metal on Linux: accel/metal/gpt2.metal (with the files it #includes, llama.metal and
 # flash.metal, spliced in) rewritten for the CPU emulator of MSL (accel/emu) and
@@ -100,7 +107,7 @@ accel/metal/build/msl_runtime$(METAL_EMU_FLAVOR).o: accel/emu/msl_runtime.cpp ac
         accel/emu/emu_core.h accel/metal/metal_runtime.h
 	mkdir -p $(dir $@)
 	$(CXX) $(METAL_EMU_FLAGS) -c $< -o $@
-accel/metal/build/host_%$(METAL_EMU_FLAVOR).o: accel/metal/host.c accel/metal/metal_runtime.h
+accel/metal/build/host_%$(METAL_EMU_FLAVOR).o: accel/metal/host.c accel/metal/metal_runtime.h accel/generated/backend.h
 	mkdir -p $(dir $@)
 	$(CC) $(METAL_HOST_FLAGS) $(METAL_DEFINES_$*) -c $< -o $@
 
@@ -140,7 +147,7 @@ METAL_RUNTIME_SOURCE ?= accel/metal/metal_runtime.m
 # $(1): precision; bf16's bfloat needs MSL 3.1
 define METAL_MACOS_LIBRARIES
 accel/metal/build/libmetal_runtime$(call metal_suffix,$(1)).dylib: accel/metal/metal_runtime.m accel/metal/host.c \
-        accel/metal/metal_runtime.h
+        accel/metal/metal_runtime.h accel/generated/backend.h
 	mkdir -p $$(dir $$@)
 	xcrun clang -fobjc-arc -O2 -Wall -dynamiclib -framework Metal -framework Foundation $(METAL_DEFINES_$(1)) \
 	    accel/metal/metal_runtime.m accel/metal/host.c -o $$@

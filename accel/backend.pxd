@@ -15,7 +15,7 @@
 # add into their gradients).  A model family names the groups it needs; Backend.validate
 # refuses a table with an entry of its groups missing.
 
-include "accel/_table.pxi"
+include "accel/generated/table.pxi"
 
 
 cdef class Backend:

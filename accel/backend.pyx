@@ -33,7 +33,7 @@ class BackendError(RuntimeError):
 
 
 # the struct is the context and then one pointer per entry, in the spec's order
-assert sizeof(BackendTable) == (1 + len(ORDER)) * sizeof(void*), "accel/_table.pxi is stale"
+assert sizeof(BackendTable) == (1 + len(ORDER)) * sizeof(void*), "accel/generated/table.pxi is stale"
 
 
 cdef void** entry_slots(BackendTable* t) noexcept:
@@ -194,7 +194,7 @@ cdef void arity(str entry, tuple args, Py_ssize_t count) except *:
         raise TypeError(f"{entry}: takes {count} arguments after ctx ({len(args)} given)")
 
 
-include "accel/_call.pxi"
+include "accel/generated/call.pxi"
 
 
 @cython.no_gc_clear   # __dealloc__ frees through self.backend (see Teardown above)

@@ -2,17 +2,17 @@
 The CPU backend: host memory and the Cython kernels of kernels/, gathered into the backend
 table (accel/backend.pxd).  Most entries are the kernel itself behind a one-line adapter that
 drops the context, which the CPU does not need; those are written from accel/spec.py
-(accel/_cpu_table.pxi).  What is here is what is not a kernel: memory, the loss's fill and mean,
-and the one entry that reports an error.
+(accel/generated/cpu_table.pxi).  What is here is what is not a kernel: memory, the loss's fill
+and mean, and the one entry that reports an error.
 
 Three tables: fp32, bf16 and fp16 (create(precision=...)), whose floatX arguments point to
 float32, bf16 or fp16.  A bf16 entry is a kernel written once for both precisions, or else the
 fp32 entry run on float32 copies of its bf16 arguments made in the backend's scratch memory
-(both written from accel/spec.py into accel/_cpu_bf16_table.pxi); the GEMMs run on bf16
+(both written from accel/spec.py into accel/generated/cpu_bf16_table.pxi); the GEMMs run on bf16
 operands (kernels/matmul_bf16.pyx: AMX or AVX512_BF16 through oneMKL where the CPU has them),
 and the rounding of the parameters is written here.  The fp16 table is check:'s oracle for the
 GPUs' half precision (Metal's): every entry is the fp32 one on widened copies, its outputs
-rounded to nearest once (accel/_cpu_fp16_table.pxi), slower than fp32 and never tuned.
+rounded to nearest once (accel/generated/cpu_fp16_table.pxi), slower than fp32 and never tuned.
 
 Memory comes from mmap: page-aligned (so guard:cpu can protect it), zero pages until first
 written, and large buffers advised to transparent huge pages as NumPy does for its arrays.
@@ -100,7 +100,7 @@ cdef void cpu_attention_gqa_backward(void* ctx, float* dq, float* dk, float* dv,
         fail("attention_gqa_backward: out of memory for its scratch buffers")
 
 
-include "accel/_cpu_table.pxi"
+include "accel/generated/cpu_table.pxi"
 
 
 # --- fused: a Llama layer's blocks as the unfused entries in the model's order ----------------
@@ -207,7 +207,7 @@ cdef void bf16_adamw_update_rounded(void* ctx, float* params, float* master, flo
                          weight_decay, grad_scale, t, first)
 
 
-include "accel/_cpu_bf16_table.pxi"
+include "accel/generated/cpu_bf16_table.pxi"
 
 
 # --- fp16: what is not an adapter -------------------------------------------------------
@@ -244,7 +244,7 @@ cdef void fp16_adamw_update_rounded(void* ctx, float* params, float* master, flo
     narrow_fp16(<fp16*>params, master, n)
 
 
-include "accel/_cpu_fp16_table.pxi"
+include "accel/generated/cpu_fp16_table.pxi"
 
 
 PRECISIONS = ("fp32", "bf16", "fp16")

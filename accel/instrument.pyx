@@ -17,8 +17,8 @@ Relative error is max |NAME - oracle| / max |oracle| over one output (the scale 
 parity check's gradients); a NaN or inf where the oracle has none is always out of tolerance.
 The tolerance is accel/spec.py's error model, from each output's reduction length at the
 call's shapes, unless the backend declares a lower-precision entry's own (ane-emu's fp16).
-The wrappers themselves are written from accel/spec.py (accel/_wrappers.pxi); the memory
-entries, which every wrapper treats alike, are here.
+The wrappers themselves are written from accel/spec.py (accel/generated/wrappers.pxi); the
+memory entries, which every wrapper treats alike, are here.
 """
 import numpy as np
 
@@ -40,7 +40,7 @@ cdef enum Mode:
 
 from accel.spec import ORDER as ENTRIES, UNIT_ROUNDOFF, CHECK_UNITS
 
-include "accel/_entry_enum.pxi"
+include "accel/generated/entry_enum.pxi"
 
 assert len(ENTRIES) == NUM_ENTRIES
 cdef list _entry_bytes = [name.encode() for name in ENTRIES]   # entry_names points into these
@@ -351,7 +351,7 @@ cdef void w_mark(void* ctx, int step, int layer) noexcept nogil:
 
 # --- every other entry: written from accel/spec.py -----------------------------------------
 
-include "accel/_wrappers.pxi"
+include "accel/generated/wrappers.pxi"
 
 
 # --- the Python side ----------------------------------------------------------------------------

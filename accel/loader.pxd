@@ -1,11 +1,11 @@
 # The loader of GPU backends (accel/loader.pyx): a build is a shared library exporting one C
 # function PREFIX<entry> per table entry, with the table's signature, plus PREFIXcreate (whose
-# arguments are the backend's own), PREFIXdestroy(ctx) and PREFIXdevice_name(ctx).
+# arguments are the backend's own) and the functions of accel/spec.py's LIBRARY (PREFIXdestroy,
+# PREFIXdevice_name, PREFIXprecision), whose types are these:
 
 from accel.backend cimport Backend
 
-ctypedef void (*destroy_fn)(void* ctx) noexcept nogil
-ctypedef const char* (*name_fn)(void* ctx) noexcept nogil
+include "accel/generated/library.pxi"
 
 
 cdef class DeviceContext:
@@ -25,6 +25,6 @@ cdef class DeviceLibrary:
     cdef str prefix              # of its symbols: "accel_hip_", "accel_metal_"
     cdef str rebuild             # how to rebuild it, for messages
     cdef destroy_fn destroy
-    cdef name_fn device_name
+    cdef device_name_fn device_name
     cdef void* symbol(self, str entry) except NULL
     cdef DeviceBackend backend(self, void* ctx, const char* error, tuple families, str precision=*)

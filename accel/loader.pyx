@@ -2,7 +2,9 @@
 The loader of GPU backends: one host pattern for HIP (accel/hip/device.pyx) and Metal
 (accel/metal/metal.pyx). A build is a shared library with a C ABI: PREFIX<entry> for each entry
 of the groups it fills (accel/spec.py), with the table's signature, plus PREFIXcreate (arguments
-of the backend's own, then an error buffer), PREFIXdestroy(ctx) and PREFIXdevice_name(ctx).
+of the backend's own, then an error buffer), and accel/spec.py's LIBRARY: PREFIXdestroy(ctx),
+PREFIXdevice_name(ctx), PREFIXprecision().  accel/generated/backend.h declares them all in C, and
+the build compiles against it.
 
     library = DeviceLibrary(path, "hip-emu", "accel_hip_", "`make hip-emu`")
     ctx = (<create_fn>library.symbol("create"))(..., error, sizeof(error))
@@ -52,7 +54,7 @@ cdef class DeviceLibrary:
                                f"{dlerror().decode(errors='replace')}")
         # looked up before any context exists, so that a context never lacks its destroy
         self.destroy = <destroy_fn>self.symbol("destroy")
-        self.device_name = <name_fn>self.symbol("device_name")
+        self.device_name = <device_name_fn>self.symbol("device_name")
 
     cdef void* symbol(self, str entry) except NULL:
         """The build's function PREFIX<entry>."""

@@ -1,15 +1,22 @@
 """
 The backend table, declared once: every entry's name, group and arguments.  Everything that
-is mechanical about the table is made from this list (accel/codegen.py, run by setup.py):
+is mechanical about the table is made from this list by accel/codegen.py (`make generate`) into
+accel/generated/, committed and checked by the build:
 
-    accel/_table.pxi          the struct BackendTable (accel/backend.pxd)
-    accel/_call.pxi           Backend.call: one entry from Python (accel/backend.pyx)
-    accel/_wrappers.pxi       check:/profile:/guard:'s wrapper of each entry (accel/instrument.pyx)
-    accel/_cpu_table.pxi      the CPU backend's adapters (accel/cpu.pyx)
+    table.pxi           the struct BackendTable (accel/backend.pxd)
+    call.pxi            Backend.call: one entry from Python (accel/backend.pyx)
+    entry_enum.pxi      the entries' numbers, wrappers.pxi check:/profile:/guard:'s wrapper of
+                        each entry (accel/instrument.pyx)
+    cpu_table.pxi       the CPU backend's adapters, and cpu_bf16_table.pxi, cpu_fp16_table.pxi
+                        its narrow precisions' tables (accel/cpu.pyx)
+    library.pxi         the types of what a GPU build exports beside its entries (LIBRARY below;
+                        accel/loader.pxd)
+    backend.h           the C declarations of a GPU build's exports, which its host side
+                        compiles against (accel/hip/gpt2.hip, accel/metal/host.c)
 
-and, read at run time: the table's validation and order (accel/backend.pyx), the symbols a GPU
-library exports (accel_<backend>_<entry>, accel/loader.pyx), check:'s tolerances (below), and
-the tests' call of every entry (tests/entries.py).
+and, read at run time: the table's validation and order (accel/backend.pyx), the entries a GPU
+library's loader looks up (accel_<backend>_<entry>, accel/loader.pyx), check:'s tolerances
+(below), and the tests' call of every entry (tests/entries.py).
 
 An argument is one line: `<C type> <name>` for a number, and for a pointer
 
@@ -357,8 +364,17 @@ ENTRIES = [
       "int T", "int C", "int H", cpu=None),
 ]
 
+# What a GPU build exports beside its entries, as accel_<backend>_<name>: {name: (returns, its
+# arguments in C)}.  The loader looks them up (accel/loader.pyx, the backends' modules); create
+# is not here, its arguments being each backend's own (accel/hip/device.pyx, accel/metal/metal.pyx).
+LIBRARY = {
+    "destroy": ("void", ("void* ctx",)),             # the context and all it holds, released
+    "device_name": ("const char*", ("void* ctx",)),  # the device's name, for messages
+    "precision": ("const char*", ()),                # what floatX is in the build: "fp32", "bf16", ...
+}
+
 BY_NAME = {e.name: e for e in ENTRIES}
-# the table's order: entries grouped as GROUPS lists them (the struct's fields, the symbols)
+# the table's order: entries grouped as GROUPS lists them (the struct's fields)
 ENTRY_GROUPS = {g: tuple(e.name for e in ENTRIES if e.group == g) for g in GROUPS}
 ORDER = tuple(name for names in ENTRY_GROUPS.values() for name in names)
 assert [e.name for e in ENTRIES] == list(ORDER), "accel/spec.py: keep ENTRIES in GROUPS' order"
@@ -367,11 +383,6 @@ assert [e.name for e in ENTRIES] == list(ORDER), "accel/spec.py: keep ENTRIES in
 def entries_of(groups):
     """The names of the entries of these groups, in the table's order."""
     return tuple(name for name in ORDER if BY_NAME[name].group in groups)
-
-
-def symbols(prefix, groups):
-    """The symbols a GPU library exports for these groups: accel_<prefix>_<entry>."""
-    return tuple(f"accel_{prefix}_{name}" for name in entries_of(groups))
 
 
 # --- check:'s error model ------------------------------------------------------------------

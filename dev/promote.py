@@ -7,7 +7,7 @@ dev/promote.py: move a staged variant into kernels/ as the promoted kernel.
 
 A variant is written as a promoted kernel is: the same cdef functions with the same
 signatures (kernels/<kernel>.pxd), and the same Python wrappers, included from
-kernels/_<kernel>_wrappers.pxi by both.  So promotion is a move: only the banner changes, to
+kernels/<kernel>_wrappers.pxi by both.  So promotion is a move: only the banner changes, to
 say where the kernel came from.  The variant's file is then removed: kernels.<kernel> is its
 row in dev/ab.py from then on.  Then rebuild (make dev), run the kernel's tests and
 `python dev/ab.py <kernel>`.
@@ -31,7 +31,7 @@ def promoted_source(kernel, number):
         raise SystemExit(f"dev/promote.py: {path} does not exist (see python dev/ab.py --list)")
     with open(path) as f:
         text = f.read()
-    include = f'include "kernels/_{kernel}_wrappers.pxi"'
+    include = f'include "kernels/{kernel}_wrappers.pxi"'
     if not re.search(rf"^{re.escape(include)}$", text, flags=re.M):
         raise SystemExit(f"dev/promote.py: {path} does not `{include}`: the promoted kernel "
                          f"must keep the wrappers the tests and dev/ab.py call")

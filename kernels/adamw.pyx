@@ -14,7 +14,7 @@ from libc.math cimport powf, sqrtf
 
 from kernels.bf16 cimport float_to_bf16_stochastic
 
-include "kernels/_adamw_wrappers.pxi"
+include "kernels/adamw_wrappers.pxi"
 
 
 cdef inline float update_one(float* params, float* m, float* v, const float* grads, Py_ssize_t i,

@@ -18,7 +18,7 @@ from kernels.cblas cimport CblasNoTrans, CblasRowMajor, CblasTrans
 from kernels.blas cimport sgemm
 from kernels.parallel cimport blas_single_threaded
 
-include "kernels/_attention_wrappers.pxi"
+include "kernels/attention_wrappers.pxi"
 
 cdef enum:
     TB = 64   # rows of the scores per block of the causal mask

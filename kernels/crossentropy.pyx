@@ -12,7 +12,7 @@ from kernels.bf16 cimport load, store
 from kernels.rowmax cimport row_max
 from kernels.vexp cimport vexpf
 
-include "kernels/_crossentropy_wrappers.pxi"
+include "kernels/crossentropy_wrappers.pxi"
 
 
 cdef inline void softmax_row(float* probs_bt, const floatX* logits_bt, int V, int Vp) noexcept nogil:

@@ -9,7 +9,7 @@ from cython.parallel cimport prange
 from kernels.bf16 cimport load, store
 from kernels.embedding cimport embedding_backward
 
-include "kernels/_encoder_wrappers.pxi"
+include "kernels/encoder_wrappers.pxi"
 
 
 cdef void encoder_forward(floatX* out, const int* inp, const floatX* wte, const floatX* wpe,

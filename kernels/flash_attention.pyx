@@ -38,7 +38,7 @@ from kernels.parallel cimport blas_single_threaded
 from kernels.rowmax cimport row_max
 from kernels.vexp cimport vexpf
 
-include "kernels/_flash_attention_wrappers.pxi"
+include "kernels/flash_attention_wrappers.pxi"
 
 cdef enum:
     BQ = 128   # query rows per tile
@@ -248,7 +248,7 @@ cdef void flash_attention_gqa_backward(float* dq, float* dk, float* dv, const fl
 
 
 # ----------------------------------------------------------------------------
-# Python wrappers of Llama's form (GPT-2's are in _flash_attention_wrappers.pxi)
+# Python wrappers of Llama's form (GPT-2's are in flash_attention_wrappers.pxi)
 
 cdef tuple shape4(const Py_ssize_t* shape):
     return (shape[0], shape[1], shape[2], shape[3])

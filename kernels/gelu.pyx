@@ -9,7 +9,7 @@ from cython.parallel cimport prange
 from kernels.bf16 cimport load, store
 from kernels.vexp cimport vexpf
 
-include "kernels/_gelu_wrappers.pxi"
+include "kernels/gelu_wrappers.pxi"
 
 
 cdef enum:

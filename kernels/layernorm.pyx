@@ -10,7 +10,7 @@ from libc.stdlib cimport calloc, free
 from kernels.bf16 cimport load, store
 from kernels.parallel cimport max_threads
 
-include "kernels/_layernorm_wrappers.pxi"
+include "kernels/layernorm_wrappers.pxi"
 
 cdef float EPS = 1e-5
 

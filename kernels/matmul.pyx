@@ -13,7 +13,7 @@ from cython.parallel cimport prange
 
 from kernels.parallel cimport blas_single_threaded, max_threads
 
-include "kernels/_matmul_wrappers.pxi"
+include "kernels/matmul_wrappers.pxi"
 
 
 cdef void matmul_forward(float* out, const float* inp, const float* weight, const float* bias,

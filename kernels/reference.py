@@ -4,7 +4,7 @@ oracle that tests/test_<kernel>.py and dev/ab.py check the Cython kernels (and t
 variants) against; the tests check it in turn against PyTorch autograd where that is installed.
 
 One function per kernel of kernels/backend.pxd, under the same name.  The arguments are the
-kernel's inputs in the order of its Python wrapper (kernels/_<kernel>_wrappers.pxi), as any
+kernel's inputs in the order of its Python wrapper (kernels/<kernel>_wrappers.pxi), as any
 arrays; a gradient buffer that backward adds into is passed with its starting value (or 0).
 Each returns new float64 arrays: what the kernel leaves in its output buffers.  B batch, T time,
 C channels, NH heads, V vocabulary, Vp padded vocabulary; the leading (B,T) may be any leading

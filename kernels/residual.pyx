@@ -5,7 +5,7 @@ from cython.parallel cimport prange
 
 from kernels.bf16 cimport load, store
 
-include "kernels/_residual_wrappers.pxi"
+include "kernels/residual_wrappers.pxi"
 
 cdef enum:
     # threads take whole chunks of this many floats (64 KiB); the loop inside a chunk is a

@@ -9,7 +9,7 @@ from libc.string cimport memset
 
 from kernels.parallel cimport max_threads
 
-include "kernels/_zero_wrappers.pxi"
+include "kernels/zero_wrappers.pxi"
 
 cdef enum:
     PAGE = 4096

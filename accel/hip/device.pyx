@@ -18,7 +18,7 @@ product builds and runs everywhere, and a missing build, toolchain library or GP
 from get_backend. Memory is the device's: host_visible is False even for the emulated build, so
 the model is tested on the copies a GPU needs.
 """
-from accel.loader cimport DeviceLibrary
+from accel.loader cimport DeviceLibrary, precision_fn
 
 import os
 
@@ -38,7 +38,6 @@ OPTIONAL_GROUPS = (("collectives", "comm_init"),)
 LIBRARIES = {"fp32": (GPU_LIBRARY, EMU_LIBRARY), "bf16": (GPU_LIBRARY_BF16, EMU_LIBRARY_BF16)}
 
 ctypedef void* (*create_fn)(char* error, size_t error_size) noexcept nogil
-ctypedef const char* (*precision_fn)() noexcept nogil
 ctypedef const char* (*configure_fn)(const char* schedule, unsigned long long seed,
                                      int warp_size, int compute_units) noexcept nogil
 

@@ -1,6 +1,7 @@
 /*
 accel/hip/gpt2.hip — the GPT-2 training step in HIP: every entry of the backend table
-(accel/backend.pxd) behind a C ABI that accel/hip/device.pyx loads at run time.
+(accel/backend.pxd) behind a C ABI that accel/hip/device.pyx loads at run time, each export
+compiled against its declaration from accel/spec.py (accel/generated/backend.h).
 
 One source, three builds (accel/hip/Makefile), each at two precisions:
     hipcc   AMD GPUs, hipBLAS
@@ -79,6 +80,12 @@ constexpr const char* PRECISION = "fp32";
 #if defined(ACCEL_HIP_PLANT_BF16_TRUNCATE) && !defined(ACCEL_HIP_BF16)
 #error "ACCEL_HIP_PLANT_BF16_TRUNCATE plants a fault in the bf16 build (-DACCEL_HIP_BF16)"
 #endif
+
+// Every export declared from accel/spec.py (accel/generated/backend.h): a definition below (or in
+// the .hip files included) whose signature differs from the spec's fails to compile.
+#define ACCEL_API ACCEL_HIP_API
+#define ACCEL_ENTRY(name) accel_hip_##name
+#include "../generated/backend.h"
 constexpr bool BF16 = sizeof(floatX) == 2;
 
 __device__ __forceinline__ float to_float(float x) { return x; }
@@ -791,8 +798,9 @@ void elementwise(Context* c, long N, bool packed, Launch launch) {
 #include "collectives.hip"  // the collectives group: NCCL / RCCL (llmc/distributed.py)
 
 // ----------------------------------------------------------------------------
-// the C ABI: the context, then one function per table entry, with the table's signatures
-// (a floatX* here is the table's float*: the ABI passes pointers, whatever they point to)
+// the C ABI: the context, then one function per table entry, with the table's signatures as
+// accel/generated/backend.h declares them (a floatX* here is the table's float*: the ABI passes
+// pointers, whatever they point to)
 
 // A context on the first device, or NULL with the reason in `error`. With many processes on a
 // machine (llmc/distributed.py sets LLMPYX_LOCAL_RANK), each takes its own: that local rank's

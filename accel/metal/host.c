@@ -1,6 +1,7 @@
 /* accel/metal/host.c — the host side of the Metal backend: every entry of the backend table
  * (accel/backend.pxd) as a C function accel_metal_<entry> with the table's signature, plus
- * accel_metal_create/destroy/device_name, over the runtime ABI of metal_runtime.h.
+ * accel_metal_create/destroy/device_name, over the runtime ABI of metal_runtime.h. Each is
+ * compiled against its declaration from accel/spec.py (accel/generated/backend.h).
  *
  * Compiled into both runtime libraries (the Makefile's metal and metal-emu rules):
  *   libmetal_runtime.dylib   macOS: with metal_runtime.m, Metal itself
@@ -45,6 +46,11 @@ typedef uint16_t floatX;   /* bfloat */
 #define PRECISION "fp32"
 typedef float floatX;
 #endif
+/* every export declared from accel/spec.py: a definition below whose signature differs from the
+ * spec's fails to compile (conflicting types) */
+#define ACCEL_API ACCEL_METAL_API
+#define ACCEL_ENTRY(name) accel_metal_##name
+#include "../generated/backend.h"
 /* whether floatX is narrower than float: attention's scores then go through a float scratch buffer */
 #define NARROW (sizeof(floatX) < sizeof(float))
 

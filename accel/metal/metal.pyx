@@ -21,7 +21,7 @@ import sys
 
 from accel.backend import BackendError
 from accel.emu.msl_rewrite import RewriteError, splice
-from accel.loader cimport DeviceLibrary
+from accel.loader cimport DeviceLibrary, precision_fn
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BUILD = os.path.join(HERE, "build")
@@ -58,7 +58,6 @@ MACOS_RUNTIME = macos_runtime()
 MACOS_METALLIB = macos_metallib()
 
 ctypedef void* (*create_fn)(const char* kernels, const char* source, char* error, size_t error_size) noexcept nogil
-ctypedef const char* (*precision_fn)() noexcept nogil
 
 
 def create(library=None, str name="metal", kernels=None, str precision="fp32"):

@@ -4,7 +4,7 @@
 # global_norm_squared: sum of x^2 in double, single-threaded.
 from libc.math cimport powf, sqrtf
 
-include "kernels/_adamw_wrappers.pxi"
+include "kernels/adamw_wrappers.pxi"
 
 
 cdef void adamw_update(float* params, float* m, float* v, const float* grads, Py_ssize_t n,

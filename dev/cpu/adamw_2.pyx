@@ -8,7 +8,7 @@
 from cython.parallel cimport prange
 from libc.math cimport powf, sqrtf
 
-include "kernels/_adamw_wrappers.pxi"
+include "kernels/adamw_wrappers.pxi"
 
 cdef enum:
     CHUNK = 65536   # floats per task: 256 KiB of each buffer

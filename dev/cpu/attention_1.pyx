@@ -7,7 +7,7 @@
 from cython.parallel cimport prange
 from libc.math cimport expf, sqrtf
 
-include "kernels/_attention_wrappers.pxi"
+include "kernels/attention_wrappers.pxi"
 
 
 cdef inline void forward_row(float* out, float* preatt, float* att, const float* inp,

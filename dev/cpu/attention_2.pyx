@@ -18,7 +18,7 @@ from libc.math cimport sqrtf, INFINITY
 from libc.stdlib cimport malloc, free
 from kernels.vexp cimport vexpf
 
-include "kernels/_attention_wrappers.pxi"
+include "kernels/attention_wrappers.pxi"
 
 from kernels.parallel cimport max_threads
 

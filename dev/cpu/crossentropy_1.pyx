@@ -6,7 +6,7 @@
 from cython.parallel cimport prange
 from libc.math cimport expf, logf
 
-include "kernels/_crossentropy_wrappers.pxi"
+include "kernels/crossentropy_wrappers.pxi"
 
 
 cdef inline void softmax_row(float* probs_bt, const float* logits_bt, int V, int Vp) noexcept nogil:

@@ -1,7 +1,7 @@
 # encoder variant 1: the straight port of llm.c's CPU encoder, single-threaded.
 #   out (B,T,C) = wte[inp] + wpe[t];  inp (B,T) ids, wte (Vp,C), wpe (maxT,C)
 #   backward: dwte[inp[b,t]] += dout[b,t];  dwpe[t] += dout[b,t]
-include "kernels/_encoder_wrappers.pxi"
+include "kernels/encoder_wrappers.pxi"
 
 
 cdef void encoder_forward(float* out, const int* inp, const float* wte, const float* wpe,

@@ -11,7 +11,7 @@
 from cython.parallel cimport prange
 from libc.math cimport expf, logf, sqrtf, INFINITY
 
-include "kernels/_flash_attention_wrappers.pxi"
+include "kernels/flash_attention_wrappers.pxi"
 
 
 cdef void forward_row(float* out, float* lse, const float* inp, int b, int h, int t,

@@ -3,7 +3,7 @@
 # Each element calls libm's tanhf (and coshf in backward): one element at a time.
 from libc.math cimport tanhf, coshf
 
-include "kernels/_gelu_wrappers.pxi"
+include "kernels/gelu_wrappers.pxi"
 
 cdef float GELU_SCALING_FACTOR = 0.7978845608028654   # sqrt(2/pi)
 

@@ -3,7 +3,7 @@
 #   backward: dinp (B,T,C), dweight, dbias (C,) += ...
 from libc.math cimport sqrtf
 
-include "kernels/_layernorm_wrappers.pxi"
+include "kernels/layernorm_wrappers.pxi"
 
 
 cdef void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,

@@ -10,7 +10,7 @@
 from cython.parallel cimport prange
 from libc.math cimport sqrtf
 
-include "kernels/_layernorm_wrappers.pxi"
+include "kernels/layernorm_wrappers.pxi"
 
 cdef enum:
     CHANNEL_BLOCK = 64   # dweight/dbias floats per task: whole cache lines, vector-wide

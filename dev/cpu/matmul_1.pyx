@@ -6,7 +6,7 @@
 # for dinp and over output channels for dweight/dbias, so no two threads write the same float.
 from cython.parallel cimport prange
 
-include "kernels/_matmul_wrappers.pxi"
+include "kernels/matmul_wrappers.pxi"
 
 cdef enum:
     LOOP_UNROLL = 8

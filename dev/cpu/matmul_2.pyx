@@ -11,7 +11,7 @@
 from cython.parallel cimport prange, threadid
 from libc.stdlib cimport malloc, free
 
-include "kernels/_matmul_wrappers.pxi"
+include "kernels/matmul_wrappers.pxi"
 
 from kernels.parallel cimport max_threads
 

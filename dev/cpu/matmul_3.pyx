@@ -5,7 +5,7 @@
 # threadpoolctl); the bias fill and the bias-gradient sum are ours, over OpenMP threads.
 from cython.parallel cimport prange
 
-include "kernels/_matmul_wrappers.pxi"
+include "kernels/matmul_wrappers.pxi"
 
 from kernels.cblas cimport CblasNoTrans, CblasRowMajor, CblasTrans, scipy_cblas_sgemm
 

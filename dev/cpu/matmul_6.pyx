@@ -16,7 +16,7 @@ from libc.stdlib cimport malloc, free
 
 from kernels.parallel cimport max_threads
 
-include "kernels/_matmul_wrappers.pxi"
+include "kernels/matmul_wrappers.pxi"
 
 cdef extern from *:
     """

@@ -13,7 +13,7 @@ from kernels.blas cimport sgemm
 from kernels.matmul cimport block_start, leading_dim
 from kernels.parallel cimport blas_single_threaded, max_threads
 
-include "kernels/_matmul_wrappers.pxi"
+include "kernels/matmul_wrappers.pxi"
 
 cdef inline void gemm_part(int part, int parts, CBLAS_TRANSPOSE trans_a, CBLAS_TRANSPOSE trans_b,
                            int M, int N, int K, const float* A, int lda, const float* B, int ldb,

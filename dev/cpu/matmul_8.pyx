@@ -12,7 +12,7 @@ from cython.parallel cimport prange
 from kernels.matmul cimport block_start, dinp_block, dweight_block, matmul_forward  # forward: kernels'
 from kernels.parallel cimport blas_single_threaded, max_threads
 
-include "kernels/_matmul_wrappers.pxi"
+include "kernels/matmul_wrappers.pxi"
 
 
 cdef void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,

@@ -5,7 +5,7 @@
 from kernels.gelu cimport gelu_forward
 from kernels.matmul cimport matmul_forward
 
-include "kernels/_matmul_gelu_wrappers.pxi"
+include "kernels/matmul_gelu_wrappers.pxi"
 
 
 cdef void matmul_gelu_forward(float* out, float* out_gelu, const float* inp, const float* weight,

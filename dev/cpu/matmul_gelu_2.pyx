@@ -13,7 +13,7 @@ from kernels.matmul cimport block_start
 from kernels.parallel cimport blas_single_threaded, max_threads
 from kernels.vexp cimport vexpf
 
-include "kernels/_matmul_gelu_wrappers.pxi"
+include "kernels/matmul_gelu_wrappers.pxi"
 
 cdef enum:
     NC = 256                     # columns per chunk: 256 KB of out at B*T = 256
