@@ -1,27 +1,22 @@
 """What the tests of accel/hip's emulated builds share: the builds (make, in parallel), the
 emulator's schedules and warp sizes, and check: around a configured emulated context.
 
-Imported by tests/test_hip*.py and tests/test_gpu_epilogues.py; a test module importing it is
-skipped where accel/hip/device.pyx is not built, and its tests where there is no C++ compiler.
+Imported by tests/test_hip*.py and tests/test_gpu_epilogues.py: a test module importing it is
+skipped where there is no C++ compiler or make (the tests build the emulated libraries).
 """
 import os
-import shutil
 import subprocess
 
 import numpy as np
-import pytest
 
+import needs
 from accel import instrument
+from accel.hip import device
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HIP = os.path.join(ROOT, "accel", "hip")
-CXX = os.environ.get("CXX", "g++")
-
-device = pytest.importorskip("accel.hip.device", reason="accel/hip/device.pyx is not built (make train_gpt2)")
-
-# a test module's `pytestmark = needs_compiler`
-needs_compiler = pytest.mark.skipif(shutil.which(CXX) is None or shutil.which("make") is None,
-                                    reason=f"the emulated build needs a C++ compiler ({CXX}) and make")
+CXX = needs.cxx()
+needs.tool("make")
 
 # the orders the emulator runs a block's threads in (accel/emu/README.md), with their seeds: a
 # missing barrier shows under some and not others, which is why every one runs

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+import needs
 from kernels import adamw
 from kernels import reference as R
 
@@ -49,7 +50,7 @@ def test_update(n, grad_scale, weight_decay):
 @pytest.mark.parametrize("grad_scale", [1.0, 0.5])
 @pytest.mark.parametrize("weight_decay", [0.0, 0.1])
 def test_reference_against_torch(grad_scale, weight_decay):
-    torch = pytest.importorskip("torch")
+    torch = needs.package("torch")
     rng = np.random.default_rng(3)
     n = 1003
     params = rng.standard_normal(n)

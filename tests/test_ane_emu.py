@@ -9,15 +9,17 @@ import re
 import numpy as np
 import pytest
 
-pytest.importorskip("accel.ane.mil")   # coremltools, imported quietly there
+import needs
 
+needs.emulator("ane-emu")
+
+from accel.ane import table  # noqa: E402
 from accel.backend import BackendError, get_backend  # noqa: E402
 from entries import D12_WIDTHS, run_every_entry  # noqa: E402
 from llmc.formats.llmc import write_shard  # noqa: E402
 from test_train import run_train, step_losses  # noqa: E402
 from train_llama2 import LlamaConfig  # noqa: E402
 
-table = pytest.importorskip("accel.ane.table")
 ANE_ENTRIES = sorted(table.TOLERANCES)
 
 

@@ -13,7 +13,9 @@ import pytest
 if __name__ == "__main__":   # --regenerate-golden, run from anywhere
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-pytest.importorskip("accel.ane.mil")   # coremltools, imported quietly there
+import needs  # noqa: E402
+
+needs.package("coremltools", "accel.ane.mil")
 
 from accel.ane import blob, interp, mil, milt  # noqa: E402
 from kernels import attention_gqa, matmul, swiglu  # noqa: E402

@@ -8,6 +8,7 @@ import sys
 import numpy as np
 import pytest
 
+import needs
 from accel.ane.plan import PlanError, format_pipeline_plan, make_plan, memory
 from accel.ane.runtime import (BudgetExceeded, CompileBudget, CompileLimitError, MockRuntime,
                                NumpyProgram)
@@ -225,7 +226,7 @@ def test_private_path_shape_check_in_the_plan():
 # with coremltools: the mock runs a Builder program; Core ML converts and saves it
 
 def linear_program(C=32, OC=16, S=8, inner_ok=True):
-    ct = pytest.importorskip("coremltools")
+    ct = needs.package("coremltools")
     from coremltools.converters.mil import Builder as mb
     from coremltools.converters.mil.mil import types
     W = np.random.default_rng(0).standard_normal((OC, C, 1, 1)).astype(np.float16)

@@ -16,15 +16,15 @@ import time
 import numpy as np
 import pytest
 
-pytest.importorskip("accel.ane.mil")   # coremltools
+import needs
 
+needs.emulator("ane-emu")
+
+from accel.ane import runtime, table  # noqa: E402
 from accel.backend import BackendError  # noqa: E402
 from llmc.formats.llmc import write_shard  # noqa: E402
 from test_train import ROOT, run_train, step_losses  # noqa: E402
 from train_llama2 import Llama2, LlamaConfig  # noqa: E402
-
-table = pytest.importorskip("accel.ane.table")
-from accel.ane import runtime  # noqa: E402
 
 STEPS = 5
 RESTART_LINE = re.compile(r"^ANE static pipeline: (\d+) compiles in this process, step (\d+) "

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 from threadpoolctl import threadpool_limits
 
+import needs
 from kernels import attention_gqa
 
 
@@ -76,7 +77,7 @@ def test_forward_matches_numpy_and_torch(B, T, NH, NKV, hs):
     np.testing.assert_allclose(att, att_ref, rtol=1e-5, atol=1e-6)
     assert np.all(att[:, :, np.triu_indices(T, 1)[0], np.triu_indices(T, 1)[1]] == 0)
 
-    torch = pytest.importorskip("torch")
+    torch = needs.package("torch")
     t = lambda x: torch.from_numpy(x.astype(np.float64)).transpose(1, 2)
     expected = torch.nn.functional.scaled_dot_product_attention(t(q), t(k), t(v), is_causal=True,
                                                                enable_gqa=True)
@@ -99,7 +100,7 @@ def test_backward_adds_and_matches_numpy_and_torch(B, T, NH, NKV, hs, num_thread
     for got, start, ref in zip((dq, dk, dv), starts, refs):
         np.testing.assert_allclose(got, start + ref, rtol=1e-4, atol=1e-4)
 
-    torch = pytest.importorskip("torch")
+    torch = needs.package("torch")
     tq, tk, tv = (torch.tensor(x, dtype=torch.float64).transpose(1, 2).requires_grad_()
                   for x in (q, k, v))
     out = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, is_causal=True,

@@ -10,6 +10,7 @@ import sys
 import numpy as np
 import pytest
 
+import needs
 import train_llama2
 from accel.backend import BackendError, get_backend
 from accel.spec import BY_NAME, ORDER, evaluate, tolerance
@@ -49,7 +50,7 @@ def test_rounding_to_nearest_even_matches_the_reference_and_torch():
     assert np.array_equal(bits[~nan], reference_rne(x)[~nan])
     assert np.isnan(bf16.to_float32(bits[nan])).all()
     assert np.array_equal(bf16.to_float32(bits).view(np.uint32) & 0xFFFF, np.zeros(x.size, np.uint32))
-    torch = pytest.importorskip("torch")
+    torch = needs.package("torch")
     expected = torch.from_numpy(x).to(torch.bfloat16).float().numpy()
     assert np.array_equal(bf16.to_float32(bits)[~nan], expected[~nan])
 

@@ -18,6 +18,7 @@ import sys
 import numpy as np
 import pytest
 
+import needs
 import test_gpt2
 import test_llama2
 from llmc.formats import param_views
@@ -187,7 +188,7 @@ def test_fault_a_gradient_off_fails(fixture_run, capsys):
 
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
 def test_reference_writes_a_bf16_autocast_state(family, tmp_path, capsys, monkeypatch):
-    pytest.importorskip("torch")
+    needs.package("torch")
     if family == "gpt2":
         import train_gpt2_torch as ref
         argv = ["train_gpt2_torch.py", "-e", "d2", "--vocab-size", "61", "--channels", "16",

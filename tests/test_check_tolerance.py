@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
+import needs
 from accel import instrument
-from accel.backend import get_backend
 from accel.spec import CHECK_UNITS, UNIT_ROUNDOFF, tolerance
 from entries import D12_WIDTHS, SMALL, run_every_entry
 from faults import SUBTLE_FAULTS, faulty_cpu
@@ -18,14 +18,6 @@ ROOT = os.path.dirname(HERE)
 MARGIN = 0.5
 
 
-def emulated(name):
-    """check: around an emulated GPU backend, skipped where it is not built."""
-    try:
-        return get_backend("check:" + name)
-    except Exception as e:   # BackendError: not built here
-        pytest.skip(str(e))
-
-
 def test_tolerance_grows_with_the_reduction_length():
     assert tolerance(1) == 2 * CHECK_UNITS * UNIT_ROUNDOFF
     assert tolerance(768) < tolerance(3072) < 1e-4   # d12's channels and its MLP's
@@ -34,7 +26,7 @@ def test_tolerance_grows_with_the_reduction_length():
 @pytest.mark.parametrize("name", ["hip-emu", "metal-emu"])
 @pytest.mark.parametrize("dims", [SMALL, D12_WIDTHS], ids=["odd", "d12-widths"])
 def test_every_gpu_entry_is_within_half_its_tolerance(name, dims):
-    backend = emulated(name)
+    backend = needs.emulated("check:" + name)
     run_every_entry(backend, dims=dims, seed=3)
     report = backend.report()
     assert report["mismatches"] == 0, backend.summary()
@@ -58,8 +50,8 @@ def test_parity_at_d12_widths_on_a_fresh_reference(name, tmp_path):
     test_gpt2.py passes on check:NAME, every output compared (one layer calls every entry a
     layer calls: what matters here is the widths; metal-emu's simdgroup GEMM costs seconds a
     step in the emulator, so it runs 2 of the 10 steps, each calling every entry)."""
-    pytest.importorskip("torch", reason="the reference is written by PyTorch")
-    emulated("hip-emu" if name == "hip" else name)
+    needs.package("torch")   # the reference is written by PyTorch
+    needs.emulator("hip-emu" if name == "hip" else name)
     subprocess.run([sys.executable, "train_gpt2_torch.py", "-e", "d1", "--channels", "768",
                     "--heads", "12", "--vocab-size", "2003", "--max-seq-len", "64", "-b", "3",
                     "-t", "7", "-o", str(tmp_path), "--name", "w768"], cwd=ROOT, check=True,

@@ -4,6 +4,7 @@
 import numpy as np
 import pytest
 
+import needs
 from kernels import crossentropy
 from kernels import reference as R
 
@@ -67,7 +68,7 @@ def test_backward(B, T, V, Vp):
 
 @pytest.mark.parametrize("B,T,V,Vp", SHAPES)
 def test_reference_against_torch(B, T, V, Vp):
-    torch = pytest.importorskip("torch")
+    torch = needs.package("torch")
     logits, targets, dlosses, dlogits_start = backward_case(B, T, V, Vp)
     probs = R.softmax_forward(logits, V)
     x = torch.tensor(logits[..., :V], dtype=torch.float64, requires_grad=True)

@@ -18,7 +18,9 @@ import time
 
 import pytest
 
-rich = pytest.importorskip("rich")
+import needs
+
+rich = needs.package("rich")
 from rich.console import Console  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -7,6 +7,7 @@ import os
 import numpy as np
 import pytest
 
+import needs
 from llmc.dataloader import MT19937, DataError, DataLoader, random_permutation
 from llmc.formats.llmc import read_shard, write_shard
 
@@ -223,10 +224,6 @@ def test_shard_is_not_modified(tmp_path):
 # ----------------------------------------------------------------------------
 # the data scripts write shards the loader reads (GPT-2's ranks from ../shared, no network)
 
-SHARED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "data")
-SHARED_RANKS = os.path.join(SHARED, "tokenizer", "r50k_base.tiktoken")
-SHARED_TEXT = os.path.join(SHARED, "tinyshakespeare", "input.txt")
-
 
 def run_script(tmp_path, *args):
     import shutil
@@ -234,7 +231,7 @@ def run_script(tmp_path, *args):
     import sys
     cache = tmp_path / "cache"
     cache.mkdir(exist_ok=True)
-    shutil.copy(SHARED_RANKS, cache / "gpt2.tiktoken")
+    shutil.copy(needs.shared(needs.GPT2_RANKS), cache / "gpt2.tiktoken")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     run = subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=root,
                          env=dict(os.environ, LLMPYX_CACHE_DIR=str(cache)), timeout=300)
@@ -242,10 +239,9 @@ def run_script(tmp_path, *args):
     return run.stdout
 
 
-@pytest.mark.skipif(not (os.path.exists(SHARED_RANKS) and os.path.exists(SHARED_TEXT)),
-                    reason="no GPT-2 ranks or tinyshakespeare in ../shared")
 def test_tinyshakespeare_script_matches_llmc(tmp_path):
-    stdout = run_script(tmp_path, "dev/data/tinyshakespeare.py", "--input-text", SHARED_TEXT,
+    text = needs.shared(needs.TINYSHAKESPEARE)
+    stdout = run_script(tmp_path, "dev/data/tinyshakespeare.py", "--input-text", text,
                         "--output-dir", str(tmp_path / "ts"))
     assert "writing 32,768 tokens" in stdout and "writing 305,260 tokens" in stdout
     train = DataLoader(str(tmp_path / "ts" / "tiny_shakespeare_train.bin"), 4, 64, shuffle=True,
@@ -255,7 +251,6 @@ def test_tinyshakespeare_script_matches_llmc(tmp_path):
     assert val[0] == 50256 and list(val[1:4]) == [5962, 22307, 25]  # <eot> "First Citizen:"
 
 
-@pytest.mark.skipif(not os.path.exists(SHARED_RANKS), reason="no GPT-2 ranks in ../shared")
 def test_text_to_shards(tmp_path):
     (tmp_path / "a.txt").write_text("Hello world\n\nSecond paragraph <|endoftext|>\n" * 50)
     (tmp_path / "b.txt").write_text("Another document, in its own file.\n" * 30)

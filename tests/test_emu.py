@@ -7,14 +7,16 @@ thread leaving before a barrier, an out-of-bounds write) are caught. The emulate
 checked against a double-precision loop.
 """
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
+import needs
+
 EMU = Path(__file__).resolve().parent.parent / "accel" / "emu"
-CXX = os.environ.get("CXX", "g++")
+CXX = needs.cxx()
+needs.tool("make")
 SAMPLES = ["block_reduce", "warp_reduce", "faults", "atomics", "out_of_bounds.asan", "block_reduce.ucontext",
            "hipblas"]
 # (EMU_SCHEDULE, EMU_SEED): every schedule, the shuffled one with several seeds.
@@ -23,11 +25,6 @@ SCHEDULES = [("lockstep", 1), ("lockstep-reverse", 1), ("warp-ahead", 1), ("warp
 ]
 WARP_SIZES = (32, 64)
 LAUNCH_FAILED = 3  # the samples' exit status when the emulator reported a fault
-
-pytestmark = pytest.mark.skipif(
-    shutil.which(CXX) is None or shutil.which("make") is None,
-    reason=f"the emulated kernels need a C++ compiler ({CXX}) and make",
-)
 
 
 @pytest.fixture(scope="module")

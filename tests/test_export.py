@@ -15,6 +15,7 @@ import sys
 import numpy as np
 import pytest
 
+import needs
 from llmc import tokenizer
 from llmc.checkpoint import checkpoint_paths
 from llmc.families import family_of_file
@@ -32,7 +33,6 @@ REPO = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(REPO, "dev"))
 import export  # noqa: E402
 
-SHARED_TEXT = os.path.join(REPO, "..", "shared", "data", "tinyshakespeare", "input.txt")
 PRETRAINED = os.path.join(REPO, "gpt2_124M.bin")
 FIXED_TEXT = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, "
               "speak.\n\nFirst Citizen:\nYou are all resolved rather to die than to famish?\n")
@@ -40,8 +40,8 @@ TOLERANCE = 1e-5   # max |ours - theirs| / max |ours|, both float32
 
 
 def text():
-    if os.path.exists(SHARED_TEXT):
-        with open(SHARED_TEXT, encoding="utf-8") as f:
+    if os.path.exists(needs.TINYSHAKESPEARE):
+        with open(needs.TINYSHAKESPEARE, encoding="utf-8") as f:
             return f.read()[:20_000]
     return FIXED_TEXT * 20
 
@@ -49,19 +49,16 @@ def text():
 @pytest.fixture(scope="module")
 def gpt2():
     """tiktoken's GPT-2 encoding, or a skip where its ranks cannot be had."""
-    try:
-        return tokenizer.gpt2_encoding()
-    except tokenizer.TokenizerError as e:
-        pytest.skip(f"no GPT-2 ranks here: {e}")
+    return needs.gpt2_encoding()
 
 
 @pytest.fixture(scope="module")
 def sentencepiece(tmp_path_factory):
     """A 400-token SentencePiece vocabulary trained on some Shakespeare as the data script
     trains them: (tokenizer.model, tokenizer.bin) side by side."""
-    pytest.importorskip("sentencepiece")
+    needs.package("sentencepiece")
     out = tmp_path_factory.mktemp("sp")
-    (out / "text.txt").write_text(text() * (1 if os.path.exists(SHARED_TEXT) else 5))
+    (out / "text.txt").write_text(text() * (1 if os.path.exists(needs.TINYSHAKESPEARE) else 5))
     model = tokenizer.train_sentencepiece(str(out / "text.txt"), str(out / "tokenizer"), 400)
     tokenizer.export_llama2c_tokenizer(model, str(out / "tokenizer.bin"))
     return out / "tokenizer.model", out / "tokenizer.bin"
@@ -94,8 +91,8 @@ def our_logits(model_path, batch):
 
 def hf_logits(folder, batch):
     """transformers' logits of the exported folder, in float32 whatever its file's dtype."""
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
+    torch = needs.package("torch")
+    transformers = needs.package("transformers")
     model = transformers.AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
     with torch.no_grad():
         return model(torch.from_numpy(batch.astype(np.int64))).logits.numpy()
@@ -113,7 +110,7 @@ def assert_same_logits(ours, theirs):
 def test_gpt2_d2_exports_to_transformers(gpt2, tmp_path, capsys, dtype):
     """A d2 GPT-2 from llm.c's fp32 (version 3) and bf16 (version 5) files: GPT2LMHeadModel's
     logits equal ours, the safetensors in the file's dtype, the real vocabulary only."""
-    pytest.importorskip("transformers")
+    needs.package("transformers")
     model = GPT2.random(GPT2Config.from_depth(2, max_seq_len=64), seed=3)
     model.save(str(tmp_path / "m.bin"), dtype=dtype)
     code, line = run_export(capsys, tmp_path / "m.bin", "--format", "hf", "-o", tmp_path / "hf",
@@ -133,7 +130,7 @@ def test_gpt2_d2_exports_to_transformers(gpt2, tmp_path, capsys, dtype):
 def test_gpt2_124M_exports_to_transformers(gpt2, tmp_path, capsys):
     """GPT-2 124M (gpt2_124M.bin where it is here, else d12 at random): the slowest test here,
     500 MB a file; one forward at T=16."""
-    pytest.importorskip("transformers")
+    needs.package("transformers")
     model_path = PRETRAINED
     if not os.path.exists(PRETRAINED):
         model_path = tmp_path / "d12.bin"
@@ -148,7 +145,7 @@ def test_gpt2_124M_exports_to_transformers(gpt2, tmp_path, capsys):
 
 
 def test_gpt2_tokenizer_encodes_as_tiktoken(gpt2, tmp_path, capsys):
-    transformers = pytest.importorskip("transformers")
+    transformers = needs.package("transformers")
     GPT2.random(GPT2Config.from_depth(1, max_seq_len=32)).save(str(tmp_path / "m.bin"))
     assert run_export(capsys, tmp_path / "m.bin", "--format", "hf", "-o", tmp_path / "hf")[0] == 0
     theirs = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
@@ -182,7 +179,7 @@ def sentencepiece_batch(model_path, B, T):
 def test_llama_exports_to_transformers(sentencepiece, tmp_path, capsys):
     """LlamaForCausalLM's logits equal ours, grouped-query heads, a separate or shared head,
     rope_theta and norm_eps; the tokenizer found from tokenizer.bin beside tokenizer.model."""
-    pytest.importorskip("transformers")
+    needs.package("transformers")
     batch = sentencepiece_batch(sentencepiece[0], 2, 24)
     for model_path, vocabulary in zip(llama_files(tmp_path, sentencepiece), sentencepiece):
         out = tmp_path / f"hf_{model_path.stem}"
@@ -199,7 +196,7 @@ def test_llama_exports_to_transformers(sentencepiece, tmp_path, capsys):
 def test_unpermuted_qk_rows_give_other_logits(sentencepiece, tmp_path):
     """The planted fault: q and k rows left in our adjacent-pair order, which transformers'
     rotate-half RoPE reads otherwise, change the logits far beyond the tolerance."""
-    pytest.importorskip("transformers")
+    needs.package("transformers")
     d3_path, _ = llama_files(tmp_path, sentencepiece)
     config, params = family_of_file(d3_path)[0].read_model(d3_path)
     tensors, hf_config = llama_to_hf(config, params, rotate_half_rows=False)
@@ -212,9 +209,8 @@ def test_unpermuted_qk_rows_give_other_logits(sentencepiece, tmp_path):
 
 def test_sentencepiece_tokenizer_encodes_as_sentencepiece(sentencepiece, tmp_path, capsys):
     """BOS, then SentencePiece's own ids: its extra spaces removed as SentencePiece removes them."""
-    transformers = pytest.importorskip("transformers")
-    pytest.importorskip("google.protobuf", reason="transformers reads a tokenizer.model through "
-                                                  "protobuf (pip install protobuf)")
+    transformers = needs.package("transformers")
+    needs.package("google.protobuf")   # transformers reads a tokenizer.model through it
     d3_path, _ = llama_files(tmp_path, sentencepiece)
     assert run_export(capsys, d3_path, "--format", "hf", "-o", tmp_path / "hf", "--tokenizer",
                       sentencepiece[0])[0] == 0
@@ -229,7 +225,7 @@ def test_sentencepiece_tokenizer_encodes_as_sentencepiece(sentencepiece, tmp_pat
 def test_llama_on_gpt2_tokens_gets_gpt2s_tokenizer(gpt2, tmp_path, capsys):
     """A Llama trained on GPT-2 tokens (the data scripts' default): GPT-2's tokenizer files,
     the default for a model of its 50257 tokens."""
-    transformers = pytest.importorskip("transformers")
+    transformers = needs.package("transformers")
     config = LlamaConfig.from_name("d1", vocab_size=50257, max_seq_len=32)
     write_llama_model(tmp_path / "m.bin", config, Llama2.random(config, seed=6).params)
     code, line = run_export(capsys, tmp_path / "m.bin", "--format", "hf", "-o", tmp_path / "hf")
@@ -248,8 +244,8 @@ def test_llama_on_gpt2_tokens_gets_gpt2s_tokenizer(gpt2, tmp_path, capsys):
 def test_every_format_reads_back(sentencepiece, tmp_path, capsys):
     """llm.c's fp32 <-> bf16, llama2.c's version 0 (the default) and 1, GGUF and Hugging Face:
     each read back equal (--check; to bf16 its values rounded), whatever format it came from."""
-    pytest.importorskip("gguf")
-    pytest.importorskip("safetensors")
+    needs.package("gguf")
+    needs.package("safetensors")
     GPT2.random(GPT2Config.from_depth(1, max_seq_len=16, vocab_size=400)).save(str(tmp_path / "g.bin"))
     d3_path, d2_path = llama_files(tmp_path, sentencepiece)
     for args in (("g.bin", "llmc", "g16.bin", "--dtype", "bfloat16"), ("g16.bin", "llmc", "g16_again.bin"),
@@ -411,9 +407,8 @@ def loglikelihood(model, gpt2, context, continuation):
 def test_lm_eval_runs_offline_on_an_export(gpt2, tmp_path, capsys):
     """lm-eval's Hugging Face model on the export of a d2, the task from a local file with no
     network: it gives an accuracy, and each choice's loglikelihood is our model's."""
-    pytest.importorskip("lm_eval", reason="lm-eval is not installed (pip install 'lm-eval[hf]')")
-    pytest.importorskip("accelerate", reason="lm-eval's Hugging Face model needs accelerate "
-                                             "(pip install 'lm-eval[hf]')")
+    needs.package("lm_eval")
+    needs.package("accelerate")   # lm-eval's Hugging Face model needs it
     model_path = tmp_path / "d2.bin"
     GPT2.random(GPT2Config.from_depth(2, max_seq_len=64), seed=7).save(str(model_path))
     assert run_export(capsys, model_path, "--format", "hf", "-o", tmp_path / "hf")[0] == 0

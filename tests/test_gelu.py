@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+import needs
 from kernels import gelu
 from kernels import reference as R
 
@@ -46,7 +47,7 @@ def test_backward(N):
 
 @pytest.mark.parametrize("N", SIZES)
 def test_reference_against_torch(N):
-    torch = pytest.importorskip("torch")
+    torch = needs.package("torch")
     x, dout, dinp_start = backward_case(N)
     xt = torch.tensor(x, dtype=torch.float64, requires_grad=True)
     out = torch.nn.functional.gelu(xt, approximate="tanh")

@@ -18,6 +18,7 @@ import warnings
 import numpy as np
 import pytest
 
+import needs
 import generate
 from llmc import checkpoint, tokenizer
 from llmc.formats.llama2c import read_llama2c_tokenizer, write_llama2c_tokenizer
@@ -30,7 +31,6 @@ from train_llama2 import Llama2, LlamaConfig
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-SHARED_RANKS = os.path.join(ROOT, "..", "shared", "data", "tokenizer", "r50k_base.tiktoken")
 V = 97   # a small vocabulary: clear argmaxes, quick references
 MODELS = {"gpt2": (GPT2, GPT2Config.from_name("d2", vocab_size=V)),
           "llama": (Llama2, LlamaConfig.from_name("d2", vocab_size=V))}
@@ -60,7 +60,7 @@ def run_generation(model, steps, sampler, prompt=PROMPT):
 # the forward
 
 def test_greedy_is_pytorchs_argmax_step_by_step(model_file):
-    torch = pytest.importorskip("torch")
+    torch = needs.package("torch")
     import importlib
     family, model = load(model_file)
     reference = importlib.import_module(family.reference)
@@ -287,9 +287,7 @@ def test_prompt_encodes_as_sentencepiece(vocabulary):  # noqa: F811
 
 @pytest.fixture
 def gpt2_ranks(monkeypatch, tmp_path):
-    if not os.path.exists(SHARED_RANKS):
-        pytest.skip("no GPT-2 ranks in ../shared/data/tokenizer")
-    shutil.copy(SHARED_RANKS, tmp_path / "gpt2.tiktoken")
+    shutil.copy(needs.shared(needs.GPT2_RANKS), tmp_path / "gpt2.tiktoken")
     monkeypatch.setenv("LLMPYX_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(tokenizer, "_encoding", None)
     return str(tmp_path)
@@ -389,13 +387,11 @@ def test_a_compact_vocabulary_model(capsys, tmp_path, vocabulary):  # noqa: F811
     assert "the prompt: token id" in line and "is not in the compacted vocabulary" in line
 
 
-@pytest.mark.skipif(not os.environ.get("LLAMA2C_DIR"),
-                    reason="LLAMA2C_DIR does not name a llama2.c checkout (its run.c)")
 def test_run_c_prints_what_generate_generates():
     """dev/llama2c_check.py: run.c and generate.py, greedy, on a tiny Llama trained here."""
-    text = os.path.join(ROOT, "..", "shared", "data", "tinyshakespeare", "input.txt")
+    text = needs.TINYSHAKESPEARE
     run = subprocess.run([sys.executable, os.path.join(ROOT, "dev", "llama2c_check.py"),
-                          os.environ["LLAMA2C_DIR"], "--steps", "20", "-n", "32",
+                          needs.llama2c(), "--steps", "20", "-n", "32",
                           *(["--input-text", text] if os.path.exists(text) else [])],
                          capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stderr

@@ -14,6 +14,7 @@ import sys
 import numpy as np
 import pytest
 
+import needs
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 GPU = os.path.join(ROOT, "dev", "gpu")
@@ -193,7 +194,7 @@ def test_the_build_steps_pass_with_only_the_machines_packages_and_the_wheels():
 def test_bench_gpu_puts_llmc_beside_llmpyx_and_pytorch(tmp_path, fake_llmc):
     """bench_gpu.py --llmc's whole flow, on the CPU: llm.pyx's CPU backend, PyTorch on the CPU,
     and a fake llm.c checkout's trainers (the rows, the ratios, issue 22's targets)."""
-    pytest.importorskip("torch", reason="the bench's other side is PyTorch")
+    needs.package("torch")   # the bench's other side is PyTorch
     fake_trainer(fake_llmc / "train_gpt2fp32cu", FP32_LINES, tmp_path / "fp32")
     fake_trainer(fake_llmc / "train_gpt2cu", BF16_LINES, tmp_path / "bf16")
     done = subprocess.run([sys.executable, os.path.join(GPU, "bench_gpu.py"), "--backend", "cpu",

@@ -15,6 +15,7 @@ import shutil
 import numpy as np
 import pytest
 
+import needs
 from llmc import evalloader
 from llmc.distributed import SINGLE
 from llmc.families import get_family
@@ -25,7 +26,6 @@ from test_mpi import needs_mpi, run_train as mpi_train
 from test_run_folder import run_train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SHARED_RANKS = os.path.join(ROOT, "..", "shared", "data", "tokenizer", "r50k_base.tiktoken")
 VOCAB = 97
 
 
@@ -151,7 +151,7 @@ def reference_losses(family, config, params, examples):
 
 @pytest.mark.parametrize("family_name", ["gpt2", "llama"])
 def test_scores_match_pytorch(family_name):
-    torch = pytest.importorskip("torch")
+    torch = needs.package("torch")
     torch.set_num_threads(1)
     family = get_family(family_name)
     # maxT 24 < the longest rows (30 tokens): those lose their oldest tokens; rows run at 16
@@ -307,11 +307,10 @@ def test_script_offline_says_so_and_writes_nothing(script, monkeypatch, tmp_path
     assert not (tmp_path / "hellaswag").exists() and not (tmp_path / "out.bin").exists()
 
 
-@pytest.mark.skipif(not os.path.exists(SHARED_RANKS), reason="no GPT-2 ranks in ../shared")
 def test_script_tokenizes_as_llmc(script, monkeypatch, tmp_path):
     cache = tmp_path / "cache"
     cache.mkdir()
-    shutil.copy(SHARED_RANKS, cache / "gpt2.tiktoken")
+    shutil.copy(needs.shared(needs.GPT2_RANKS), cache / "gpt2.tiktoken")
     monkeypatch.setenv("LLMPYX_CACHE_DIR", str(cache))
     (tmp_path / "hellaswag").mkdir()
     (tmp_path / "hellaswag" / "hellaswag_val.jsonl").write_text(
@@ -328,7 +327,7 @@ def test_script_tokenizes_as_llmc(script, monkeypatch, tmp_path):
 
 
 def test_script_with_a_sentencepiece_tokenizer(script, tmp_path):
-    pytest.importorskip("sentencepiece")
+    needs.package("sentencepiece")
     from llmc.tokenizer import (export_llama2c_tokenizer, sentencepiece_processor,
                                 train_sentencepiece)
     text = tmp_path / "text.txt"

@@ -18,19 +18,17 @@ import sys
 import numpy as np
 import pytest
 
+import needs
 from accel.backend import BackendError, get_backend
+from accel.hip import EMU_LIBRARY, NOT_BUILT
 from accel.spec import BY_NAME, entries_of
 from entries import D12_WIDTHS, SMALL, call_entry, run_every_entry
-from hip_emu import (checked, CXX, device, finish, first_mismatch, HIP, make, needs_compiler, SCHEDULES,
+from hip_emu import (checked, CXX, device, finish, first_mismatch, HIP, make, SCHEDULES,
                      WARP_SIZES)
 from train_gpt2 import GPT2Config
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-
-from accel.hip import EMU_LIBRARY, NOT_BUILT  # noqa: E402  (after the skip)
-
-pytestmark = needs_compiler
 
 KERNELS = {name for name in entries_of(("core", "linear", "gpt2", "llama", "classifier", "flash"))
            if BY_NAME[name].wrap}
@@ -270,7 +268,7 @@ def test_test_gpt2_passes_on_the_fixture(builds, backend):
 
 
 def test_test_gpt2_passes_on_a_fresh_d2_reference(builds, tmp_path):
-    pytest.importorskip("torch", reason="the d2 reference is written by PyTorch")
+    needs.package("torch")   # the d2 reference is written by PyTorch
     subprocess.run([sys.executable, "train_gpt2_torch.py", "-e", "d2", "-b", "2", "-t", "9", "-o", str(tmp_path),
                     "--name", "d2"], cwd=ROOT, check=True, capture_output=True,
                    env=dict(os.environ, OMP_NUM_THREADS="1"))
@@ -310,11 +308,10 @@ def toolchain(*args):
     return subprocess.run([os.path.join(HIP, "toolchain.sh"), *args], capture_output=True, text=True)
 
 
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 def test_nvcc_build_compiles_and_says_no_gpu_without_one(tmp_path):
     """Both precisions' libraries: compiled, linked against cuBLAS, loaded."""
-    if toolchain("cublas-include").returncode != 0:
-        pytest.skip("cuBLAS headers not found (pip install nvidia-cublas, or nvidia-cublas-cu12 for CUDA 12)")
+    needs.tool("nvcc")
+    needs.headers("cuBLAS")
     build = subprocess.run(["make", "-s", "-C", HIP, "gpu", "HIP_PLATFORM=nvidia", "NVCC_ARCH=sm_90",
                             f"BUILD={tmp_path}"], capture_output=True, text=True)
     assert build.returncode == 0, build.stderr[-3000:]
@@ -326,10 +323,11 @@ def test_nvcc_build_compiles_and_says_no_gpu_without_one(tmp_path):
         assert "\n" not in str(e.value)
 
 
-@pytest.mark.skipif(shutil.which("hipcc") is None, reason="hipcc is not installed")
 def test_hipcc_compile_check_for_amd(tmp_path):
-    if toolchain("amd-archs", "gfx90a").returncode != 0:
-        pytest.skip("this hipcc cannot build for gfx90a")
+    needs.tool("hipcc")
+    archs = toolchain("amd-archs", "gfx90a")
+    if archs.returncode != 0:   # toolchain.sh says why (hipcc's first error)
+        pytest.skip(" / ".join(archs.stderr.strip().splitlines()))
     check = subprocess.run(["make", "-s", "-C", HIP, "check-amd", f"BUILD={tmp_path}"], capture_output=True,
                            text=True)
     assert check.returncode == 0, check.stderr[-3000:]
@@ -340,7 +338,7 @@ def test_hipcc_compile_check_for_amd(tmp_path):
 
 def test_gpu_bench_runs_its_whole_flow_on_the_emulator_and_cpu_torch(builds):
     """dev/gpu/bench_gpu.py at both precisions (its dry run and llm.c's side: tests/test_gpu_script.py)."""
-    pytest.importorskip("torch", reason="the bench's other side is PyTorch")
+    needs.package("torch")   # the bench's other side is PyTorch
     done = subprocess.run([sys.executable, os.path.join("dev", "gpu", "bench_gpu.py"), "--backend", "hip-emu",
                            "--torch-device", "cpu", "-e", "1", "-b", "1", "-t", "8", "--steps", "1", "--warmup", "1",
                            "--no-compile"], cwd=ROOT, capture_output=True, text=True, timeout=600)

@@ -30,18 +30,15 @@ import pytest
 
 from accel import instrument
 from accel.backend import BackendError, get_backend
+from accel.hip import EMU_LIBRARY_BF16
 from accel.spec import BY_NAME, ORDER, evaluate, tolerance
 from entries import D12_WIDTHS, SMALL, host_data, numbers, run_every_entry
-from hip_emu import adamw_steps, CXX, device, finish, make, needs_compiler, SCHEDULES, WARP_SIZES
+from hip_emu import adamw_steps, CXX, device, finish, make, SCHEDULES, WARP_SIZES
 from kernels.bf16 import to_bf16, to_float32
 from train_gpt2 import GPT2, GPT2Config
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-
-from accel.hip import EMU_LIBRARY_BF16  # noqa: E402  (after the skip)
-
-pytestmark = needs_compiler
 
 # at most one element in ONE_IN of a bf16 output may have other bits than the CPU's (see above)
 ONE_IN = 50

@@ -16,16 +16,13 @@ import numpy as np
 import pytest
 
 from accel.backend import get_backend
+from accel.hip import EMU_LIBRARY, EMU_LIBRARY_BF16
 from accel.spec import BY_NAME, entries_of
 from entries import SMALL, D12_WIDTHS, run_every_entry
-from hip_emu import adamw_steps, checked, device, finish, first_mismatch, make, needs_compiler, WARP_SIZES
+from hip_emu import adamw_steps, checked, device, finish, first_mismatch, make, WARP_SIZES
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-
-from accel.hip import EMU_LIBRARY, EMU_LIBRARY_BF16  # noqa: E402  (after the skip)
-
-pytestmark = needs_compiler
 
 GROUPS = ("llama", "classifier")
 KERNELS = {name for name in entries_of(GROUPS) if BY_NAME[name].wrap}

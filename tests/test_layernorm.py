@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 from threadpoolctl import threadpool_limits
 
+import needs
 from kernels import layernorm
 from kernels import reference as R
 
@@ -73,7 +74,7 @@ def test_backward(B, T, C, num_threads):
 
 @pytest.mark.parametrize("B,T,C", SHAPES)
 def test_reference_against_torch(B, T, C):
-    torch = pytest.importorskip("torch")
+    torch = needs.package("torch")
     inp, weight, bias, dout, starts = backward_case(B, T, C)
     out, mean, rstd = R.layernorm_forward(inp, weight, bias)
     x = torch.tensor(inp, dtype=torch.float64, requires_grad=True)

@@ -14,6 +14,7 @@ import sys
 import numpy as np
 import pytest
 
+import needs
 from llmc import tokenizer
 from llmc.formats import FormatError, param_views
 from llmc.formats.gguf import (bpe_merges, gguf_vocab, gpt2_byte_text, gpt2_gguf_vocab, read_gguf,
@@ -26,7 +27,6 @@ from llmc.rope_tables import rope_tables
 from train_llama2 import LlamaConfig
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SHARED_TEXT = os.path.join(REPO, "..", "shared", "data", "tinyshakespeare", "input.txt")
 
 
 def tiny(shared=True, **overrides):
@@ -99,7 +99,7 @@ def test_rope_tables_match_llama2c_up_to_its_float32_angles():
     # to float32, which moves an angle by up to about 13 float32 roundings of it (theta's
     # power of a rounded exponent amplifies one by ln(theta)): within angle * 2^-20, on any
     # CPU; the tables' own rounding and PyTorch's float32 cos and sin add an ulp or two
-    torch = pytest.importorskip("torch")
+    torch = needs.package("torch")
     hs, T = 48, 256  # stories15M
     freqs = 1.0 / (10000.0 ** (torch.arange(0, hs, 2)[: (hs // 2)].float() / hs))
     angles = torch.outer(torch.arange(T), freqs).float()
@@ -161,11 +161,11 @@ def test_tokenizer_bin_as_described(tmp_path):
 def vocabulary(tmp_path_factory):
     """A 400-token SentencePiece vocabulary trained on some Shakespeare, as the data script
     trains them, and its tokenizer.bin."""
-    pytest.importorskip("sentencepiece")
+    needs.package("sentencepiece")
     out = tmp_path_factory.mktemp("sp")
     text = out / "text.txt"
-    if os.path.exists(SHARED_TEXT):
-        text.write_text(open(SHARED_TEXT, encoding="utf-8").read()[:200_000])
+    if os.path.exists(needs.TINYSHAKESPEARE):
+        text.write_text(open(needs.TINYSHAKESPEARE, encoding="utf-8").read()[:200_000])
     else:
         # without the shared data: enough varied text for the val split (32,768 tokens) and more
         rng = np.random.default_rng(0)
@@ -287,7 +287,7 @@ def test_hf_checkpoint_converts(tmp_path):
 
 @pytest.mark.parametrize("shared", [True, False])
 def test_gguf_reads_back_with_gguf(vocabulary, tmp_path, shared):
-    gguf = pytest.importorskip("gguf")
+    gguf = needs.package("gguf")
     _, bin_path, _ = vocabulary
     config = LlamaConfig.from_name("d3", vocab_size=400, max_seq_len=64, shared_classifier=shared)
     params = random_params(config, seed=5)
@@ -314,7 +314,7 @@ def test_gguf_reads_back_with_gguf(vocabulary, tmp_path, shared):
 
 
 def test_gguf_refuses_a_vocabulary_of_another_size(vocabulary, tmp_path):
-    pytest.importorskip("gguf")
+    needs.package("gguf")
     _, bin_path, _ = vocabulary
     vocab = gguf_vocab(bin_path, tiny().vocab_size)
     with pytest.raises(ValueError, match="the tokenizer has 400 tokens"):
@@ -345,7 +345,7 @@ def test_bpe_merges_rebuilt_from_the_ranks():
 def test_gguf_with_a_gpt2_style_vocabulary(tmp_path):
     """llm.c's tokenizer file in: GGUF's "gpt2" tokenizer with merges, padded to the model's
     vocabulary with unused tokens; the end-of-text as BOS/EOS, a control token."""
-    gguf = pytest.importorskip("gguf")
+    gguf = needs.package("gguf")
     tokens, merges, eot = tiny_bpe()
     write_tokenizer(tmp_path / "tok.bin", tokens, eot)
     config = LlamaConfig.from_name("d2", vocab_size=len(tokens) + 3, max_seq_len=16)
@@ -370,11 +370,8 @@ def test_gguf_with_a_gpt2_style_vocabulary(tmp_path):
 
 def test_gguf_gpt2_merges_as_gpt2s(tmp_path):
     """With GPT-2's own ranks at hand, the rebuilt merges start as GPT-2's merges.txt does."""
-    gguf = pytest.importorskip("gguf")
-    try:
-        enc = tokenizer.gpt2_encoding()
-    except tokenizer.TokenizerError as e:
-        pytest.skip(f"no GPT-2 ranks here: {e}")
+    gguf = needs.package("gguf")
+    enc = needs.gpt2_encoding()
     vocab = gpt2_gguf_vocab([enc.decode_single_token_bytes(i) for i in range(enc.n_vocab)],
                             enc.eot_token, 50304)
     assert len(vocab.merges) == 50000 and vocab.tokens[50256] == "<|endoftext|>"

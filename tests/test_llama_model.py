@@ -11,6 +11,7 @@ import sys
 import numpy as np
 import pytest
 
+import needs
 import test_llama2
 from accel import instrument
 from entries import run_every_entry
@@ -47,7 +48,7 @@ def forward_backward(model, x, y):
 
 @pytest.mark.parametrize("config", [TINY_GQA, TINY_MQA], ids=["gqa-separate", "mqa-tied"])
 def test_forward_backward_match_pytorch(config):
-    torch = pytest.importorskip("torch")
+    torch = needs.package("torch")
     import train_llama2_torch as ref
     torch.set_num_threads(1)
     params = ref.init_params(config, seed=3)

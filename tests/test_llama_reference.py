@@ -13,7 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
+import needs
+
+torch = needs.package("torch")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import train_llama2_torch as ref  # noqa: E402

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+import needs
 from kernels import matmul
 from kernels import reference as R
 from kernels.reference import f64
@@ -50,7 +51,7 @@ def test_backward_accumulates(B, T, C, OC, with_bias):
 
 @pytest.mark.parametrize("B,T,C,OC", SIZES)
 def test_reference_against_torch(B, T, C, OC):
-    torch = pytest.importorskip("torch")
+    torch = needs.package("torch")
     inp, weight, dout, starts = backward_case(B, T, C, OC)
     x = torch.tensor(f64(inp), requires_grad=True)
     w = torch.tensor(f64(weight), requires_grad=True)

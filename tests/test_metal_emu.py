@@ -11,7 +11,6 @@ METAL_SOURCE=...`; a compile error is reported at the line of the file it was wr
 """
 import ctypes
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import needs
 from accel import instrument
 from accel.backend import BackendError, get_backend
 from accel.spec import BY_NAME, entries_of
@@ -32,10 +32,9 @@ SCHEDULES = [("lockstep", 1), ("lockstep-reverse", 1), ("warp-ahead", 1), ("warp
              ("shuffled", 1), ("shuffled", 2)]
 KERNELS = {name for name in entries_of(("core", "linear", "gpt2", "llama", "classifier", "flash")) if BY_NAME[name].wrap}
 
-pytestmark = pytest.mark.skipif(
-    not sys.platform.startswith("linux") or shutil.which("g++") is None or shutil.which("make") is None,
-    reason="the Metal emulator needs Linux, g++ and make",
-)
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the Metal emulator runs on Linux")
+needs.tool("g++")
+needs.tool("make")
 
 
 def build(source, library, asan=False):
@@ -263,16 +262,13 @@ print("clean run")
 
 
 def run_under_asan(library):
-    libasan = subprocess.run(["g++", "-print-file-name=libasan.so"], capture_output=True, text=True).stdout.strip()
-    env = dict(os.environ, LD_PRELOAD=libasan, ASAN_OPTIONS="detect_leaks=0")
+    env = dict(os.environ, LD_PRELOAD=needs.asan_runtime(), ASAN_OPTIONS="detect_leaks=0")
     return subprocess.run([sys.executable, "-c", ASAN_SCRIPT, str(library)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
 
 
-@pytest.mark.skipif(not os.path.isabs(subprocess.run(["g++", "-print-file-name=libasan.so"], capture_output=True,
-                                                     text=True).stdout.strip()),
-                    reason="g++ has no AddressSanitizer runtime")
 def test_address_sanitizer_reports_a_write_past_the_output(tmp_path):
+    needs.asan_runtime()
     clean = run_under_asan(make_library(SOURCE, tmp_path / "clean.so", asan=True))
     assert clean.returncode == 0 and "clean run" in clean.stdout, clean.stderr[-3000:]
     # llm.metal's layernorm bug: a grid rounded up to whole threadgroups and no bounds check, so

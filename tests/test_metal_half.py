@@ -33,7 +33,6 @@ import ctypes
 import math
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -41,6 +40,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import needs
 from accel import instrument
 from accel.backend import get_backend
 from accel.spec import BY_NAME, ORDER, entries_of, evaluate, tolerance
@@ -58,10 +58,9 @@ FP16_STEP = 2.0 ** -10    # two fp16 steps of the largest element (check:'s BF16
 BIAS_LIMIT = 0.05         # check:'s BF16_BIAS_LIMIT
 ONE_IN = 50               # at most one element in 50 of an fp16 output with other bits than the oracle's
 
-pytestmark = pytest.mark.skipif(
-    not sys.platform.startswith("linux") or shutil.which("g++") is None or shutil.which("make") is None,
-    reason="the Metal emulator needs Linux, g++ and make",
-)
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the Metal emulator runs on Linux")
+needs.tool("g++")
+needs.tool("make")
 
 
 def make_library(precision, source=SOURCE, library=None):
@@ -547,19 +546,16 @@ print("every entry ran")
 """
 
 
-@pytest.mark.skipif(not Path(subprocess.run(["g++", "-print-file-name=libasan.so"], capture_output=True,
-                                            text=True).stdout.strip()).is_absolute(),
-                    reason="g++ has no AddressSanitizer runtime")
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 def test_address_sanitizer_build_runs_every_entry_cleanly(tmp_path, precision):
     """2-byte buffers: a kernel or host.c offset that counts floats where it should count halves
     reads or writes past them."""
+    libasan = needs.asan_runtime()
     library = tmp_path / f"libmetal_emu_{precision}.asan.so"
     command = ["make", "-s", "-C", str(ROOT), "metal-emu", f"METAL_EMU_LIB={library}", f"METAL_PRECISION={precision}",
                "ASAN=1", f"PYTHON={sys.executable}"]
     built = subprocess.run(command, capture_output=True, text=True)
     assert built.returncode == 0, built.stderr
-    libasan = subprocess.run(["g++", "-print-file-name=libasan.so"], capture_output=True, text=True).stdout.strip()
     env = dict(os.environ, LD_PRELOAD=libasan, ASAN_OPTIONS="detect_leaks=0",
                PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     done = subprocess.run([sys.executable, "-c", ASAN_SCRIPT, str(library), precision], cwd=ROOT, env=env,

@@ -3,20 +3,29 @@ every variant and gpt2.metal's own kernel (check only: times are measured on a M
 variant that is wrong makes it fail; dev/metal/check_and_time.sh's dry run says what a Mac user's
 run would do."""
 import os
-import shutil
 import subprocess
 import sys
 
 import pytest
+
+import needs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from dev.metal import ab  # noqa: E402
 
-needs_emulator = pytest.mark.skipif(
-    not sys.platform.startswith("linux") or shutil.which("g++") is None or shutil.which("make") is None,
-    reason="the Metal emulator needs Linux, g++ and make")
+
+@pytest.fixture
+def metal_emulator():
+    """What the Metal emulator needs: Linux (a platform skip), g++ and make."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("the Metal emulator runs on Linux")
+    needs.tool("g++")
+    needs.tool("make")
+
+
+needs_emulator = pytest.mark.usefixtures("metal_emulator")
 
 
 @needs_emulator
@@ -48,7 +57,8 @@ def test_bench_metal_times_each_side_at_fp16_on_the_emulator():
     """The Mac script's timing (dev/metal/bench_metal.py) run for real, on metal-emu and
     PyTorch's CPU: one step of d1 at fp16 (llm.pyx's half precision, PyTorch's float16
     autocast), both sides starting from the same parameters."""
-    pytest.importorskip("torch", reason="PyTorch is the peer")
+    needs.package("torch")   # PyTorch is the peer
+    needs.emulator("metal-emu", "fp16")
     result = subprocess.run([sys.executable, "dev/metal/bench_metal.py", "--backend", "metal-emu",
                              "--torch-device", "cpu", "-e", "1", "-b", "1", "-t", "8", "--steps", "1",
                              "--warmup", "0", "--no-mlx", "--precision", "fp16"],
@@ -96,17 +106,16 @@ def test_the_mac_scripts_llama_run_plans_on_the_emulator():
 
 # --- metal_runtime.m on Linux: clang against stub declarations (make metal-syntax) ---------------
 
-CLANG = next((shutil.which(c) for c in ("clang", "clang-19", "clang-18", "clang-17", "clang-16", "clang-15",
-                                        "clang-14") if shutil.which(c)), None)
+# the clangs the Makefile's metal-syntax looks for
+CLANGS = ("clang", "clang-19", "clang-18", "clang-17", "clang-16", "clang-15", "clang-14")
 RUNTIME = os.path.join(ROOT, "accel", "metal", "metal_runtime.m")
 
 
-def syntax_check(source):
+def syntax_check(source, clang):
     return subprocess.run(["make", "-s", "-C", ROOT, "metal-syntax", f"METAL_RUNTIME_SOURCE={source}",
-                           f"METAL_CLANG={CLANG}"], capture_output=True, text=True, timeout=300)
+                           f"METAL_CLANG={clang}"], capture_output=True, text=True, timeout=300)
 
 
-@pytest.mark.skipif(CLANG is None, reason="needs clang (apt-get install clang)")
 @pytest.mark.parametrize("name, old, new, message", [
     (None, None, None, None),
     ("no-bridge", "(__bridge id<MTLDevice>)rt->device", "(id<MTLDevice>)rt->device", "bridged cast"),
@@ -114,6 +123,7 @@ def syntax_check(source):
      "waitUntilComplete"),
 ], ids=["as-is", "no-bridge", "misspelt-selector"])
 def test_metal_runtime_compiles_against_the_stubs(tmp_path, name, old, new, message):
+    clang = needs.tool(*CLANGS)
     source = RUNTIME
     if name is not None:   # a planted fault: ARC's bridging cast missing, a selector Metal lacks
         text = open(RUNTIME).read()
@@ -121,7 +131,7 @@ def test_metal_runtime_compiles_against_the_stubs(tmp_path, name, old, new, mess
         source = tmp_path / "metal_runtime.m"
         source.write_text(text.replace(old, new, 1))
         (tmp_path / "metal_runtime.h").write_text(open(os.path.join(ROOT, "accel", "metal", "metal_runtime.h")).read())
-    result = syntax_check(source)
+    result = syntax_check(source, clang)
     if name is None:
         assert result.returncode == 0 and "metal_runtime.m: clean under" in result.stdout, result.stderr
     else:

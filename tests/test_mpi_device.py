@@ -18,7 +18,6 @@ llmc/distributed.py's use of it in train.py.
 """
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -26,16 +25,16 @@ import time
 import numpy as np
 import pytest
 
+import needs
 from accel.backend import BackendError
-from accel.hip import EMU_LIBRARY
-from test_mpi import (COMMON, MPI_ENV, MPIEXEC, data, kill_one_rank_and_see_the_job_end, losses,  # noqa: F401
+from test_mpi import (COMMON, MPI_ENV, data, kill_one_rank_and_see_the_job_end, losses, mpiexec,  # noqa: F401
                       needs_mpi, run_train)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
-pytestmark = pytest.mark.skipif(not os.path.exists(EMU_LIBRARY),
-                                reason="the emulated HIP build is not built (make hip-emu)")
+needs.emulator("hip-emu")
+needs.emulator("hip-emu", "bf16")
 
 CHUNK = 1 << 18   # accel/emu/rccl/rccl_emu.cpp's floats per rank and round
 DEVICE_PATH = "on the device (hip-emu's collectives: NCCL / RCCL)"
@@ -143,15 +142,14 @@ if rank == 0:
 """
 
 
-@needs_mpi
 @pytest.mark.parametrize("ranks", [2, 3])
-def test_collectives_sum_in_rank_order_whatever_the_arrival(ranks):
+def test_collectives_sum_in_rank_order_whatever_the_arrival(ranks, mpiexec):
     """Lengths with spans equal (6, 10 at 2 ranks: NCCL's reduce-scatter and all-gather) and not
     (11: a group of reduces and broadcasts rooted at each span's rank), and one longer than the
     emulation's chunk (several rounds through the shared memory)."""
     script = COLLECTIVES.format(long=CHUNK * ranks + 5)
     for seed in (1, 2):
-        run = subprocess.run([MPIEXEC, "-n", str(ranks), sys.executable, "-c", script, str(seed)],
+        run = subprocess.run([mpiexec, "-n", str(ranks), sys.executable, "-c", script, str(seed)],
                              capture_output=True, text=True, timeout=120, cwd=ROOT,
                              env=dict(os.environ, **MPI_ENV, PYTHONPATH=ROOT))
         assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
@@ -262,39 +260,28 @@ def test_zero1_bf16_on_the_device_resumes_bit_for_bit(data, tmp_path):
         assert (out / name).read_bytes() == (straight_dir / name).read_bytes(), name
 
 
-def toolchain(*args):
-    return subprocess.run([os.path.join(ROOT, "accel", "hip", "toolchain.sh"), *args], capture_output=True, text=True)
-
-
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 def test_nvcc_compiles_the_nccl_calls(tmp_path):
     """make hip-check-nvcc with NCCL's headers (the PyPI wheel nvidia-nccl-cu13): collectives.hip
     compiles for sm_90 at both precisions."""
-    if toolchain("cublas-include").returncode != 0 or toolchain("nccl-include").returncode != 0:
-        pytest.skip("cuBLAS or NCCL headers not found (pip install nvidia-cublas nvidia-nccl-cu13)")
+    needs.tool("nvcc")
+    needs.headers("cuBLAS")
+    needs.headers("NCCL")
     check = subprocess.run(["make", "-s", "-C", os.path.join(ROOT, "accel", "hip"), "check-nvcc", f"BUILD={tmp_path}"],
                            capture_output=True, text=True, timeout=900)
     assert check.returncode == 0, check.stderr[-3000:]
     assert "gpt2.hip compiles with nvcc for sm_90, fp32 and bf16, with NCCL's collectives" in check.stdout
 
 
-def hydra():
-    """Whether MPIEXEC is MPICH's (hydra), whose -env gives one process its own variable."""
-    if MPIEXEC is None:
-        return False
-    return "HYDRA" in subprocess.run([MPIEXEC, "--version"], capture_output=True, text=True).stdout
-
-
-@needs_mpi
-@pytest.mark.skipif(not hydra(), reason="starts ranks with different environments through hydra's -env")
-def test_the_ranks_agree_on_one_path(data):
+def test_the_ranks_agree_on_one_path(data, mpiexec):
     """Only rank 1 has LLMPYX_HOST_COLLECTIVES=1: rank 0 would take the device, but the ranks
     agree through MPI, so both go through host copies (each on the device alone: a hang)."""
+    if "HYDRA" not in subprocess.run([mpiexec, "--version"], capture_output=True, text=True, check=True).stdout:
+        pytest.skip(f"{mpiexec} is not MPICH's (hydra), whose -env starts ranks with different environments")
     train = [sys.executable, os.path.join(ROOT, "train.py"), *map(str, COMMON), "-i", data.single, "-j", data.val,
              "-x", 2, "-v", 5, "-m", 4, "--backend", "hip-emu"]
     train = list(map(str, train))
     env = {k: v for k, v in os.environ.items() if k != "LLMPYX_HOST_COLLECTIVES"}
-    run = subprocess.run([MPIEXEC, "-n", "1", *train, ":", "-n", "1", "-env", "LLMPYX_HOST_COLLECTIVES", "1", *train],
+    run = subprocess.run([mpiexec, "-n", "1", *train, ":", "-n", "1", "-env", "LLMPYX_HOST_COLLECTIVES", "1", *train],
                          capture_output=True, text=True, timeout=120, env=dict(env, **MPI_ENV))
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert path_of(run.stdout) == HOST_PATH

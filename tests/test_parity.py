@@ -8,6 +8,7 @@ import sys
 import numpy as np
 import pytest
 
+import needs
 import test_gpt2
 from llmc.formats import param_views
 from llmc.formats.llmc import read_checkpoint, read_debug_state, write_debug_state
@@ -25,7 +26,7 @@ def run_check(model, state, capsys, monkeypatch):
 @pytest.fixture(scope="module")
 def reference_d2(tmp_path_factory):
     """A random d2 GPT-2 with the real vocab and a B=3, T=13 debug state from the reference."""
-    pytest.importorskip("torch")
+    needs.package("torch")
     out = tmp_path_factory.mktemp("ref")
     subprocess.run([sys.executable, os.path.join(ROOT, "train_gpt2_torch.py"), "-e", "d2",
                     "-b", "3", "-t", "13", "-o", str(out), "--name", "d2"], check=True, cwd=ROOT,

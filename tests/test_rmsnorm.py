@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 from threadpoolctl import threadpool_limits
 
+import needs
 from kernels import rmsnorm
 
 EPS = 1e-5  # llama2.c's norm_eps
@@ -86,7 +87,7 @@ def test_backward_adds_and_matches_numpy_and_torch(B, T, C, num_threads):
     np.testing.assert_allclose(dinp, dinp_start + dinp_ref, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(dweight, dweight_start + dweight_ref, rtol=1e-5, atol=1e-4)
 
-    torch = pytest.importorskip("torch")
+    torch = needs.package("torch")
     x = torch.tensor(inp, dtype=torch.float64, requires_grad=True)
     w = torch.tensor(weight, dtype=torch.float64, requires_grad=True)
     torch.nn.functional.rms_norm(x, (C,), w, eps=EPS).backward(torch.tensor(dout, dtype=torch.float64))
@@ -95,7 +96,7 @@ def test_backward_adds_and_matches_numpy_and_torch(B, T, C, num_threads):
 
 
 def test_forward_matches_torch():
-    torch = pytest.importorskip("torch")
+    torch = needs.package("torch")
     inp, weight = make_inputs(np.random.default_rng(2), 3, 7, 37)
     out, _ = run_forward(inp, weight)
     expected = torch.nn.functional.rms_norm(torch.from_numpy(inp), (37,), torch.from_numpy(weight),

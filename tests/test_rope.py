@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from threadpoolctl import threadpool_limits
 
+import needs
 from kernels import rope
 from llmc.rope_tables import rope_tables
 
@@ -105,7 +106,7 @@ def test_backward_adds_and_matches_numpy_and_torch(B, T, NH, hs, num_threads):
     np.testing.assert_allclose(dinp, dinp_start + dinp_ref, rtol=1e-5, atol=1e-5)
 
     # Meta's apply_rotary_emb: pairs as complex numbers times exp(i angle), differentiated
-    torch = pytest.importorskip("torch")
+    torch = needs.package("torch")
     x = torch.tensor(inp, dtype=torch.float64, requires_grad=True)
     freqs_cis = torch.polar(torch.ones(T, hs // 2, dtype=torch.float64),
                             torch.from_numpy(rope_angles_ref(T, hs)))

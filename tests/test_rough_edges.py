@@ -14,6 +14,7 @@ import types
 import numpy as np
 import pytest
 
+import needs
 import test_gpt2
 from llmc.formats.llmc import write_shard
 from llmc.logger import plot_losses
@@ -38,9 +39,7 @@ def test_parity_uses_a_lower_precision_backends_own_tolerances():
 
 @pytest.mark.parametrize("script", ["test_gpt2.py", "test_llama2.py"])
 def test_parity_on_ane_emu_passes_at_fp16_tolerances(script):
-    from accel.backend import backend_names
-    if not any(name == "ane-emu" and why is None for name, _, why in backend_names()):
-        pytest.skip("ane-emu is not available here")
+    needs.emulator("ane-emu")
     done = run(script, "--backend", "ane-emu")
     assert re.search(r"^tolerances ane-emu's, lower precision \(its loosest entry 0\.008\)",
                      done.stdout, re.M), done.stdout

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 from threadpoolctl import threadpool_limits
 
+import needs
 from kernels import swiglu
 
 
@@ -67,7 +68,7 @@ def test_backward_adds_and_matches_numpy_and_torch(N, num_threads):
     np.testing.assert_allclose(da, da_start + da_ref, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(db, db_start + db_ref, rtol=1e-5, atol=1e-5)
 
-    torch = pytest.importorskip("torch")
+    torch = needs.package("torch")
     ta = torch.tensor(a, dtype=torch.float64, requires_grad=True)
     tb = torch.tensor(b, dtype=torch.float64, requires_grad=True)
     (torch.nn.functional.silu(ta) * tb).backward(torch.tensor(dout, dtype=torch.float64))

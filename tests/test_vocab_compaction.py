@@ -16,6 +16,7 @@ import types
 import numpy as np
 import pytest
 
+import needs
 from llmc.dataloader import DataError
 from llmc.formats import FormatError
 from llmc.families import get_family
@@ -116,7 +117,7 @@ def test_training_equals_remapped_shards(corpus, tmp_path):
     assert SAMPLE.findall(compact)[-1] == text
 
     # the dashboard samples the checkpoint through the saved map too
-    pytest.importorskip("rich")
+    needs.package("rich")
     sys.path.insert(0, ROOT)
     from dev import dashboard
     d = dashboard.Dashboard(str(tmp_path / "compact" / "log.jsonl"), gen_tokens=8,
