@@ -147,13 +147,7 @@ def test_one_process_needs_no_mpi():
 # ----------------------------------------------------------------------------
 # with MPI: train.py on 2 ranks
 
-@pytest.fixture(scope="session")
-def mpiexec():
-    """The MPI launcher, or a skip where mpi4py or mpiexec is absent (needs.mpiexec)."""
-    return needs.mpiexec()
-
-
-# a test that starts ranks
+# a test that starts ranks (conftest.py's mpiexec: a skip where MPI is absent)
 needs_mpi = pytest.mark.usefixtures("mpiexec")
 MPI_ENV = dict(OMP_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1",
                OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", LLMPYX_CACHE_DIR="/nonexistent-llmpyx-cache")

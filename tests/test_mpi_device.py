@@ -27,7 +27,7 @@ import pytest
 
 import needs
 from accel.backend import BackendError
-from test_mpi import (COMMON, MPI_ENV, data, kill_one_rank_and_see_the_job_end, losses, mpiexec,  # noqa: F401
+from test_mpi import (COMMON, MPI_ENV, data, kill_one_rank_and_see_the_job_end, losses,  # noqa: F401
                       needs_mpi, run_train)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
