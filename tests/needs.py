@@ -12,7 +12,7 @@ top of a test module (the whole module skips), in a fixture or in a test.
                                              imports it: package("coremltools", "accel.ane.mil"))
     needs.emulated("check:hip-emu")          an emulated backend, made by get_backend
     needs.emulator("metal-emu", "fp16")      what that backend needs, without making it
-    needs.tool("nvcc"), needs.cxx()          a tool on PATH; the C++ compiler CXX names
+    needs.tool("nvcc"), needs.cxx(), cc()    a tool on PATH; the C++, C compiler CXX, CC name
     needs.asan_runtime()                     g++'s AddressSanitizer runtime
     needs.headers("cuBLAS")                  a header set, as accel/hip/toolchain.sh finds it
     needs.shared(needs.GPT2_RANKS)           a file of ../shared
@@ -136,6 +136,11 @@ def tool(name, *alternatives, how=None):
 def cxx():
     """The C++ compiler the emulated builds use (CXX, else g++): its path, or a skip."""
     return tool(os.environ.get("CXX", "g++"), how="a C++ compiler: apt-get install g++, or name one in CXX")
+
+
+def cc():
+    """The C compiler make uses (CC, else cc: Metal's host side): its path, or a skip."""
+    return tool(os.environ.get("CC", "cc"), how="a C compiler: apt-get install gcc, or name one in CC")
 
 
 def asan_runtime():

@@ -15,6 +15,8 @@ import subprocess
 
 import pytest
 
+import needs
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EMU = os.path.join(ROOT, "accel", "emu")
 
@@ -81,20 +83,17 @@ def refused(done, plant, compiler):
     return done.returncode != 0 and plant[3] in output and CONFLICT[compiler] in output
 
 
-needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed (the emulator build's compiler)")
-
-
-@needs_gxx
 @pytest.mark.parametrize("plant", [GELU_INT, RMSNORM_NOT_CONST, EPILOGUE_LONG], ids=lambda p: p[3])
 def test_the_emulator_build_refuses_an_export_that_drifts_from_the_spec(tmp_path, plant):
+    needs.tool("g++")   # the emulator build's compiler
     source = "dev/gpu/matmul_epilogues.hip" if plant is EPILOGUE_LONG else "accel/hip/gpt2.hip"
     done = emulator_compile(copy_of_the_sources(tmp_path, plant), source)
     assert refused(done, plant, "g++"), done.stderr[-3000:]
 
 
-@needs_gxx
 @pytest.mark.parametrize("source", sorted(EMULATOR_DEFINES))
 def test_the_unplanted_copy_compiles_for_the_emulator(tmp_path, source):
+    needs.tool("g++")
     done = emulator_compile(copy_of_the_sources(tmp_path), source)
     assert done.returncode == 0, done.stderr[-3000:]
 
@@ -103,20 +102,20 @@ def toolchain(*args):
     return subprocess.run([os.path.join(ROOT, "accel", "hip", "toolchain.sh"), *args], capture_output=True, text=True)
 
 
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 def test_the_nvcc_compile_check_refuses_an_export_that_drifts_from_the_spec(tmp_path):
-    if toolchain("cublas-include").returncode != 0:
-        pytest.skip("cuBLAS headers not found (pip install nvidia-cublas, or nvidia-cublas-cu12 for CUDA 12)")
+    needs.tool("nvcc")
+    needs.headers("cuBLAS")
     tree = copy_of_the_sources(tmp_path / "tree", GELU_INT)
     done = subprocess.run(["make", "-s", "-C", str(tree / "accel" / "hip"), "check-nvcc", f"BUILD={tmp_path / 'build'}"],
                           capture_output=True, text=True)
     assert refused(done, GELU_INT, "nvcc"), done.stderr[-3000:]
 
 
-@pytest.mark.skipif(shutil.which("hipcc") is None, reason="hipcc is not installed")
 def test_the_hipcc_compile_check_refuses_an_export_that_drifts_from_the_spec(tmp_path):
-    if toolchain("amd-archs", "gfx90a").returncode != 0:
-        pytest.skip("this hipcc cannot build for gfx90a")
+    needs.tool("hipcc")
+    archs = toolchain("amd-archs", "gfx90a")
+    if archs.returncode != 0:   # toolchain.sh says why (hipcc's first error)
+        pytest.skip(" / ".join(archs.stderr.strip().splitlines()))
     tree = copy_of_the_sources(tmp_path / "tree", RMSNORM_NOT_CONST)
     done = subprocess.run(["make", "-s", "-C", str(tree / "accel" / "hip"), "check-amd", "AMD_ARCHS=gfx90a",
                            f"BUILD={tmp_path / 'build'}"], capture_output=True, text=True)
@@ -129,18 +128,21 @@ def metal_host_build(tree):
                           text=True)
 
 
-needs_cc = pytest.mark.skipif(shutil.which(os.environ.get("CC", "cc")) is None or shutil.which("make") is None,
-                              reason="no C compiler (cc) or make: Metal's host side is not built here")
+@pytest.fixture
+def metal_host_tools():
+    """What building Metal's host side needs: a C compiler and make."""
+    needs.cc()
+    needs.tool("make")
 
 
-@needs_cc
+@pytest.mark.usefixtures("metal_host_tools")
 @pytest.mark.parametrize("plant", [METAL_GELU_INT, METAL_RMSNORM_NOT_CONST], ids=lambda p: p[3])
 def test_metal_host_side_refuses_an_export_that_drifts_from_the_spec(tmp_path, plant):
     done = metal_host_build(copy_of_the_sources(tmp_path, plant))
     assert refused(done, plant, "cc"), done.stderr[-3000:]
 
 
-@needs_cc
+@pytest.mark.usefixtures("metal_host_tools")
 def test_the_unplanted_metal_host_side_builds(tmp_path):
     done = metal_host_build(copy_of_the_sources(tmp_path))
     assert done.returncode == 0 and (tmp_path / "accel/metal/build/host_fp32.o").exists(), done.stderr[-3000:]
