@@ -86,7 +86,9 @@ def create(library=None, str name="metal", kernels=None, str precision="fp32"):
             source_text = splice(kernels).encode()
         except RewriteError as e:
             raise BackendError(f"backend '{name}': {e}") from None
-    cdef const char* source_c = NULL if source_text is None else <const char*>source_text
+    cdef const char* source_c = NULL   # a .metallib, or the emulator's built-in kernels
+    if source_text is not None:
+        source_c = source_text
     cdef DeviceLibrary runtime = DeviceLibrary(library, name, "accel_metal_", f"`make {target}`")
     cdef str built = (<precision_fn>runtime.symbol("precision"))().decode()
     if built != precision:
