@@ -17,8 +17,8 @@ Environment switches:
     LLMPYX_LAB=1    build the lab instead of the product
 
 Modules compile in parallel, one job per core (build_ext -j N sets another count).  It says what
-it does: a line per module compiled ("[3/28] compiling accel.backend"), and one at the end
-("llm.pyx: built 28 modules in 127 s").
+it does: a line per module compiled ("[3/31] compiling accel.backend"), and one at the end
+("llm.pyx: built 31 modules in 185 s").
 
 The backend table's generated code (accel/generated/, from accel/spec.py by accel/codegen.py) is
 committed, and the build only checks it: it stops, in one line naming the file and `make
