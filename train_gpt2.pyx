@@ -28,6 +28,8 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from llmc.families import Family, define_family
+from llmc.formats import HF_FORMATS, model_format
+from llmc.formats.huggingface import read_hf_model
 from llmc.formats.llmc import read_checkpoint, write_checkpoint
 
 from llmc.model cimport Model
@@ -482,7 +484,10 @@ cdef class GPT2(Model):
 # the family, as train.py, the tests and dev/ find it: llmc.families.get_family("gpt2")
 
 def read_model(path):
-    """(GPT2Config, float32 params) of an llm.c model file (version 3 fp32 or 5 bf16)."""
+    """(GPT2Config, float32 params) of an llm.c model file (version 3 fp32 or 5 bf16), or of a
+    Hugging Face GPT2LMHeadModel (its folder, or a safetensors file)."""
+    if model_format(path) in HF_FORMATS:
+        return read_hf_model(path, {"gpt2": GPT2Config})
     return read_checkpoint(path, GPT2Config)
 
 
@@ -490,4 +495,5 @@ define_family(Family(
     name="gpt2", title="GPT-2", model_class=GPT2, config_class=GPT2Config, presets={},
     preset_noun=None, random_inits="dN, a random GPT-2 of depth N", default_init=PRETRAINED,
     stand_in="d12", download="python dev/download_gpt2.py, online", read_model=read_model,
-    formats=("llmc",), reference="train_gpt2_torch"))
+    formats=("llmc", "hf", "safetensors"), hf_architectures=("GPT2LMHeadModel",),
+    reference="train_gpt2_torch"))

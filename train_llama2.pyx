@@ -9,24 +9,30 @@ defines them; it registers itself as "llama" (llmc/families.py).  All else (buff
 in and loss out, running the layers under an activation checkpoint policy, zero_grad, the
 gradient norm, AdamW) is the model-generic core, llmc/model.pyx, and every kernel call goes
 through the backend table (accel/backend.pxd): Llama2(config, backend="cpu",
-recompute="all").  Per layer, with no biases anywhere:
+recompute="all").  Per layer, with no biases anywhere in Llama 2:
 
     x += wo(attention(rope(wq(rmsnorm(x))), rope(wk(rmsnorm(x))), wv(rmsnorm(x))))
     x += w2(silu(w1(rmsnorm(x))) * w3(rmsnorm(x)))
 
 after the token embedding (positions enter through RoPE), then a final RMSNorm and the output
-head (the embedding itself with a shared classifier).  On a backend that prefers them
-(runs_fused: the ANE) the Q, K, V projections and the FFN run as the fused group's block
-entries, forward and backward (the same arithmetic, one program each on the engine).  One
-parameter buffer cut into 11 tensors (12 with a separate classifier), one activation buffer
-cut into 25 (with recompute="all", the default; other policies keep the layer tensors of
+head (the embedding itself with a shared classifier).  Today's Hugging Face models are this
+block with switches (LlamaConfig): a bias on wq, wk and wv (Qwen2), an RMSNorm over each
+head of q and of k before RoPE (QK-norm, Qwen3), a head size of its own (Qwen3: NH*hs need
+not be C), Llama 3's RoPE scaling (llmc/rope_tables.py), the norms' eps and RoPE's theta.
+
+On a backend that prefers them (runs_fused: the ANE) the Q, K, V projections (without a bias)
+and the FFN run as the fused group's block entries, forward and backward (the same
+arithmetic, one program each on the engine).  One parameter buffer cut into 11 tensors (12
+with a separate classifier, 3 more with the qkv bias, 2 more with QK-norm), one activation
+buffer cut into 29 (with recompute="all", the default; other policies keep the layer tensors of
 fewer layers: llmc/recompute.py).  Attention is flash attention (only a (B,NH,T) log-sum-exp
 per layer kept) where the backend has the "flash" kernels, else kernels/attention_gqa's with
 its (B,NH,T,T) probabilities.
 
 Dimension letters:
     B batch size, T sequence length, C channels (dim), L layers, NH query heads,
-    NKV key/value heads (dividing NH), hs head size (C / NH), QD = NH*hs, KVD = NKV*hs,
+    NKV key/value heads (dividing NH), hs head size (C / NH unless head_dim sets it),
+    QD = NH*hs, KVD = NKV*hs,
     H the FFN's hidden size, V vocabulary size, maxT the longest sequence (RoPE's tables).
 """
 from dataclasses import dataclass, fields, replace
@@ -34,10 +40,11 @@ from dataclasses import dataclass, fields, replace
 import numpy as np
 
 from llmc.families import Family, define_family
-from llmc.formats import model_format
+from llmc.formats import HF_FORMATS, model_format
 from llmc.formats.gguf import read_gguf
-from llmc.formats.llama2c import read_llama_model, write_llama_model
-from llmc.rope_tables import rope_tables
+from llmc.formats.huggingface import llama_to_hf, read_hf_model, write_hf_model_file
+from llmc.formats.llama2c import llama2c_problem, read_llama_model, write_llama_model
+from llmc.rope_tables import ROPE_SCALINGS, rope_tables
 
 from accel.backend cimport Buffer
 from llmc.model cimport Model
@@ -62,7 +69,7 @@ def llama2c_hidden_dim(dim, multiple_of=MULTIPLE_OF):
 class LlamaConfig:
     dim: int                 # C, the residual stream's channels
     n_layers: int            # L
-    n_heads: int             # NH query heads, of head size hs = dim / NH
+    n_heads: int             # NH query heads, of head size hs
     n_kv_heads: int          # NKV key/value heads; divides NH (NKV = NH: no grouping)
     vocab_size: int          # V
     hidden_dim: int          # H, the FFN's inner size
@@ -70,10 +77,21 @@ class LlamaConfig:
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
     shared_classifier: bool = True   # the output head is the token embedding (llama2.c's stories)
+    # the switches of today's Hugging Face models (llmc/formats/huggingface.py reads them)
+    head_dim: int = 0        # hs; 0: dim / NH (Llama's), set on its own in Qwen3 and Mistral
+    qkv_bias: bool = False   # a bias on the q, k and v projections (Qwen2)
+    qk_norm: bool = False    # RMSNorm over each head of q and of k, before RoPE (Qwen3)
+    rope_scaling: tuple = ()  # () or ("llama3", factor, low_freq_factor, high_freq_factor,
+    #                           original_max_position_embeddings): llmc/rope_tables.py
+    architecture: str = ""   # the Hugging Face class it came from and goes back to ("": Llama's,
+    #                          LlamaForCausalLM, as llama2.c's and GGUF's models are too)
 
     def __post_init__(self):
+        kinds = {"norm_eps": float, "rope_theta": float, "shared_classifier": bool,
+                 "qkv_bias": bool, "qk_norm": bool, "architecture": str,
+                 "rope_scaling": lambda s: tuple(v if i == 0 else float(v) for i, v in enumerate(s))}
         for field in fields(self):  # plain Python numbers: header values arrive as numpy ints
-            kind = {"norm_eps": float, "rope_theta": float, "shared_classifier": bool}.get(field.name, int)
+            kind = kinds.get(field.name, int)
             object.__setattr__(self, field.name, kind(getattr(self, field.name)))
         problem = self.problem()
         if problem:
@@ -85,19 +103,36 @@ class LlamaConfig:
                      "max_seq_len"):
             if getattr(self, name) <= 0:
                 return f"{name} must be positive, got {getattr(self, name)}"
-        if self.dim % self.n_heads != 0:
+        if self.head_dim < 0:
+            return f"head_dim must be positive (or 0: dim / n_heads), got {self.head_dim}"
+        if self.head_dim == 0 and self.dim % self.n_heads != 0:
             return f"dim={self.dim} is not a multiple of n_heads={self.n_heads}"
-        if (self.dim // self.n_heads) % 2 != 0:
-            return f"head size dim/n_heads={self.dim // self.n_heads} is odd; RoPE rotates pairs"
+        if self.head_size % 2 != 0:
+            return f"head size {self.head_size} is odd; RoPE rotates pairs"
         if self.n_heads % self.n_kv_heads != 0:
             return f"n_kv_heads={self.n_kv_heads} does not divide n_heads={self.n_heads}"
         if not (self.norm_eps > 0 and self.rope_theta > 0):
             return f"norm_eps={self.norm_eps} and rope_theta={self.rope_theta} must be positive"
+        if self.rope_scaling and (self.rope_scaling[0] not in ROPE_SCALINGS
+                                  or len(self.rope_scaling) != 5):
+            return (f"rope_scaling={self.rope_scaling}: not (\"llama3\", factor, low_freq_factor, "
+                    f"high_freq_factor, original_max_position_embeddings)")
         return None
+
+    def switches(self):
+        """The switches set beyond Llama 2's block, in words (empty for llama2.c's models)."""
+        said = [f"rms eps {self.norm_eps:g}"] * (self.norm_eps != 1e-5)
+        said += [f"rope theta {self.rope_theta:g}"] * (self.rope_theta != 10000.0)
+        if self.head_dim and self.head_dim * self.n_heads != self.dim:
+            said.append(f"head_dim {self.head_dim}")
+        said += ["qkv bias"] * self.qkv_bias + ["QK-norm"] * self.qk_norm
+        if self.rope_scaling:
+            said.append(f"{self.rope_scaling[0]} RoPE scaling x{self.rope_scaling[1]:g}")
+        return said
 
     @property
     def head_size(self):
-        return self.dim // self.n_heads
+        return self.head_dim or self.dim // self.n_heads
 
     @classmethod
     def from_name(cls, name, **overrides):
@@ -130,7 +165,8 @@ class LlamaConfig:
     def describe(self):
         return (f"dim={self.dim} L={self.n_layers} NH={self.n_heads} NKV={self.n_kv_heads} "
                 f"V={self.vocab_size} H={self.hidden_dim} maxT={self.max_seq_len} "
-                f"{'shared' if self.shared_classifier else 'separate'} classifier")
+                f"{'shared' if self.shared_classifier else 'separate'} classifier"
+                + "".join(f", {switch}" for switch in self.switches()))
 
     def table_rows(self):
         """(label, value) of each size, for train.py's console table."""
@@ -138,7 +174,8 @@ class LlamaConfig:
                 ("num_layers L", self.n_layers), ("num_heads NH", self.n_heads),
                 ("num_kv_heads NKV", self.n_kv_heads), ("channels C", self.dim),
                 ("hidden_dim H", self.hidden_dim),
-                ("classifier", "shared" if self.shared_classifier else "separate")]
+                ("classifier", "shared" if self.shared_classifier else "separate")] + \
+               [("switches", ", ".join(self.switches()))] * bool(self.switches())
 
 
 # Published sizes: llama2.c's TinyStories models, TinyLlama-1.1B, Llama-2-7B
@@ -166,6 +203,11 @@ ctypedef struct ParameterTensors:
     float* wq               # (L, QD, C)
     float* wk               # (L, KVD, C)
     float* wv               # (L, KVD, C)
+    float* bq               # (L, QD)   with qkv_bias only
+    float* bk               # (L, KVD)  with qkv_bias only
+    float* bv               # (L, KVD)  with qkv_bias only
+    float* q_norm           # (L, hs)   with qk_norm only
+    float* k_norm           # (L, hs)   with qk_norm only
     float* wo               # (L, C, QD)
     float* ffn_norm         # (L, C)
     float* w1               # (L, H, C)
@@ -179,17 +221,28 @@ def param_shapes(config):
     """The parameter tensors as (name, shape) in the flat buffer's order: llama2.c's
     checkpoint order, Meta's names, per-layer tensors stacked along a leading L axis, each
     matrix as nn.Linear keeps it (out_features, in_features); output only with a separate
-    classifier.  Each shape is keyed by the address of its ParameterTensors field, so the
-    list comes out in the struct's order, and a field without a shape fails the size check."""
+    classifier, the biases and the q/k norms only with their switches."""
+    return [(name, shape) for _, name, shape in param_fields(config)]
+
+
+def param_fields(config):
+    """(its ParameterTensors field's index, name, shape) of each parameter tensor, in the
+    struct's order.  Each shape is keyed by the address of its field, so the list comes out in
+    the struct's order, and a field without a shape fails the size check."""
     cdef ParameterTensors field
-    C, L, V, H = config.dim, config.n_layers, config.vocab_size, config.hidden_dim
-    q_dim, kv_dim = config.n_heads * config.head_size, config.n_kv_heads * config.head_size
+    C, L, V, H, hs = config.dim, config.n_layers, config.vocab_size, config.hidden_dim, config.head_size
+    q_dim, kv_dim = config.n_heads * hs, config.n_kv_heads * hs
     by_field = {
         <size_t>&field.tok_embeddings: ("tok_embeddings", (V, C)),
         <size_t>&field.attention_norm: ("attention_norm", (L, C)),
         <size_t>&field.wq: ("wq", (L, q_dim, C)),
         <size_t>&field.wk: ("wk", (L, kv_dim, C)),
         <size_t>&field.wv: ("wv", (L, kv_dim, C)),
+        <size_t>&field.bq: ("bq", (L, q_dim)),
+        <size_t>&field.bk: ("bk", (L, kv_dim)),
+        <size_t>&field.bv: ("bv", (L, kv_dim)),
+        <size_t>&field.q_norm: ("q_norm", (L, hs)),
+        <size_t>&field.k_norm: ("k_norm", (L, hs)),
         <size_t>&field.wo: ("wo", (L, C, q_dim)),
         <size_t>&field.ffn_norm: ("ffn_norm", (L, C)),
         <size_t>&field.w1: ("w1", (L, H, C)),
@@ -201,12 +254,19 @@ def param_shapes(config):
     assert len(by_field) * sizeof(float*) == sizeof(ParameterTensors), "a field has no shape"
     if config.shared_classifier:   # output is tok_embeddings itself (point_parameters)
         del by_field[<size_t>&field.output]
-    return [by_field[address] for address in sorted(by_field)]
+    if not config.qkv_bias:
+        for address in (<size_t>&field.bq, <size_t>&field.bk, <size_t>&field.bv):
+            del by_field[address]
+    if not config.qk_norm:
+        del by_field[<size_t>&field.q_norm], by_field[<size_t>&field.k_norm]
+    return [((address - <size_t>&field) // sizeof(float*), *by_field[address])
+            for address in sorted(by_field)]
 
 
 # ----------------------------------------------------------------------------
 # the activations, as the checkpoint core (llmc/model.pyx) takes them: the embedding's output
-# "encoded" (B, T, C), one layer's 19 (stacked over the layers the policy keeps), the head's 5
+# "encoded" (B, T, C), one layer's 23 (stacked over the layers the policy keeps; the four of
+# QK-norm empty without it), the head's 5
 
 ctypedef struct LayerActivations:
     float* ln1          # (B, T, C)  attention_norm's output
@@ -214,8 +274,12 @@ ctypedef struct LayerActivations:
     float* q            # (B, T, QD)
     float* k            # (B, T, KVD)
     float* v            # (B, T, KVD)
-    float* qr           # (B, T, QD)  q rotated by RoPE
-    float* kr           # (B, T, KVD) k rotated by RoPE
+    float* qn           # (B, T, QD)  q's heads RMS-normalised (qk_norm; else empty)
+    float* qn_rstd      # (B, T, NH)
+    float* kn           # (B, T, KVD) k's heads RMS-normalised (qk_norm; else empty)
+    float* kn_rstd      # (B, T, NKV)
+    float* qr           # (B, T, QD)  q (qn with qk_norm) rotated by RoPE
+    float* kr           # (B, T, KVD) k (kn with qk_norm) rotated by RoPE
     float* att          # (B, NH, T, T) attention probabilities; empty with flash attention
     float* att_lse      # (B, NH, T)    flash attention: each row's log-sum-exp; else empty
     float* atty         # (B, T, QD)  the heads' outputs side by side
@@ -239,16 +303,19 @@ ctypedef struct HeadActivations:
 
 def activation_shapes(config, int B, int T, bint flash=True):
     """The activations of a batch of B sequences of T tokens, with flash attention or the
-    (B,NH,T,T) probabilities, as (name, shape): (the embedding's output "encoded", one layer's 19
-    tensors, the head's 5).  The model's 25 tensors are these with each layer tensor stacked
+    (B,NH,T,T) probabilities, as (name, shape): (the embedding's output "encoded", one layer's 23
+    tensors, the head's 5).  The model's 29 tensors are these with each layer tensor stacked
     over the L layers."""
-    cdef int C = config.dim, NH = config.n_heads, H = config.hidden_dim
-    cdef int QD = NH * config.head_size, KVD = config.n_kv_heads * config.head_size
+    cdef int C = config.dim, NH = config.n_heads, NKV = config.n_kv_heads, H = config.hidden_dim
+    cdef int QD = NH * config.head_size, KVD = NKV * config.head_size
+    normed = config.qk_norm
     V = config.vocab_size
     empty = (0,)
     layer = [
         ("ln1", (B, T, C)), ("ln1_rstd", (B, T)), ("q", (B, T, QD)), ("k", (B, T, KVD)),
-        ("v", (B, T, KVD)), ("qr", (B, T, QD)), ("kr", (B, T, KVD)),
+        ("v", (B, T, KVD)), ("qn", (B, T, QD) if normed else empty),
+        ("qn_rstd", (B, T, NH) if normed else empty), ("kn", (B, T, KVD) if normed else empty),
+        ("kn_rstd", (B, T, NKV) if normed else empty), ("qr", (B, T, QD)), ("kr", (B, T, KVD)),
         ("att", empty if flash else (B, NH, T, T)), ("att_lse", (B, NH, T) if flash else empty),
         ("atty", (B, T, QD)), ("attproj", (B, T, C)), ("residual2", (B, T, C)),
         ("ln2", (B, T, C)), ("ln2_rstd", (B, T)), ("h1", (B, T, H)), ("h3", (B, T, H)),
@@ -270,15 +337,21 @@ cdef class Llama2(Model):
     #                                                           flash when the backend has it
     # the matrices: weight decay applies to them alone with decay_2d_only (not the norms)
     MATRICES = frozenset(("tok_embeddings", "wq", "wk", "wv", "wo", "w1", "w2", "w3", "output"))
+    #            (the biases and the q/k norms are vectors, as the norms)
     # the activations whose gradients no backward kernel takes: none are allocated
-    NO_GRAD = frozenset(("ln1_rstd", "att", "att_lse", "ln2_rstd", "lnf_rstd", "logsum"))
+    NO_GRAD = frozenset(("ln1_rstd", "qn_rstd", "kn_rstd", "att", "att_lse", "ln2_rstd",
+                         "lnf_rstd", "logsum"))
     # float32 at every precision: the statistics, the log-sum-exps and the losses
-    FP32_ACTIVATIONS = frozenset(("ln1_rstd", "att_lse", "ln2_rstd", "lnf_rstd", "logsum",
+    FP32_ACTIVATIONS = frozenset(("ln1_rstd", "qn_rstd", "kn_rstd", "att_lse", "ln2_rstd",
+                                  "lnf_rstd", "logsum",
                                   "losses"))
     cdef int NH, NKV, hs, C, H, V
     cdef readonly bint flash                    # flash attention (the backend has it)
     cdef float eps
     cdef readonly bint fused                    # the fused group's blocks (runs_fused: the ANE)
+    cdef bint fused_qkv                         # ... its Q, K, V block too (it has no bias)
+    cdef bint qkv_bias, qk_norm                 # the config's switches
+    cdef list param_slots                       # each parameter tensor's field in the structs
     cdef ParameterTensors params_c, grads_c     # pointers into the buffers, llm.c's structs
     cdef Buffer _rope                           # RoPE's cos and sin tables, (maxT, hs/2) each
     cdef const float* freqs_cos
@@ -289,28 +362,38 @@ cdef class Llama2(Model):
         on a backend: "cpu", "check:cpu", ... (accel.backend.backend_names()), keeping its
         activations by a recompute policy: "all", "sqrt", ... (llmc/recompute.py), at a precision:
         "fp32" or "bf16" (llmc/model.pyx; None: the backend's, else fp32)."""
-        assert sizeof(LayerActivations) == 19 * sizeof(float*)
+        assert sizeof(LayerActivations) == 23 * sizeof(float*)
         assert sizeof(HeadActivations) == 5 * sizeof(float*)
         self.NH, self.NKV = config.n_heads, config.n_kv_heads
         self.hs, self.C, self.H = config.head_size, config.dim, config.hidden_dim
         self.V, self.eps = config.vocab_size, config.norm_eps
+        self.qkv_bias, self.qk_norm = config.qkv_bias, config.qk_norm
+        self.param_slots = [slot for slot, _, _ in param_fields(config)]
         super().__init__(config, backend, recompute, precision)
         self.flash = self.backend.supports("flash")
         self.fused = self.backend.supports("fused") and self.backend.runs_fused
+        self.fused_qkv = self.fused and not self.qkv_bias
         # the rotation tables, computed once on the host and uploaded (read-only from here on)
-        freqs_cos, freqs_sin = rope_tables(config.max_seq_len, self.hs, config.rope_theta)
+        freqs_cos, freqs_sin = rope_tables(config.max_seq_len, self.hs, config.rope_theta,
+                                           config.rope_scaling)
         cdef Py_ssize_t table_size = freqs_cos.size
         self._rope = self.backend.alloc(2 * table_size * sizeof(float))
         self._rope.load(np.concatenate([freqs_cos.ravel(), freqs_sin.ravel()]))
         self.freqs_cos = <float*>self._rope.ptr
         self.freqs_sin = self.freqs_cos + table_size
 
+    cdef void point_fields(self, float** fields, float* base, int itemsize) noexcept:
+        """Each parameter tensor's field (param_slots) at its place in base; the fields of
+        tensors this config has not stay NULL."""
+        for slot, offset in zip(self.param_slots, self.param_layout.offsets):
+            fields[<int>slot] = <float*>(<char*>base + <Py_ssize_t>offset * itemsize)
+
     cdef void point_parameters(self, float* params, float* grads) noexcept:
-        self.param_layout.point(<float**>&self.params_c, params, self.itemsize)
+        self.point_fields(<float**>&self.params_c, params, self.itemsize)
         if self.config.shared_classifier:
             self.params_c.output = self.params_c.tok_embeddings
         if grads != NULL:
-            self.param_layout.point(<float**>&self.grads_c, grads, sizeof(float))
+            self.point_fields(<float**>&self.grads_c, grads, sizeof(float))
             if self.config.shared_classifier:   # both uses add into the one gradient
                 self.grads_c.output = self.grads_c.tok_embeddings
 
@@ -364,9 +447,13 @@ cdef class Llama2(Model):
         return model
 
     def save(self, path):
-        """Write a llama2.c model file (version 1), float32 at every precision (at bf16: the
-        master weights; llama2.c's files have no bf16)."""
-        write_llama_model(path, self.config, self.params)
+        """Write a llama2.c model file (version 1), or where llama2.c's format cannot hold the
+        model (a Hugging Face model's switches) a safetensors file with its config.json inside;
+        float32 at every precision (at bf16: the master weights)."""
+        if llama2c_problem(self.config) is None:
+            write_llama_model(path, self.config, self.params)
+        else:
+            write_hf_model_file(path, *llama_to_hf(self.config, self.params))
 
     @property
     def logits(self):
@@ -405,16 +492,26 @@ cdef class Llama2(Model):
         cdef const float* l_w1 = self.param_at(p.w1, l * H * C)
         cdef const float* l_w2 = self.param_at(p.w2, l * C * H)
         cdef const float* l_w3 = self.param_at(p.w3, l * H * C)
+        cdef const float* l_bq = self.param_at(p.bq, l * QD) if self.qkv_bias else NULL
+        cdef const float* l_bk = self.param_at(p.bk, l * KVD) if self.qkv_bias else NULL
+        cdef const float* l_bv = self.param_at(p.bv, l * KVD) if self.qkv_bias else NULL
+        cdef const float* l_q_norm = self.param_at(p.q_norm, l * hs) if self.qk_norm else NULL
+        cdef const float* l_k_norm = self.param_at(p.k_norm, l * hs) if self.qk_norm else NULL
+        cdef float* q = a.qn if self.qk_norm else a.q    # what RoPE rotates
+        cdef float* k = a.kn if self.qk_norm else a.k
 
         self.table.rmsnorm_forward(ctx, a.ln1, a.ln1_rstd, residual, l_attention_norm, self.eps, B, T, C)
-        if self.fused:
+        if self.fused_qkv:
             self.table.qkv_forward(ctx, a.q, a.k, a.v, a.ln1, l_wq, l_wk, l_wv, B, T, C, NH, NKV, hs)
         else:
-            self.table.matmul_forward(ctx, a.q, a.ln1, l_wq, NULL, B, T, C, QD)
-            self.table.matmul_forward(ctx, a.k, a.ln1, l_wk, NULL, B, T, C, KVD)
-            self.table.matmul_forward(ctx, a.v, a.ln1, l_wv, NULL, B, T, C, KVD)
-        self.table.rope_forward(ctx, a.qr, a.q, self.freqs_cos, self.freqs_sin, B, T, NH, hs)
-        self.table.rope_forward(ctx, a.kr, a.k, self.freqs_cos, self.freqs_sin, B, T, NKV, hs)
+            self.table.matmul_forward(ctx, a.q, a.ln1, l_wq, l_bq, B, T, C, QD)
+            self.table.matmul_forward(ctx, a.k, a.ln1, l_wk, l_bk, B, T, C, KVD)
+            self.table.matmul_forward(ctx, a.v, a.ln1, l_wv, l_bv, B, T, C, KVD)
+        if self.qk_norm:   # each head's hs channels a row of its own: B*T*NH rows of hs
+            self.table.rmsnorm_forward(ctx, a.qn, a.qn_rstd, a.q, l_q_norm, self.eps, B * T, NH, hs)
+            self.table.rmsnorm_forward(ctx, a.kn, a.kn_rstd, a.k, l_k_norm, self.eps, B * T, NKV, hs)
+        self.table.rope_forward(ctx, a.qr, q, self.freqs_cos, self.freqs_sin, B, T, NH, hs)
+        self.table.rope_forward(ctx, a.kr, k, self.freqs_cos, self.freqs_sin, B, T, NKV, hs)
         if self.flash:
             self.table.flash_attention_gqa_forward(ctx, a.atty, a.att_lse, a.qr, a.kr, a.v, B, T, NH, NKV, hs)
         else:
@@ -492,6 +589,15 @@ cdef class Llama2(Model):
         cdef float* dl_w1 = g.w1 + l * H * C
         cdef float* dl_w2 = g.w2 + l * C * H
         cdef float* dl_w3 = g.w3 + l * H * C
+        cdef float* dl_bq = g.bq + l * QD if self.qkv_bias else NULL
+        cdef float* dl_bk = g.bk + l * KVD if self.qkv_bias else NULL
+        cdef float* dl_bv = g.bv + l * KVD if self.qkv_bias else NULL
+        cdef const float* l_q_norm = self.param_at(p.q_norm, l * hs) if self.qk_norm else NULL
+        cdef const float* l_k_norm = self.param_at(p.k_norm, l * hs) if self.qk_norm else NULL
+        cdef float* dl_q_norm = g.q_norm + l * hs if self.qk_norm else NULL
+        cdef float* dl_k_norm = g.k_norm + l * hs if self.qk_norm else NULL
+        cdef float* dq = da.qn if self.qk_norm else da.q   # the gradient of what RoPE rotated
+        cdef float* dk = da.kn if self.qk_norm else da.k
 
         # the forward's steps, in reverse
         self.table.residual_backward(ctx, da.residual2, da.ffnproj, da.residual3, BTC)
@@ -514,15 +620,20 @@ cdef class Llama2(Model):
         else:
             self.table.attention_gqa_backward(ctx, da.qr, da.kr, da.v, da.atty, a.qr, a.kr, a.v, a.att,
                                           B, T, NH, NKV, hs)
-        self.table.rope_backward(ctx, da.q, da.qr, self.freqs_cos, self.freqs_sin, B, T, NH, hs)
-        self.table.rope_backward(ctx, da.k, da.kr, self.freqs_cos, self.freqs_sin, B, T, NKV, hs)
-        if self.fused:
+        self.table.rope_backward(ctx, dq, da.qr, self.freqs_cos, self.freqs_sin, B, T, NH, hs)
+        self.table.rope_backward(ctx, dk, da.kr, self.freqs_cos, self.freqs_sin, B, T, NKV, hs)
+        if self.qk_norm:
+            self.table.rmsnorm_backward(ctx, da.q, dl_q_norm, da.qn, a.q, l_q_norm, a.qn_rstd,
+                                        B * T, NH, hs)
+            self.table.rmsnorm_backward(ctx, da.k, dl_k_norm, da.kn, a.k, l_k_norm, a.kn_rstd,
+                                        B * T, NKV, hs)
+        if self.fused_qkv:
             self.table.qkv_backward(ctx, da.ln1, dl_wq, dl_wk, dl_wv, da.q, da.k, da.v, a.ln1,
                                     l_wq, l_wk, l_wv, B, T, C, NH, NKV, hs)
         else:
-            self.table.matmul_backward(ctx, da.ln1, dl_wv, NULL, da.v, a.ln1, l_wv, B, T, C, KVD)
-            self.table.matmul_backward(ctx, da.ln1, dl_wk, NULL, da.k, a.ln1, l_wk, B, T, C, KVD)
-            self.table.matmul_backward(ctx, da.ln1, dl_wq, NULL, da.q, a.ln1, l_wq, B, T, C, QD)
+            self.table.matmul_backward(ctx, da.ln1, dl_wv, dl_bv, da.v, a.ln1, l_wv, B, T, C, KVD)
+            self.table.matmul_backward(ctx, da.ln1, dl_wk, dl_bk, da.k, a.ln1, l_wk, B, T, C, KVD)
+            self.table.matmul_backward(ctx, da.ln1, dl_wq, dl_bq, da.q, a.ln1, l_wq, B, T, C, QD)
         self.table.rmsnorm_backward(ctx, dresidual, dl_attention_norm, da.ln1, residual,
                                 l_attention_norm, a.ln1_rstd, B, T, C)
 
@@ -535,10 +646,14 @@ cdef class Llama2(Model):
 # the family, as train.py, the tests and dev/ find it: llmc.families.get_family("llama")
 
 def read_model(path):
-    """(LlamaConfig, float32 params) of a llama2.c model file (version 0 or 1) or a float32
-    GGUF, told apart by their first bytes."""
-    if model_format(path) == "gguf":
+    """(LlamaConfig, float32 params) of a llama2.c model file (version 0 or 1), a float32
+    GGUF, or a Hugging Face model of the Llama block (its folder, or a safetensors file), told
+    apart by their first bytes (llmc.formats.model_format)."""
+    found = model_format(path)
+    if found == "gguf":
         return read_gguf(path, LlamaConfig)[:2]
+    if found in HF_FORMATS:
+        return read_hf_model(path, {"llama": LlamaConfig})
     return read_llama_model(path, LlamaConfig)
 
 
@@ -546,4 +661,7 @@ define_family(Family(
     name="llama", title="Llama 2", model_class=Llama2, config_class=LlamaConfig,
     presets=PRESETS, preset_noun="Llama preset", random_inits="dN or a Llama preset",
     default_init="stories15M", stand_in=None, download=None, read_model=read_model,
-    formats=("llama2c", "gguf"), reference="train_llama2_torch"))
+    formats=("llama2c", "gguf", "hf", "safetensors"),
+    hf_architectures=("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
+                      "Qwen3ForCausalLM"),
+    reference="train_llama2_torch"))

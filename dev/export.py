@@ -193,8 +193,10 @@ def main(argv=None):
     try:
         path = newest_model_file(args.model)
         family, source_format = family_of_file(path)
-        # a family goes to the formats it reads, and to Hugging Face's where it has a writer
-        targets = family.formats + (("hf",) if family.name in HF_WRITERS else ())
+        # a family goes to the formats it reads (but a lone safetensors file, a checkpoint's
+        # own), and to Hugging Face's where it has a writer
+        targets = tuple(dict.fromkeys(f for f in family.formats + ("hf",) * (family.name in HF_WRITERS)
+                                      if f in FORMATS))
         if args.format not in targets:
             p.error(f"argument --format: a {family.title} model goes to "
                     f"{', '.join(targets[:-1])} or {targets[-1]}, not {args.format}")

@@ -37,6 +37,7 @@ class Family:
     download: str         # how to get default_init's weights (with stand_in)
     read_model: object    # path -> (config, float32 parameters) of a model file
     formats: tuple        # the model file formats read_model reads (llmc.formats.model_format)
+    hf_architectures: tuple   # the Hugging Face architectures (config.json's) read_model reads
     reference: str        # the module of its PyTorch reference (train_gpt2_torch)
 
 
@@ -85,15 +86,19 @@ def preset_family(init):
 
 def family_of_file(path):
     """(the Family whose model files path is one of, its format's name) by the file's first
-    bytes (llmc.formats.model_format); FormatError for a file that is no model, FamilyError
-    when no family reads its format."""
-    from llmc.formats import model_format
+    bytes (llmc.formats.model_format), and for Hugging Face's by config.json's architecture;
+    FormatError for a file that is no model, FamilyError when no family reads it."""
+    from llmc.formats import HF_FORMATS, model_format
     found = model_format(path)
+    architecture = None
+    if found in HF_FORMATS:
+        from llmc.formats.huggingface import hf_architecture, hf_config_of
+        architecture = hf_architecture(hf_config_of(path), path)
     for name in _MODULES:
         family = get_family(name)
-        if found in family.formats:
+        if found in family.formats and architecture in (None, *family.hf_architectures):
             return family, found
-    raise FamilyError(f"{path}: no model family reads its format ({found})")
+    raise FamilyError(f"{path}: no model family reads its format ({architecture or found})")
 
 
 register_family("gpt2", "train_gpt2")

@@ -37,6 +37,7 @@ import zipfile
 import numpy as np
 
 from llmc.formats import FormatError, atomic_write
+from llmc.formats.hf_tokenizer import is_hf_tokenizer, read_hf_tokenizer
 from llmc.formats.llama2c import (read_llama2c_tokenizer, sentencepiece_processor,
                                   write_llama2c_tokenizer)
 from llmc.formats.llmc import TOKENIZER_MAGIC, read_tokenizer
@@ -201,13 +202,22 @@ class Tokenizer:
     from the joined bytes).  eot_token separates documents and starts a sample (GPT-2's
     <|endoftext|>, SentencePiece's BOS)."""
 
-    def __init__(self, token_bytes, eot_token, source, space_after_eot=True, encoder=None):
+    def __init__(self, token_bytes, eot_token, source, space_after_eot=True, encoder=None,
+                 stop_tokens=None, chat_template=None, text_encoder=None, strip_text_start=False):
         self.token_bytes = token_bytes
         self.eot_token = eot_token
         self.source = source
-        # SentencePiece puts a space before a document's first word; run.c drops it
+        # SentencePiece puts a space before a document's first word; run.c drops it after
+        # every start token, a Hugging Face tokenizer's decoder (strip_text_start) once, at the
+        # start of the text it decodes
         self.space_after_eot = space_after_eot
+        self.strip_text_start = strip_text_start
         self.encoder = encoder   # text -> a prompt's ids (encode_prompt); None: decodes only
+        # where generation stops (a Hugging Face model may have several EOS; else the start)
+        self.stop_tokens = tuple(stop_tokens) if stop_tokens is not None else (eot_token,)
+        self.chat_template = chat_template   # llmc.hf_tokenizer.ChatTemplate, or None
+        # text -> its ids alone, no start token (a rendered chat's; None: encode_prompt's own)
+        self.text_encoder = text_encoder
 
     @classmethod
     def from_file(cls, path):
@@ -236,6 +246,15 @@ class Tokenizer:
                    encoder=llama2c_encoder(pieces, scores))
 
     @classmethod
+    def from_hf(cls, path):
+        """A Hugging Face tokenizer.json (or a folder holding it) with its tokenizer_config.json
+        (llmc.formats.hf_tokenizer): as transformers' AutoTokenizer encodes."""
+        hf = read_hf_tokenizer(path)
+        return cls(hf.token_bytes, hf.start_token, os.fspath(path), strip_text_start=hf.strip_text_start,
+                   encoder=hf.encode, stop_tokens=hf.stop_tokens, chat_template=hf.chat_template,
+                   text_encoder=hf.encode_text)
+
+    @classmethod
     def from_encoding(cls, encoding):
         tokens = [encoding.decode_single_token_bytes(i) for i in range(encoding.n_vocab)]
         return cls(tokens, encoding.eot_token, f"tiktoken {encoding.name}",
@@ -262,8 +281,10 @@ class Tokenizer:
 
     def decode(self, ids):
         ids = list(ids)
-        return b"".join(self._bytes(i, prev) for prev, i in zip([None] + ids, ids)) \
-            .decode("utf-8", errors="replace")
+        text = b"".join(self._bytes(i, prev) for prev, i in zip([None] + ids, ids))
+        if self.strip_text_start and text[:1] == b" ":
+            text = text[1:]
+        return text.decode("utf-8", errors="replace")
 
     def stream_decoder(self, after=None):
         """A function token id -> the text it completes, for printing tokens as they come:
@@ -273,9 +294,13 @@ class Tokenizer:
         word after SentencePiece's BOS loses its space as in decode."""
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         previous = [after]
+        at_start = [self.strip_text_start]   # no byte written yet, the first space to strip
 
         def piece(token_id):
-            text = decoder.decode(self._bytes(token_id, previous[0]))
+            raw = self._bytes(token_id, previous[0])
+            if at_start[0] and raw:
+                raw, at_start[0] = raw[1:] if raw[:1] == b" " else raw, False
+            text = decoder.decode(raw)
             previous[0] = token_id
             return "".join(c for c in text if c.isprintable() or c in "\n\t")
         return piece
@@ -312,9 +337,12 @@ def load_sample_tokenizer(train_pattern, vocab_map=None):
 
 def load_tokenizer(path="gpt2_tokenizer.bin"):
     """The Tokenizer of the file at path if there is one (llm.c's tokenizer, llama2.c's
-    tokenizer.bin, or a GGUF model's own vocabulary), else of tiktoken's GPT-2."""
+    tokenizer.bin, a GGUF model's own vocabulary, or a Hugging Face tokenizer.json or a folder
+    holding one), else of tiktoken's GPT-2."""
     if not os.path.exists(path):
         return Tokenizer.from_encoding(gpt2_encoding())
+    if is_hf_tokenizer(path):
+        return Tokenizer.from_hf(path)
     with open(path, "rb") as f:
         head = f.read(4)
     if head == b"GGUF":

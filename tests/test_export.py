@@ -371,9 +371,10 @@ def test_bad_hf_folders_are_format_errors(tmp_path):
         read_hf_model(tmp_path, both)
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert"}))
     (tmp_path / "model.safetensors").write_bytes(b"\x02\x00\x00\x00\x00\x00\x00\x00{}")
-    with pytest.raises(FormatError, match="model_type 'bert': not gpt2 or llama"):
+    with pytest.raises(FormatError, match="model_type 'bert' is not implemented"):
         read_hf_model(tmp_path, both)
-    with pytest.raises(FormatError, match="model_type 'bert': not llama"):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    with pytest.raises(FormatError, match="GPT2LMHeadModel: not llama"):
         read_hf_model(tmp_path, {"llama": LlamaConfig})
 
 

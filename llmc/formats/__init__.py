@@ -5,7 +5,8 @@ Every on-disk format, in pure Python + NumPy, one module per ecosystem:
                               tokenizer, token shards, training state
     llmc.formats.llama2c      llama2.c's: model files (legacy v0 and v1, fp32), tokenizer.bin
     llmc.formats.huggingface  Hugging Face's: safetensors in and out, transformers' GPT-2 and
-                              Llama model folders out and back
+                              Llama-block (Llama, Mistral, Qwen2, Qwen3) model folders out
+                              and back
     llmc.formats.gguf         llama.cpp's GGUF: a Llama model and its vocabulary, out and back
     llmc.formats.common       what they share: FormatError, atomic_write, the checked reads,
                               the views of a flat parameter vector, bfloat16
@@ -38,19 +39,29 @@ __all__ = ["FormatError", "atomic_write", "bfloat16_bits_to_float32", "describe_
 # which format a model file is in
 
 MODEL_FORMAT_NAMES = {"llmc": "an llm.c model", "llama2c": "a llama2.c model",
-                      "gguf": "a GGUF model"}
+                      "gguf": "a GGUF model", "hf": "a Hugging Face model folder",
+                      "safetensors": "a safetensors model"}
+HF_FORMATS = ("hf", "safetensors")   # the formats whose config.json names the architecture
 
 
 def model_format(path):
-    """The format of the model file at path, told by its first bytes: "llmc" (llm.c's
-    checkpoint, magic 20240326), "llama2c" (llama2.c's version 1, magic "ak42", or a version-0
-    file: no magic, seven sizes whose tensors fill the file exactly) or "gguf"; FormatError in
-    one line for anything else, naming llm.c's other files where it is one of them."""
+    """The format of the model at path: "hf" for a folder with config.json (a transformers
+    model folder), else told by the file's first bytes: "llmc" (llm.c's checkpoint, magic
+    20240326), "llama2c" (llama2.c's version 1, magic "ak42", or a version-0 file: no magic,
+    seven sizes whose tensors fill the file exactly), "gguf" or "safetensors" (a header's
+    length, then JSON); FormatError in one line for anything else, naming llm.c's other files
+    where it is one of them."""
+    if os.path.isdir(path):
+        if os.path.isfile(os.path.join(path, "config.json")):
+            return "hf"
+        raise FormatError(path, "a folder without config.json: not a Hugging Face model folder")
     with open_file(path) as f:
         size = os.fstat(f.fileno()).st_size
         raw = f.read(28)
     if raw[:4] == b"GGUF":
         return "gguf"
+    if len(raw) > 9 and raw[8:10] == b'{"' and int.from_bytes(raw[:8], "little") < size:
+        return "safetensors"
     first = int.from_bytes(raw[:4], "little", signed=True) if len(raw) >= 4 else None
     if first == MODEL_MAGIC:
         return "llmc"
@@ -63,7 +74,8 @@ def model_format(path):
     what = ("empty file" if size == 0 else
             "it begins like a text file" if looks_like_text(raw) else f"{size} bytes")
     raise FormatError(path, f"not a model file ({what}): neither llm.c's (magic 20240326), "
-                            f"llama2.c's (version 1's magic 'ak42', or version 0's sizes) nor GGUF")
+                            f"llama2.c's (version 1's magic 'ak42', or version 0's sizes), GGUF "
+                            f"nor safetensors")
 
 
 def describe_model_file(path):
@@ -71,6 +83,9 @@ def describe_model_file(path):
     (version 1)" (the version field after the magic; 0 for llama2.c's legacy file, which has
     none)."""
     found = model_format(path)
+    if found in HF_FORMATS:
+        from llmc.formats.huggingface import describe_hf
+        return describe_hf(path)
     with open_file(path) as f:
         raw = f.read(8)
     legacy = found == "llama2c" and int.from_bytes(raw[:4], "little") != LLAMA2C_MAGIC

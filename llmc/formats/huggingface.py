@@ -10,18 +10,26 @@ and dev/download_llama.py read them, dev/export.py writes them).
         out) where llm.c stores (out, in); wte holds the real vocabulary (llm.c pads its rows
         to a multiple of 128) and is the head too.  OpenAI's own files name the tensors
         without GPT2LMHeadModel's "transformer." before them.
-    Llama, as LlamaForCausalLM: each head's q and k rows are permuted for its rotate-half RoPE
-        (the first half of a head's channels paired with the second); llama2.c, Meta and
-        llama.cpp pair adjacent channels.
-    a model folder: config.json, generation_config.json, model.safetensors and the tokenizer's
-        files with the tokenizer_config.json that names their class: GPT-2's byte-level BPE as
-        vocab.json and merges.txt (the merges rebuilt from the ranks, llmc/formats/gguf.py),
-        or a SentencePiece vocabulary's tokenizer.model.
+    Llama, as LlamaForCausalLM, and the models built on its block (MistralForCausalLM,
+        Qwen2ForCausalLM with a bias on q, k and v, Qwen3ForCausalLM with QK-norm and a head
+        size of its own): each head's q and k rows (and their biases and norms) are permuted
+        for its rotate-half RoPE (the first half of a head's channels paired with the second);
+        llama2.c, Meta and llama.cpp pair adjacent channels.  config.json is read strictly: a
+        key that would change the model and is not implemented here is refused by name.
+    a model folder: config.json, generation_config.json, model.safetensors (or its shards and
+        model.safetensors.index.json) and the tokenizer's files with the tokenizer_config.json
+        that names their class: GPT-2's byte-level BPE as vocab.json and merges.txt (the merges
+        rebuilt from the ranks, llmc/formats/gguf.py), or a SentencePiece vocabulary's
+        tokenizer.model.
+    a model file: one safetensors file whose metadata holds its config.json ("config"), as a
+        run's checkpoints of a model llama2.c's files cannot hold are written (or a
+        safetensors file with config.json beside it).
 """
 import json
 import os
 import secrets
 import shutil
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -37,8 +45,32 @@ SAFETENSORS_DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np
                       "F64": np.dtype("<f8")}
 
 
+class SafetensorsTensors(Mapping):
+    """A safetensors file's tensors, name -> float32 array, each read when it is asked for
+    (a read-only view of the mapped file where it is float32, else widened from bf16 or f16 then):
+    loading a model never holds a second full copy of it; metadata: the file's own strings."""
+
+    def __init__(self, raw, metadata):
+        self.raw, self.metadata = raw, metadata
+
+    def __getitem__(self, name):
+        raw, dtype = self.raw[name]
+        return bfloat16_bits_to_float32(raw) if dtype == "BF16" else raw.astype(np.float32, copy=False)
+
+    def __iter__(self):
+        return iter(self.raw)
+
+    def __len__(self):
+        return len(self.raw)
+
+    def dtypes(self):
+        """The dtypes the file stores, by safetensors' names ("BF16")."""
+        return sorted({dtype for _, dtype in self.raw.values()})
+
+
 def read_safetensors(path):
-    """dict name -> float32 array (read-only views where the file already is float32)."""
+    """name -> float32 array of a safetensors file (a SafetensorsTensors: each tensor read from
+    the mapped file when it is asked for)."""
     with open_file(path) as f:
         size = os.fstat(f.fileno()).st_size
         prefix = f.read(8)
@@ -54,7 +86,7 @@ def read_safetensors(path):
             raise FormatError(path, "the header is not JSON: not a safetensors file?") from None
     data = np.memmap(path, dtype=np.uint8, mode="r", offset=8 + header_len) \
         if size > 8 + header_len else np.zeros(0, np.uint8)
-    tensors = {}
+    raw = {}
     for name, info in header.items():
         if name == "__metadata__":
             continue
@@ -66,18 +98,14 @@ def read_safetensors(path):
         if end - begin != int(np.prod(shape)) * dtype.itemsize or end > data.size:
             raise FormatError(path, f"tensor {name} of shape {shape} does not fit its bytes "
                                     f"[{begin}, {end})")
-        raw = data[begin:end].view(dtype).reshape(shape)
-        if info["dtype"] == "BF16":
-            tensors[name] = bfloat16_bits_to_float32(raw)
-        else:
-            tensors[name] = raw.astype(np.float32, copy=False)
-    return tensors
+        raw[name] = (data[begin:end].view(dtype).reshape(shape), info["dtype"])
+    return SafetensorsTensors(raw, header.get("__metadata__") or {})
 
 
-def write_safetensors(path, tensors, dtype="float32"):
+def write_safetensors(path, tensors, dtype="float32", metadata=None):
     """Write name -> float32 array as a safetensors file of dtype "float32" or "bfloat16"
-    (rounded to the nearest, ties to even), through the safetensors package; all or nothing
-    (atomic_write)."""
+    (rounded to the nearest, ties to even), through the safetensors package, with metadata
+    (str -> str) beside transformers' own; all or nothing (atomic_write)."""
     try:
         from safetensors import TensorSpec, serialize
     except ImportError:
@@ -91,7 +119,7 @@ def write_safetensors(path, tensors, dtype="float32"):
     # the specs point into stored's arrays, which live until serialize has copied them
     specs = {name: TensorSpec(dtype=dtype, shape=list(a.shape), data_ptr=a.ctypes.data,
                               data_len=a.nbytes) for name, a in stored.items()}
-    atomic_write(path, serialize(specs, metadata={"format": "pt"}))
+    atomic_write(path, serialize(specs, metadata={"format": "pt", **(metadata or {})}))
 
 
 # ----------------------------------------------------------------------------
@@ -174,54 +202,171 @@ def gpt2_to_hf(config, params):
 
 
 # ----------------------------------------------------------------------------
-# Hugging Face's Llama checkpoints: the names of its tensors, and its q/k rows
+# Hugging Face's Llama-block models: the names of their tensors, their q/k rows, their configs
 
 HF_LLAMA_NAMES = {  # ours -> Hugging Face's, {l} the layer
     "tok_embeddings": "model.embed_tokens.weight", "norm": "model.norm.weight",
     "output": "lm_head.weight", "attention_norm": "model.layers.{l}.input_layernorm.weight",
     "wq": "model.layers.{l}.self_attn.q_proj.weight", "wk": "model.layers.{l}.self_attn.k_proj.weight",
     "wv": "model.layers.{l}.self_attn.v_proj.weight", "wo": "model.layers.{l}.self_attn.o_proj.weight",
+    "bq": "model.layers.{l}.self_attn.q_proj.bias", "bk": "model.layers.{l}.self_attn.k_proj.bias",
+    "bv": "model.layers.{l}.self_attn.v_proj.bias",
+    "q_norm": "model.layers.{l}.self_attn.q_norm.weight",
+    "k_norm": "model.layers.{l}.self_attn.k_norm.weight",
     "ffn_norm": "model.layers.{l}.post_attention_layernorm.weight",
     "w1": "model.layers.{l}.mlp.gate_proj.weight", "w2": "model.layers.{l}.mlp.down_proj.weight",
     "w3": "model.layers.{l}.mlp.up_proj.weight",
 }
+ROTATED = {"wq": "n_heads", "bq": "n_heads", "wk": "n_kv_heads", "bk": "n_kv_heads",
+           "q_norm": None, "k_norm": None}   # rows in rotate-half order: per head of these many
+
+
+def rotated_heads(config, name):
+    """The heads of a ROTATED tensor's rows (a q/k norm is one head's)."""
+    return getattr(config, ROTATED[name]) if ROTATED[name] else 1
+
+
+# each architecture: its model_type and the switches it has (LlamaConfig's qkv_bias, qk_norm)
+HF_LLAMA_ARCHITECTURES = {
+    "LlamaForCausalLM": ("llama", dict(qkv_bias=False, qk_norm=False)),
+    "MistralForCausalLM": ("mistral", dict(qkv_bias=False, qk_norm=False)),
+    "Qwen2ForCausalLM": ("qwen2", dict(qkv_bias=True, qk_norm=False)),
+    "Qwen3ForCausalLM": ("qwen3", dict(qkv_bias=False, qk_norm=True)),
+}
+HF_MODEL_TYPES = {model_type: arch for arch, (model_type, _) in HF_LLAMA_ARCHITECTURES.items()}
+HF_MODEL_TYPES["gpt2"] = "GPT2LMHeadModel"
+
+# config.json's keys that do not change the model's arithmetic (metadata, generation and
+# initialisation settings, transformers' own bookkeeping), read by no one here
+HF_INERT_KEYS = frozenset((
+    "architectures", "model_type", "transformers_version", "dtype", "torch_dtype", "_name_or_path",
+    "bos_token_id", "eos_token_id", "pad_token_id", "use_cache", "initializer_range",
+    "output_hidden_states", "output_attentions", "return_dict", "chunk_size_feed_forward",
+    "is_encoder_decoder", "id2label", "label2id", "problem_type", "tokenizer_class",
+    "is_llama_config", "transformers.js_config", "max_window_layers", "tie_encoder_decoder"))
+# keys implemented only at one value: key -> (the value, what another value would ask for)
+HF_LLAMA_FIXED = {
+    "hidden_act": ("silu", "another activation in the FFN"),
+    "pretraining_tp": (1, "tensor-parallel slicing of the projections"),
+    "mlp_bias": (False, "biases in the FFN"),
+    "use_sliding_window": (False, "sliding-window attention"),
+    "rope_interleaved": (False, "interleaved RoPE"),
+    "use_mrope": (False, "multimodal RoPE"),
+    "attention_dropout": (0.0, "dropout in attention"),
+}
+HF_LLAMA_SIZES = frozenset((
+    "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+    "vocab_size", "intermediate_size", "max_position_embeddings", "rms_norm_eps", "head_dim",
+    "tie_word_embeddings", "rope_theta", "rope_parameters", "rope_scaling", "attention_bias",
+    "sliding_window", "layer_types"))
+HF_ROPE_KEYS = {"default": {"rope_type", "type", "rope_theta"},
+                "llama3": {"rope_type", "type", "rope_theta", "factor", "low_freq_factor",
+                           "high_freq_factor", "original_max_position_embeddings"}}
 
 
 def hf_rotate_half_rows(w, n_heads):
-    """Adjacent-pair q/k rows (ours) -> Hugging Face's rotate-half order."""
-    rows, cols = w.shape
-    return w.reshape(n_heads, rows // n_heads // 2, 2, cols).transpose(0, 2, 1, 3).reshape(rows, cols)
+    """Adjacent-pair q/k rows (ours) -> Hugging Face's rotate-half order; a 1-D w (a bias, a
+    head's norm) as one column."""
+    rows = w.shape[0]
+    return w.reshape(n_heads, rows // n_heads // 2, 2, -1).transpose(0, 2, 1, 3).reshape(w.shape)
 
 
 def hf_adjacent_pair_rows(w, n_heads):
     """Hugging Face's rotate-half q/k rows -> adjacent pairs (ours); undoes hf_rotate_half_rows."""
-    rows, cols = w.shape
-    return w.reshape(n_heads, 2, rows // n_heads // 2, cols).transpose(0, 2, 1, 3).reshape(rows, cols)
+    rows = w.shape[0]
+    return w.reshape(n_heads, 2, rows // n_heads // 2, -1).transpose(0, 2, 1, 3).reshape(w.shape)
+
+
+def hf_architecture(hf_config, source):
+    """config.json's architecture (its architectures[0], else its model_type's)."""
+    model_type = hf_config.get("model_type")
+    architectures = hf_config.get("architectures") or [HF_MODEL_TYPES.get(model_type)]
+    if len(architectures) != 1 or architectures[0] not in (*HF_LLAMA_ARCHITECTURES, "GPT2LMHeadModel"):
+        what = (f"architecture {', '.join(map(str, architectures))} (model_type {model_type!r})"
+                if hf_config.get("architectures") else f"model_type {model_type!r}")
+        raise FormatError(source, f"config.json: {what} is not implemented (these are: "
+                                  f"{', '.join(HF_LLAMA_ARCHITECTURES)}, GPT2LMHeadModel)")
+    return architectures[0]
+
+
+def hf_rope(hf_config, source):
+    """(theta, scaling) of config.json: transformers 5 keeps both in rope_parameters, earlier
+    versions rope_theta beside rope_scaling; a scaling not implemented is refused by name."""
+    rope = dict(hf_config.get("rope_scaling") or {})
+    rope.update(hf_config.get("rope_parameters") or {})
+    theta = rope.get("rope_theta", hf_config.get("rope_theta", 10000.0))   # transformers' default
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type not in HF_ROPE_KEYS:
+        raise FormatError(source, f"config.json: RoPE scaling {rope_type!r} is not implemented "
+                                  f"(these are: {', '.join(HF_ROPE_KEYS)})")
+    unknown = sorted(set(rope) - HF_ROPE_KEYS[rope_type])
+    if unknown:
+        raise FormatError(source, f"config.json: RoPE's {unknown[0]}={rope[unknown[0]]!r} is not "
+                                  f"implemented for rope_type {rope_type!r}")
+    if rope_type == "default":
+        return float(theta), ()
+    return float(theta), ("llama3", float(rope["factor"]), float(rope["low_freq_factor"]),
+                          float(rope["high_freq_factor"]),
+                          float(rope["original_max_position_embeddings"]))
+
+
+def llama_config_from_hf(hf_config, config_class, source="config.json"):
+    """The config_class (train_llama2.LlamaConfig) of a Llama-block config.json (a dict); a key
+    that would change the model and is not implemented is refused by name, never ignored."""
+    architecture = hf_architecture(hf_config, source)
+    if architecture not in HF_LLAMA_ARCHITECTURES:
+        raise FormatError(source, f"config.json: {architecture} is not a Llama-block model")
+    model_type, switches = HF_LLAMA_ARCHITECTURES[architecture]
+    for key, value in hf_config.items():
+        if key in HF_LLAMA_FIXED and value != HF_LLAMA_FIXED[key][0]:
+            raise FormatError(source, f"config.json: {key}={value!r} ({HF_LLAMA_FIXED[key][1]}) "
+                                      f"is not implemented")
+        if key not in HF_INERT_KEYS and key not in HF_LLAMA_FIXED and key not in HF_LLAMA_SIZES:
+            raise FormatError(source, f"config.json: {key}={value!r} is not implemented "
+                                      f"(for {architecture})")
+    if hf_config.get("attention_bias", False):   # Llama's puts one on o_proj too; Qwen3's
+        raise FormatError(source, "config.json: attention_bias=true is not implemented")
+    if any(kind != "full_attention" for kind in hf_config.get("layer_types") or ()):
+        raise FormatError(source, f"config.json: layer_types {sorted(set(hf_config['layer_types']))}: "
+                                  f"only full_attention is implemented")
+    window = hf_config.get("sliding_window")
+    if model_type == "mistral" and window is not None and \
+            window < hf_config.get("max_position_embeddings", 0):
+        raise FormatError(source, f"config.json: sliding_window={window} (Mistral v0.1's "
+                                  f"sliding-window attention) is not implemented")
+    theta, scaling = hf_rope(hf_config, source)
+    try:
+        n_heads, dim = int(hf_config["num_attention_heads"]), int(hf_config["hidden_size"])
+        head_dim = int(hf_config.get("head_dim") or dim // n_heads)
+        return config_class(
+            dim=dim, n_layers=int(hf_config["num_hidden_layers"]), n_heads=n_heads,
+            n_kv_heads=int(hf_config.get("num_key_value_heads") or n_heads),
+            vocab_size=int(hf_config["vocab_size"]), hidden_dim=int(hf_config["intermediate_size"]),
+            max_seq_len=int(hf_config["max_position_embeddings"]),
+            norm_eps=float(hf_config.get("rms_norm_eps", 1e-6)), rope_theta=theta,
+            shared_classifier=bool(hf_config.get("tie_word_embeddings", False)),
+            head_dim=0 if head_dim * n_heads == dim else head_dim, rope_scaling=scaling,
+            architecture="" if architecture == "LlamaForCausalLM" else architecture, **switches)
+    except KeyError as e:
+        raise FormatError(source, f"config.json has no {e.args[0]}: not a {architecture} config?") from None
+    except ValueError as e:
+        raise FormatError(source, f"config.json: {e}") from None
 
 
 def llama_from_hf(tensors, hf_config, config_class, source="safetensors"):
-    """(config, params) from Hugging Face LlamaForCausalLM tensors (name -> array) and its
-    config.json (a dict), the config a config_class (train_llama2.LlamaConfig)."""
+    """(config, params) from Hugging Face tensors of a Llama-block model (name -> array, each
+    read once into its place) and its config.json (a dict), the config a config_class
+    (train_llama2.LlamaConfig).  A tensor the model has no place for is refused by name."""
+    config = llama_config_from_hf(hf_config, config_class, source)
+    architecture = hf_architecture(hf_config, source)
+    taken = set()
+
     def get(name):
         if name not in tensors:
-            raise FormatError(source, f"no tensor {name}: not a Hugging Face Llama checkpoint?")
+            raise FormatError(source, f"no tensor {name}: not a {architecture} checkpoint, "
+                                      f"or a shard is missing?")
+        taken.add(name)
         return tensors[name]
-    try:
-        n_heads = int(hf_config["num_attention_heads"])
-        config = config_class(
-            dim=int(hf_config["hidden_size"]), n_layers=int(hf_config["num_hidden_layers"]),
-            n_heads=n_heads, n_kv_heads=int(hf_config.get("num_key_value_heads", n_heads)),
-            vocab_size=int(hf_config["vocab_size"]), hidden_dim=int(hf_config["intermediate_size"]),
-            max_seq_len=int(hf_config["max_position_embeddings"]),
-            norm_eps=float(hf_config.get("rms_norm_eps", 1e-6)),
-            # transformers 5 writes rope_parameters, earlier versions rope_theta
-            rope_theta=float((hf_config.get("rope_parameters") or hf_config).get("rope_theta",
-                                                                                 10000.0)),
-            shared_classifier=bool(hf_config.get("tie_word_embeddings", False)))
-    except KeyError as e:
-        raise FormatError(source, f"config.json has no {e.args[0]}: not a Llama config?") from None
-    except ValueError as e:
-        raise FormatError(source, f"config.json: {e}") from None
     params = np.empty(config.num_parameters(), dtype=np.float32)
     for name, view in param_views(config, params).items():
         per_layer = "{l}" in HF_LLAMA_NAMES[name]
@@ -231,36 +376,65 @@ def llama_from_hf(tensors, hf_config, config_class, source="safetensors"):
             if tensor.shape != target.shape:
                 raise FormatError(source, f"{hf_name} has shape {tensor.shape}, expected "
                                           f"{target.shape} for {config.describe()}")
-            if name in ("wq", "wk"):
-                tensor = hf_adjacent_pair_rows(tensor, n_heads if name == "wq" else config.n_kv_heads)
+            if name in ROTATED:
+                tensor = hf_adjacent_pair_rows(tensor, rotated_heads(config, name))
             target[...] = tensor
+    # a tied model's file may still hold the head; transformers ignores it, and so do we only
+    # where it is the embedding
+    if config.shared_classifier and HF_LLAMA_NAMES["output"] in tensors:
+        if not np.array_equal(get(HF_LLAMA_NAMES["output"]), param_views(config, params)["tok_embeddings"]):
+            raise FormatError(source, "tie_word_embeddings is true, yet lm_head.weight differs "
+                                      "from the embedding")
+    unread = sorted(name for name in tensors if name not in taken
+                    and not name.endswith("rotary_emb.inv_freq"))   # a buffer, not a weight
+    if unread:
+        raise FormatError(source, f"tensor {unread[0]} ({len(unread)} unread in all) has no place "
+                                  f"in {architecture}: not implemented")
     return config, params
 
 
 def llama_to_hf(config, params, rotate_half_rows=True):
-    """(tensors, config.json) of LlamaForCausalLM for a Llama (LlamaConfig, params): q and k
-    rows in its rotate-half order (rotate_half_rows=False only for the test that shows they
+    """(tensors, config.json) of a Llama-block model (LlamaConfig, params) as its architecture
+    (config.architecture; else Qwen3's with QK-norm, Qwen2's with the qkv bias, Llama's): q and
+    k rows in the rotate-half order (rotate_half_rows=False only for the test that shows they
     must be), the head tied to the embedding or its own."""
+    architecture = config.architecture or ("Qwen3ForCausalLM" if config.qk_norm else
+                                           "Qwen2ForCausalLM" if config.qkv_bias else
+                                           "LlamaForCausalLM")
+    model_type, switches = HF_LLAMA_ARCHITECTURES[architecture]
+    if switches != dict(qkv_bias=config.qkv_bias, qk_norm=config.qk_norm):
+        raise ValueError(f"llama_to_hf: {architecture} has {switches}, the model qkv_bias="
+                         f"{config.qkv_bias} qk_norm={config.qk_norm}")
     views = param_views(config, np.asarray(params, dtype=np.float32))
     tensors = {}
     for name, view in views.items():
         per_layer = "{l}" in HF_LLAMA_NAMES[name]
         for l in range(config.n_layers if per_layer else 1):
             tensor = view[l] if per_layer else view
-            if name in ("wq", "wk") and rotate_half_rows:
-                tensor = hf_rotate_half_rows(tensor, config.n_heads if name == "wq"
-                                             else config.n_kv_heads)
+            if name in ROTATED and rotate_half_rows:
+                tensor = hf_rotate_half_rows(tensor, rotated_heads(config, name))
             tensors[HF_LLAMA_NAMES[name].format(l=l)] = tensor
+    rope = dict(rope_type="default", rope_theta=config.rope_theta)
+    if config.rope_scaling:
+        rope.update(zip(("rope_type", "factor", "low_freq_factor", "high_freq_factor",
+                         "original_max_position_embeddings"), config.rope_scaling))
+        rope["original_max_position_embeddings"] = int(rope["original_max_position_embeddings"])
     hf_config = dict(
-        architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=config.vocab_size,
+        architectures=[architecture], model_type=model_type, vocab_size=config.vocab_size,
         hidden_size=config.dim, intermediate_size=config.hidden_dim,
         num_hidden_layers=config.n_layers, num_attention_heads=config.n_heads,
         num_key_value_heads=config.n_kv_heads, head_dim=config.head_size,
         max_position_embeddings=config.max_seq_len, rms_norm_eps=config.norm_eps,
-        rope_theta=config.rope_theta,
-        rope_parameters=dict(rope_type="default", rope_theta=config.rope_theta),
-        hidden_act="silu", attention_bias=False, mlp_bias=False, initializer_range=0.02,
-        tie_word_embeddings=config.shared_classifier)
+        rope_theta=config.rope_theta, rope_parameters=rope, hidden_act="silu",
+        initializer_range=0.02, tie_word_embeddings=config.shared_classifier)
+    if model_type in ("llama", "qwen3"):
+        hf_config.update(attention_bias=False)
+    if model_type == "llama":
+        hf_config.update(mlp_bias=False)
+    if model_type in ("mistral", "qwen2", "qwen3"):
+        hf_config.update(sliding_window=None)
+    if model_type in ("qwen2", "qwen3"):
+        hf_config.update(use_sliding_window=False)
     return tensors, hf_config
 
 
@@ -343,39 +517,150 @@ def write_hf_model(directory, tensors, hf_config, vocab, dtype="float32"):
         raise
 
 
-def read_hf_checkpoint(directory):
-    """name -> float32 array of every safetensors file in directory, and its config.json."""
-    config_path = os.path.join(directory, "config.json")
+def read_json(path, what):
     try:
-        with open(config_path) as f:
-            hf_config = json.load(f)
+        with open(path) as f:
+            return json.load(f)
     except FileNotFoundError:
-        raise FormatError(config_path, "no such file (a Hugging Face checkpoint "
-                                       "directory has config.json)") from None
+        raise FormatError(path, f"no such file ({what})") from None
     except json.JSONDecodeError as e:
-        raise FormatError(config_path, f"not JSON: {e}") from None
-    files = sorted(f for f in os.listdir(directory) if f.endswith(".safetensors")) \
-        if os.path.isdir(directory) else []
+        raise FormatError(path, f"not JSON: {e}") from None
+
+
+def is_hf_folder(path):
+    """Whether path is a transformers model folder (it holds config.json)."""
+    return os.path.isdir(path) and os.path.isfile(os.path.join(path, "config.json"))
+
+
+def safetensors_files(directory):
+    """The safetensors files of a model folder: its index's shards (each checked to be there),
+    else every .safetensors file in it."""
+    index_path = os.path.join(directory, "model.safetensors.index.json")
+    if os.path.exists(index_path):
+        weight_map = read_json(index_path, "the shards' index").get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise FormatError(index_path, "no weight_map: not a safetensors index")
+        files = sorted(set(weight_map.values()))
+        missing = [name for name in files if not os.path.isfile(os.path.join(directory, name))]
+        if missing:
+            raise FormatError(directory, f"shard {missing[0]} of model.safetensors.index.json is "
+                                         f"missing ({len(missing)} of {len(files)} missing)")
+        return [os.path.join(directory, name) for name in files]
+    files = sorted(f for f in os.listdir(directory) if f.endswith(".safetensors"))
     if not files:
         raise FormatError(directory, "no .safetensors files")
+    return [os.path.join(directory, name) for name in files]
+
+
+def hf_config_of(path):
+    """config.json (a dict) of a model folder, or of a safetensors model file (its metadata's
+    "config", else the config.json beside it)."""
+    if os.path.isdir(path):
+        return read_json(os.path.join(path, "config.json"),
+                         "a Hugging Face model folder has config.json")
+    with open_file(path) as f:
+        prefix = f.read(8)
+        header = json.loads(f.read(int.from_bytes(prefix, "little")))
+    config = (header.get("__metadata__") or {}).get("config")
+    if config is not None:
+        return json.loads(config)
+    beside = os.path.join(os.path.dirname(os.path.abspath(path)), "config.json")
+    if not os.path.exists(beside):
+        raise FormatError(path, "a safetensors file without its config (no config.json beside "
+                                "it, none in its metadata): give the model's folder")
+    return read_json(beside, "the model's config")
+
+
+def read_hf_checkpoint(path):
+    """(name -> float32 array of every tensor, each read when asked for; config.json) of a
+    model folder (single or sharded) or a safetensors model file (hf_config_of)."""
+    hf_config = hf_config_of(path)
+    if not os.path.isdir(path):
+        return read_safetensors(path), hf_config
     tensors = {}
-    for name in files:
-        tensors.update(read_safetensors(os.path.join(directory, name)))
-    return tensors, hf_config
+    for file in safetensors_files(path):
+        shard = read_safetensors(file)
+        for name in shard:
+            if name in tensors:
+                raise FormatError(file, f"tensor {name} is in two shards")
+        tensors.update({name: (shard, name) for name in shard})
+    return ShardedTensors(tensors), hf_config
+
+
+class ShardedTensors(Mapping):
+    """name -> float32 array over the shards of a model folder, each read when asked for."""
+
+    def __init__(self, where):
+        self.where = where   # name -> (its shard's SafetensorsTensors, name)
+
+    def __getitem__(self, name):
+        shard, _ = self.where[name]
+        return shard[name]
+
+    def __iter__(self):
+        return iter(self.where)
+
+    def __len__(self):
+        return len(self.where)
+
+    def dtypes(self):
+        return sorted({d for shard, _ in self.where.values() for d in shard.dtypes()})
+
+
+def gpt2_config_checked(hf_config, source):
+    """n_head of a GPT2LMHeadModel's config.json, its other keys checked as llm.c's GPT-2."""
+    fixed = {"activation_function": ("gelu_new", "gelu_pytorch_tanh"), "layer_norm_epsilon": (1e-5,),
+             "scale_attn_weights": (True,), "scale_attn_by_inverse_layer_idx": (False,),
+             "add_cross_attention": (False,), "tie_word_embeddings": (True,)}
+    sizes = {"vocab_size", "n_positions", "n_ctx", "n_embd", "n_layer", "n_head", "n_inner",
+             "reorder_and_upcast_attn",   # float32 attention here: upcast or not
+             "resid_pdrop", "embd_pdrop", "attn_pdrop",   # dropout: training here has none
+             "summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels",
+             "summary_first_dropout", "task_specific_params"}   # GPT2DoubleHeadsModel's
+    for key, value in hf_config.items():
+        if key in fixed and value not in fixed[key]:
+            raise FormatError(source, f"config.json: {key}={value!r} is not implemented "
+                                      f"(GPT-2's is {fixed[key][0]!r})")
+        if key not in fixed and key not in sizes and key not in HF_INERT_KEYS:
+            raise FormatError(source, f"config.json: {key}={value!r} is not implemented (for GPT-2)")
+    if hf_config.get("n_inner") not in (None, 4 * hf_config.get("n_embd", 0)):
+        raise FormatError(source, f"config.json: n_inner={hf_config['n_inner']} is not 4 * n_embd")
+    return hf_config.get("n_head")
 
 
 HF_READERS = {"gpt2": lambda tensors, hf_config, config_class, source: gpt2_from_hf(
-                   tensors, config_class, hf_config.get("n_head"), source),
+                   tensors, config_class, gpt2_config_checked(hf_config, source), source),
               "llama": llama_from_hf}
 
 
-def read_hf_model(directory, config_classes):
-    """(config, float32 params) of a transformers model folder of a GPT-2 or a Llama, told by
-    its config.json's model_type; config_classes: {model_type: the config class it is read
-    into} ({"gpt2": train_gpt2.GPT2Config}), the model types the caller takes."""
-    tensors, hf_config = read_hf_checkpoint(directory)
-    model_type = hf_config.get("model_type")
-    if model_type not in config_classes or model_type not in HF_READERS:
-        taken = " or ".join(t for t in config_classes if t in HF_READERS)
-        raise FormatError(directory, f"model_type {model_type!r}: not {taken}")
-    return HF_READERS[model_type](tensors, hf_config, config_classes[model_type], directory)
+def hf_reader_of(hf_config, source):
+    """The name of the reader (HF_READERS) of a config.json's architecture."""
+    return "gpt2" if hf_architecture(hf_config, source) == "GPT2LMHeadModel" else "llama"
+
+
+def describe_hf(path):
+    """What a Hugging Face model is, in words: "a Hugging Face Qwen3ForCausalLM (bf16)"."""
+    hf_config = hf_config_of(path)
+    tensors, _ = read_hf_checkpoint(path)
+    dtypes = "/".join(d.lower() for d in tensors.dtypes())
+    kind = "folder" if os.path.isdir(path) else "file"
+    return f"a Hugging Face {hf_architecture(hf_config, path)} {kind} ({dtypes} weights)"
+
+
+def read_hf_model(path, config_classes):
+    """(config, float32 params) of a transformers model folder (or a safetensors model file)
+    of a GPT-2 or a Llama-block model, told by its config.json's architecture; config_classes:
+    {reader: the config class it is read into} ({"gpt2": train_gpt2.GPT2Config}), the readers
+    (HF_READERS) the caller takes."""
+    tensors, hf_config = read_hf_checkpoint(path)
+    reader = hf_reader_of(hf_config, path)
+    if reader not in config_classes:
+        raise FormatError(path, f"{hf_architecture(hf_config, path)}: not "
+                                f"{' or '.join(config_classes)}")
+    return HF_READERS[reader](tensors, hf_config, config_classes[reader], path)
+
+
+def write_hf_model_file(path, tensors, hf_config):
+    """One safetensors file (float32) holding a model and, in its metadata, its config.json:
+    what a run's checkpoint of a model that llama2.c's files cannot hold is written as."""
+    write_safetensors(path, tensors, metadata={"config": json.dumps(hf_config)})

@@ -63,15 +63,26 @@ def legacy_model_bytes(sizes):
     return LLAMA2C_LEGACY_HEADER_BYTES + 4 * floats
 
 
+def llama2c_problem(config):
+    """What of a Llama config llama2.c's files cannot hold (they know Llama 2's block, its
+    eps and theta), or None."""
+    if (config.norm_eps, config.rope_theta) != (LLAMA2C_NORM_EPS, LLAMA2C_ROPE_THETA):
+        return (f"norm_eps={config.norm_eps} rope_theta={config.rope_theta} (only "
+                f"{LLAMA2C_NORM_EPS} and {LLAMA2C_ROPE_THETA}); export to GGUF or hf instead")
+    if config.switches() or config.architecture:
+        return (f"{config.architecture or 'a Llama'} with {', '.join(config.switches()) or 'its sizes'}"
+                f" (only Llama 2's block); export to hf instead")
+    return None
+
+
 def write_llama_model(path, config, params, version=1):
     """Write a llama2.c model file: version 1 (default; header + fp32) or 0 (run.c's legacy)."""
     if version not in LLAMA2C_VERSIONS:
         raise ValueError(f"write_llama_model: version {version} is not one of {LLAMA2C_VERSIONS} "
                          f"(llama2.c's fp32 formats)")
-    if (config.norm_eps, config.rope_theta) != (LLAMA2C_NORM_EPS, LLAMA2C_ROPE_THETA):
-        raise ValueError(f"write_llama_model: llama2.c's files cannot hold norm_eps="
-                         f"{config.norm_eps} rope_theta={config.rope_theta} (only "
-                         f"{LLAMA2C_NORM_EPS} and {LLAMA2C_ROPE_THETA}); export to GGUF instead")
+    problem = llama2c_problem(config)
+    if problem is not None:
+        raise ValueError(f"write_llama_model: llama2.c's files cannot hold {problem}")
     params = np.asarray(params)
     if params.shape != (config.num_parameters(),):
         raise ValueError(f"write_llama_model: expected {config.num_parameters()} parameters for "

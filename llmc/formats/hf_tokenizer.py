@@ -1,0 +1,218 @@
+"""
+Hugging Face tokenizers: a model folder's tokenizer.json, through the `tokenizers` package, with
+the special tokens its tokenizer_config.json names and its chat template rendered as
+transformers' apply_chat_template renders it (jinja2, sandboxed, with its settings and helpers).
+
+    read_hf_tokenizer(path)   an HFTokenizer of a folder holding tokenizer.json (or of that
+                              file), what llmc.tokenizer.Tokenizer.from_hf is made of: encodes as
+                              transformers' AutoTokenizer does (special tokens in the text are
+                              special; BOS where the tokenizer adds it)
+    ChatTemplate(source, special_tokens)
+                              .render(messages, add_generation_prompt=False): the template's text
+
+A token's bytes are read off the vocabulary: byte-level BPE (GPT-2's, Llama 3's, Qwen's,
+SmolLM2's) spells each byte as one printable character; SentencePiece-style vocabularies
+(Llama 2's, TinyLlama's) write a space as U+2581 and an unknown byte as <0xXX>.  Special tokens
+decode to nothing, as transformers' decode(skip_special_tokens=True).
+
+The start token (the Tokenizer's eot_token: what a sample starts with and documents are cut
+by) is the BOS the tokenizer puts before a text, and where it puts none (Qwen's, SmolLM2's)
+its EOS, which then ends each document; generation stops at any of the EOS ids its
+generation_config.json (or tokenizer_config.json) gives.
+"""
+import json
+import os
+from dataclasses import dataclass
+from datetime import datetime
+
+from llmc.formats.common import FormatError
+
+__all__ = ["ChatTemplate", "HFTokenizer", "is_hf_tokenizer", "read_hf_tokenizer"]
+
+SPACE = "\u2581"   # SentencePiece's visible space
+
+
+def is_hf_tokenizer(path):
+    """Whether path is a tokenizer.json or a folder holding one."""
+    return os.path.isfile(os.path.join(path, "tokenizer.json")) if os.path.isdir(path) \
+        else os.path.basename(path) == "tokenizer.json"
+
+
+def byte_level_alphabet():
+    """GPT-2's byte -> character map: printable Latin-1 bytes are themselves, the 68 others
+    the characters from U+0100 on, in byte order."""
+    kept = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
+    moved = [b for b in range(256) if b not in kept]
+    return {**{b: chr(b) for b in kept}, **{b: chr(256 + i) for i, b in enumerate(moved)}}
+
+
+def decoder_kinds(decoder):
+    """The kinds of a tokenizer.json decoder (a Sequence's parts)."""
+    if decoder is None:
+        return set()
+    if decoder.get("type") == "Sequence":
+        return set().union(*(decoder_kinds(d) for d in decoder["decoders"]))
+    return {decoder.get("type")}
+
+
+def token_bytes_of(vocabulary, decoder, added, special_ids):
+    """Each token's bytes (a list by id): see the module docstring; added: the ids of the
+    tokens added to the vocabulary, special_ids those of them that are special."""
+    kinds = decoder_kinds(decoder)
+    by_char = {c: b for b, c in byte_level_alphabet().items()}
+    token_bytes = [b""] * (max(vocabulary.values()) + 1)
+    for text, i in vocabulary.items():
+        if i in special_ids:
+            continue
+        if i in added:   # its text as written, in no alphabet of the vocabulary's
+            token_bytes[i] = text.encode("utf-8")
+        elif "ByteLevel" in kinds:
+            token_bytes[i] = bytes(by_char[c] for c in text) if all(c in by_char for c in text) \
+                else text.encode("utf-8")
+        elif "ByteFallback" in kinds and len(text) == 6 and text.startswith("<0x") and text.endswith(">"):
+            token_bytes[i] = bytes([int(text[3:5], 16)])
+        else:
+            token_bytes[i] = text.replace(SPACE, " ").encode("utf-8")
+    return token_bytes
+
+
+def special_token_text(value):
+    """A tokenizer_config.json special token: a string, or an AddedToken's dict."""
+    return value.get("content") if isinstance(value, dict) else value
+
+
+def read_json_if_there(path):
+    if not os.path.exists(path):
+        return {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise FormatError(path, f"not JSON ({e})") from None
+
+
+def chat_template_source(folder, tokenizer_config):
+    """The folder's chat template: chat_template.jinja, else tokenizer_config.json's (the
+    "default" one of a list of named templates); None without one."""
+    path = os.path.join(folder, "chat_template.jinja")
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    source = tokenizer_config.get("chat_template")
+    if isinstance(source, list):
+        source = {t["name"]: t["template"] for t in source}.get("default")
+    return source
+
+
+@dataclass
+class HFTokenizer:
+    """What a Hugging Face tokenizer is, as llmc.tokenizer.Tokenizer takes it."""
+    token_bytes: list        # each token's bytes, by id
+    start_token: int         # BOS where the tokenizer puts one before a text, else its EOS
+    stop_tokens: tuple       # the EOS ids generation stops at
+    strip_text_start: bool   # the decoder strips the space a text starts with (Strip)
+    encode: object           # text -> ids, as AutoTokenizer's (BOS included where it adds one)
+    encode_text: object      # text -> ids, no special tokens added (a rendered chat's)
+    chat_template: object    # a ChatTemplate, or None
+
+
+def read_hf_tokenizer(path):
+    """The HFTokenizer of a folder holding tokenizer.json, or of that file (see the module
+    docstring); FormatError in one line for what is not one."""
+    try:
+        import tokenizers
+    except ImportError:
+        raise FormatError(path, "a Hugging Face tokenizer needs the tokenizers package: "
+                                "pip install tokenizers") from None
+    folder = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
+    file = os.path.join(folder, "tokenizer.json")
+    try:
+        backend = tokenizers.Tokenizer.from_file(file)
+    except Exception as e:   # the Rust library's own error: one line of it
+        raise FormatError(file, f"not a tokenizers file ({str(e).splitlines()[0]})") from None
+    config = read_json_if_there(os.path.join(folder, "tokenizer_config.json"))
+    generation = read_json_if_there(os.path.join(folder, "generation_config.json"))
+    specials = {key: special_token_text(config.get(key))
+                for key in ("bos_token", "eos_token", "unk_token", "pad_token")
+                if special_token_text(config.get(key)) is not None}
+    ids = {key: backend.token_to_id(text) for key, text in specials.items()}
+    added = backend.get_added_tokens_decoder()
+    special_ids = {i for i, token in added.items() if token.special}
+    decoder = json.loads(backend.to_str()).get("decoder")
+    # transformers adds BOS/EOS as tokenizer_config.json says where it says so, over the file's
+    # post-processor; without the keys, the post-processor's own tokens stand
+    add_bos, add_eos = config.get("add_bos_token"), config.get("add_eos_token")
+    own = backend.encode("").ids
+    adds_bos = add_bos if add_bos is not None else (bool(own) and own[0] == ids.get("bos_token"))
+    adds_eos = add_eos if add_eos is not None else (bool(own) and own[-1] == ids.get("eos_token")
+                                                    and ids.get("eos_token") != ids.get("bos_token"))
+
+    def encode(text):
+        tokens = backend.encode(text, add_special_tokens=add_bos is None and add_eos is None).ids
+        if add_bos is not None or add_eos is not None:
+            tokens = [ids["bos_token"]] * bool(adds_bos) + tokens + [ids["eos_token"]] * bool(adds_eos)
+        return tokens
+    eos = generation.get("eos_token_id", ids.get("eos_token"))
+    stop_tokens = tuple(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+    start = ids.get("bos_token") if adds_bos else (stop_tokens or (None,))[0]
+    if start is None:
+        raise FormatError(folder, "the tokenizer names no BOS nor EOS token")
+    token_bytes = token_bytes_of(backend.get_vocab(with_added_tokens=True), decoder, set(added),
+                                 special_ids)
+    source = chat_template_source(folder, config)
+    return HFTokenizer(token_bytes, start, stop_tokens or (start,), "Strip" in decoder_kinds(decoder),
+                       encode, lambda text: backend.encode(text, add_special_tokens=False).ids,
+                       None if source is None else ChatTemplate(source, specials, folder))
+
+
+class ChatTemplate:
+    """A chat template, rendered as transformers renders it: jinja2's sandbox with
+    trim_blocks, lstrip_blocks and loop controls; tojson without HTML escaping;
+    raise_exception, strftime_now; {% generation %} blocks rendered as their body; the
+    tokenizer's special tokens (bos_token, ...) as variables."""
+
+    def __init__(self, source, special_tokens, where="the chat template"):
+        try:
+            import jinja2
+            import jinja2.ext
+            from jinja2.sandbox import ImmutableSandboxedEnvironment
+        except ImportError:
+            raise FormatError(where, "a chat template needs the jinja2 package: pip install jinja2") from None
+        self.where = where
+
+        class Generation(jinja2.ext.Extension):   # transformers marks the assistant's turns so
+            tags = {"generation"}                 # (for its masks); the text is the body's
+
+            def parse(self, parser):
+                lineno = next(parser.stream).lineno
+                body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+                return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+            def _body(self, caller):
+                return caller()
+
+        def raise_exception(message):
+            raise jinja2.exceptions.TemplateError(message)
+
+        def tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+            return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent,
+                              separators=separators, sort_keys=sort_keys)
+        environment = ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=[Generation, jinja2.ext.loopcontrols])
+        environment.filters["tojson"] = tojson
+        environment.globals["raise_exception"] = raise_exception
+        environment.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+        try:
+            self.template = environment.from_string(source)
+        except jinja2.exceptions.TemplateSyntaxError as e:
+            raise FormatError(where, f"the chat template does not parse: {e.message} (line {e.lineno})") from None
+        self.special_tokens = dict(special_tokens)
+        self.errors = jinja2.exceptions.TemplateError
+
+    def render(self, messages, add_generation_prompt=False, **variables):
+        """The conversation (a list of {"role", "content"}) as the model reads it."""
+        try:
+            return self.template.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                        **self.special_tokens, **variables)
+        except self.errors as e:
+            raise FormatError(self.where, f"the chat template refused the conversation: {e}") from None

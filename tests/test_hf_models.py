@@ -1,0 +1,210 @@
+"""
+Hugging Face models in (llmc/formats/huggingface.py, the Llama family's switches): for each
+architecture of tests/hf_models.py, a model transformers made at test time and saved is read
+as train.py -e reads it, and its logits, loss and every gradient equal transformers' own
+(test_gpt2.py's tolerances: logits within 1e-5 of the largest, gradients within GRAD_TOL of
+each tensor's largest; at bf16 its narrow tolerances).  Each switch has a planted fault that the
+same comparison catches, and config.json's keys are read strictly.
+"""
+import dataclasses
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from llmc.families import family_of_file, get_family
+from llmc.formats import FormatError, describe_model_file, param_views
+from llmc.formats.huggingface import hf_config_of, llama_from_hf
+from test_gpt2 import BF16_LOSS_TOL, GRAD_TOL, narrow_tolerance
+from tests import needs
+from tests.hf_models import ARCHITECTURES, BFLOAT16, SHARDED, V, hf_logits, make_hf_model
+
+torch = needs.package("torch")
+transformers = needs.package("transformers")
+
+LOGITS_TOL = 1e-5   # of the largest logit
+B, T = 2, 24
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """name -> (folder, the transformers model) of every architecture, made once."""
+    root = tmp_path_factory.mktemp("hf")
+    return {name: (root / name, make_hf_model(name, root / name)) for name in ARCHITECTURES}
+
+
+def batch(seed=1):
+    tokens = np.random.default_rng(seed).integers(0, V, (B, T + 1)).astype(np.int32)
+    return tokens[:, :-1], tokens[:, 1:]
+
+
+def ours(folder, precision="fp32", change=None):
+    """Our model of the folder, read as train.py -e reads it (change: (config, params) ->
+    (config, params), a planted fault)."""
+    family, _ = family_of_file(folder)
+    config, params = family.read_model(folder)
+    if change is not None:
+        config, params = change(config, params)
+    model = family.model_class(config, precision=precision)
+    model.params = params
+    return model
+
+
+def logits_error(model, hf_model, x):
+    """max |ours - transformers'| / max |transformers'| of the logits."""
+    model.forward(x)
+    ref = hf_logits(hf_model, x)
+    return np.abs(model.logits[..., :V] - ref).max() / np.abs(ref).max()
+
+
+def hf_gradients(hf_model, folder, x, y):
+    """(loss, every gradient in our layout) of transformers' model on the batch."""
+    hf_model.zero_grad()
+    logits = hf_model(torch.tensor(x, dtype=torch.long)).logits
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, V),
+                                             torch.tensor(y.reshape(-1), dtype=torch.long))
+    loss.backward()
+    grads = {name: p.grad.numpy() for name, p in hf_model.named_parameters()}
+    family, _ = family_of_file(folder)
+    if family.name == "gpt2":
+        from llmc.formats.huggingface import gpt2_from_hf
+        return float(loss.detach()), gpt2_from_hf(grads, family.config_class, hf_model.config.n_head)[1]
+    return float(loss.detach()), llama_from_hf(grads, hf_config_of(folder), family.config_class)[1]
+
+
+@pytest.mark.parametrize("name", ARCHITECTURES)
+def test_logits_loss_and_gradients_equal_transformers(saved, name):
+    folder, hf_model = saved[name]
+    x, y = batch()
+    model = ours(folder)
+    assert logits_error(model, hf_model, x) <= LOGITS_TOL
+    ref_loss, ref_grads = hf_gradients(hf_model, folder, x, y)
+    model.zero_grad()
+    loss = model.forward(x, y)
+    model.backward()
+    assert abs(loss - ref_loss) <= 1e-5
+    views, ref_views = (param_views(model.config, g) for g in (model.grads, ref_grads))
+    for tensor, grad in views.items():
+        scale = np.abs(ref_views[tensor]).max()
+        assert np.abs(grad - ref_views[tensor]).max() <= GRAD_TOL * scale, tensor
+
+
+@pytest.mark.parametrize("name", ARCHITECTURES)
+def test_bf16_within_the_bf16_tolerances(saved, name):
+    folder, hf_model = saved[name]
+    x, y = batch()
+    model = ours(folder, precision="bf16")
+    model.forward(x)
+    ref = hf_logits(hf_model, x)
+    assert (np.abs(model.logits[..., :V] - ref) <= narrow_tolerance(ref)).all()
+    ref_loss, ref_grads = hf_gradients(hf_model, folder, x, y)
+    model.zero_grad()
+    loss = model.forward(x, y)
+    model.backward()
+    assert abs(loss - ref_loss) <= BF16_LOSS_TOL
+    views = param_views(model.config, model.grads / model.loss_scale)
+    for tensor, grad in views.items():
+        expected = param_views(model.config, ref_grads)[tensor]
+        assert (np.abs(grad - expected) <= narrow_tolerance(expected)).all(), tensor
+
+
+def without(config, params, switch, names):
+    """The model without a switch: its tensors names dropped from params."""
+    fewer = dataclasses.replace(config, **{switch: False})
+    views = param_views(config, params)
+    return fewer, np.concatenate([views[n].ravel() for n, _ in fewer.param_shapes()])
+
+
+FAULTS = {   # a switch read wrong, and the architecture that shows it
+    "qkv bias dropped": ("qwen2", lambda c, p: without(c, p, "qkv_bias", ("bq", "bk", "bv"))),
+    "QK-norm skipped": ("qwen3", lambda c, p: without(c, p, "qk_norm", ("q_norm", "k_norm"))),
+    "RoPE scaling off": ("llama3", lambda c, p: (dataclasses.replace(c, rope_scaling=()), p)),
+    "theta from the wrong key": ("qwen2", lambda c, p: (dataclasses.replace(c, rope_theta=10000.0), p)),
+    "eps from the wrong key": ("qwen3", lambda c, p: (dataclasses.replace(c, norm_eps=1e-1), p)),
+}
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_a_switch_read_wrong_fails_the_comparison(saved, fault):
+    name, change = FAULTS[fault]
+    folder, hf_model = saved[name]
+    x, _ = batch()
+    assert logits_error(ours(folder, change=change), hf_model, x) > 100 * LOGITS_TOL
+
+
+def test_theta_is_read_where_transformers_5_keeps_it(saved, tmp_path):
+    """rope_parameters' theta wins over a stale top-level rope_theta (transformers 5 reads
+    rope_parameters; readers that took the other key fell back to 10000 silently)."""
+    folder, hf_model = saved["qwen2"]
+    shutil.copytree(folder, tmp_path / "m")
+    config = json.loads((folder / "config.json").read_text())
+    assert config["rope_parameters"]["rope_theta"] == 1e6
+    config["rope_theta"] = 10000.0
+    (tmp_path / "m" / "config.json").write_text(json.dumps(config))
+    x, _ = batch()
+    assert logits_error(ours(tmp_path / "m"), hf_model, x) <= LOGITS_TOL
+
+
+def test_the_checkpoints_as_they_come(saved):
+    """One architecture in shards with their index, one in bf16; each said in one line."""
+    assert len(list(saved[SHARDED][0].glob("*.safetensors"))) > 1
+    assert (saved[SHARDED][0] / "model.safetensors.index.json").exists()
+    assert describe_model_file(saved[SHARDED][0]) == \
+        "a Hugging Face Qwen3ForCausalLM folder (f32 weights)"
+    assert describe_model_file(saved[BFLOAT16][0]) == \
+        "a Hugging Face LlamaForCausalLM folder (bf16 weights)"
+    config = get_family("llama").read_model(saved["qwen3"][0])[0]
+    assert config.describe().endswith("separate classifier, rms eps 1e-06, rope theta 1e+06, "
+                                      "head_dim 32, QK-norm")
+
+
+def edited(folder, tmp_path, **changes):
+    """A copy of the model folder with config.json's keys changed (None: removed)."""
+    shutil.copytree(folder, tmp_path / "m")
+    config = json.loads((folder / "config.json").read_text())
+    config.update(changes)
+    config = {k: v for k, v in config.items() if v is not None}
+    (tmp_path / "m" / "config.json").write_text(json.dumps(config))
+    return tmp_path / "m"
+
+
+@pytest.mark.parametrize("name, changes, message", [
+    ("qwen2", dict(architectures=["Qwen2MoeForCausalLM"], model_type="qwen2_moe"),
+     "architecture Qwen2MoeForCausalLM (model_type 'qwen2_moe') is not implemented"),
+    ("llama3", dict(rope_parameters=dict(rope_type="yarn", rope_theta=1e4, factor=4.0)),
+     "RoPE scaling 'yarn' is not implemented"),
+    ("llama3", dict(rope_parameters=dict(rope_type="default", rope_theta=1e4,
+                                         partial_rotary_factor=0.5)),
+     "RoPE's partial_rotary_factor=0.5 is not implemented"),
+    ("mistral", dict(sliding_window=16),
+     "sliding_window=16 (Mistral v0.1's sliding-window attention) is not implemented"),
+    ("qwen2", dict(use_sliding_window=True), "use_sliding_window=True (sliding-window attention)"),
+    ("tinyllama", dict(hidden_act="gelu"), "hidden_act='gelu' (another activation in the FFN)"),
+    ("tinyllama", dict(attention_bias=True), "attention_bias=true is not implemented"),
+    ("qwen3", dict(some_new_switch=3), "some_new_switch=3 is not implemented (for Qwen3ForCausalLM)"),
+    ("gpt2", dict(activation_function="relu"), "activation_function='relu' is not implemented"),
+])
+def test_what_is_not_implemented_is_refused_by_name(saved, tmp_path, name, changes, message):
+    folder = edited(saved[name][0], tmp_path, **changes)
+    with pytest.raises(FormatError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        family_of_file(folder)[0].read_model(folder)
+
+
+def test_a_missing_shard_is_named(saved, tmp_path):
+    shutil.copytree(saved[SHARDED][0], tmp_path / "m")
+    shard = sorted((tmp_path / "m").glob("*.safetensors"))[-1]
+    shard.unlink()
+    with pytest.raises(FormatError, match=f"shard {shard.name} of model.safetensors.index.json "
+                                          f"is missing"):
+        get_family("llama").read_model(tmp_path / "m")
+
+
+def test_a_tensor_without_a_place_is_refused(saved, tmp_path):
+    """A Llama config over a Qwen2 checkpoint: the biases would be dropped silently."""
+    folder = edited(saved["qwen2"][0], tmp_path, architectures=["LlamaForCausalLM"],
+                    model_type="llama", use_sliding_window=None, sliding_window=None,
+                    max_window_layers=None, layer_types=None)
+    with pytest.raises(FormatError, match="self_attn.[qkv]_proj.bias .* has no place in "
+                                          "LlamaForCausalLM"):
+        get_family("llama").read_model(folder)
