@@ -8,22 +8,27 @@ text as it comes, as llama2.c's run.c does (and llm.c's samples).
     python generate.py model.bin -p "Once upon a time" --temperature 0   # greedy
 
 The model: any model file, told by its first bytes (llmc/families.py's family_of_file): llm.c's
-checkpoint (GPT-2), llama2.c's version 0 or 1 or a GGUF (Llama); or train.py's output dir,
-whose newest complete checkpoint it loads (llmc/checkpoint.py).
+checkpoint (GPT-2), llama2.c's version 0 or 1 or a GGUF (Llama); a Hugging Face model folder
+(GPT-2, Llama, Mistral, Qwen2, Qwen3); or train.py's output dir, whose newest complete
+checkpoint it loads (llmc/checkpoint.py).
 
-The tokenizer: --tokenizer, a llama2.c tokenizer.bin (or llm.c's gpt2_tokenizer.bin) or `gpt2`
-(GPT-2's, through tiktoken). Without it, a GGUF file's own vocabulary (SentencePiece, or GPT-2's),
-else the one train.py used: the tokenizer.bin beside the training data's shards (from the
-run.json beside the checkpoint), else a tokenizer.bin beside the model file, else GPT-2's; a
-line on stderr says which. A prompt starts with the token the
-documents start with (GPT-2's <|endoftext|>, SentencePiece's BOS), and a tokenizer.bin encodes
-it as run.c's encode() does (llmc/tokenizer.py), so it gets run.c's tokens; an empty prompt is
-that token alone. A --compact-vocab run's vocab_map.bin beside the checkpoint is used.
+The tokenizer: --tokenizer, a llama2.c tokenizer.bin (or llm.c's gpt2_tokenizer.bin), a Hugging
+Face tokenizer.json (or its folder) or `gpt2` (GPT-2's, through tiktoken). Without it, a GGUF
+file's own vocabulary (SentencePiece, or GPT-2's) or a model folder's own tokenizer.json, else
+the one train.py used: the tokenizer beside the training data's shards (from the run.json
+beside the checkpoint), else a tokenizer.bin or tokenizer.json beside the model file, else
+GPT-2's; a line on stderr says which. A prompt starts with the token the documents start with
+(GPT-2's <|endoftext|>, SentencePiece's BOS), and a tokenizer.bin encodes it as run.c's
+encode() does (llmc/tokenizer.py), so it gets run.c's tokens; an empty prompt is that token
+alone. A Hugging Face tokenizer encodes as transformers' AutoTokenizer, with a BOS only where
+it puts one (Qwen's puts none: its prompt may not be empty). A --compact-vocab run's
+vocab_map.bin beside the checkpoint is used.
 
 The next token (llmc/sampler.py's Sampler): the argmax of the logits at --temperature 0, else a
 draw from softmax(logits / temperature) cut to the --top-k most likely and to the nucleus
 --top-p, with llm.c's xorshift RNG at --seed. Generation stops after -n tokens, or when the
-model writes the token documents start with (run.c stops at BOS). The tokens per second,
+model writes the token documents start with (run.c stops at BOS), or a Hugging Face model one of
+its EOS tokens (generation_config.json's). The tokens per second,
 counted from the second token as run.c counts them, go to stderr at the end.
 
 The forward: the model has no KV cache, so each token is a forward over the sequence so far.
@@ -41,14 +46,13 @@ import time
 
 import numpy as np
 
-from llmc.checkpoint import newest_model_file, read_run_config
+from llmc.checkpoint import model_tokenizer, newest_model_file
 from llmc.cli import Parser
 from llmc.dataloader import DataError
 from llmc.families import FamilyError, family_of_file
-from llmc.formats import FormatError, model_format
+from llmc.formats import FormatError
 from llmc.sampler import SAMPLE_SEED, Sampler, continue_prompt
-from llmc.tokenizer import (Tokenizer, TokenizerError, gpt2_encoding, load_tokenizer,
-                            tokenizer_beside_shards)
+from llmc.tokenizer import Tokenizer, TokenizerError, gpt2_encoding, load_tokenizer
 from llmc.vocab import MAP_NAME, VocabMap
 
 DEFAULT_STEPS = 256   # run.c's
@@ -64,8 +68,10 @@ def note(message):
 
 def parse_args(argv):
     p = Parser(prog="generate.py", description="Continue a prompt with a model of either family "
-               "(llm.c's, llama2.c's or GGUF model file, or train.py's output dir).")
-    p.add_argument("model", help="a model file, or train.py's output dir (its newest checkpoint)")
+               "(llm.c's, llama2.c's or GGUF model file, a Hugging Face model folder, or "
+               "train.py's output dir).")
+    p.add_argument("model", help="a model file, a Hugging Face model folder, or train.py's "
+                                 "output dir (its newest checkpoint)")
     p.add_argument("-p", "--prompt", default="",
                    help="the text to continue (default: none, the start token alone)")
     p.add_argument("-n", dest="steps", metavar="INT", type=int, default=None,
@@ -83,9 +89,9 @@ def parse_args(argv):
                    help="seed of the xorshift RNG that draws the tokens (default: "
                         "%(default)s)")
     p.add_argument("--tokenizer", metavar="PATH", default=None,
-                   help="a llama2.c tokenizer.bin, or gpt2 (GPT-2's) (default: a GGUF's own, "
-                        "else the training data's, else a tokenizer.bin beside the model, else "
-                        "GPT-2's)")
+                   help="a llama2.c tokenizer.bin, a Hugging Face tokenizer.json, or gpt2 "
+                        "(GPT-2's) (default: a GGUF's or a model folder's own, else the "
+                        "training data's, else one beside the model, else GPT-2's)")
     args = p.parse_args(argv)
     if args.steps is not None and args.steps < 1:
         p.error(f"argument -n: must be at least 1, got {args.steps}")
@@ -110,19 +116,8 @@ def open_tokenizer(name):
 
 
 def assumed_tokenizer(path):
-    """The tokenizer of the model file at path: a GGUF's own vocabulary, else the one train.py
-    used (beside the training data of the run.json beside it), else a tokenizer.bin beside it,
-    else GPT-2's; said in a line."""
-    run = read_run_config(os.path.dirname(path) or ".")
-    beside = os.path.join(os.path.dirname(path), "tokenizer.bin")
-    if model_format(path) == "gguf":
-        name, why = path, "the GGUF file's own vocabulary"
-    elif run is not None and "-i" in run and tokenizer_beside_shards(run["-i"]):
-        name, why = tokenizer_beside_shards(run["-i"]), "the training data's"
-    elif os.path.exists(beside):
-        name, why = beside, "the one beside the model"
-    else:
-        name, why = "gpt2", "GPT-2's, none beside the model or its data"
+    """The tokenizer of the model at path (llmc.checkpoint.model_tokenizer), said in a line."""
+    name, why = model_tokenizer(path)
     note(f"tokenizer: {name} ({why}; --tokenizer overrides)")
     return open_tokenizer(name)
 
@@ -136,12 +131,15 @@ def main(argv=None):
     tokenizer = (open_tokenizer(args.tokenizer) if args.tokenizer is not None
                  else assumed_tokenizer(path))
     prompt = tokenizer.encode_prompt(args.prompt)
+    if not prompt:
+        raise GenerateError(f"an empty prompt, and the tokenizer ({tokenizer.source}) starts a "
+                            f"text with no token of its own: give -p TEXT")
     vocab_map_path = os.path.join(os.path.dirname(path), MAP_NAME)
     if os.path.exists(vocab_map_path):   # a --compact-vocab run: its ids are the map's
         vocab_map = VocabMap.load(vocab_map_path)
         prompt = [int(t) for t in vocab_map.compact(np.array(prompt), "the prompt")]
         tokenizer = vocab_map.tokenizer(tokenizer)
-    if tokenizer.vocab_size < config.vocab_size:
+    if tokenizer.vocab_size < config.vocab_size and not tokenizer.padded_vocabulary:
         raise GenerateError(f"the tokenizer ({tokenizer.source}) has {tokenizer.vocab_size} "
                             f"tokens, fewer than the model's vocabulary of {config.vocab_size}: "
                             f"give the model's own (--tokenizer)")
@@ -163,11 +161,12 @@ def main(argv=None):
                             f"{config.max_seq_len}: at most -n {room}")
 
     sampler = Sampler(args.temperature, args.top_k, args.top_p, args.seed)
-    piece = tokenizer.stream_decoder(after=prompt[0])
-    sys.stdout.write("".join(piece(t) for t in prompt[1:]))
+    started = prompt[0] == tokenizer.eot_token   # the start token, not printed
+    piece = tokenizer.stream_decoder(after=prompt[0] if started else None)
+    sys.stdout.write("".join(piece(t) for t in prompt[started:]))
     sys.stdout.flush()
     count, start = 0, None
-    for token in continue_prompt(model, prompt, steps, sampler, tokenizer.eot_token):
+    for token in continue_prompt(model, prompt, steps, sampler, tokenizer.stop_tokens):
         sys.stdout.write(piece(token))
         sys.stdout.flush()
         count += 1

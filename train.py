@@ -73,6 +73,7 @@ from llmc.dataloader import DataError, DataLoader, shard_files
 from llmc.families import (DEFAULT_FAMILY, FamilyError, family_names, family_of_file,
                            get_family, preset_family)
 from llmc.formats import FormatError, describe_model_file
+from llmc.formats.hf_tokenizer import is_hf_tokenizer
 from llmc.formats.llama2c import read_llama2c_tokenizer
 from llmc.formats.llmc import GPT2_EOT_TOKEN, read_evalfile
 from llmc.logger import Console, Logger, note, plot_losses
@@ -81,7 +82,7 @@ from llmc.recompute import RecomputePlan, parse_policy
 from llmc.report import LOG_NAME, Efficiency, profile_lines
 from llmc.sampler import generate
 from llmc.schedulers import SCHEDULERS, get_scheduler
-from llmc.tokenizer import (DEFAULT_TOKENIZER, GPT2_VOCAB_SIZE, TokenizerError,
+from llmc.tokenizer import (DEFAULT_TOKENIZER, GPT2_VOCAB_SIZE, Tokenizer, TokenizerError,
                             data_tokenizer, load_sample_tokenizer, load_tokenizer)
 from llmc.vocab import MAP_NAME, VocabMap
 
@@ -381,14 +382,16 @@ def has_field(config_class, name):
 # model, tokenizer, evaluation
 
 def data_vocab_size(args):
-    """The vocabulary of the training data's tokenizer: a tokenizer.bin beside the shards, or
-    GPT-2's."""
+    """The vocabulary of the training data's tokenizer: a tokenizer.bin or a Hugging Face
+    tokenizer.json beside the shards, or GPT-2's."""
     path = data_tokenizer(args.train_data)
     if path == DEFAULT_TOKENIZER:
         return GPT2_VOCAB_SIZE
     try:
+        if is_hf_tokenizer(path):
+            return Tokenizer.from_hf(path).vocab_size
         return len(read_llama2c_tokenizer(path)[0])
-    except FormatError as e:
+    except (FormatError, TokenizerError) as e:
         raise TrainError(f"the data's tokenizer: {e}") from None
 
 
@@ -412,7 +415,8 @@ def check_data_tokenizer(args, config):
         raise TrainError(f"-i {args.train_data}: the data's tokenizer, {which}, has {tokens} "
                          f"tokens, more than the model's vocabulary of {config.vocab_size}: "
                          f"train it on data tokenized for it (-i, -j, with its tokenizer.bin "
-                         f"beside the shards)")
+                         f"or tokenizer.json beside the shards: dev/data/text_to_shards.py "
+                         f"--tokenizer)")
 
 
 def val_data_pattern(args):

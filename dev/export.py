@@ -37,14 +37,15 @@ import numpy as np
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
-from llmc.checkpoint import newest_model_file  # noqa: E402
+from llmc.checkpoint import model_tokenizer, newest_model_file  # noqa: E402
 from llmc.cli import Parser  # noqa: E402
 from llmc.families import FamilyError, family_of_file  # noqa: E402
 from llmc.formats import (FormatError, bfloat16_bits_to_float32,  # noqa: E402
                           float32_to_bfloat16_bits, open_file, param_views)
 from llmc.formats.gguf import gguf_vocab, gpt2_gguf_vocab, write_gguf  # noqa: E402
-from llmc.formats.huggingface import (HF_WRITERS, gpt2_hf_vocab, read_hf_model,  # noqa: E402
-                                      sentencepiece_hf_vocab, write_hf_model)
+from llmc.formats.hf_tokenizer import HF_TOKENIZER_FILES, is_hf_tokenizer  # noqa: E402
+from llmc.formats.huggingface import (HF_WRITERS, HFVocab, gpt2_hf_vocab,  # noqa: E402
+                                      read_hf_model, sentencepiece_hf_vocab, write_hf_model)
 from llmc.formats.llama2c import write_llama_model  # noqa: E402
 from llmc.formats.llmc import TOKENIZER_MAGIC, checkpoint_dtype, write_checkpoint  # noqa: E402
 from llmc.tokenizer import GPT2_VOCAB_SIZE, Tokenizer, gpt2_encoding  # noqa: E402
@@ -94,6 +95,15 @@ def gguf_vocabulary(tokenizer, config):
 
 
 def hf_vocabulary(tokenizer, config):
+    if is_hf_tokenizer(tokenizer):   # a Hugging Face model's own: its files as they are
+        folder = tokenizer if os.path.isdir(tokenizer) else os.path.dirname(os.path.abspath(tokenizer))
+        own = Tokenizer.from_hf(folder)
+        files = {}
+        for name in HF_TOKENIZER_FILES:
+            if os.path.exists(os.path.join(folder, name)):
+                with open_file(os.path.join(folder, name)) as f:
+                    files[name] = f.read()
+        return HFVocab(files, own.vocab_size, own.eot_token, own.stop_tokens[0])
     if not tokenizer.endswith(".model"):
         if is_gpt2_bpe(tokenizer):
             gpt2 = gpt2_tokenizer(tokenizer)
@@ -203,11 +213,15 @@ def main(argv=None):
         check_output_free(args.output, folder=args.format == "hf")
         config, params = family.read_model(path)
         if args.format in WITH_VOCABULARY:
-            if args.tokenizer is None and config.vocab_size != GPT2_VOCAB_SIZE:
-                p.error(f"argument --tokenizer: --format {args.format} writes the vocabulary the "
-                        f"model was trained on, and its {config.vocab_size} tokens are not "
-                        f"GPT-2's: name it (its SentencePiece tokenizer.model or tokenizer.bin)")
-            args.tokenizer = args.tokenizer or "gpt2"
+            if args.tokenizer is None:   # the model's own, found as generate.py finds it
+                args.tokenizer, why = model_tokenizer(path)
+                if args.tokenizer == "gpt2" and config.vocab_size != GPT2_VOCAB_SIZE:
+                    p.error(f"argument --tokenizer: --format {args.format} writes the vocabulary "
+                            f"the model was trained on, and its {config.vocab_size} tokens are "
+                            f"not GPT-2's: name it (its SentencePiece tokenizer.model or "
+                            f"tokenizer.bin, or a Hugging Face tokenizer.json)")
+                print(f"export.py: tokenizer: {args.tokenizer} ({why}; --tokenizer overrides)",
+                      file=sys.stderr)
             if os.path.exists(os.path.join(os.path.dirname(os.path.abspath(path)), MAP_NAME)):
                 raise ExportError(f"{path}: trained with --compact-vocab ({MAP_NAME} beside it): "
                                   f"its token ids are not the tokenizer's")

@@ -198,7 +198,7 @@ def check(args, work):
         top = np.sort(logits)[-2:]
         margins[len(prompt) + len(margins)] = float(top[1] - top[0])
         return Sampler(0.0)(logits)
-    tokens = prompt + list(continue_prompt(model, prompt, args.tokens, greedy, tok.eot_token))
+    tokens = prompt + list(continue_prompt(model, prompt, args.tokens, greedy, tok.stop_tokens))
     command = [sys.executable, os.path.join(REPO_ROOT, "generate.py"), model_path, "-p",
                args.prompt, "-n", str(args.tokens), "--temperature", "0", "--tokenizer",
                tokenizer_path]

@@ -43,8 +43,10 @@ import numpy as np
 
 from llmc.distributed import SINGLE
 from llmc.formats import FormatError, atomic_write, model_format
+from llmc.formats.hf_tokenizer import is_hf_tokenizer
 from llmc.formats.llmc import (checkpoint_dtype, read_state_processes, read_training_state,
                                write_state)
+from llmc.tokenizer import TOKENIZERS_BESIDE_DATA, tokenizer_beside_shards
 
 
 def checkpoint_paths(output_dir, step, process_rank=0):
@@ -115,9 +117,10 @@ def write_checkpoint(output_dir, step, model, loader, keep=0, dist=SINGLE, outli
 
 
 def newest_model_file(path):
-    """path itself, or for a run's output dir (train.py -o) the model file of its newest
-    complete checkpoint; FormatError when the dir has none."""
-    if not os.path.isdir(path):
+    """path itself (a model file, or a Hugging Face model folder: it holds config.json), or for
+    a run's output dir (train.py -o) the model file of its newest complete checkpoint;
+    FormatError when the dir has none."""
+    if not os.path.isdir(path) or os.path.isfile(os.path.join(path, "config.json")):
         return path
     step = find_max_step(path)
     if step is None:
@@ -242,6 +245,26 @@ def write_run_config(output_dir, config):
     """DIR/run.json: the run's configuration, a dict of what a resume must match."""
     atomic_write(os.path.join(output_dir, RUN_NAME),
                  (json.dumps(config, indent=1) + "\n").encode())
+
+
+def model_tokenizer(path):
+    """(where the tokenizer of the model at path is, why there, in words), the one lookup
+    every tool makes: a GGUF file's own vocabulary, or a Hugging Face model folder's own
+    tokenizer.json; else the one its run trained on (beside the training data of the run.json
+    beside it); else a tokenizer.bin or tokenizer.json beside it; else ("gpt2", ...):
+    GPT-2's."""
+    run = read_run_config(os.path.dirname(path) or ".")
+    beside = [p for p in (os.path.join(os.path.dirname(path), name)
+                          for name in TOKENIZERS_BESIDE_DATA) if os.path.exists(p)]
+    if model_format(path) == "gguf":
+        return path, "the GGUF file's own vocabulary"
+    if os.path.isdir(path) and is_hf_tokenizer(path):
+        return path, "the model folder's own tokenizer.json"
+    if run is not None and "-i" in run and tokenizer_beside_shards(run["-i"]):
+        return tokenizer_beside_shards(run["-i"]), "the training data's"
+    if beside:
+        return beside[0], "the one beside the model"
+    return "gpt2", "GPT-2's, none beside the model or its data"
 
 
 def read_run_config(output_dir):

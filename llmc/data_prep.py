@@ -5,7 +5,8 @@ SentencePiece vocabularies, and GPT-2's tokenizer (llmc.tokenizer.gpt2_encoding,
 offline fallbacks), in one place.
 
 A token shard (llm.c's .bin) is a header of 256 int32 (magic 20240520, version 1, the number
-of tokens) followed by the tokens as uint16.
+of tokens) followed by the tokens as uint16; for a vocabulary past 65,536 tokens, llm.c's
+Llama 3 layout (magic 20240801, version 7) with uint32 tokens.
 """
 import contextlib
 import os
@@ -13,6 +14,8 @@ import subprocess
 import sys
 import tempfile
 import urllib.request
+
+import numpy as np
 
 from llmc.formats.llmc import HEADER_BYTES, write_shard
 from llmc.tokenizer import (EOT, TokenizerError, gpt2_encoding,  # noqa: F401 (for the scripts)
@@ -69,11 +72,13 @@ def pip_download(package, dest, sdist=False):
     return archives[0]
 
 
-def write_datafile(path, tokens):
-    """Write tokens (ids < 2**16) as an llm.c token shard, atomically."""
-    write_shard(path, tokens)
-    print(f"writing {len(tokens):,} tokens to {path} ({HEADER_BYTES + 2 * len(tokens):,} "
-          f"bytes), llm.c's shard format")
+def write_datafile(path, tokens, dtype="<u2"):
+    """Write tokens as an llm.c token shard of dtype (uint16, GPT-2's; uint32 for vocabularies
+    past 65,536 tokens, llm.c's Llama 3 layout: llmc.formats.llmc.shard_dtype), atomically."""
+    write_shard(path, tokens, dtype)
+    width = np.dtype(dtype).itemsize
+    print(f"writing {len(tokens):,} tokens to {path} ({HEADER_BYTES + width * len(tokens):,} "
+          f"bytes), llm.c's shard format (uint{8 * width})")
 
 
 @contextlib.contextmanager

@@ -98,11 +98,12 @@ def shard_files(pattern):
     return files
 
 
-def shard_tokens(path):
-    """The tokens of the shard at path, a read-only uint16 memmap (llmc.formats.llmc.read_shard
-    checks its header and size). Raises DataError."""
+def shard_tokens(path, dtype=None):
+    """The tokens of the shard at path, a read-only uint16 or uint32 memmap by its layout, or
+    dtype's, the other refused by name (llmc.formats.llmc.read_shard checks its header and
+    size). Raises DataError."""
     try:
-        return read_shard(path, mmap=True)
+        return read_shard(path, mmap=True, dtype=dtype)
     except FormatError as e:
         raise DataError(str(e)) from None
 
@@ -124,8 +125,9 @@ class DataLoader:
         self.files = shard_files(pattern)
         # validate every shard up front, so a bad one fails now and not hours into training
         self.shard_num_tokens = []
+        self.dtype = shard_tokens(self.files[0]).dtype   # every shard's layout is the first's
         for path in self.files:
-            ntok = len(shard_tokens(path))
+            ntok = len(shard_tokens(path, self.dtype))
             if ntok < self.sample_size + 1:
                 processes = f" x {num_processes} processes" if num_processes > 1 else ""
                 raise DataError(f"{path}: too small: {ntok} tokens, a batch of B={B} x T={T}"
@@ -143,7 +145,7 @@ class DataLoader:
         """Map the shard at position shard_idx of this epoch's order."""
         file_idx = self.shard_indices[shard_idx] if self.shuffle else shard_idx
         self.current_path = self.files[file_idx]
-        self.tokens = shard_tokens(self.current_path)
+        self.tokens = shard_tokens(self.current_path, self.dtype)
         # each sample takes N*B*T+1 tokens but they advance by N*B*T: the last only targets
         self.shard_num_samples = (len(self.tokens) - 1) // self.sample_size
 

@@ -108,16 +108,17 @@ def generate(model, tokenizer, gen_tokens, console):
     return tokens
 
 
-def continue_prompt(model, prompt, steps, sampler, stop_token):
-    """generate.py's text: yield up to steps tokens after the prompt's, each chosen by sampler from the logits at
-    the last position so far; stop before stop_token."""
+def continue_prompt(model, prompt, steps, sampler, stop_tokens):
+    """generate.py's text: yield up to steps tokens after the prompt's, each chosen by sampler
+    from the logits at the last position so far; stop before any of stop_tokens (a
+    tokenizer's: a Hugging Face model may have several)."""
     V = model.config.vocab_size
     tokens = np.zeros((1, len(prompt) + steps - 1), dtype=np.int32)   # padded with token 0
     tokens[0, :len(prompt)] = prompt
     for t in range(len(prompt), len(prompt) + steps):
         model.forward(tokens)
         token = sampler(model.logits[0, t - 1, :V])
-        if token == stop_token:
+        if token in stop_tokens:
             return
         yield token
         if t < tokens.shape[1]:

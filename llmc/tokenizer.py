@@ -203,7 +203,8 @@ class Tokenizer:
     <|endoftext|>, SentencePiece's BOS)."""
 
     def __init__(self, token_bytes, eot_token, source, space_after_eot=True, encoder=None,
-                 stop_tokens=None, chat_template=None, text_encoder=None, strip_text_start=False):
+                 stop_tokens=None, chat_template=None, text_encoder=None, strip_text_start=False,
+                 padded_vocabulary=False):
         self.token_bytes = token_bytes
         self.eot_token = eot_token
         self.source = source
@@ -212,6 +213,9 @@ class Tokenizer:
         # start of the text it decodes
         self.space_after_eot = space_after_eot
         self.strip_text_start = strip_text_start
+        # the model's vocabulary may run past the tokenizer's tokens (Qwen2.5's 151,936 rows for
+        # 151,665 tokens): the rows past them decode to nothing
+        self.padded_vocabulary = padded_vocabulary
         self.encoder = encoder   # text -> a prompt's ids (encode_prompt); None: decodes only
         # where generation stops (a Hugging Face model may have several EOS; else the start)
         self.stop_tokens = tuple(stop_tokens) if stop_tokens is not None else (eot_token,)
@@ -251,7 +255,7 @@ class Tokenizer:
         (llmc.formats.hf_tokenizer): as transformers' AutoTokenizer encodes."""
         hf = read_hf_tokenizer(path)
         return cls(hf.token_bytes, hf.start_token, os.fspath(path), strip_text_start=hf.strip_text_start,
-                   encoder=hf.encode, stop_tokens=hf.stop_tokens, chat_template=hf.chat_template,
+                   padded_vocabulary=True, encoder=hf.encode, stop_tokens=hf.stop_tokens, chat_template=hf.chat_template,
                    text_encoder=hf.encode_text)
 
     @classmethod
@@ -274,7 +278,7 @@ class Tokenizer:
         return self.encoder(text)
 
     def _bytes(self, token_id, previous):
-        raw = self.token_bytes[token_id]
+        raw = self.token_bytes[token_id] if token_id < len(self.token_bytes) else b""
         if previous == self.eot_token and not self.space_after_eot and raw[:1] == b" ":
             return raw[1:]
         return raw
@@ -306,12 +310,19 @@ class Tokenizer:
         return piece
 
 
+TOKENIZERS_BESIDE_DATA = ("tokenizer.bin", "tokenizer.json")
+
+
 def tokenizer_beside_shards(pattern):
-    """The tokenizer.bin beside the first of the token shards pattern matches (the data
-    scripts write llama2.c's there with a SentencePiece vocabulary), or None."""
+    """The tokenizer beside the first of the token shards pattern matches, or None: the data
+    scripts write llama2.c's tokenizer.bin there with a SentencePiece vocabulary, and a Hugging
+    Face model's tokenizer.json (with its tokenizer_config.json) with its tokens."""
     shards = sorted(glob.glob(pattern))
-    beside = os.path.join(os.path.dirname(shards[0]), "tokenizer.bin") if shards else None
-    return beside if beside and os.path.exists(beside) else None
+    for name in TOKENIZERS_BESIDE_DATA if shards else ():
+        beside = os.path.join(os.path.dirname(shards[0]), name)
+        if os.path.exists(beside):
+            return beside
+    return None
 
 
 def data_tokenizer(train_pattern):

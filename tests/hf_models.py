@@ -3,13 +3,16 @@ Small Hugging Face models of each architecture llm.pyx reads, made by transforme
 at test time with random weights (no hub is reachable): the shapes of today's small open models
 at a few dozen channels, each with the switches of its family set.
 
-    make_hf_model(name, folder)   saves the model there (transformers' save_pretrained) and
-                                  returns the transformers model, float32, in eval mode
+    make_hf_model(name, folder)   saves the model there (transformers' save_pretrained) with a
+                                  tokenizer of its kind (tests/hf_tokenizers.py) and returns the
+                                  transformers model, float32, in eval mode
 
 Biases and norms are drawn away from their init (0 and 1), so that a switch read wrong shows in
 the logits.  One model is saved in shards and one in bf16, as real checkpoints come.
 """
 import numpy as np
+
+from tests.hf_tokenizers import make_byte_level, make_sentencepiece_style
 
 V = 512   # the test vocabulary (a model's own is 32,000 to 151,936 tokens)
 LAYERS = dict(num_hidden_layers=2, max_position_embeddings=128)
@@ -54,6 +57,7 @@ ARCHITECTURES = {
 }
 SHARDED = "qwen3"      # saved in several files with their index
 BFLOAT16 = "llama3"    # saved in bf16
+SENTENCEPIECE_STYLE = ("tinyllama", "mistral")   # Llama 2's kind of vocabulary; the rest byte-level
 
 
 def make_hf_config(name, **changes):
@@ -77,6 +81,7 @@ def make_hf_model(name, folder, seed=0, **changes):
     if name == BFLOAT16:
         model = model.to(torch.bfloat16)
     model.save_pretrained(folder, max_shard_size="40KB" if name == SHARDED else "1GB")
+    (make_sentencepiece_style if name in SENTENCEPIECE_STYLE else make_byte_level)(folder, 400)
     return model.float().eval()
 
 

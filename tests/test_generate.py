@@ -53,7 +53,7 @@ def load(path):
 
 
 def run_generation(model, steps, sampler, prompt=PROMPT):
-    return list(continue_prompt(model, prompt, steps, sampler, stop_token=None))
+    return list(continue_prompt(model, prompt, steps, sampler, stop_tokens=()))
 
 
 # ----------------------------------------------------------------------------
@@ -356,7 +356,7 @@ def test_command_line_on_a_run_dir(tmp_path, vocabulary):  # noqa: F811
     tok = tokenizer.load_tokenizer(str(bin_path))
     model = Llama2.from_checkpoint(checkpoint.checkpoint_paths(str(out), 2)[0])
     prompt = tok.encode_prompt("First Citizen:")
-    tokens = list(continue_prompt(model, prompt, 12, Sampler(0.0), tok.eot_token))
+    tokens = list(continue_prompt(model, prompt, 12, Sampler(0.0), tok.stop_tokens))
     piece = tok.stream_decoder(after=prompt[0])
     assert run.stdout == "".join(piece(t) for t in prompt[1:] + tokens) + "\n"
     assert run.stdout.startswith("First Citizen:")
@@ -378,7 +378,7 @@ def test_a_compact_vocabulary_model(capsys, tmp_path, vocabulary):  # noqa: F811
                   "--temperature", "0"])
     compact = [int(vocab_map.index[t]) for t in prompt]
     compacted = vocab_map.tokenizer(tok)
-    tokens = list(continue_prompt(model, compact, 10, Sampler(0.0), compacted.eot_token))
+    tokens = list(continue_prompt(model, compact, 10, Sampler(0.0), compacted.stop_tokens))
     piece = compacted.stream_decoder(after=compact[0])
     stdout = capsys.readouterr().out
     assert stdout == "".join(piece(t) for t in compact[1:] + tokens) + "\n"

@@ -13,9 +13,13 @@ import shutil
 import numpy as np
 import pytest
 
+import generate
+from dev import export
 from llmc.families import family_of_file, get_family
 from llmc.formats import FormatError, describe_model_file, param_views
 from llmc.formats.huggingface import hf_config_of, llama_from_hf
+from llmc.sampler import Sampler, continue_prompt
+from llmc.tokenizer import Tokenizer
 from test_gpt2 import BF16_LOSS_TOL, GRAD_TOL, narrow_tolerance
 from tests import needs
 from tests.hf_models import ARCHITECTURES, BFLOAT16, SHARDED, V, hf_logits, make_hf_model
@@ -157,6 +161,47 @@ def test_the_checkpoints_as_they_come(saved):
     config = get_family("llama").read_model(saved["qwen3"][0])[0]
     assert config.describe().endswith("separate classifier, rms eps 1e-06, rope theta 1e+06, "
                                       "head_dim 32, QK-norm")
+
+
+@pytest.mark.parametrize("name", ARCHITECTURES)
+def test_greedy_generation_equals_transformers(saved, name, capsys):
+    """32 tokens after a prompt, as transformers' generate chooses them, and generate.py prints
+    them as its tokenizer decodes them."""
+    folder, hf_model = saved[name]
+    tokenizer = Tokenizer.from_hf(folder)
+    prompt = tokenizer.encode_prompt("the quick brown fox")
+    model = ours(folder)
+    tokens = list(continue_prompt(model, prompt, 32, Sampler(0.0, 0, 1.0, 1), tokenizer.stop_tokens))
+    with torch.no_grad():
+        theirs = hf_model.generate(torch.tensor([prompt]), max_new_tokens=32, do_sample=False,
+                                   eos_token_id=list(tokenizer.stop_tokens),
+                                   pad_token_id=tokenizer.stop_tokens[0])[0, len(prompt):].tolist()
+    assert tokens == [t for t in theirs if t not in tokenizer.stop_tokens] and len(theirs) > 8
+    generate.main([str(folder), "-p", "the quick brown fox", "-n", "32", "--temperature", "0"])
+    started = prompt[0] == tokenizer.eot_token
+    text = "".join(c for c in tokenizer.decode(prompt[started:] + tokens)   # printable (as
+                   if c.isprintable() or c in "\n\t")                       # llm.c prints)
+    # a character cut off at the end is not printed
+    assert capsys.readouterr().out[:-1] in (text, text.rstrip("\ufffd"))
+
+
+@pytest.mark.parametrize("name", ARCHITECTURES)
+def test_exported_back_transformers_loads_the_same_class_and_weights(saved, name, tmp_path):
+    """dev/export.py --format hf on the folder: the architecture it came as, every weight bit
+    for bit, its tokenizer and chat template."""
+    folder, hf_model = saved[name]
+    export.main([str(folder), "--format", "hf", "-o", str(tmp_path / "out"), "--check"])
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out")
+    assert type(back) is type(hf_model)
+    theirs, again = hf_model.state_dict(), back.state_dict()
+    assert theirs.keys() == again.keys()
+    for key in theirs:
+        assert torch.equal(theirs[key], again[key]), key
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "out")
+    original = transformers.AutoTokenizer.from_pretrained(folder)
+    chat = [{"role": "user", "content": "hello"}]
+    assert tokenizer.apply_chat_template(chat, tokenize=False) == \
+        original.apply_chat_template(chat, tokenize=False)
 
 
 def edited(folder, tmp_path, **changes):

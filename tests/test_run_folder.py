@@ -175,7 +175,8 @@ def test_the_datas_tokenizer_is_checked_against_the_models_vocabulary_first(data
         assert line == (f"train.py: error: -i {data.train}: the data's tokenizer, GPT-2's (no "
                         f"tokenizer.bin beside -i's shards), has 50257 tokens, more than the "
                         f"model's vocabulary of 512: train it on data tokenized for it (-i, -j, "
-                        f"with its tokenizer.bin beside the shards)")
+                        f"with its tokenizer.bin or tokenizer.json beside the shards: "
+                        f"dev/data/text_to_shards.py --tokenizer)")
 
 
 def test_i_without_j_validates_on_the_split_beside_or_says_why_not(data, tmp_path, capsys):

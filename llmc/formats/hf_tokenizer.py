@@ -27,9 +27,13 @@ from datetime import datetime
 
 from llmc.formats.common import FormatError
 
-__all__ = ["ChatTemplate", "HFTokenizer", "is_hf_tokenizer", "read_hf_tokenizer"]
+__all__ = ["ChatTemplate", "HFTokenizer", "HF_TOKENIZER_FILES", "is_hf_tokenizer",
+           "read_hf_tokenizer"]
 
 SPACE = "\u2581"   # SentencePiece's visible space
+# a tokenizer's files in a model folder, as read here (generation_config.json: its EOS ids)
+HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
+                      "generation_config.json")
 
 
 def is_hf_tokenizer(path):

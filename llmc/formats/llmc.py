@@ -16,9 +16,10 @@ Every file starts with a header of 256 little-endian int32 (1024 bytes); the dat
     tokenizer         magic 20240328, version 1 (no eot) or 2
         header [2] number of tokens [3] eot token (version 2)
         data   per token: its length as one uint8, then that many bytes
-    token shard       magic 20240520, version 1
+    token shard       magic 20240520, version 1 (GPT-2's: uint16 tokens), or magic 20240801,
+                      version 7 (llm.c's Llama 3 layout: uint32, for vocabularies past 65,536)
         header [2] number of tokens
-        data   the tokens as uint16
+        data   the tokens as uint16 (uint32)
     eval file         magic 20240522, version 1 (llm.c's HellaSwag and MMLU: multiple choice)
         header [2] number of examples [3] the longest example's bytes
         data   per example, uint16: 65535 (its start), its bytes (these fields included), its
@@ -54,6 +55,7 @@ MODEL_MAGIC = 20240326
 DEBUG_STATE_MAGIC = 20240327
 TOKENIZER_MAGIC = 20240328
 SHARD_MAGIC = 20240520
+WIDE_SHARD_MAGIC = 20240801
 EVAL_MAGIC = 20240522
 STATE_MAGIC = 20240527
 
@@ -61,6 +63,7 @@ MODEL_VERSIONS = {3: "float32", 5: "bfloat16"}
 DEBUG_STATE_VERSION = 2
 TOKENIZER_VERSION = 2
 SHARD_VERSION = 1
+WIDE_SHARD_VERSION = 7
 EVAL_VERSION = 1
 STATE_VERSION = 1
 
@@ -70,9 +73,9 @@ FILE_KINDS = {
     DEBUG_STATE_MAGIC: "a debug state",
     TOKENIZER_MAGIC: "a tokenizer",
     SHARD_MAGIC: "a GPT-2 token shard",
+    WIDE_SHARD_MAGIC: "a uint32 token shard (llm.c's Llama 3 layout)",
     EVAL_MAGIC: "an eval file (HellaSwag/MMLU)",
     STATE_MAGIC: "a training state",
-    20240801: "a LLaMA-3 token shard",
 }
 
 GPT2_EOT_TOKEN = 50256  # what llm.c assumes for a version-1 tokenizer of the 50257 GPT-2 tokens
@@ -324,38 +327,63 @@ def write_tokenizer(path, tokens, eot_token):
 # ----------------------------------------------------------------------------
 # token shard: a stretch of tokenized text for the dataloader
 
-def read_shard(path, mmap=False):
-    """The tokens (uint16 1-D) of a GPT-2 token shard; mmap=True maps the file read-only
-    instead of reading it into memory."""
+# the two layouts of a token shard: its dtype -> (magic, version, what it is called)
+SHARD_LAYOUTS = {np.dtype("<u2"): (SHARD_MAGIC, SHARD_VERSION, "a GPT-2 token shard (uint16)"),
+                 np.dtype("<u4"): (WIDE_SHARD_MAGIC, WIDE_SHARD_VERSION,
+                                   "a uint32 token shard (llm.c's Llama 3 layout)")}
+
+
+def shard_dtype(vocab_size):
+    """The token dtype of a vocabulary's shards: uint16 up to 65,536 tokens, else uint32."""
+    return np.dtype("<u2") if vocab_size <= 2 ** 16 else np.dtype("<u4")
+
+
+def read_shard(path, mmap=False, dtype=None):
+    """The tokens (1-D, uint16 or uint32 by the shard's layout) of a token shard; dtype: the
+    layout the caller takes (None: either), the other refused by name; mmap=True maps the file
+    read-only instead of reading it into memory."""
     with open_file(path) as f:
-        header, size = _read_header(f, path, SHARD_MAGIC, "a GPT-2 token shard")
-        version, count = header[1], header[2]
-        if version != SHARD_VERSION:
-            raise FormatError(path, f"unsupported token shard version {version}; "
-                                    f"supported: {SHARD_VERSION}")
+        raw = f.read(4)
+        f.seek(0)
+        found = int.from_bytes(raw, "little", signed=True) if len(raw) == 4 else None
+        layouts = {magic: d for d, (magic, _, _) in SHARD_LAYOUTS.items()}
+        own = layouts.get(found, np.dtype("<u2"))
+        expected = own if dtype is None else np.dtype(dtype)
+        magic, version, kind = SHARD_LAYOUTS[expected]
+        header, size = _read_header(f, path, magic, kind)
+        count = header[2]
+        if header[1] != version:
+            raise FormatError(path, f"unsupported token shard version {header[1]} for magic "
+                                    f"{magic}; supported: {version}")
         if count < 0:
             raise FormatError(path, f"bad header: token count {count} is negative")
-        check_size(path, size, HEADER_BYTES + 2 * count, f"header + {count} uint16 tokens")
+        width = expected.itemsize
+        check_size(path, size, HEADER_BYTES + width * count,
+                   f"header + {count} uint{8 * width} tokens")
         if mmap and count > 0:
-            return np.memmap(path, dtype="<u2", mode="r", offset=HEADER_BYTES, shape=(count,))
-        return read_array(f, path, "<u2", count).astype(np.uint16, copy=False)
+            return np.memmap(path, dtype=expected, mode="r", offset=HEADER_BYTES, shape=(count,))
+        return read_array(f, path, expected, count).astype(expected.newbyteorder("="), copy=False)
 
 
-def write_shard(path, tokens):
-    """Write token ids (each in [0, 2**16)) as a GPT-2 token shard."""
+def write_shard(path, tokens, dtype="<u2"):
+    """Write token ids (each below 2**16 for uint16, 2**32 for uint32: shard_dtype) as a token
+    shard of that layout."""
+    dtype = np.dtype(dtype)
+    magic, version, _ = SHARD_LAYOUTS[dtype]
     tokens = np.asarray(tokens)
     if tokens.ndim != 1:
         raise ValueError(f"write_shard: tokens must be 1-D, got shape {tokens.shape}")
     if tokens.size:
         if tokens.dtype.kind not in "iub":
             raise ValueError(f"write_shard: tokens must be integers, got {tokens.dtype}")
-        if tokens.min() < 0 or tokens.max() >= 2**16:
-            raise ValueError(f"write_shard: token ids must be in [0, 65536), got "
-                             f"[{tokens.min()}, {tokens.max()}]")
+        top = 2 ** (8 * dtype.itemsize)
+        if tokens.min() < 0 or tokens.max() >= top:
+            raise ValueError(f"write_shard: token ids must be in [0, {top}) in uint{8 * dtype.itemsize} "
+                             f"shards, got [{tokens.min()}, {tokens.max()}]")
     if tokens.size >= 2**31:
         raise ValueError(f"write_shard: {tokens.size} tokens do not fit an int32 count")
-    atomic_write(path, [_header(SHARD_MAGIC, SHARD_VERSION, tokens.size),
-                        np.ascontiguousarray(tokens, dtype="<u2")])
+    atomic_write(path, [_header(magic, version, tokens.size),
+                        np.ascontiguousarray(tokens, dtype=dtype)])
 
 
 # ----------------------------------------------------------------------------
