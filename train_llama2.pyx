@@ -42,7 +42,8 @@ import numpy as np
 from llmc.families import Family, define_family
 from llmc.formats import HF_FORMATS, model_format
 from llmc.formats.gguf import read_gguf
-from llmc.formats.huggingface import llama_to_hf, read_hf_model, write_hf_model_file
+from llmc.formats.huggingface import (llama_config_from_hf, llama_from_hf, llama_to_hf,
+                                      read_hf_checkpoint, read_hf_model, write_hf_model_file)
 from llmc.formats.llama2c import llama2c_problem, read_llama_model, write_llama_model
 from llmc.rope_tables import ROPE_SCALINGS, rope_tables
 
@@ -93,6 +94,8 @@ class LlamaConfig:
         for field in fields(self):  # plain Python numbers: header values arrive as numpy ints
             kind = kinds.get(field.name, int)
             object.__setattr__(self, field.name, kind(getattr(self, field.name)))
+        if self.head_dim * self.n_heads == self.dim:   # one way to say Llama's own head size
+            object.__setattr__(self, "head_dim", 0)
         problem = self.problem()
         if problem:
             raise ValueError(f"LlamaConfig: {problem}")
@@ -191,6 +194,42 @@ PRESETS = {
     "llama-7b": LlamaConfig(dim=4096, n_layers=32, n_heads=32, n_kv_heads=32, vocab_size=32000,
                             hidden_dim=11008, max_seq_len=4096, shared_classifier=False),
 }
+# ... and the shapes of today's small open models, as their config.json give them (their
+# weights come from Hugging Face: dev/download_hf.py; a preset is a random model of that shape;
+# llama-1b above is TinyLlama-1.1B's)
+LLAMA3_SCALING = ("llama3", 32.0, 1.0, 4.0, 8192.0)
+PRESETS.update({
+    "SmolLM2-135M": LlamaConfig(dim=576, n_layers=30, n_heads=9, n_kv_heads=3, vocab_size=49152,
+                                hidden_dim=1536, max_seq_len=8192, rope_theta=100000.0),
+    "SmolLM2-360M": LlamaConfig(dim=960, n_layers=32, n_heads=15, n_kv_heads=5, vocab_size=49152,
+                                hidden_dim=2560, max_seq_len=8192, rope_theta=100000.0),
+    "SmolLM2-1.7B": LlamaConfig(dim=2048, n_layers=24, n_heads=32, n_kv_heads=32,
+                                vocab_size=49152, hidden_dim=8192, max_seq_len=8192,
+                                rope_theta=130000.0),
+    "Llama-3.2-1B": LlamaConfig(dim=2048, n_layers=16, n_heads=32, n_kv_heads=8,
+                                vocab_size=128256, hidden_dim=8192, max_seq_len=131072,
+                                rope_theta=500000.0, rope_scaling=LLAMA3_SCALING),
+    "Llama-3.2-3B": LlamaConfig(dim=3072, n_layers=28, n_heads=24, n_kv_heads=8,
+                                vocab_size=128256, hidden_dim=8192, max_seq_len=131072,
+                                rope_theta=500000.0, rope_scaling=LLAMA3_SCALING),
+    "Qwen2.5-0.5B": LlamaConfig(dim=896, n_layers=24, n_heads=14, n_kv_heads=2, vocab_size=151936,
+                                hidden_dim=4864, max_seq_len=32768, norm_eps=1e-6,
+                                rope_theta=1e6, qkv_bias=True, architecture="Qwen2ForCausalLM"),
+    "Qwen2.5-1.5B": LlamaConfig(dim=1536, n_layers=28, n_heads=12, n_kv_heads=2,
+                                vocab_size=151936, hidden_dim=8960, max_seq_len=32768,
+                                norm_eps=1e-6, rope_theta=1e6, qkv_bias=True,
+                                architecture="Qwen2ForCausalLM"),
+    "Qwen3-0.6B": LlamaConfig(dim=1024, n_layers=28, n_heads=16, n_kv_heads=8, vocab_size=151936,
+                              hidden_dim=3072, max_seq_len=40960, norm_eps=1e-6, rope_theta=1e6,
+                              head_dim=128, qk_norm=True, architecture="Qwen3ForCausalLM"),
+    "Qwen3-1.7B": LlamaConfig(dim=2048, n_layers=28, n_heads=16, n_kv_heads=8, vocab_size=151936,
+                              hidden_dim=6144, max_seq_len=40960, norm_eps=1e-6, rope_theta=1e6,
+                              head_dim=128, qk_norm=True, architecture="Qwen3ForCausalLM"),
+    "Mistral-7B-v0.3": LlamaConfig(dim=4096, n_layers=32, n_heads=32, n_kv_heads=8,
+                                   vocab_size=32768, hidden_dim=14336, max_seq_len=32768,
+                                   rope_theta=1e6, shared_classifier=False,
+                                   architecture="MistralForCausalLM"),
+})
 
 
 # ----------------------------------------------------------------------------
@@ -423,7 +462,15 @@ cdef class Llama2(Model):
 
     @classmethod
     def from_checkpoint(cls, path, backend="cpu", recompute="all", precision=None):
-        """Load a llama2.c model file (version 0 or 1) or a float32 GGUF (read_model)."""
+        """Load a llama2.c model file (version 0 or 1), a float32 GGUF or a Hugging Face model
+        (read_model); the last read tensor by tensor into the model's own buffer."""
+        if model_format(path) in HF_FORMATS:
+            tensors, hf_config = read_hf_checkpoint(path)
+            model = cls(llama_config_from_hf(hf_config, LlamaConfig, path), backend, recompute,
+                        precision)
+            model.fill_params(lambda flat: llama_from_hf(tensors, hf_config, LlamaConfig, path,
+                                                         into=flat))
+            return model
         config, params = read_model(path)
         model = cls(config, backend, recompute, precision)
         model.params = params

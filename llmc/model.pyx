@@ -291,6 +291,20 @@ cdef class Model:
         self._load(self._master, values, "params")
         self.round_params(-1)
 
+    def fill_params(self, fill):
+        """Load the parameters from fill(flat), which writes all of them into flat, a
+        (num_parameters,) float32 array: the model's own buffer (at bf16 its master weights)
+        where the backend's memory is the host's, so that a model file is read into place with
+        no second copy of it; else a host array, then loaded."""
+        buffer = self._master if self._master is not None else self._params
+        if self.backend.host_visible:
+            fill(buffer.view(np.float32, 0, self.param_layout.size))
+        else:
+            flat = np.empty(self.param_layout.size, dtype=np.float32)
+            fill(flat)
+            buffer.load(flat)
+        self.round_params(-1)
+
     def round_params(self, int seed):
         """At bf16: the parameters the kernels read, from the float32 master weights: rounded
         stochastically from (each parameter's index, seed), or to nearest with seed -1 (the

@@ -18,6 +18,7 @@ top of a test module (the whole module skips), in a fixture or in a test.
     needs.shared(needs.GPT2_RANKS)           a file of ../shared
     needs.lab()                              the kernel lab (`make dev`)
     needs.llama2c(), needs.mpiexec()         a llama2.c checkout (LLAMA2C_DIR); MPI's launcher
+    needs.hub()                              huggingface.co, reachable
     needs.gpt2_encoding()                    GPT-2's ranks, wherever llm.pyx finds them
 
 What `make train_gpt2` builds (train_gpt2, train_llama2, accel.*, kernels.*, llmc.*) is never a
@@ -27,6 +28,7 @@ skip: tests import it plainly, and a module that does not build fails them. A pl
 import importlib
 import os
 import shutil
+import socket
 import subprocess
 import sys
 
@@ -46,7 +48,8 @@ INSTALL = {
     "google.protobuf": "pip install protobuf",
     "mpi4py": "pip install mpi4py mpich",
     **{name: "pip install -r requirements.txt" for name in
-       ("coremltools", "gguf", "rich", "safetensors", "sentencepiece", "tiktoken")},
+       ("coremltools", "gguf", "huggingface_hub", "jinja2", "rich", "safetensors",
+        "sentencepiece", "tiktoken", "tokenizers")},
 }
 # how to get a tool
 TOOLS = {
@@ -199,6 +202,15 @@ def mpiexec():
     if path is None:
         skip(f"no mpiexec or mpirun beside {sys.executable} or on PATH (pip install mpich)")
     return path
+
+
+def hub():
+    """A skip where huggingface.co cannot be reached (no model hub: the machines llm.pyx is
+    built on reach package registries only)."""
+    try:
+        socket.create_connection(("huggingface.co", 443), timeout=3).close()
+    except OSError as e:
+        skip(f"huggingface.co cannot be reached from this machine ({e.strerror or e})")
 
 
 def gpt2_encoding():

@@ -8,6 +8,7 @@ same comparison catches, and config.json's keys are read strictly.
 """
 import dataclasses
 import json
+import os
 import shutil
 
 import numpy as np
@@ -17,7 +18,7 @@ import generate
 from dev import export
 from llmc.families import family_of_file, get_family
 from llmc.formats import FormatError, describe_model_file, param_views
-from llmc.formats.huggingface import hf_config_of, llama_from_hf
+from llmc.formats.huggingface import HF_WRITERS, hf_config_of, llama_config_from_hf, llama_from_hf
 from llmc.sampler import Sampler, continue_prompt
 from llmc.tokenizer import Tokenizer
 from test_gpt2 import BF16_LOSS_TOL, GRAD_TOL, narrow_tolerance
@@ -113,6 +114,27 @@ def test_bf16_within_the_bf16_tolerances(saved, name):
         assert (np.abs(grad - expected) <= narrow_tolerance(expected)).all(), tensor
 
 
+EMULATED = [("check:hip-emu", "fp32"), ("check:hip-emu", "bf16"), ("check:metal-emu", "fp32"),
+            ("check:ane-emu", "fp32")]
+
+
+@pytest.mark.parametrize("backend, precision", EMULATED)
+def test_every_switch_runs_on_the_emulated_gpus(saved, backend, precision):
+    """The switches go through the table's own entries (matmul's bias, rmsnorm over each head),
+    so every backend fills them: check: compares each entry's outputs with the CPU's."""
+    needs.emulated(backend, precision)
+    x, y = batch()
+    for name, (folder, _) in saved.items():
+        family, _ = family_of_file(folder)
+        config, params = family.read_model(folder)
+        model = family.model_class(config, backend=backend, precision=precision)
+        model.params = params
+        model.zero_grad()
+        model.forward(x, y)
+        model.backward()
+        assert model.backend.report()["mismatches"] == 0, (name, model.backend.summary())
+
+
 def without(config, params, switch, names):
     """The model without a switch: its tensors names dropped from params."""
     fewer = dataclasses.replace(config, **{switch: False})
@@ -155,9 +177,9 @@ def test_the_checkpoints_as_they_come(saved):
     assert len(list(saved[SHARDED][0].glob("*.safetensors"))) > 1
     assert (saved[SHARDED][0] / "model.safetensors.index.json").exists()
     assert describe_model_file(saved[SHARDED][0]) == \
-        "a Hugging Face Qwen3ForCausalLM folder (f32 weights)"
+        "a Hugging Face Qwen3ForCausalLM folder (f32 weights, 2 layers, 64 channels, 512 tokens)"
     assert describe_model_file(saved[BFLOAT16][0]) == \
-        "a Hugging Face LlamaForCausalLM folder (bf16 weights)"
+        "a Hugging Face LlamaForCausalLM folder (bf16 weights, 2 layers, 64 channels, 512 tokens)"
     config = get_family("llama").read_model(saved["qwen3"][0])[0]
     assert config.describe().endswith("separate classifier, rms eps 1e-06, rope theta 1e+06, "
                                       "head_dim 32, QK-norm")
@@ -202,6 +224,67 @@ def test_exported_back_transformers_loads_the_same_class_and_weights(saved, name
     chat = [{"role": "user", "content": "hello"}]
     assert tokenizer.apply_chat_template(chat, tokenize=False) == \
         original.apply_chat_template(chat, tokenize=False)
+
+
+HF_PRESETS = ("SmolLM2-135M", "SmolLM2-360M", "SmolLM2-1.7B", "llama-1b", "Llama-3.2-1B",
+              "Llama-3.2-3B", "Qwen2.5-0.5B", "Qwen2.5-1.5B", "Qwen3-0.6B", "Qwen3-1.7B",
+              "Mistral-7B-v0.3")
+
+
+@pytest.mark.parametrize("preset", HF_PRESETS)
+def test_each_presets_config_json_builds_its_model_in_transformers(preset):
+    """At the real sizes (on PyTorch's meta device: no memory): the config.json we would write
+    for the preset makes transformers' model of that class, with our parameters' count and
+    shapes, and reads back as the preset."""
+    config = get_family("llama").presets[preset]
+    no_memory = np.broadcast_to(np.float32(0), (config.num_parameters(),))   # every stride 0
+    tensors, hf_config = HF_WRITERS["llama"](config, no_memory)
+    built = transformers.AutoConfig.for_model(hf_config["model_type"], **{
+        k: v for k, v in hf_config.items() if k != "model_type"})
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(built)
+    assert type(model).__name__ == hf_config["architectures"][0]
+    assert sum(p.numel() for p in model.parameters()) == config.num_parameters()
+    ours = {name: tensor.shape for name, tensor in tensors.items()}
+    assert ours == {name: tuple(p.shape) for name, p in model.named_parameters()}
+    assert llama_config_from_hf(built.to_dict() | dict(architectures=hf_config["architectures"]),
+                                type(config)) == config
+
+
+MEASURE_LOAD = """
+import sys
+from llmc.families import family_of_file
+def status(key):
+    with open("/proc/self/status") as f:
+        return int(next(line for line in f if line.startswith(key)).split()[1]) * 1024
+family, _ = family_of_file(sys.argv[1])   # the modules imported, the backend made
+family.model_class(family.config_class.from_name("d1", vocab_size=8))
+with open("/proc/self/clear_refs", "w") as f:   # the peak (VmHWM) from here on
+    f.write("5")
+baseline = status("VmRSS")
+model = family.model_class.from_checkpoint(sys.argv[1])
+print(status("VmHWM") - baseline)
+"""
+
+
+def test_loading_reads_each_tensor_into_place(tmp_path):
+    """A bf16 checkpoint loads at fp32 with a peak of the model's own float32 weights (2x the
+    file's) and one tensor: no second full copy, and not the file's pages either."""
+    import subprocess
+    import sys
+    from llmc.formats.huggingface import llama_to_hf, write_safetensors
+    config = get_family("llama").config_class.from_name("d8", vocab_size=4096)
+    params = np.random.default_rng(0).standard_normal(config.num_parameters(), np.float32) * 0.02
+    tensors, hf_config = llama_to_hf(config, params)
+    (tmp_path / "m").mkdir()
+    write_safetensors(tmp_path / "m" / "model.safetensors", tensors, "bfloat16")
+    (tmp_path / "m" / "config.json").write_text(json.dumps(hf_config))
+    run = subprocess.run([sys.executable, "-c", MEASURE_LOAD, str(tmp_path / "m")],
+                         capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(
+                             os.path.abspath(__file__))))
+    assert run.returncode == 0, run.stderr
+    peak = int(run.stdout) / (tmp_path / "m" / "model.safetensors").stat().st_size
+    assert 1.9 < peak < 2.25, peak
 
 
 def edited(folder, tmp_path, **changes):

@@ -46,31 +46,36 @@ SAFETENSORS_DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np
 
 
 class SafetensorsTensors(Mapping):
-    """A safetensors file's tensors, name -> float32 array, each read when it is asked for
-    (a read-only view of the mapped file where it is float32, else widened from bf16 or f16 then):
-    loading a model never holds a second full copy of it; metadata: the file's own strings."""
+    """A safetensors file's tensors, name -> float32 array, each read from the file when it is
+    asked for (and widened from bf16 or f16): loading a model holds one tensor of the file at a
+    time beside the model, never a second full copy (nor the file's pages, as a map would);
+    metadata: the file's own strings."""
 
-    def __init__(self, raw, metadata):
-        self.raw, self.metadata = raw, metadata
+    def __init__(self, path, where, metadata):
+        self.path, self.where, self.metadata = path, where, metadata
 
     def __getitem__(self, name):
-        raw, dtype = self.raw[name]
-        return bfloat16_bits_to_float32(raw) if dtype == "BF16" else raw.astype(np.float32, copy=False)
+        offset, dtype, shape, name_of_dtype = self.where[name]
+        with open(self.path, "rb") as f:
+            f.seek(offset)
+            raw = np.fromfile(f, dtype=dtype, count=int(np.prod(shape))).reshape(shape)
+        return bfloat16_bits_to_float32(raw) if name_of_dtype == "BF16" else \
+            raw.astype(np.float32, copy=False)
 
     def __iter__(self):
-        return iter(self.raw)
+        return iter(self.where)
 
     def __len__(self):
-        return len(self.raw)
+        return len(self.where)
 
     def dtypes(self):
         """The dtypes the file stores, by safetensors' names ("BF16")."""
-        return sorted({dtype for _, dtype in self.raw.values()})
+        return sorted({where[3] for where in self.where.values()})
 
 
 def read_safetensors(path):
     """name -> float32 array of a safetensors file (a SafetensorsTensors: each tensor read from
-    the mapped file when it is asked for)."""
+    the file when it is asked for), its header checked now."""
     with open_file(path) as f:
         size = os.fstat(f.fileno()).st_size
         prefix = f.read(8)
@@ -84,9 +89,8 @@ def read_safetensors(path):
             header = json.loads(f.read(header_len))
         except (UnicodeDecodeError, json.JSONDecodeError):
             raise FormatError(path, "the header is not JSON: not a safetensors file?") from None
-    data = np.memmap(path, dtype=np.uint8, mode="r", offset=8 + header_len) \
-        if size > 8 + header_len else np.zeros(0, np.uint8)
-    raw = {}
+    data_size = size - 8 - header_len
+    where = {}
     for name, info in header.items():
         if name == "__metadata__":
             continue
@@ -95,11 +99,11 @@ def read_safetensors(path):
             raise FormatError(path, f"tensor {name} has dtype {info.get('dtype')}, not a float")
         begin, end = info["data_offsets"]
         shape = tuple(info["shape"])
-        if end - begin != int(np.prod(shape)) * dtype.itemsize or end > data.size:
+        if end - begin != int(np.prod(shape)) * dtype.itemsize or end > data_size:
             raise FormatError(path, f"tensor {name} of shape {shape} does not fit its bytes "
                                     f"[{begin}, {end})")
-        raw[name] = (data[begin:end].view(dtype).reshape(shape), info["dtype"])
-    return SafetensorsTensors(raw, header.get("__metadata__") or {})
+        where[name] = (8 + header_len + begin, dtype, shape, info["dtype"])
+    return SafetensorsTensors(path, where, header.get("__metadata__") or {})
 
 
 def write_safetensors(path, tensors, dtype="float32", metadata=None):
@@ -345,7 +349,7 @@ def llama_config_from_hf(hf_config, config_class, source="config.json"):
             max_seq_len=int(hf_config["max_position_embeddings"]),
             norm_eps=float(hf_config.get("rms_norm_eps", 1e-6)), rope_theta=theta,
             shared_classifier=bool(hf_config.get("tie_word_embeddings", False)),
-            head_dim=0 if head_dim * n_heads == dim else head_dim, rope_scaling=scaling,
+            head_dim=head_dim, rope_scaling=scaling,
             architecture="" if architecture == "LlamaForCausalLM" else architecture, **switches)
     except KeyError as e:
         raise FormatError(source, f"config.json has no {e.args[0]}: not a {architecture} config?") from None
@@ -353,10 +357,12 @@ def llama_config_from_hf(hf_config, config_class, source="config.json"):
         raise FormatError(source, f"config.json: {e}") from None
 
 
-def llama_from_hf(tensors, hf_config, config_class, source="safetensors"):
+def llama_from_hf(tensors, hf_config, config_class, source="safetensors", into=None):
     """(config, params) from Hugging Face tensors of a Llama-block model (name -> array, each
     read once into its place) and its config.json (a dict), the config a config_class
-    (train_llama2.LlamaConfig).  A tensor the model has no place for is refused by name."""
+    (train_llama2.LlamaConfig); params is into (a float32 array of the model's size, a model's
+    own buffer: Model.fill_params) where given.  A tensor the model has no place for is refused
+    by name."""
     config = llama_config_from_hf(hf_config, config_class, source)
     architecture = hf_architecture(hf_config, source)
     taken = set()
@@ -367,7 +373,7 @@ def llama_from_hf(tensors, hf_config, config_class, source="safetensors"):
                                       f"or a shard is missing?")
         taken.add(name)
         return tensors[name]
-    params = np.empty(config.num_parameters(), dtype=np.float32)
+    params = np.empty(config.num_parameters(), dtype=np.float32) if into is None else into
     for name, view in param_views(config, params).items():
         per_layer = "{l}" in HF_LLAMA_NAMES[name]
         for l in range(config.n_layers if per_layer else 1):
@@ -639,12 +645,16 @@ def hf_reader_of(hf_config, source):
 
 
 def describe_hf(path):
-    """What a Hugging Face model is, in words: "a Hugging Face Qwen3ForCausalLM (bf16)"."""
+    """What a Hugging Face model is, in words: "a Hugging Face Qwen3ForCausalLM folder (bf16
+    weights, 28 layers, 1024 channels, 151936 tokens)"."""
     hf_config = hf_config_of(path)
     tensors, _ = read_hf_checkpoint(path)
     dtypes = "/".join(d.lower() for d in tensors.dtypes())
     kind = "folder" if os.path.isdir(path) else "file"
-    return f"a Hugging Face {hf_architecture(hf_config, path)} {kind} ({dtypes} weights)"
+    get = lambda *keys: next((hf_config[k] for k in keys if k in hf_config), "?")   # noqa: E731
+    return (f"a Hugging Face {hf_architecture(hf_config, path)} {kind} ({dtypes} weights, "
+            f"{get('num_hidden_layers', 'n_layer')} layers, {get('hidden_size', 'n_embd')} "
+            f"channels, {get('vocab_size')} tokens)")
 
 
 def read_hf_model(path, config_classes):
