@@ -287,6 +287,36 @@ def test_loading_reads_each_tensor_into_place(tmp_path):
     assert 1.9 < peak < 2.25, peak
 
 
+def test_a_run_from_a_folder_trains_checkpoints_and_resumes_bit_for_bit(saved, tmp_path):
+    """text_to_shards.py --tokenizer, then train.py -e FOLDER at bf16: its checkpoints (a
+    safetensors file with the config inside: llama2.c's cannot hold QK-norm) resume to the
+    losses of the run without a stop."""
+    import subprocess
+    import sys
+    from tests.hf_tokenizers import corpus
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    folder = saved["qwen3"][0]
+    (tmp_path / "text.txt").write_text("\n".join(corpus(2000)))
+
+    def run(script, *args):
+        done = subprocess.run([sys.executable, os.path.join(repo, script), *map(str, args)],
+                              capture_output=True, text=True, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+    run("dev/data/text_to_shards.py", tmp_path / "text.txt", "--tokenizer", folder, "-o",
+        tmp_path / "data", "--name", "t")
+    data = ["-i", tmp_path / "data" / "t_train_*.bin", "-j", tmp_path / "data" / "t_val_*.bin",
+            "-b", 2, "-t", 32, "-n", 2, "--precision", "bf16", "-e", folder]
+
+    def losses(out):
+        return [line.split("|")[1] for line in out.splitlines() if line.startswith("step")]
+    straight = losses(run("train.py", *data, "-x", 4, "-o", tmp_path / "a"))
+    first = losses(run("train.py", *data, "-x", 2, "-o", tmp_path / "b"))
+    assert (tmp_path / "b" / "model_00000002.bin").read_bytes()[8:10] == b'{"'   # safetensors
+    resumed = losses(run("train.py", *data, "-x", 4, "-o", tmp_path / "b", "-y", 1))
+    assert first + resumed == straight and len(straight) == 4
+
+
 def edited(folder, tmp_path, **changes):
     """A copy of the model folder with config.json's keys changed (None: removed)."""
     shutil.copytree(folder, tmp_path / "m")
