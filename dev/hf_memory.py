@@ -5,6 +5,7 @@ shapes) with the memory llm.pyx allocates for each, computed as train.py --dry-r
 
     python dev/hf_memory.py                  # B=1, T=1024, recompute all
     python dev/hf_memory.py -b 4 -t 512
+    python dev/hf_memory.py --load FOLDER --precision bf16   # a load's peak, measured (Linux)
 
     inference   the parameters and one forward's activations (generate.py: no gradients); at
                 bf16 the float32 master weights are kept too (llmc/model.pyx), so bf16 saves
@@ -57,12 +58,40 @@ def table(B, T, policy):
     return "\n".join(rows)
 
 
+def status(key):
+    """A /proc/self/status value in bytes (VmRSS, VmHWM)."""
+    with open("/proc/self/status") as f:
+        return int(next(line for line in f if line.startswith(key)).split()[1]) * 1024
+
+
+def measure_load(folder, precision):
+    """The peak resident memory of loading the model at folder, above the process's before it,
+    as a multiple of its safetensors files' bytes (the peak reset first: VmHWM)."""
+    from llmc.families import family_of_file
+    from llmc.formats.huggingface import safetensors_files
+    family, _ = family_of_file(folder)   # the modules imported, the backend made, first
+    family.model_class(family.config_class.from_name("d1", vocab_size=8), precision=precision)
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    before = status("VmRSS")
+    family.model_class.from_checkpoint(folder, precision=precision)
+    weights = sum(os.path.getsize(path) for path in safetensors_files(folder))
+    peak = status("VmHWM") - before
+    print(f"{folder} at {precision}: peak {peak / 2**30:.2f} GiB above the process's memory "
+          f"before the load, {peak / weights:.2f}x the weights' {weights / 2**30:.2f} GiB")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     p.add_argument("-b", "--batch", type=int, default=1, help="batch size B (default: 1)")
     p.add_argument("-t", "--seq", type=int, default=1024, help="sequence length T (default: 1024)")
     p.add_argument("--recompute", default="all", help="the recompute policy (default: all)")
+    p.add_argument("--load", metavar="FOLDER", help="measure loading this Hugging Face folder")
+    p.add_argument("--precision", default="fp32", help="--load's precision (default: fp32)")
     args = p.parse_args(argv)
+    if args.load:
+        measure_load(args.load, args.precision)
+        return
     print(f"B={args.batch}, T={args.seq}, recompute {args.recompute}:\n")
     print(table(args.batch, args.seq, args.recompute))
 
