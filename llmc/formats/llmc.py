@@ -328,9 +328,8 @@ def write_tokenizer(path, tokens, eot_token):
 # token shard: a stretch of tokenized text for the dataloader
 
 # the two layouts of a token shard: its dtype -> (magic, version, what it is called)
-SHARD_LAYOUTS = {np.dtype("<u2"): (SHARD_MAGIC, SHARD_VERSION, "a GPT-2 token shard (uint16)"),
-                 np.dtype("<u4"): (WIDE_SHARD_MAGIC, WIDE_SHARD_VERSION,
-                                   "a uint32 token shard (llm.c's Llama 3 layout)")}
+SHARD_LAYOUTS = {np.dtype("<u2"): (SHARD_MAGIC, SHARD_VERSION, "a GPT-2 token shard"),
+                 np.dtype("<u4"): (WIDE_SHARD_MAGIC, WIDE_SHARD_VERSION, "a uint32 token shard")}
 
 
 def shard_dtype(vocab_size):
