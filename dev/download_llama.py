@@ -11,7 +11,10 @@ stories15M/42M/110M come from Hugging Face's karpathy/tinyllamas in llama2.c's l
 which llmc/formats/llama2c.py reads as it is; this writes them as version 1 next to llama2.c's
 tokenizer.bin (Llama-2's 32000-token SentencePiece vocabulary, from the llama2.c repository).
 A Hugging Face checkpoint's q and k rows are put back into the adjacent-pair order our RoPE uses
-(llmc.formats.huggingface.llama_from_hf); bf16 and f16 tensors are widened to float32.
+(llmc.formats.huggingface.llama_from_hf); bf16 and f16 tensors are widened to float32.  Only
+Llama 2's block fits llama2.c's file: a model with more (Qwen's biases or QK-norm, Llama 3's
+RoPE scaling, another eps or theta) is refused in one line; train.py -e, generate.py and
+dev/export.py take its folder itself.
 """
 import argparse
 import os

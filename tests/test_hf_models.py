@@ -317,6 +317,21 @@ def test_a_run_from_a_folder_trains_checkpoints_and_resumes_bit_for_bit(saved, t
     assert first + resumed == straight and len(straight) == 4
 
 
+@pytest.mark.parametrize("name, said", [("qwen2", "Qwen2ForCausalLM with rms eps 1e-06, rope "
+                                                 "theta 1e+06, qkv bias"),
+                                        ("llama3", "llama3 RoPE scaling x8")])
+def test_llama2c_files_refuse_what_they_cannot_hold(saved, tmp_path, name, said):
+    """dev/download_llama.py converted a Qwen2 config with llama3 scaling without a word."""
+    import subprocess
+    import sys
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    run = subprocess.run([sys.executable, os.path.join(repo, "dev", "download_llama.py"),
+                          "--from-safetensors", str(saved[name][0]), "-o", str(tmp_path / "m.bin")],
+                         capture_output=True, text=True)
+    assert run.returncode == 1 and run.stderr.count("\n") == 1 and said in run.stderr
+    assert "export to hf instead" in run.stderr and not (tmp_path / "m.bin").exists()
+
+
 def edited(folder, tmp_path, **changes):
     """A copy of the model folder with config.json's keys changed (None: removed)."""
     shutil.copytree(folder, tmp_path / "m")

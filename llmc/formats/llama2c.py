@@ -66,12 +66,13 @@ def legacy_model_bytes(sizes):
 def llama2c_problem(config):
     """What of a Llama config llama2.c's files cannot hold (they know Llama 2's block, its
     eps and theta), or None."""
+    beyond = [s for s in config.switches() if not s.startswith(("rms eps", "rope theta"))]
+    if beyond or config.architecture:
+        return (f"{config.architecture or 'a Llama'} with {', '.join(config.switches()) or 'its sizes'}"
+                f" (only Llama 2's block); export to hf instead")
     if (config.norm_eps, config.rope_theta) != (LLAMA2C_NORM_EPS, LLAMA2C_ROPE_THETA):
         return (f"norm_eps={config.norm_eps} rope_theta={config.rope_theta} (only "
                 f"{LLAMA2C_NORM_EPS} and {LLAMA2C_ROPE_THETA}); export to GGUF or hf instead")
-    if config.switches() or config.architecture:
-        return (f"{config.architecture or 'a Llama'} with {', '.join(config.switches()) or 'its sizes'}"
-                f" (only Llama 2's block); export to hf instead")
     return None
 
 
