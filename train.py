@@ -55,6 +55,7 @@ train_gpt2.pyx and train_llama2.pyx, each found by its name (llmc/families.py).
 """
 import argparse
 import dataclasses
+import difflib
 import glob
 import math
 import os
@@ -540,8 +541,21 @@ def model_source(args):
         if args.vocab_size is not None:
             raise TrainError(f"--vocab-size: the model file {init} has its own vocabulary")
         if not os.path.exists(init):
-            raise TrainError(f"-e {init}: no such model file (nor {family.random_inits})")
+            raise TrainError(f"-e {init}: no such model file (nor {family.random_inits})"
+                             f"{near_presets(init)}")
     return init, config
+
+
+def near_presets(init):
+    """"; did you mean stories15M?" where init is near a preset's name (of any family, in any
+    case), else the presets there are; a GPT-2 has none."""
+    presets = [name for family in (family_of(n) for n in family_names()) for name in family.presets]
+    lowered = {name.lower(): name for name in presets}
+    close = [init.lower()] if init.lower() in lowered else \
+        difflib.get_close_matches(init.lower(), lowered, n=3, cutoff=0.75)
+    if close:
+        return f"; did you mean {' or '.join(lowered[c] for c in close)}?"
+    return f"; the presets: {', '.join(presets)}" if presets else ""
 
 
 def load_model(args, Model, resume_path):

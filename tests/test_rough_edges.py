@@ -120,3 +120,24 @@ def test_loss_plot_counts_steps_as_the_console_and_names_the_run(tmp_path, monke
     assert list(val_line.get_xdata()) == [0, 3]
     low, high = ax.get_xlim()
     assert all(t == int(t) for t in ax.get_xticks() if low <= t <= high)
+
+
+# --- issue 37's items ------------------------------------------------------------------------
+
+def test_a_near_miss_of_a_preset_is_suggested():
+    line = run("train.py", "-e", "stories15m", "-x", "1").stderr.strip()
+    assert line.endswith("-e stories15m: no such model file (nor dN, a random GPT-2 of depth N); "
+                         "did you mean stories15M?")
+    line = run("train.py", "-e", "qwen3-0.6b", "--family", "llama", "-x", "1").stderr.strip()
+    assert line.endswith("did you mean Qwen3-0.6B?")
+    line = run("train.py", "-e", "nothing-like-it", "--family", "llama", "-x", "1").stderr.strip()
+    assert "; the presets: stories15M, stories42M" in line and line.count("\n") == 0
+
+
+def test_a_text_file_as_data_names_the_script_that_makes_shards_of_it(tmp_path):
+    (tmp_path / "my.txt").write_text("Some text a user meant to train on.\n" * 50)
+    run_ = run("train.py", "-e", "d2", "-i", tmp_path / "my.txt", "-j", tmp_path / "my.txt",
+               "-x", "1")
+    assert run_.returncode == 1 and run_.stderr.count("\n") == 1
+    assert run_.stderr.endswith(f"(it begins like a text file: make token shards of it with "
+                                f"python dev/data/text_to_shards.py {tmp_path / 'my.txt'})\n")

@@ -84,8 +84,9 @@ GPT2_EOT_TOKEN = 50256  # what llm.c assumes for a version-1 tokenizer of the 50
 # ----------------------------------------------------------------------------
 # the 256-int header
 
-def _read_header(f, path, magic, kind):
-    """The 256 header ints of the open file f (as Python ints), and the file's size."""
+def _read_header(f, path, magic, kind, text_fix=""):
+    """The 256 header ints of the open file f (as Python ints), and the file's size; text_fix:
+    what to do with a text file given in its place (said after "it begins like a text file")."""
     size = os.fstat(f.fileno()).st_size
     raw = f.read(HEADER_BYTES)
     if len(raw) >= 4:
@@ -94,7 +95,7 @@ def _read_header(f, path, magic, kind):
             if found in FILE_KINDS:
                 raise FormatError(path, f"this is {FILE_KINDS[found]}, not {kind} "
                                         f"(magic number {found}, expected {magic})")
-            looks = " (it begins like a text file)" if looks_like_text(raw[:64]) else ""
+            looks = f" (it begins like a text file{text_fix})" if looks_like_text(raw[:64]) else ""
             raise FormatError(path, f"not {kind}: bad magic number {found} "
                                     f"(expected {magic}){looks}")
     if len(raw) < HEADER_BYTES:
@@ -349,7 +350,8 @@ def read_shard(path, mmap=False, dtype=None):
         own = layouts.get(found, np.dtype("<u2"))
         expected = own if dtype is None else np.dtype(dtype)
         magic, version, kind = SHARD_LAYOUTS[expected]
-        header, size = _read_header(f, path, magic, kind)
+        header, size = _read_header(f, path, magic, kind, text_fix=(
+            f": make token shards of it with python dev/data/text_to_shards.py {path}"))
         count = header[2]
         if header[1] != version:
             raise FormatError(path, f"unsupported token shard version {header[1]} for magic "
