@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from llmc.formats.common import FormatError
+from llmc.formats.gguf import gpt2_byte_text
 
 __all__ = ["ChatTemplate", "HFTokenizer", "HF_TOKENIZER_FILES", "is_hf_tokenizer",
            "read_hf_tokenizer"]
@@ -42,14 +43,6 @@ def is_hf_tokenizer(path):
         else os.path.basename(path) == "tokenizer.json"
 
 
-def byte_level_alphabet():
-    """GPT-2's byte -> character map: printable Latin-1 bytes are themselves, the 68 others
-    the characters from U+0100 on, in byte order."""
-    kept = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
-    moved = [b for b in range(256) if b not in kept]
-    return {**{b: chr(b) for b in kept}, **{b: chr(256 + i) for i, b in enumerate(moved)}}
-
-
 def decoder_kinds(decoder):
     """The kinds of a tokenizer.json decoder (a Sequence's parts)."""
     if decoder is None:
@@ -63,7 +56,7 @@ def token_bytes_of(vocabulary, decoder, added, special_ids):
     """Each token's bytes (a list by id): see the module docstring; added: the ids of the
     tokens added to the vocabulary, special_ids those of them that are special."""
     kinds = decoder_kinds(decoder)
-    by_char = {c: b for b, c in byte_level_alphabet().items()}
+    by_char = {c: b for b, c in gpt2_byte_text().items()}
     token_bytes = [b""] * (max(vocabulary.values()) + 1)
     for text, i in vocabulary.items():
         if i in special_ids:

@@ -364,7 +364,7 @@ def llama_from_hf(tensors, hf_config, config_class, source="safetensors", into=N
     own buffer: Model.fill_params) where given.  A tensor the model has no place for is refused
     by name."""
     config = llama_config_from_hf(hf_config, config_class, source)
-    architecture = hf_architecture(hf_config, source)
+    architecture = config.architecture or "LlamaForCausalLM"
     taken = set()
 
     def get(name):
@@ -647,8 +647,7 @@ def hf_reader_of(hf_config, source):
 def describe_hf(path):
     """What a Hugging Face model is, in words: "a Hugging Face Qwen3ForCausalLM folder (bf16
     weights, 28 layers, 1024 channels, 151936 tokens)"."""
-    hf_config = hf_config_of(path)
-    tensors, _ = read_hf_checkpoint(path)
+    tensors, hf_config = read_hf_checkpoint(path)
     dtypes = "/".join(d.lower() for d in tensors.dtypes())
     kind = "folder" if os.path.isdir(path) else "file"
     get = lambda *keys: next((hf_config[k] for k in keys if k in hf_config), "?")   # noqa: E731

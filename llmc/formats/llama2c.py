@@ -66,8 +66,8 @@ def legacy_model_bytes(sizes):
 def llama2c_problem(config):
     """What of a Llama config llama2.c's files cannot hold (they know Llama 2's block, its
     eps and theta), or None."""
-    beyond = [s for s in config.switches() if not s.startswith(("rms eps", "rope theta"))]
-    if beyond or config.architecture:
+    if (config.head_dim or config.qkv_bias or config.qk_norm or config.rope_scaling
+            or config.architecture):
         return (f"{config.architecture or 'a Llama'} with {', '.join(config.switches()) or 'its sizes'}"
                 f" (only Llama 2's block); export to hf instead")
     if (config.norm_eps, config.rope_theta) != (LLAMA2C_NORM_EPS, LLAMA2C_ROPE_THETA):
