@@ -12,11 +12,12 @@ B=4, T=64, 40 steps of AdamW at lr 1e-4, the val loss every 10 steps over 5 batc
 Each step: grad_accum = total_batch_size / (B*T) micro-batches, each a forward and a backward
 that adds its gradient into the same buffer; then the global gradient norm, clipped to 1.0,
 and one AdamW update with a learning rate that warms up linearly and decays along a cosine.
-With -o DIR: DIR/main.log in llm.c's format, checkpoints every -n steps (llmc/checkpoint.py;
--nk N keeps the newest N), and the loss curve DIR/loss.png at the end. -y 1 resumes from the
-newest checkpoint there, continuing bit for bit as if never stopped. DIR holds one run: its
-settings in DIR/run.json, which a resume must match; a new run into a DIR that holds another
-one is refused unless --overwrite deletes that run's files.
+With -o DIR: DIR/main.log in llm.c's format, checkpoints every -n steps and at the end
+(llmc/checkpoint.py; -nk N keeps the newest N), and the loss curve DIR/loss.png. -y 1 resumes
+from the newest checkpoint there, continuing bit for bit as if never stopped. DIR holds one
+run: its settings in DIR/run.json, which -y 1 takes (no flag typed again: a flag given again
+may change how far and how often, but not what shapes the run); a new run into a DIR that
+holds another one is refused unless --overwrite deletes that run's files.
 
 On many processes (llmc/distributed.py, MPI): `OMP_NUM_THREADS=1 mpirun -np N python train.py`.
 Each process reads its own part of every batch, the gradients are summed across processes
@@ -67,8 +68,9 @@ from accel.hooks import backend_hooks, every_backend_hooks, with_wrapper
 from accel.spec import PRECISIONS
 from llmc import default_data, distributed, evalloader
 from llmc.checkpoint import (RUN_NAME, checkpoint_files, checkpoint_paths, complete_steps,
-                             find_max_step, outliers_path, read_outliers, restart, restarts,
-                             resume, run_differences, write_checkpoint, write_run_config)
+                             find_max_step, outliers_path, read_outliers, read_run_config,
+                             restart, restarts, resume, run_differences, write_checkpoint,
+                             write_run_config)
 from llmc.cli import Parser
 from llmc.dataloader import DataError, DataLoader, shard_files
 from llmc.families import (DEFAULT_FAMILY, FamilyError, family_names, family_of_file,
@@ -128,7 +130,8 @@ def default_init_text(family):
     return f"{family.default_init} if present, else {family.stand_in}"
 
 
-def parse_args(argv):
+def argument_parser():
+    """train.py's flags, each backend's own among them."""
     # what -e and --family take and default to, family by family
     families = [family_of(name) for name in family_names()]
     default = family_of(DEFAULT_FAMILY)
@@ -150,7 +153,8 @@ def parse_args(argv):
                    help="val data shards (glob) (default: the val split beside -i's shards, "
                         "its name with train -> val, else tinyshakespeare's)")
     p.add_argument("-o", dest="output_dir", metavar="DIR", default=None,
-                   help="output dir: main.log, checkpoints, loss.png (default: none)")
+                   help="output dir: main.log, checkpoints (the final step's always), loss.png, "
+                        "run.json (default: none)")
     p.add_argument("-e", "--model", dest="init", metavar="MODEL", default=None,
                    help=f"init from a model .bin, dN for a random model of depth N, or "
                         f"{presets} (default: {defaults})")
@@ -213,12 +217,13 @@ def parse_args(argv):
     p.add_argument("-g", dest="gen_tokens", metavar="INT", type=int, default=64,
                    help="tokens per sample, counting the <|endoftext|> it starts from")
     p.add_argument("-n", dest="checkpoint_every", metavar="INT", type=int, default=0,
-                   help="checkpoint every this many steps and at the end, into -o (0: never)")
+                   help="checkpoint every this many steps into -o (0: only at the end; with -o the "
+                        "final step is always kept)")
     p.add_argument("-nk", dest="checkpoints_keep", metavar="INT", type=int, default=0,
                    help="keep only the newest this many checkpoints (0: all)")
     p.add_argument("-y", dest="resume", metavar="INT", type=int, default=0, choices=(0, 1),
-                   help="1: resume from the newest checkpoint in -o (the run there, with its "
-                        "model, B, T, data, precision and processes)")
+                   help="1: resume from the newest checkpoint in -o, with the settings of the run "
+                        "there (its run.json: no flag typed again)")
     p.add_argument("--overwrite", action="store_true",
                    help="start over in -o: delete the run there first (its checkpoints, "
                         "main.log, loss.png, log.jsonl, vocab_map.bin, run.json; nothing else)")
@@ -267,7 +272,18 @@ def parse_args(argv):
                         "FLOPs, time estimate) without allocating it, and exit")
     for hooks in every_backend_hooks():   # each backend's own flags (accel/hooks.py)
         hooks.add_arguments(p)
+    return p
+
+
+def parse_args(argv):
+    p = argument_parser()
     args = p.parse_args(argv)
+    if args.resume and args.output_dir is None:
+        p.error("argument -y: resuming needs the output dir of the run: add -o DIR")
+    if args.overwrite and (args.output_dir is None or args.resume):
+        p.error("argument --overwrite: starts the run in -o over: give -o DIR, without -y 1")
+    if args.resume:
+        args = resumed_arguments(p, argv, args)
 
     def require(ok, flag, value, requirement):
         if not ok:
@@ -344,10 +360,6 @@ def parse_args(argv):
                 f"flag is for a new random model)")
     if args.checkpoint_every > 0 and args.output_dir is None:
         p.error("argument -n: checkpoints need an output dir: add -o DIR")
-    if args.resume and args.output_dir is None:
-        p.error("argument -y: resuming needs the output dir of the run: add -o DIR")
-    if args.overwrite and (args.output_dir is None or args.resume):
-        p.error("argument --overwrite: starts the run in -o over: give -o DIR, without -y 1")
     if args.json_log == "":
         if args.output_dir is None:
             p.error(f"argument --json-log: without FILE it writes -o DIR's {LOG_NAME}: "
@@ -442,16 +454,54 @@ def val_data_pattern(args):
 # ----------------------------------------------------------------------------
 # the output dir: one run
 
-def run_config(args):
-    """What a resumed run must share with the run in -o (llmc/checkpoint.py's run.json; the
-    number of processes is checked against the training state, by resume)."""
-    return {"--family": args.family, "-e": args.init or family_of(args.family).default_init,
-            "-b": args.B, "-t": args.T, "-i": os.path.abspath(args.train_data),
-            "-j": os.path.abspath(args.val_data), "--precision": args.precision}
-
+# run.json: the settings of the run in -o, by flag. -y 1 takes every one of them as its flag's
+# default, so a resume needs no flag typed again; a flag given again must agree with those that
+# shape the run (RUN_SHAPE), while the others (how far it trains, how often it evaluates,
+# samples and checkpoints, where it runs) may change, and the next resume takes the new ones.
+RUN_SHAPE = ("--family", "-e", "-b", "-t", "-i", "-j", "--precision", "-d", "-l", "-u", "-q",
+             "--lr-schedule", "--cos-decay-steps", "--cos-decay-restart", "-c", "-r",
+             "--classifier", "--vocab-size", "--compact-vocab", "-sl", "-sg", "--outlier-window")
+RUN_CARRIED = ("-x", "-v", "-m", "-s", "-g", "-n", "-nk", "-h", "-hm", "--hellaswag",
+               "--recompute", "--backend", "--json-log")
 
 # what a run.json written before a setting existed held: that setting's value then
 RUN_CONFIG_DEFAULTS = {"--precision": "fp32"}
+
+
+def resumed_arguments(p, argv, args):
+    """-y 1: args again, with the run.json of -o (when it has one) as the defaults of its
+    flags: the flags given on the command line keep their values. A dir that does not exist or
+    holds no run is an error (exit status 2)."""
+    out = args.output_dir
+    if not os.path.isdir(out):
+        p.error(f"argument -y: -o {out} does not exist: no run to resume (without -y 1 a new "
+                f"run starts there)")
+    saved = read_run_config(out)
+    if saved is None:   # an older llm.pyx's run, or llm.c's: its checkpoints say what they hold
+        if not run_files(out):
+            p.error(f"argument -y: -o {out} holds no run to resume (without -y 1 a new run "
+                    f"starts there)")
+        return args
+    destinations = run_destinations(p)
+    p.set_defaults(**{destinations[flag]: value for flag, value in saved.items()
+                      if flag in destinations})
+    return p.parse_args(argv)
+
+
+def run_destinations(p):
+    """The flags of run.json, each with the attribute of args it sets (the parser's)."""
+    return {flag: action.dest for action in p._actions for flag in action.option_strings
+            if flag in RUN_SHAPE + RUN_CARRIED}
+
+
+def run_config(args):
+    """run.json: the value of each flag of RUN_SHAPE and RUN_CARRIED in this run, the data as
+    absolute paths (the number of processes is checked against the training state, by
+    resume)."""
+    config = {flag: getattr(args, destination)
+              for flag, destination in run_destinations(argument_parser()).items()}
+    config["-i"], config["-j"] = os.path.abspath(args.train_data), os.path.abspath(args.val_data)
+    return config
 
 
 def run_files(output_dir):
@@ -462,12 +512,14 @@ def run_files(output_dir):
 
 
 def start_run(args, dist):
-    """A new run in -o: refuse a dir that holds another run (its checkpoints or main.log),
-    also under -y 1 when that run left nothing to resume, unless --overwrite deletes that
-    run's files; then write run.json."""
+    """A new run in -o: refuse a dir that holds another run (its checkpoints or main.log)
+    unless --overwrite deletes that run's files, or -y 1 finds this run there stopped before
+    its first checkpoint (its run.json agrees: check_resumed_run) and starts it afresh; then
+    write run.json."""
     out = args.output_dir
     found, checkpoints = run_files(out), checkpoint_files(out)
-    if not args.overwrite and (checkpoints or "main.log" in found):
+    afresh = args.resume and RUN_NAME in found
+    if not (args.overwrite or afresh) and (checkpoints or "main.log" in found):
         steps = complete_steps(out)
         what = [f"checkpoints at steps {', '.join(map(str, steps))}" if steps else
                 "checkpoint files"] if checkpoints else []
@@ -478,24 +530,39 @@ def start_run(args, dist):
                              f"start over with --overwrite (without -y 1)")
         raise TrainError(f"-o {out} holds another run ({' and '.join(what)}): resume it with "
                          f"-y 1, or give this run another -o (--overwrite deletes that run)")
-    if args.resume:
-        note(f"no checkpoint in {out} to resume from, starting afresh")
+    if afresh:
+        note(f"-y 1: the run in {out} stopped before its first checkpoint: starting it afresh")
     dist.barrier()   # every rank has looked before rank 0 deletes
     if dist.process_rank == 0:
-        if args.overwrite:
+        if args.overwrite or afresh:
             for name in found:
                 os.remove(os.path.join(out, name))
         write_run_config(out, run_config(args))
     dist.barrier()
 
 
+def make_run_dir(path):
+    """A new -o: a run's files are not source code, so git ignores the dir (its .gitignore,
+    as a Python venv's)."""
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, ".gitignore"), "w") as f:
+        f.write("# a run of llm.pyx's train.py: git ignores it all\n*\n")
+
+
 def check_resumed_run(args):
-    """-y 1 continues the run in -o only with its settings: say each one that differs."""
-    differences = run_differences(args.output_dir, run_config(args), RUN_CONFIG_DEFAULTS)
+    """-y 1 continues the run in -o only with the settings that shaped it: say each flag given
+    that contradicts one. A new -x is said too where the learning rate decays over the run."""
+    config = run_config(args)
+    differences = run_differences(args.output_dir, {flag: config[flag] for flag in RUN_SHAPE},
+                                  RUN_CONFIG_DEFAULTS)
     if differences:
         raise TrainError(f"-y 1: {args.output_dir} holds a run with other settings: "
-                         f"{'; '.join(differences)}: resume it with its settings, or give this "
-                         f"run another -o")
+                         f"{'; '.join(differences)}: drop those flags to resume it with its "
+                         f"own (run.json), or give this run another -o")
+    planned = (read_run_config(args.output_dir) or {}).get("-x", args.max_steps)
+    if planned != args.max_steps and args.final_lr_frac < 1.0:
+        note(f"-x {args.max_steps}: the run in {args.output_dir} was to take {planned} steps: "
+             f"its learning rate now decays over {args.max_steps}")
 
 
 def classifier_field(args):
@@ -787,6 +854,24 @@ def outlier_skip(zloss, zgrad, args):
 def main(argv=None):
     dist = distributed.init()  # first: only rank 0 prints, argument errors included
     args = parse_args(argv)
+    try:
+        train(args, dist)
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt(interrupted_line(args)) from None
+
+
+def interrupted_line(args):
+    """What Ctrl-C leaves: how to go on from the newest checkpoint, if there is one."""
+    out = args.output_dir
+    step = None if out is None or not os.path.isdir(out) else find_max_step(out)
+    if step is not None:
+        return f"step {step} is saved in {out}: resume with train.py -o {out} -y 1"
+    if out is not None:
+        return f"no checkpoint in {out} yet: train.py -o {out} -y 1 starts the run afresh"
+    return "nothing saved (-o DIR keeps the run, -n N a checkpoint every N steps)"
+
+
+def train(args, dist):
     if args.dry_run:
         return dry_run(args)
     args.val_data = val_data_pattern(args)
@@ -804,13 +889,16 @@ def main(argv=None):
     # resume from the newest complete checkpoint in the output dir, if asked and there is one
     resume_step = None
     if args.output_dir is not None:
-        os.makedirs(args.output_dir, exist_ok=True)
+        if rank == 0 and not os.path.isdir(args.output_dir):
+            make_run_dir(args.output_dir)
+        dist.barrier()   # the dir is there for every rank
         if args.resume:
+            check_resumed_run(args)
             resume_step = find_max_step(args.output_dir)
         if resume_step is None:
             start_run(args, dist)
-        else:
-            check_resumed_run(args)
+        elif rank == 0:   # the settings it goes on with: the next resume's
+            write_run_config(args.output_dir, run_config(args))
 
     Model = model_class(args)   # a missing build or a bad LLMPYX_BLAS fails now, not after the data
     from kernels.blas import BF16_LIBRARY, LIBRARY as cpu_gemms
@@ -985,8 +1073,9 @@ def main(argv=None):
                              dist, outliers=None if outliers is None else
                              {name: detector.state() for name, detector in outliers.items()})
 
-        if (args.checkpoint_every > 0 and not resuming and
-                (step > 0 and step % args.checkpoint_every == 0 or last_step)):
+        # -o keeps the final model, as llm.c's last checkpoint; -n N every N steps besides
+        if (args.output_dir is not None and not resuming and (last_step or (
+                args.checkpoint_every > 0 and step > 0 and step % args.checkpoint_every == 0))):
             save()
             console.print(f"checkpoint at step {step} written to {args.output_dir}")
         resuming = False
@@ -1094,6 +1183,10 @@ def main(argv=None):
         path = plot_losses(args.output_dir, title)
         if path:
             console.print(f"loss curve written to {path}")
+        console.print(f"{args.output_dir} holds the run: its checkpoint at step {step} (model "
+                      f"and training state), main.log{', loss.png' if path else ''}, run.json: "
+                      f"python generate.py {args.output_dir} samples it, train.py -o "
+                      f"{args.output_dir} -y 1 -x MORE trains it on")
 
 
 def run(argv=None):
@@ -1107,8 +1200,8 @@ def run(argv=None):
     except OSError as e:
         where = f"{e.filename}: " if e.filename else ""
         distributed.fail(f"train.py: error: {where}{e.strerror or e}", 1)
-    except KeyboardInterrupt:
-        distributed.fail("\ntrain.py: interrupted", 130)
+    except KeyboardInterrupt as e:
+        distributed.fail(f"\ntrain.py: interrupted{': ' if str(e) else ''}{e}", 130)
     except BaseException as e:  # a bug on one rank must not leave the others waiting
         distributed.abort_on_exception(e)
         raise

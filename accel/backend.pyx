@@ -310,7 +310,7 @@ def _not_built(library, target):
 
 register_backend("cpu", "accel.cpu", "the Cython kernels of kernels/, OpenMP, and OpenBLAS or MKL")
 register_backend("hip", "accel.hip.device",
-                 "HIP on AMD or NVIDIA GPUs (hip-emu where only the emulated build exists)",
+                 "HIP on AMD or NVIDIA GPUs (make hip; the CPU emulator is hip-emu)",
                  lambda: _hip.unavailable("hip"))
 register_backend("hip-emu", "accel.hip.emulated", "the HIP kernels on the CPU emulator (tests)",
                  lambda: _hip.unavailable("hip-emu"))

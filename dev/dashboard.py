@@ -1,23 +1,34 @@
 """
 A live terminal dashboard of a training run (rich): it follows the run's JSON log (train.py
---json-log, llmc/report.py) as tail -f does, or starts the run itself.
+--json-log, llmc/report.py) as tail -f does, or for a run without one its main.log; or it
+starts the run itself.
 
-    python dev/dashboard.py OUT_DIR             follow OUT_DIR/log.jsonl (or a JSON log FILE;
-                                                it waits for a run that has not started yet,
-                                                saying so, and without a terminal for at most
-                                                --wait seconds)
+    python dev/dashboard.py OUT_DIR             follow OUT_DIR/log.jsonl, else OUT_DIR/main.log
+                                                once it has a line (or a JSON log or main.log
+                                                FILE; it waits for a run that has not started
+                                                yet, saying so, and without a terminal for at
+                                                most --wait seconds)
     python dev/dashboard.py --run -- -e d2 -x 100 -n 20 [train.py's flags]
                                                 start train.py with --json-log (into its -o DIR,
                                                 a new temporary one without -o), follow it; its
                                                 console output goes to DIR/train.out
 
 It shows the loss, the val loss and HellaSwag's accuracy (-h 1) as sparklines (the whole run,
-squeezed to the width), the updates skipped as outliers (-sl, -sg), the step time and throughput (the last step's beside the mean after the first, TFLOPS against the
-peak, compile share, the kernel groups with --profile), and a sample decoded from the newest
+squeezed to the width), the updates skipped as outliers (-sl, -sg), the step time and
+throughput (the last step's beside the mean after the first, TFLOPS against the peak, compile
+share, the kernel groups with --profile), and a sample decoded from the newest
 checkpoint in the run's dir (train.py -n N writes them), made by train.py's own sampling
 (llmc/sampler.generate, seed 1337: a checkpoint always gives the same sample) in a thread.
 It stops when the run's end-of-run report arrives (or, with --run, the run ends), a finished
 run drawn at once; Ctrl-C stops following (and the run it started).
+
+main.log (llmc/logger.py's Logger, llm.c's format) holds the losses, learning rate, norm,
+HellaSwag's accuracy and skipped updates, but no step times and no header: the title and the
+samples' model family and tokenizer come from the run's run.json then. It marks no end of run
+either: train.py's last act is to plot it into loss.png, so a loss.png as new as main.log is the
+end (a resumed run rewrites main.log, newer than its earlier part's plot); without matplotlib
+there is none, and without a terminal the dashboard stops once main.log has not grown for
+--wait seconds.
 """
 import io
 import json
@@ -41,6 +52,8 @@ from rich.table import Table  # noqa: E402
 from llmc.cli import Parser  # noqa: E402
 from llmc.report import LOG_NAME  # noqa: E402   train.py --json-log's file in -o DIR
 
+MAIN_LOG_NAME = "main.log"   # llmc/logger.py's Logger writes it in -o DIR, --json-log or not
+PLOT_NAME = "loss.png"       # train.py plots main.log into it as the run's last act
 BLOCKS = "▁▂▃▄▅▆▇█"
 
 
@@ -60,8 +73,8 @@ def sparkline(values, width):
 
 
 class LogFollower:
-    """The records of a JSON log as they are written: poll() returns the lines completed since
-    the last poll (a line still being written waits for its newline)."""
+    """The records of a JSON log as they are written: poll() returns those of the lines
+    completed since the last poll (a line still being written waits for its newline)."""
 
     def __init__(self, path):
         self.path = path
@@ -78,7 +91,82 @@ class LogFollower:
         self.offset += len(data)
         lines = (self.partial + data).split(b"\n")
         self.partial = lines.pop()
-        return [json.loads(line) for line in lines if line.strip()]
+        records = (self.record(line.decode()) for line in lines if line.strip())
+        return [r for r in records if r is not None]
+
+    def record(self, line):
+        """The record of a complete line."""
+        return json.loads(line)
+
+    def ended(self):
+        """Whether the run has ended apart from its records: a JSON log says so in one (its
+        end-of-run report)."""
+        return False
+
+
+class MainLogFollower(LogFollower):
+    """main.log's lines (llmc/logger.py's Logger) as the JSON log's records of the same steps,
+    with what main.log holds of them: no step times."""
+
+    def record(self, line):
+        """The record of a line "s:STEP NAME:VALUE ..."; None for a line of another kind."""
+        step, *fields = line.split()
+        try:
+            step = int(step.removeprefix("s:"))
+            values = {name: float(value) for name, value in (f.split(":", 1) for f in fields)}
+        except ValueError:
+            return None
+        if {"trl", "lr", "norm"} <= values.keys():
+            return dict(type="train", step=step, loss=values["trl"], lr=values["lr"],
+                        norm=values["norm"])
+        if "tel" in values:
+            return dict(type="val", step=step, loss=values["tel"])
+        if "eval" in values:
+            return dict(type="eval", step=step, accuracy=values["eval"])
+        if "overflow_loss_scale" in values:
+            return dict(type="skip", step=step, reason="overflow",
+                        loss_scale=values["overflow_loss_scale"])
+        for reason in ("loss", "grad"):
+            if f"skip_{reason}z" in values:
+                return dict(type="skip", step=step, reason=reason, z=values[f"skip_{reason}z"])
+        return None
+
+    def ended(self):
+        """Whether the run's loss.png is as new as its main.log: plotted from all of it, at the
+        run's end (a run resumed since appends to a main.log it rewrote first)."""
+        try:
+            return (os.path.getmtime(os.path.join(os.path.dirname(self.path), PLOT_NAME))
+                    >= os.path.getmtime(self.path))
+        except FileNotFoundError:
+            return False
+
+
+def log_to_follow(json_log):
+    """The log of the run in json_log's dir: json_log, or that run's main.log when it has a
+    line and json_log is not there, a run without --json-log (the Logger creates both before
+    either has a line)."""
+    main_log = os.path.join(os.path.dirname(json_log), MAIN_LOG_NAME)
+    if (not os.path.exists(json_log) and os.path.exists(main_log)
+            and os.path.getsize(main_log) > 0):
+        return main_log
+    return json_log
+
+
+def run_config_head(run_dir):
+    """What the JSON log's "run" record would say of the run in run_dir, from its run.json
+    (train.py's settings of the run in -o) and vocab_map.bin: for the title, and for the
+    samples' model family and tokenizer."""
+    from llmc.checkpoint import read_run_config
+    from llmc.formats import FormatError
+    from llmc.vocab import MAP_NAME
+    try:
+        config = read_run_config(run_dir) or {}
+    except FormatError:   # a broken run.json: GPT-2's samples, an unnamed run
+        config = {}
+    names = {"--family": "family", "-e": "init", "-b": "B", "-t": "T", "-i": "train_data"}
+    head = {name: config[flag] for flag, name in names.items() if config.get(flag) is not None}
+    head["compact_vocab"] = os.path.exists(os.path.join(run_dir, MAP_NAME))
+    return head
 
 
 def sample_checkpoint(model_path, head, gen_tokens):
@@ -100,30 +188,50 @@ def sample_checkpoint(model_path, head, gen_tokens):
 
 
 class Dashboard:
-    """What the dashboard knows of a run, from its JSON log at log_path (poll()) and the
-    checkpoints in the log's directory; render() draws it."""
+    """What the dashboard knows of a run, from its JSON log or main.log at log_path (poll())
+    and the checkpoints in the log's directory; render() draws it. With main_log_fallback, a
+    JSON log that is not there gives way to the run's main.log once that has a line
+    (log_to_follow)."""
 
-    def __init__(self, log_path, gen_tokens=64, background=True):
-        self.log_path = log_path
-        self.follower = LogFollower(log_path)
+    def __init__(self, log_path, gen_tokens=64, background=True, main_log_fallback=False):
         self.run_dir = os.path.dirname(os.path.abspath(log_path))
+        self.main_log_fallback = main_log_fallback
+        self.head = {}
+        self._follow(log_path)
         self.gen_tokens, self.background = gen_tokens, background
-        self.head, self.report, self.last = {}, None, None
+        self.report, self.last = None, None
+        self.logged = False   # the log has had a record
         self.losses, self.val_losses, self.step_ms = {}, {}, {}
         self.hellaswag = {}   # step -> HellaSwag's accuracy
         self.skipped = {}     # step -> why its update was skipped ("loss", "grad", fp16's "overflow")
         self.sample_step, self.sample, self.sampling = None, None, None
         self.ended = False   # the run is over (follow() says so): no "(sampling ...)" then
 
+    def _follow(self, log_path):
+        """Read the log at log_path from its start: a JSON log, or a main.log, which has no
+        "run" record (the run's run.json stands in for it)."""
+        self.log_path = log_path
+        self.from_main_log = os.path.basename(log_path) == MAIN_LOG_NAME
+        self.follower = (MainLogFollower if self.from_main_log else LogFollower)(log_path)
+        if self.from_main_log:
+            self.head = run_config_head(self.run_dir)
+
     def poll(self):
         """Read the new records; start sampling a new checkpoint. True if anything changed."""
+        if self.main_log_fallback:
+            log_path = log_to_follow(self.log_path)
+            if log_path != self.log_path:
+                self.main_log_fallback = False
+                self._follow(log_path)
         records = self.follower.poll()
+        self.logged |= bool(records)
         for r in records:
             if r["type"] == "run":
                 self.head, self.report = r, None
             elif r["type"] == "train":
                 self.losses[r["step"]] = r["loss"]
-                self.step_ms[r["step"]] = r["ms"]
+                if "ms" in r:   # not in a main.log's
+                    self.step_ms[r["step"]] = r["ms"]
                 self.last = r
             elif r["type"] == "val":
                 self.val_losses[r["step"]] = r["loss"]
@@ -164,11 +272,11 @@ class Dashboard:
             thread.join()
 
     def done(self):
-        return self.report is not None
+        return self.report is not None or self.follower.ended()
 
     def started(self):
         """True once the log has a record."""
-        return bool(self.head) or self.last is not None or self.report is not None
+        return self.logged
 
     def _rates(self):
         """The rows of the step time, throughput and TFLOPS: the last step's beside the mean
@@ -196,8 +304,9 @@ class Dashboard:
         head, last = self.head, self.last
         spark = max(10, width - 30)
         steps = sorted(self.losses)
-        total = head.get("max_steps", "?")
-        title = (f"{head.get('family', '?')} {head.get('init', '')} on {head.get('backend', '?')}"
+        total = f"/{head['max_steps']}" if "max_steps" in head else ""   # not in run.json
+        backend = f" on {head['backend']}" if "backend" in head else ""
+        title = (f"{head.get('family', '?')} {head.get('init', '')}".rstrip() + backend +
                  f", B={head.get('B', '?')} T={head.get('T', '?')}")
         curves = Table.grid(padding=(0, 1))
         curves.add_column(width=22)
@@ -213,7 +322,7 @@ class Dashboard:
             eval_steps = sorted(self.hellaswag)
             curves.add_row(f"HellaSwag {self.hellaswag[eval_steps[-1]]:.4f}",
                            sparkline([self.hellaswag[s] for s in eval_steps], spark))
-        if last is not None:
+        if last is not None and "ms" in last:
             curves.add_row(f"ms/step {last['ms']:.1f}",
                            sparkline([self.step_ms[s] for s in steps[1:]], spark))
 
@@ -221,31 +330,23 @@ class Dashboard:
         rates = Table.grid(padding=(0, 2))
         if last is not None:
             done = last["step"] + 1
-            stats.add_row(f"step {done}/{total}" + (", finished" if self.report else ""),
+            stats.add_row(f"step {done}{total}" + (", finished" if self.done() else ""),
                           f"lr {last['lr']:.2e}", f"norm {last['norm']:.3f}")
             if self.skipped:
                 newest = max(self.skipped)
                 stats.add_row(f"skipped updates {len(self.skipped)}",
                               f"last at step {newest + 1} ({self.skipped[newest]}"
                               f"{'' if self.skipped[newest] == 'overflow' else ' z-score'})")
-            for row in self._rates():
-                rates.add_row(*row)
-            rates.add_row(f"compile {100 * last['compile_share']:.1f}%",
-                          *[f"{g} {100 * t / last['ms']:.0f}%"
-                            for g, t in last.get("groups_ms", {}).items()][:2])
-            if len(last.get("groups_ms", {})) > 2:
-                rates.add_row("", *[f"{g} {100 * t / last['ms']:.0f}%"
-                                    for g, t in last["groups_ms"].items()][2:4])
-            if "ane_engine_ms" in last:   # the ANE backends' step (accel/ane/device.py)
-                rates.add_row(f"ANE engine {last['ane_engine_ms']:.1f} ms",
-                              f"CPU dW {last['ane_dw_ms']:.1f} ms",
-                              f"overlap {last['ane_overlap_ms']:.1f} ms")
-            if "ane_compiles" in last:    # its static pipeline
-                rates.add_row(f"ANE compiles {last['ane_compiles']}",
-                              f"restarts {last.get('restarts', 0)}", "")
+            if "ms" not in last:   # a main.log's step
+                rates.add_row(f"step times: not in {MAIN_LOG_NAME} (train.py --json-log "
+                              f"writes them)")
+            else:
+                self._add_timings(rates, last)
         elif not os.path.exists(self.log_path):
-            stats.add_row(f"no {self.log_path} yet: train.py writes it with --json-log (a run "
-                          f"without it cannot be followed)")
+            stats.add_row(f"no {self.log_path} yet: train.py writes it with --json-log" +
+                          (f", else {MAIN_LOG_NAME} beside it (once it has a line)"
+                           if self.main_log_fallback else
+                           " (a run without it cannot be followed)"))
         else:
             stats.add_row("waiting for the first step ...")
 
@@ -256,27 +357,56 @@ class Dashboard:
                   if self.sample_step is not None and self.ended else
                   "(sampling ...)" if self.sample_step is not None else
                   "(no samples: -g 0)" if self.gen_tokens == 0 else
-                  "(no checkpoint yet: train.py -n N writes them)")
+                  "(no checkpoint yet: train.py -o writes the final step's, -n N one "
+                  "every N steps)")
         return Panel(Group(stats, rates, curves, Panel(sample, title=sample_title)), title=title,
                      subtitle=f"following {self.log_path}", width=width)
 
+    def _add_timings(self, rates, last):
+        """The rows of the last step's timings: its rates, compile share, kernel groups and
+        the ANE's parts."""
+        for row in self._rates():
+            rates.add_row(*row)
+        rates.add_row(f"compile {100 * last['compile_share']:.1f}%",
+                      *[f"{g} {100 * t / last['ms']:.0f}%"
+                        for g, t in last.get("groups_ms", {}).items()][:2])
+        if len(last.get("groups_ms", {})) > 2:
+            rates.add_row("", *[f"{g} {100 * t / last['ms']:.0f}%"
+                                for g, t in last["groups_ms"].items()][2:4])
+        if "ane_engine_ms" in last:   # the ANE backends' step (accel/ane/device.py)
+            rates.add_row(f"ANE engine {last['ane_engine_ms']:.1f} ms",
+                          f"CPU dW {last['ane_dw_ms']:.1f} ms",
+                          f"overlap {last['ane_overlap_ms']:.1f} ms")
+        if "ane_compiles" in last:    # its static pipeline
+            rates.add_row(f"ANE compiles {last['ane_compiles']}",
+                          f"restarts {last.get('restarts', 0)}", "")
+
 
 def follow(dashboard, console, process=None, interval=0.5, wait_s=5.0):
-    """Redraw the dashboard as the log grows until the run reports its end (or process ends).
-    Without a terminal (nobody to watch it wait) and without a run of its own, False when
-    nothing came within wait_s seconds."""
+    """Redraw the dashboard as the log grows until the run ends: its end-of-run report, a
+    main.log's loss.png (Dashboard.done), or process's end. Without a terminal (nobody to watch
+    it wait) and without a run of its own, False when nothing came within wait_s seconds, and a
+    main.log that has not grown for wait_s seconds is taken as the whole run (saying so), as
+    its end may never be marked (no matplotlib, a stopped run)."""
     dashboard.poll()   # what is there already: a finished run is drawn at once
-    if process is None and not console.is_terminal:
+    unwatched = process is None and not console.is_terminal
+    if unwatched:
         deadline = time.monotonic() + wait_s
         while not dashboard.started() and time.monotonic() < deadline:
             time.sleep(min(interval, wait_s))
             dashboard.poll()
         if not dashboard.started():
             return False
+    grown_at = time.monotonic()
     with Live(dashboard.render(console.width), console=console, auto_refresh=False) as live:
         while True:
             changed = dashboard.poll()
-            finished = dashboard.done() or (process is not None and process.poll() is not None)
+            if changed:
+                grown_at = time.monotonic()
+            stalled = (unwatched and dashboard.from_main_log
+                       and time.monotonic() - grown_at >= wait_s)
+            finished = (dashboard.done() or stalled or
+                        (process is not None and process.poll() is not None))
             if finished:   # the last lines, and a sample of the last checkpoint
                 dashboard.ended = True
                 live.update(dashboard.render(console.width), refresh=True)
@@ -286,8 +416,14 @@ def follow(dashboard, console, process=None, interval=0.5, wait_s=5.0):
             if changed or finished:
                 live.update(dashboard.render(console.width), refresh=True)
             if finished:
-                return True
+                break
             time.sleep(interval)
+    if not console.is_terminal:   # rich ends the last frame's line on a terminal only
+        console.line()
+    if stalled:
+        console.print(f"{dashboard.log_path} has not grown for {wait_s:g} s and there is no "
+                      f"terminal to wait on: stopped, taking it as the whole run")
+    return True
 
 
 def start_run(train_args):
@@ -311,8 +447,10 @@ def start_run(train_args):
 
 
 def main(argv=None, console=None):
-    p = Parser(prog="dashboard.py", description="Live dashboard of a train.py run (its JSON log).")
-    p.add_argument("run", nargs="?", help=f"the run's output dir (its {LOG_NAME}) or JSON log")
+    p = Parser(prog="dashboard.py",
+               description="Live dashboard of a train.py run (its JSON log, else its main.log).")
+    p.add_argument("run", nargs="?", help=f"the run's output dir (its {LOG_NAME}, else its "
+                                          f"{MAIN_LOG_NAME}), or a JSON log or {MAIN_LOG_NAME}")
     p.add_argument("--run", dest="start", action="store_true",
                    help="start train.py with the flags after --, and follow it")
     p.add_argument("-g", dest="gen_tokens", type=int, default=64,
@@ -320,7 +458,8 @@ def main(argv=None, console=None):
     p.add_argument("--interval", type=float, default=0.5, help="seconds between polls")
     p.add_argument("--wait", type=float, default=5.0,
                    help="without a terminal: seconds to wait for the log's first line before "
-                        "giving up (on a terminal it waits until Ctrl-C, saying for what)")
+                        "giving up, and for a main.log to grow before taking it as the whole "
+                        "run (on a terminal it waits until Ctrl-C, saying for what)")
     argv = sys.argv[1:] if argv is None else list(argv)
     train_args = []
     if "--" in argv:
@@ -328,27 +467,35 @@ def main(argv=None, console=None):
         argv, train_args = argv[:at], argv[at + 1:]
     args = p.parse_args(argv)
     if args.start == (args.run is not None):
-        p.error("give a run's dir or JSON log, or --run -- TRAIN_FLAGS")
+        p.error("give a run's dir or log, or --run -- TRAIN_FLAGS")
     console = console or Console()
-    process = None
+    process, is_dir = None, False
     if args.start:
         process, log_path = start_run(train_args)
         console.print(f"started train.py (pid {process.pid}), following {log_path}")
     else:
-        # a JSON log FILE, else a run's dir (one that is not there is a mistyped one)
-        is_file = os.path.isfile(args.run) or args.run.endswith((".jsonl", ".json"))
-        log_path = args.run if is_file else os.path.join(args.run, LOG_NAME)
+        # a log FILE, else a run's dir (one that is not there is a mistyped one)
+        is_dir = not (os.path.isfile(args.run) or args.run.endswith((".jsonl", ".json"))
+                      or os.path.basename(args.run) == MAIN_LOG_NAME)
+        log_path = log_to_follow(os.path.join(args.run, LOG_NAME)) if is_dir else args.run
         if not os.path.isdir(os.path.dirname(os.path.abspath(log_path))):   # else: wait for it
-            p.error(f"{os.path.dirname(log_path)}: no such directory (train.py -o DIR "
-                    f"--json-log writes DIR/{LOG_NAME})")
-        console.print(f"following {log_path}" + ("" if os.path.exists(log_path) else
-                      f" (not there yet: train.py writes it with --json-log)"))
-    dashboard = Dashboard(log_path, args.gen_tokens)
+            p.error(f"{os.path.dirname(log_path)}: no such directory (train.py -o DIR writes "
+                    f"DIR/{MAIN_LOG_NAME}, with --json-log DIR/{LOG_NAME})")
+        if os.path.basename(log_path) == MAIN_LOG_NAME:
+            console.print(f"following {log_path} (" + (f"no {LOG_NAME}: " if is_dir else "") +
+                          "run with --json-log for step times)")
+        else:
+            console.print(f"following {log_path}" + (
+                "" if os.path.exists(log_path) else
+                " (not there yet: train.py writes it with --json-log" +
+                (f", else {MAIN_LOG_NAME} beside it)" if is_dir else ")")))
+    dashboard = Dashboard(log_path, args.gen_tokens, main_log_fallback=is_dir)
     try:
         if not follow(dashboard, console, process, args.interval, args.wait):
-            sys.stderr.write(f"dashboard.py: nothing in {log_path} after {args.wait:g} s, and "
-                             f"no terminal to wait on: is a run writing it (train.py -o DIR "
-                             f"--json-log)?\n")
+            writer = "train.py -o DIR" + ("" if dashboard.from_main_log else " --json-log")
+            sys.stderr.write(f"dashboard.py: nothing in {dashboard.log_path} after "
+                             f"{args.wait:g} s, and no terminal to wait on: is a run writing it "
+                             f"({writer})?\n")
             return 1
     except KeyboardInterrupt:
         if process is not None:

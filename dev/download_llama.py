@@ -3,9 +3,11 @@ Gets a pretrained Llama-family model as llama2.c's model file, with NumPy alone 
 transformers, no safetensors package).
 
     python dev/download_llama.py stories15M          # llama2.c's TinyStories model + tokenizer
-    python dev/download_llama.py --from-safetensors DIR -o tinyllama.bin
-                                     # a Hugging Face LlamaForCausalLM: DIR holds config.json
-                                     # and model.safetensors (or its shards and their index)
+    python dev/download_llama.py --from-safetensors PATH -o tinyllama.bin
+                                    # a Hugging Face LlamaForCausalLM: PATH is its model folder
+                                    # (config.json and model.safetensors, or its shards and
+                                    # their index) or a .safetensors file (its config.json
+                                    # beside it or in its metadata)
 
 stories15M/42M/110M come from Hugging Face's karpathy/tinyllamas in llama2.c's legacy format,
 which llmc/formats/llama2c.py reads as it is; this writes them as version 1 next to llama2.c's
@@ -24,9 +26,9 @@ import urllib.error
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
-from download_gpt2 import download  # noqa: E402
+from download_gpt2 import check_hf_path, download  # noqa: E402
 from llmc.formats import FormatError  # noqa: E402
-from llmc.formats.huggingface import llama_from_hf, read_hf_checkpoint  # noqa: E402
+from llmc.formats.huggingface import hf_reader_of, llama_from_hf, read_hf_checkpoint  # noqa: E402
 from llmc.formats.llama2c import read_llama2c_tokenizer, read_llama_model, write_llama_model  # noqa: E402
 from train_llama2 import LlamaConfig  # noqa: E402
 
@@ -35,9 +37,14 @@ LLAMA2C_TOKENIZER_URL = "https://raw.githubusercontent.com/karpathy/llama2.c/mas
 TINYLLAMAS = ("stories15M", "stories42M", "stories110M")
 
 
-def convert_hf(directory, output):
-    tensors, hf_config = read_hf_checkpoint(directory)
-    config, params = llama_from_hf(tensors, hf_config, LlamaConfig, source=directory)
+def convert_hf(path, output):
+    """The Hugging Face Llama-block model at path, a model folder or a .safetensors file
+    (check_hf_path), as llama2.c's model file at output."""
+    check_hf_path(path)
+    tensors, hf_config = read_hf_checkpoint(path)
+    if hf_reader_of(hf_config, path) != "llama":
+        raise FormatError(path, "GPT2LMHeadModel is not a Llama: dev/download_gpt2.py converts it")
+    config, params = llama_from_hf(tensors, hf_config, LlamaConfig, source=path)
     write_llama_model(output, config, params)
     return config
 
@@ -62,12 +69,14 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", nargs="?", choices=TINYLLAMAS, help="one of llama2.c's models")
-    p.add_argument("--from-safetensors", metavar="DIR",
-                   help="convert the Hugging Face Llama checkpoint in DIR instead")
-    p.add_argument("-o", "--output", help="the model file to write (default: MODEL.bin here)")
+    p.add_argument("--from-safetensors", metavar="PATH",
+                   help="convert the Hugging Face Llama at PATH instead: its model folder or a "
+                        ".safetensors file")
+    p.add_argument("-o", "--output", metavar="FILE",
+                   help="the model file to write (default: MODEL.bin here)")
     args = p.parse_args(argv)
     if bool(args.model) == bool(args.from_safetensors):
-        p.error("give a model name or --from-safetensors DIR (one of them)")
+        p.error("give a model name or --from-safetensors PATH (one of them)")
     output = args.output or os.path.join(REPO_ROOT, f"{args.model or 'llama'}.bin")
     try:
         if args.from_safetensors:

@@ -276,13 +276,16 @@ def read_run_config(output_dir):
 def run_differences(output_dir, config, defaults=None):
     """What differs between config and the run.json in output_dir, as "KEY SAVED (this run:
     NEW)" strings; none when the dir has no run.json. defaults: the value of a key that a
-    run.json written before the key existed lacks."""
+    run.json written before the key existed lacks; a key it lacks without one is not
+    compared."""
     saved = read_run_config(output_dir)
     if saved is None:
         return []
     defaults = defaults or {}
     differences = []
     for key, value in config.items():
+        if key not in saved and key not in defaults:   # a setting it did not record
+            continue
         was = saved.get(key, defaults.get(key))
         if was != value:
             differences.append(f"{key} {was} (this run: {value})")

@@ -89,10 +89,12 @@ def test_restarts_give_the_losses_of_a_run_without_them(shard, tmp_path):
     run_records = [r for r in map(json.loads, open(tmp_path / "split" / "log.jsonl"))
                    if r["type"] == "run"]
     assert len(run_records) == 1
-    # only the newest restart's checkpoint is left (no -n): the run folder does not fill up
+    # only the newest restart's checkpoint is left beside the final one (no -n): the run
+    # folder does not fill up
     assert sorted(os.listdir(tmp_path / "split")) == sorted(
-        ["DONE_00000004", "model_00000004.bin", "state_00000004_00000.bin", "run.json",
-         "main.log", "log.jsonl", "loss.png"])
+        ["DONE_00000004", "model_00000004.bin", "state_00000004_00000.bin", "DONE_00000005",
+         "model_00000005.bin", "state_00000005_00000.bin", "run.json", "main.log", "log.jsonl",
+         "loss.png", ".gitignore"])
 
     ane = np.array([float(split_log[k]["loss"]) for k in range(STEPS)])
     reference = np.array([float(cpu[k + 1]) for k in range(STEPS)])

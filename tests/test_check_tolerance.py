@@ -44,14 +44,14 @@ def test_a_bf16_store_is_named_at_every_width(fault, dims):
     assert report["first"]["rel_error"] > 10 * report["first"]["tolerance"]
 
 
-@pytest.mark.parametrize("name", ["hip", "metal-emu"])
+@pytest.mark.parametrize("name", ["hip-emu", "metal-emu"])
 def test_parity_at_d12_widths_on_a_fresh_reference(name, tmp_path):
     """A 1-layer GPT-2 at C=768 written by PyTorch at B=3, T=7 (the tests never saw it):
     test_gpt2.py passes on check:NAME, every output compared (one layer calls every entry a
     layer calls: what matters here is the widths; metal-emu's simdgroup GEMM costs seconds a
     step in the emulator, so it runs 2 of the 10 steps, each calling every entry)."""
     needs.package("torch")   # the reference is written by PyTorch
-    needs.emulator("hip-emu" if name == "hip" else name)
+    needs.emulator(name)
     subprocess.run([sys.executable, "train_gpt2_torch.py", "-e", "d1", "--channels", "768",
                     "--heads", "12", "--vocab-size", "2003", "--max-seq-len", "64", "-b", "3",
                     "-t", "7", "-o", str(tmp_path), "--name", "w768"], cwd=ROOT, check=True,

@@ -3,7 +3,9 @@ The live dashboard (dev/dashboard.py), headless: a recorded JSON log (tests/fixt
 a 12-step d1 run of train.py --json-log --profile) drawn on a recording rich Console of
 a fixed width; following a log that is still being written; the sample of a checkpoint equal
 to the one train.py printed from the same model; --run starting a run and following it; a
-missing log, a mistyped folder, a finished run and no terminal, each said or drawn at once.
+missing log, a mistyped folder, a finished run and no terminal, each said or drawn at once; a
+run without --json-log followed through its main.log (the Logger's lines, a real run's), its
+end taken from loss.png, or without a terminal from main.log no longer growing.
 """
 import io
 import json
@@ -248,15 +250,18 @@ def on_a_terminal(argv, until, timeout=20):
 
 
 def test_a_missing_log_is_named_at_once(tmp_path):
-    """A run without --json-log: the dashboard names the file it waits for and who writes it."""
-    drawn, seconds, status = on_a_terminal([str(tmp_path)], until="cannot be followed")
+    """A run that has not started: the dashboard names the files it waits for and who writes
+    them; a JSON log named as a FILE has no main.log to give way to."""
+    drawn, seconds, status = on_a_terminal([str(tmp_path)], until="once it has a line")
     assert status is None and seconds < 10   # still waiting, saying for what
     log = tmp_path / "log.jsonl"
-    assert f"following {log} (not there yet: train.py writes it with --json-log)" in drawn
-    assert f"no {log} yet: train.py writes it with --json-log (a run without it cannot be " \
-           f"followed)" in drawn
+    assert (f"following {log} (not there yet: train.py writes it with --json-log, else "
+            f"main.log beside it)") in drawn
+    assert (f"no {log} yet: train.py writes it with --json-log, else main.log beside it (once "
+            f"it has a line)") in drawn
     d = dashboard.Dashboard(str(tmp_path / "log.jsonl"), gen_tokens=0)
-    assert not d.poll() and "no " + str(tmp_path / "log.jsonl") + " yet" in text_of(d.render(200))
+    assert not d.poll() and f"no {log} yet" in text_of(d.render(200))
+    assert "a run without it cannot be followed" in text_of(d.render(200))
 
 
 def test_a_finished_run_is_drawn_at_once(tmp_path):
@@ -292,3 +297,102 @@ def test_a_bare_json_log_follows_the_runs_own_log(tmp_path, monkeypatch):
     _, log_path = dashboard.start_run(["-e", "d2", "--json-log", "-x", "3", "-o", str(tmp_path)])
     assert log_path == str(tmp_path / dashboard.LOG_NAME)
     assert started[0][2:] == ["-e", "d2", "--json-log", "-x", "3", "-o", str(tmp_path)]
+
+
+def write_main_log(run_dir):
+    """A run's main.log as llmc/logger.py's Logger writes it (no --json-log), its run.json
+    (a Llama d1): the losses at steps 0-5, a val loss at 0 and 6, HellaSwag at 3, an update
+    skipped as an outlier at 4, an fp16 overflow at 5. The train losses."""
+    from llmc.logger import Logger
+    logger = Logger(str(run_dir))
+    losses = [10.8, 10.2, 9.9, 9.1, 8.7, 8.8]
+    logger.log_val(0, 10.9)
+    for step, loss in enumerate(losses):
+        logger.log_train(step, loss, 1e-4 * (step + 1), 1.5)
+        if step == 3:
+            logger.log_eval(step, 0.25, 1, 4, 0.1)
+        if step == 4:
+            logger.log_skip(step, "loss", 7.5, 5.0)
+        if step == 5:
+            logger.log_overflow(step, 32768.0)
+    logger.log_val(6, 8.5)
+    (run_dir / "run.json").write_text(json.dumps({"--family": "llama", "-e": "d1", "-b": 2,
+                                                  "-t": 16, "-i": str(run_dir / "x_*.bin")}))
+    return losses
+
+
+def test_a_run_without_json_log_is_drawn_from_its_main_log(tmp_path):
+    losses = write_main_log(tmp_path)
+    main_log = tmp_path / "main.log"
+    assert dashboard.log_to_follow(str(tmp_path / "log.jsonl")) == str(main_log)
+    d = dashboard.Dashboard(str(main_log), gen_tokens=0)
+    assert d.poll() and not d.done()   # no loss.png: still running
+    text = text_of(d.render(100))
+    assert "llama d1, B=2 T=16" in text   # run.json's
+    assert "step 6 " in text and "lr 6.00e-04" in text and "norm 1.500" in text
+    assert "finished" not in text
+    assert f"loss {losses[-1]:.4f}" in text and dashboard.sparkline(losses, 70) in text
+    assert "val loss 8.5000" in text and dashboard.sparkline([10.9, 8.5], 70) in text
+    assert "HellaSwag 0.2500" in text
+    assert "skipped updates 2" in text and "last at step 6 (overflow)" in text
+    assert "step times: not in main.log (train.py --json-log writes them)" in text
+    assert "ms/step" not in text
+    assert f"following {main_log}" in text.replace("\n", "")
+    # train.py's last act is its plot of main.log: then the run has ended
+    (tmp_path / "loss.png").write_bytes(b"")
+    os.utime(main_log, (1000, 1000))
+    os.utime(tmp_path / "loss.png", (1000, 1000))
+    assert d.done() and "step 6, finished" in text_of(d.render(100))
+    with open(main_log, "a") as f:   # resumed since: a plot older than main.log
+        f.write("s:6 trl:8.6000 lr:0.000700 norm:1.40\n")
+    assert d.poll() and not d.done() and "loss 8.6000" in text_of(d.render(100))
+
+
+def test_a_json_log_gives_way_to_main_log_once_it_has_a_line(tmp_path):
+    """The Logger creates main.log and log.jsonl before either has a line: an empty main.log
+    may still be a --json-log run's, one with a line and no JSON log is not."""
+    log = tmp_path / "log.jsonl"
+    d = dashboard.Dashboard(str(log), gen_tokens=0, main_log_fallback=True)
+    (tmp_path / "main.log").write_text("")
+    assert not d.poll() and d.log_path == str(log)
+    write_main_log(tmp_path)
+    assert d.poll() and d.log_path == str(tmp_path / "main.log") and d.head["family"] == "llama"
+    assert "loss 8.8000" in text_of(d.render(100))
+    shutil.copy(FIXTURE, log)   # a --json-log run's main.log beside its JSON log: the JSON log
+    assert dashboard.log_to_follow(str(log)) == str(log)
+
+
+def test_no_terminal_and_a_main_log_that_stopped_growing(tmp_path):
+    """Without matplotlib (no loss.png) or a run that stopped, main.log's end is not marked:
+    without a terminal the dashboard draws it and stops once it has not grown for --wait s."""
+    losses = write_main_log(tmp_path)
+    run = subprocess.run([sys.executable, os.path.join(ROOT, "dev", "dashboard.py"),
+                          str(tmp_path), "--wait", "1", "-g", "0"], capture_output=True,
+                         text=True, timeout=30, env=dict(os.environ, COLUMNS="300"))
+    assert run.returncode == 0, run.stderr
+    main_log = tmp_path / "main.log"
+    lines = run.stdout.splitlines()
+    assert lines[0] == f"following {main_log} (no log.jsonl: run with --json-log for step times)"
+    assert f"loss {losses[-1]:.4f}" in run.stdout and "finished" not in run.stdout
+    assert lines[-1].startswith(f"{main_log} has not grown for 1 s and there is no terminal")
+
+
+def test_a_finished_run_without_json_log(tmp_path, shards):
+    """A real run without --json-log, finished (its loss.png written): drawn from its main.log
+    at once, its sample made as train.py's, with its family and data's tokenizer (run.json)."""
+    needs.package("matplotlib")   # train.py's loss.png, the mark of the run's end
+    out = tmp_path / "out"
+    stdout = run_train("-e", "d1", "-b", 2, "-t", 16, *shards, "-m", 0, "-x", 2, "-s", 2,
+                       "-g", 8, "-n", 2, "-o", out)
+    assert not (out / "log.jsonl").exists() and (out / "loss.png").exists()
+    printed = re.findall(r"generating:\n---\n(.*?)\n---\n", stdout, re.S)[-1]
+    last_loss = re.findall(r"s:1 trl:(\S+)", (out / "main.log").read_text())[0]
+    drawn, seconds, status = on_a_terminal([str(out), "-g", "8"], until="no such text")
+    assert status == 0 and seconds < 20
+    drawn = re.sub(r"[│\s]+", " ", drawn)   # the panel's lines joined
+    assert f"following {out / 'main.log'} (no log.jsonl: run with --json-log for step " \
+           f"times)" in drawn
+    assert "step 2, finished" in drawn and f"loss {last_loss}" in drawn
+    assert "step times: not in main.log" in drawn
+    assert "sample of the checkpoint at step 2" in drawn
+    assert re.sub(r"\s+", " ", printed) in drawn

@@ -2,7 +2,9 @@
 dev/download_gpt2.py's converter (llmc/formats/huggingface.py's gpt2_from_hf), offline: a small
 GPT-2 written here as Hugging Face lays it out in model.safetensors (Conv1D weights stored (in,
 out), an attention-mask buffer, metadata) must come out as llm.c's model file with every tensor
-in place.
+in place.  --from-safetensors takes what dev/download_llama.py's takes: a model folder (single
+or sharded) or a .safetensors file, its heads from config.json; anything else is refused in one
+line that says what was expected.
 """
 import json
 import os
@@ -13,8 +15,10 @@ import numpy as np
 import pytest
 
 from llmc.formats import bfloat16_bits_to_float32, float32_to_bfloat16_bits, param_views
-from llmc.formats.huggingface import gpt2_from_hf, read_safetensors
+from llmc.formats.huggingface import gpt2_from_hf, read_safetensors, write_hf_model_file
 from llmc.formats.llmc import read_checkpoint
+from tests import needs
+from tests.hf_models import make_hf_model
 from train_gpt2 import GPT2Config
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -103,7 +107,8 @@ def check_layout(config, params, hf, rounded=lambda a: a):
 def test_convert_to_llmc_checkpoint(tmp_path):
     hf = hf_gpt2_tensors()
     write_safetensors(tmp_path / "model.safetensors", hf)
-    download_gpt2.convert_file(str(tmp_path / "model.safetensors"), str(tmp_path / "out.bin"))
+    download_gpt2.main(["--from-safetensors", str(tmp_path / "model.safetensors"),
+                        "-o", str(tmp_path / "out.bin")])
     config, params = read_checkpoint(tmp_path / "out.bin", GPT2Config)
     check_layout(config, params, hf)
 
@@ -139,7 +144,7 @@ def test_bad_inputs_one_line_errors(tmp_path):
         assert len(lines) == 1 and lines[0].startswith("download_gpt2.py: error: "), run.stderr
         return lines[0]
     assert "no such file" in error_of(tmp_path / "missing.safetensors")
-    (tmp_path / "junk.safetensors").write_bytes(b"\x05\x00\x00\x00\x00\x00\x00\x00hello")
+    (tmp_path / "junk.safetensors").write_bytes(b"\x05\x00\x00\x00\x00\x00\x00\x00{\"abc")
     assert "not JSON" in error_of(tmp_path / "junk.safetensors")
     hf = hf_gpt2_tensors()
     del hf["h.1.mlp.c_fc.weight"]
@@ -160,3 +165,68 @@ def test_offline_download_is_one_line(tmp_path, monkeypatch):
     assert str(e.value).startswith("download_gpt2.py: error: cannot download from Hugging Face")
     assert "\n" not in str(e.value)
     assert os.listdir(tmp_path) == []
+
+
+@pytest.fixture(scope="module")
+def hf_gpt2(tmp_path_factory):
+    """(the folder, the transformers model) of a GPT2LMHeadModel of 4 heads on 64 channels
+    (tests/hf_models.py): channels / 64 would give 1 head."""
+    needs.package("torch")
+    needs.package("transformers")
+    folder = tmp_path_factory.mktemp("hf") / "gpt2"
+    return folder, make_hf_model("gpt2", folder)
+
+
+def gpt2_path(kind, folder, hf_model, tmp_path):
+    """The GPT-2 of folder as --from-safetensors can be given it."""
+    if kind == "folder":
+        return folder
+    if kind == "sharded folder":
+        hf_model.save_pretrained(tmp_path / "sharded", max_shard_size="40KB")
+        assert (tmp_path / "sharded" / "model.safetensors.index.json").exists()
+        return tmp_path / "sharded"
+    if kind == "file beside config.json":
+        return folder / "model.safetensors"
+    assert kind == "file with config.json in its metadata"
+    hf_config = json.loads((folder / "config.json").read_text())
+    tensors = dict(read_safetensors(folder / "model.safetensors"))
+    write_hf_model_file(tmp_path / "gpt2.safetensors", tensors, hf_config)
+    return tmp_path / "gpt2.safetensors"
+
+
+@pytest.mark.parametrize("kind", ["folder", "sharded folder", "file beside config.json",
+                                  "file with config.json in its metadata"])
+def test_takes_a_model_folder_or_a_safetensors_file(hf_gpt2, tmp_path, kind):
+    folder, hf_model = hf_gpt2
+    path = gpt2_path(kind, folder, hf_model, tmp_path)
+    download_gpt2.main(["--from-safetensors", str(path), "-o", str(tmp_path / "out.bin")])
+    config, params = read_checkpoint(tmp_path / "out.bin", GPT2Config)
+    transformers_tensors = {name: t.numpy() for name, t in hf_model.state_dict().items()}
+    _, expected = gpt2_from_hf(transformers_tensors, GPT2Config, num_heads=4)
+    assert config.num_heads == 4   # config.json's n_head
+    np.testing.assert_array_equal(params, expected)
+
+
+def test_a_path_neither_folder_nor_safetensors_file_is_refused_in_one_line(tmp_path):
+    def error_of(path):
+        with pytest.raises(SystemExit) as e:
+            download_gpt2.main(["--from-safetensors", str(path), "-o", str(tmp_path / "x.bin")])
+        assert "\n" not in str(e.value) and str(e.value).startswith(
+            f"download_gpt2.py: error: {path}: "), e.value
+        return str(e.value)
+    expected = "expected a Hugging Face model folder (config.json and model.safetensors, "
+    makes_one = "python dev/download_hf.py REPO makes one) or a .safetensors file"
+    for what, path in (("no such file or folder", tmp_path / "missing"),
+                       ("a folder without config.json", tmp_path)):
+        message = error_of(path)
+        assert f"{path}: {what}: {expected}" in message and makes_one in message
+    write_safetensors(tmp_path / "model.safetensors", hf_gpt2_tensors())
+    download_gpt2.main(["--from-safetensors", str(tmp_path / "model.safetensors"),
+                        "-o", str(tmp_path / "llmc.bin")])
+    assert f"llmc.bin: an llm.c model: {expected}" in error_of(tmp_path / "llmc.bin")
+    # a Llama's folder names the script that converts it, not a GPT-2 key it lacks
+    (tmp_path / "config.json").write_text(json.dumps(dict(architectures=["LlamaForCausalLM"],
+                                                          model_type="llama")))
+    assert error_of(tmp_path).endswith(
+        "LlamaForCausalLM is not a GPT-2: dev/download_llama.py converts it")
+    assert not (tmp_path / "x.bin").exists()

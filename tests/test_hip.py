@@ -3,8 +3,9 @@ checked without a GPU.
 
 Every entry of the table runs through check:hip-emu (compared with the CPU oracle) at odd shapes,
 under every schedule of the emulator and at warp sizes 32 and 64; a model steps at shapes that
-make every loop of the kernels wrap; test_gpt2.py --backend hip passes on the committed fixture
-and on a fresh d2 reference. Planted faults (built with -D ACCEL_HIP_PLANT_..., the source is not
+make every loop of the kernels wrap; test_gpt2.py --backend hip-emu passes on the committed fixture
+and on a fresh d2 reference; --backend hip, the GPU build, refuses in one line naming hip-emu where
+only the emulated build is there. Planted faults (built with -D ACCEL_HIP_PLANT_..., the source is not
 edited) are caught: a missing barrier, a 32-lane assumption, a write past an output (by the
 AddressSanitizer build); flash attention's three (a missing barrier in its tile loop, an
 off-by-one causal mask, the wrong key/value head for a query head). The nvcc and hipcc builds are compile-checked where the compilers exist.
@@ -20,7 +21,7 @@ import pytest
 
 import needs
 from accel.backend import BackendError, get_backend
-from accel.hip import EMU_LIBRARY, NOT_BUILT
+from accel.hip import EMU_LIBRARY, NO_GPU_BUILD
 from accel.spec import BY_NAME, entries_of
 from entries import D12_WIDTHS, SMALL, call_entry, run_every_entry
 from hip_emu import (checked, CXX, device, finish, first_mismatch, HIP, make, SCHEDULES,
@@ -261,10 +262,9 @@ def run_test_gpt2(*args):
     return done.stdout
 
 
-@pytest.mark.parametrize("backend", ["hip", "check:hip"])
+@pytest.mark.parametrize("backend", ["hip-emu", "check:hip-emu"])
 def test_test_gpt2_passes_on_the_fixture(builds, backend):
-    out = run_test_gpt2("--backend", backend)
-    assert "[Backend] " + backend.replace("hip", "hip-emu") in out  # the name says it is emulated
+    assert "[Backend] " + backend in run_test_gpt2("--backend", backend)
 
 
 def test_test_gpt2_passes_on_a_fresh_d2_reference(builds, tmp_path):
@@ -272,7 +272,7 @@ def test_test_gpt2_passes_on_a_fresh_d2_reference(builds, tmp_path):
     subprocess.run([sys.executable, "train_gpt2_torch.py", "-e", "d2", "-b", "2", "-t", "9", "-o", str(tmp_path),
                     "--name", "d2"], cwd=ROOT, check=True, capture_output=True,
                    env=dict(os.environ, OMP_NUM_THREADS="1"))
-    run_test_gpt2("--backend", "hip", "--model", str(tmp_path / "d2.bin"),
+    run_test_gpt2("--backend", "hip-emu", "--model", str(tmp_path / "d2.bin"),
                   "--state", str(tmp_path / "d2_debug_state.bin"))
 
 
@@ -286,15 +286,58 @@ def test_missing_or_broken_build_is_one_line(tmp_path):
     not_a_library.write_text("not an ELF file")
     with pytest.raises(BackendError, match="backend 'hip' is unavailable: cannot load"):
         device.load(str(not_a_library), "hip")
-    assert "make hip" in NOT_BUILT and "make hip-emu" in NOT_BUILT
 
 
 def test_unbuilt_backends_say_how_to_build_them(monkeypatch, tmp_path):
     import accel.hip
     monkeypatch.setattr(accel.hip, "GPU_LIBRARY", str(tmp_path / "none.so"))
     monkeypatch.setattr(accel.hip, "EMU_LIBRARY", str(tmp_path / "none.so"))
-    assert accel.hip.unavailable("hip") == NOT_BUILT
+    assert accel.hip.unavailable("hip") == NO_GPU_BUILD
+    assert "`make hip` on a machine with hipcc or nvcc" in NO_GPU_BUILD
     assert "make hip-emu" in accel.hip.unavailable("hip-emu")
+
+
+# train.py with the GPU builds looked for where there are none (as in CI, and on a machine that
+# has them too): the emulated build is all there is
+ONLY_EMULATED_SCRIPT = """
+import runpy
+import sys
+import accel.hip
+from accel.hip import device
+accel.hip.GPU_LIBRARY = {nowhere!r}
+for precision, (_, emulated) in list(device.LIBRARIES.items()):
+    device.LIBRARIES[precision] = ({nowhere!r}, emulated)
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_hip_with_only_the_emulated_build_refuses_naming_hip_emu(builds, monkeypatch, tmp_path):
+    """hip is a GPU: the emulated build runs only as hip-emu, asked for by name, so that an
+    emulated run is never taken for a GPU's. Refused in one line, by the registry, by the
+    module at each precision, and by train.py (exit status 1)."""
+    import accel.hip
+    nowhere = str(tmp_path / "libgpt2_hip.so")
+    monkeypatch.setattr(accel.hip, "GPU_LIBRARY", nowhere)
+    for precision, (_, emulated) in list(device.LIBRARIES.items()):
+        assert os.path.exists(emulated)
+        monkeypatch.setitem(device.LIBRARIES, precision, (nowhere, emulated))
+    refusal = "backend 'hip' is unavailable: " + NO_GPU_BUILD
+    assert "--backend hip-emu" in refusal
+    for name in ("hip", "check:hip"):
+        with pytest.raises(BackendError) as e:
+            get_backend(name)
+        assert str(e.value).startswith(refusal)
+    for precision in device.PRECISIONS:
+        with pytest.raises(BackendError, match="no GPU build .*--backend hip-emu") as e:
+            device.create(precision)
+        assert "\n" not in str(e.value)
+    done = subprocess.run([sys.executable, "-c", ONLY_EMULATED_SCRIPT.format(nowhere=nowhere), "train.py",
+                           "-e", "d2", "-x", "1", "--backend", "hip"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 1 and len(lines) == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    assert lines[0].startswith("train.py: error: " + refusal)
 
 
 def test_registry_names_the_emulated_build(builds):

@@ -328,8 +328,8 @@ def test_registry_gives_the_bf16_build(builds):
 
 def test_unbuilt_bf16_library_is_one_line_naming_the_target(monkeypatch, tmp_path):
     monkeypatch.setitem(device.LIBRARIES, "bf16", (str(tmp_path / "none.so"), str(tmp_path / "none_emu.so")))
-    for create in (device.create_emulated, device.create):
-        with pytest.raises(BackendError, match=r"unavailable at bf16: .*`make hip-emu`") as e:
+    for create, target in ((device.create_emulated, "`make hip-emu`"), (device.create, "`make hip`")):
+        with pytest.raises(BackendError, match=rf"unavailable at bf16: .*{target}") as e:
             create("bf16")
         assert "\n" not in str(e.value)
 

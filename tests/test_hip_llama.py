@@ -5,7 +5,7 @@ odd shapes under every schedule and warp size, and test_hip_bf16.py against the 
 here: the same at shapes where every loop of these kernels takes several turns, a Llama step
 through check: there (fp32, both warp sizes) and at bf16 against the CPU's bf16 model, the
 committed fixture through test_llama2.py (fp32 and bf16, plain and check:), GPT-2 on hip taking
-the classifier, train.py starting a Llama run on hip, and the planted fault (query heads paired
+the classifier, train.py starting a Llama run on hip-emu, and the planted fault (query heads paired
 with the wrong key/value heads) caught by check:.
 """
 import os
@@ -95,16 +95,15 @@ def test_a_llama_trains_at_bf16_as_on_the_cpu(builds):
 
 # --- the whole model: test_llama2.py, and GPT-2's classifier ----------------------------------------
 
-@pytest.mark.parametrize("args", [("--backend", "hip"), ("--backend", "check:hip-emu"),
+@pytest.mark.parametrize("args", [("--backend", "hip-emu"), ("--backend", "check:hip-emu"),
                                   ("--backend", "hip-emu", "--precision", "bf16"),
                                   ("--backend", "check:hip-emu", "--precision", "bf16")],
-                         ids=["hip", "check", "bf16", "check-bf16"])
+                         ids=["hip-emu", "check", "bf16", "check-bf16"])
 def test_test_llama2_passes_on_the_fixture(builds, args):
     done = subprocess.run([sys.executable, "test_llama2.py", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 0 and "overall okay: 1" in done.stdout, done.stdout[-3000:] + done.stderr[-2000:]
-    name = args[1] if args[1].endswith("-emu") else args[1] + "-emu"   # hip is the emulated build here
-    assert f"[Backend] {name}" in done.stdout
+    assert f"[Backend] {args[1]}" in done.stdout
     if "check" in args[1]:
         assert "outputs compared, all within tolerance" in done.stdout
 
@@ -116,10 +115,10 @@ def test_gpt2_on_hip_takes_the_classifier(builds):
     assert GPT2.random(config, backend=get_backend("hip-emu", "bf16"), precision="bf16").classifier
 
 
-def test_train_py_runs_a_llama_step_on_hip(builds, tmp_path):
-    """train.py --backend hip with a random Llama (d1, GPT-2's vocabulary for the committed data):
-    one step and the validation loss, on the emulated build here (its name says so)."""
-    done = subprocess.run([sys.executable, "train.py", "-e", "d1", "--family", "llama", "--backend", "hip", "-x", "1",
+def test_train_py_runs_a_llama_step_on_hip_emu(builds, tmp_path):
+    """train.py --backend hip-emu with a random Llama (d1, GPT-2's vocabulary for the committed
+    data): one step and the validation loss, on the emulated build."""
+    done = subprocess.run([sys.executable, "train.py", "-e", "d1", "--family", "llama", "--backend", "hip-emu", "-x", "1",
                            "-b", "1", "-t", "8", "-s", "0", "-v", "100", "-o", str(tmp_path / "run")], cwd=ROOT,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]

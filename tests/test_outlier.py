@@ -173,6 +173,10 @@ def test_a_loss_spike_is_skipped_bit_for_bit_and_resumes(spiked, tmp_path):
     assert "the checkpoint at step 20 holds no outlier windows" in note
     error = run_train(spiked, "-sl", 3, "-x", 21, "-o", tmp_path / "window", "-y", 1,
                       "--outlier-window", 8, status=1).stderr.strip()
+    assert "other settings: --outlier-window 16 (this run: 8)" in error   # run.json says so
+    os.remove(tmp_path / "window" / "run.json")   # else (an older run) the windows' file does
+    error = run_train(spiked, "-sl", 3, "-x", 21, "-o", tmp_path / "window", "-y", 1,
+                      "--outlier-window", 8, status=1).stderr.strip()
     assert error == (f"train.py: error: -y 1: {tmp_path / 'window' / 'outliers_00000020.json'} "
                      f"holds windows of 16 steps, --outlier-window is 8: resume with "
                      f"--outlier-window 16")

@@ -4,12 +4,16 @@ dir with another run's checkpoints or main.log is refused in one line (--overwri
 deleting that run's files only); -nk never deletes the checkpoint just written; -y 1 continues
 only a run of the same settings and says which differ; main.log holds one run's lines; the
 data's tokenizer is checked against the model's vocabulary first; -i without -j says which val
-data it uses.
+data it uses. -y 1 takes the run's own settings from run.json, and is an error where there is
+no run; a run stopped before its first checkpoint starts afresh; -o keeps the final model and
+is ignored by git; Ctrl-C says how to resume.
 """
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -78,10 +82,33 @@ def test_a_fresh_run_into_another_runs_dir_is_refused(data, tmp_path):
     assert {"loss.png", "run.json"} <= set(listing(out))
 
 
-def test_resume_with_nothing_to_resume_keeps_the_old_log(data, tmp_path):
-    """-y 1 into a dir whose run left a main.log but no checkpoint: refused, the log kept."""
+def without_checkpoints(out):
+    """out as a run killed before its first checkpoint leaves it: its checkpoints deleted."""
+    for name in checkpoints_in(out):
+        os.remove(out / name)
+
+
+def test_the_same_run_stopped_before_its_first_checkpoint_starts_afresh(data, tmp_path):
+    """-y 1 on the run in -o, stopped before its first checkpoint: the same command starts it
+    afresh, saying so, and its main.log is the new run's alone."""
     out = tmp_path / "nockpt"
     run_train(*small(data, "-x", 2, "-o", out))
+    without_checkpoints(out)
+    done = run_train(*small(data, "-x", 2, "-o", out, "-y", 1))
+    assert f"-y 1: the run in {out} stopped before its first checkpoint: starting it afresh" \
+        in done.stdout + done.stderr
+    assert steps_in(out / "main.log") == ["s:0", "s:1"]
+    assert checkpoints_in(out) == ["DONE_00000002", "model_00000002.bin",
+                                   "state_00000002_00000.bin"]
+
+
+def test_resume_into_another_runs_log_without_a_checkpoint_keeps_it(data, tmp_path):
+    """-y 1 into a dir whose run (no run.json: an older llm.pyx's, llm.c's) left a main.log but
+    no checkpoint: refused, the log kept."""
+    out = tmp_path / "nockpt"
+    run_train(*small(data, "-x", 2, "-o", out))
+    without_checkpoints(out)
+    os.remove(out / "run.json")
     log = (out / "main.log").read_text()
     line = error_line(*small(data, "-x", 3, "-o", out, "-y", 1))
     assert "holds another run (main.log) but no complete checkpoint to resume" in line
@@ -124,12 +151,15 @@ def test_a_resume_with_other_settings_names_them(data, tmp_path):
              "-m", 1, "-s", 0]
     line = error_line(*other, "-x", 4, "-n", 2, "-o", out, "-y", 1)
     assert f"-y 1: {out} holds a run with other settings:" in line
+    assert line.endswith("drop those flags to resume it with its own (run.json), or give this "
+                         "run another -o")
     assert "-b 2 (this run: 4)" in line and "-t 32 (this run: 16)" in line
     assert f"-i {data.train} (this run: {data.dir / 'train_000.bin'})" in line
     assert "--family" not in line and "-e " not in line
     # the same settings resume (another number of processes is tests/test_mpi.py's)
     args = train.parse_args(["-e", "d2", "-b", "2", "-t", "32", "-i", data.train, "-j", data.val])
-    assert checkpoint.run_differences(str(out), train.run_config(args)) == []
+    config = train.run_config(args)
+    assert checkpoint.run_differences(str(out), {flag: config[flag] for flag in train.RUN_SHAPE}) == []
 
 
 def test_main_log_holds_one_run(data, tmp_path):
@@ -191,3 +221,64 @@ def test_i_without_j_validates_on_the_split_beside_or_says_why_not(data, tmp_pat
     assert "give -j" in note
     assert train.val_data_pattern(train.parse_args([])) == default_data.VAL
     assert capsys.readouterr().err == ""   # the defaults need no note
+
+
+def test_a_resume_takes_the_runs_own_settings(data, tmp_path):
+    """-y 1 needs no flag typed again: run.json holds every setting (the learning rate and its
+    schedule too); -x may change (said, as the learning rate decays over it), and the next
+    resume takes it; a flag that contradicts the run is named."""
+    out = tmp_path / "run"
+    run_train(*small(data, "-x", 2, "-l", 3e-4, "-q", 0.1, "-o", out))
+    saved = checkpoint.read_run_config(str(out))
+    assert (saved["-l"], saved["-q"], saved["--lr-schedule"], saved["-b"]) == (3e-4, 0.1, "cosine", 2)
+    done = run_train("-o", out, "-y", 1, "-x", 4)
+    assert f"-x 4: the run in {out} was to take 2 steps: its learning rate now decays over 4" \
+        in done.stdout + done.stderr
+    assert steps_in(out / "main.log") == ["s:0", "s:1", "s:2", "s:3"]
+    assert checkpoint.read_run_config(str(out))["-x"] == 4
+    assert "nothing to train" in run_train("-o", out, "-y", 1).stdout   # at step 4 of 4
+    line = error_line("-o", out, "-y", 1, "-x", 6, "-l", 1e-3)
+    assert "other settings: -l 0.0003 (this run: 0.001): drop those flags" in line
+
+
+@pytest.mark.parametrize("made", [False, True])
+def test_resuming_a_dir_without_a_run_is_an_error(data, tmp_path, made):
+    out = tmp_path / "nosuchdir"
+    if made:
+        out.mkdir()
+    lines = run_train(*small(data, "-o", out, "-y", 1), status=2).stderr.strip().splitlines()
+    what = "holds no run to resume" if made else "does not exist: no run to resume"
+    assert lines[-1].startswith(f"train.py: error: argument -y: -o {out} {what}"), lines
+    assert os.listdir(out) == [] if made else not out.exists()
+
+
+def test_an_output_dir_keeps_the_final_model_and_says_what_it_holds(data, tmp_path):
+    """-o without -n: the final step's checkpoint (llm.c keeps its last one), named in the
+    run's last line, with how to sample it and train it on; git ignores the new dir."""
+    out = tmp_path / "run_non"
+    last = run_train(*small(data, "-x", 3, "-o", out)).stdout.strip().splitlines()[-1]
+    assert checkpoints_in(out) == ["DONE_00000003", "model_00000003.bin",
+                                   "state_00000003_00000.bin"]
+    assert last == (f"{out} holds the run: its checkpoint at step 3 (model and training state), "
+                    f"main.log, loss.png, run.json: python generate.py {out} samples it, "
+                    f"train.py -o {out} -y 1 -x MORE trains it on")
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    status = subprocess.run(["git", "-C", str(tmp_path), "status", "--porcelain"],
+                            capture_output=True, text=True, check=True).stdout
+    assert status == ""
+
+
+def test_ctrl_c_says_how_to_resume(data, tmp_path):
+    out = tmp_path / "run"
+    command = [sys.executable, os.path.join(ROOT, "train.py"),
+               *map(str, small(data, "-x", 1000, "-n", 1, "-o", out))]
+    with subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                          text=True) as process:
+        while not (out / "DONE_00000002").exists() and process.poll() is None:
+            time.sleep(0.1)
+        process.send_signal(signal.SIGINT)
+        stderr = process.stderr.read()
+    assert process.returncode == 130, stderr
+    step = max(checkpoint.complete_steps(str(out)))
+    assert stderr.strip().splitlines()[-1] == (
+        f"train.py: interrupted: step {step} is saved in {out}: resume with train.py -o {out} -y 1")

@@ -284,7 +284,7 @@ def test_keep_newest_checkpoints_and_plot(data, tmp_path):
     out = tmp_path / "out"
     run_train(*common, "-x", 5, "-n", 2, "-nk", 2, "-o", out)  # checkpoints at 2, 4 and 5
     assert sorted(p.name for p in out.iterdir()) == [
-        "DONE_00000004", "DONE_00000005", "loss.png", "main.log", "model_00000004.bin",
+        ".gitignore", "DONE_00000004", "DONE_00000005", "loss.png", "main.log", "model_00000004.bin",
         "model_00000005.bin", "run.json", "state_00000004_00000.bin", "state_00000005_00000.bin"]
     assert (out / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     stdout = run_train(*common, "-x", 6, "-n", 2, "-nk", 1, "-o", out, "-y", 1)
@@ -388,10 +388,10 @@ def test_a_resume_at_another_precision_is_refused_in_one_line(data, tmp_path, ca
     common = ["-e", "d1", "-b", 2, "-t", 16, "-i", data.train, "-j", data.val, "-m", 0, "-s", 0]
     out = tmp_path / "out"
     run_train(*common, "-x", 1, "-n", 1, "-o", out, "--precision", "bf16")
-    line = error_of(capsys, *common, "-x", 2, "-o", out, "-y", 1)
+    line = error_of(capsys, *common, "-x", 2, "-o", out, "-y", 1, "--precision", "fp32")
     assert line == (f"train.py: error: -y 1: {out} holds a run with other settings: --precision "
-                    f"bf16 (this run: fp32): resume it with its settings, or give this run "
-                    f"another -o")
+                    f"bf16 (this run: fp32): drop those flags to resume it with its own "
+                    f"(run.json), or give this run another -o")
     # without run.json (llm.c's dir, an older llm.pyx): the state says what it holds
     os.remove(out / "run.json")
     state = out / "state_00000001_00000.bin"

@@ -133,7 +133,10 @@ def test_resume_uses_the_saved_map(corpus, tmp_path):
     straight = run_train(*common[:-1], tmp_path / "straight", "-x", 4, "--compact-vocab").stdout
     resumed = run_train(*common, "-x", 4, "-y", 1, "--compact-vocab").stdout
     assert STEP_LOSS.findall(resumed) == STEP_LOSS.findall(straight)[2:]
-    err = run_train(*common, "-x", 4, "-y", 1, status=1).stderr
+    carried = run_train(*common, "-x", 5, "-y", 1).stdout   # run.json holds --compact-vocab
+    assert "resuming from the checkpoint at step 4" in carried
+    os.remove(out / "run.json")   # an older llm.pyx's run: the saved map says what it needs
+    err = run_train(*common, "-x", 6, "-y", 1, status=1).stderr
     assert err.count("\n") == 1 and "was trained with --compact-vocab, resume it with it" in err
 
 

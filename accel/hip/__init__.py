@@ -13,13 +13,14 @@ EMU_LIBRARY = os.path.join(BUILD, "libgpt2_hip_emu.so")
 GPU_LIBRARY_BF16 = os.path.join(BUILD, "libgpt2_hip_bf16.so")
 EMU_LIBRARY_BF16 = os.path.join(BUILD, "libgpt2_hip_emu_bf16.so")
 
-NOT_BUILT = ("not built (run `make hip` on a machine with hipcc or nvcc, or `make hip-emu` for the "
-             "CPU emulator)")
+NO_GPU_BUILD = ("no GPU build (run `make hip` on a machine with hipcc or nvcc; the CPU emulator is "
+                "--backend hip-emu)")
 
 
 def unavailable(name):
     """Why the backend `name` ("hip" or "hip-emu") cannot be had here; None when its build is
-    there (a missing GPU is found when the build is loaded)."""
+    there (a missing GPU is found when the build is loaded). For `hip` only the GPU build
+    counts: the emulated one runs when asked for by name, so that a run on `hip` is a GPU's."""
     if name == "hip-emu":
         return None if os.path.exists(EMU_LIBRARY) else "not built (run `make hip-emu`)"
-    return None if os.path.exists(GPU_LIBRARY) or os.path.exists(EMU_LIBRARY) else NOT_BUILT
+    return None if os.path.exists(GPU_LIBRARY) else NO_GPU_BUILD

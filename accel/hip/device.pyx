@@ -3,10 +3,10 @@ The HIP backend from Python: loads a build of accel/hip/gpt2.hip (a shared libra
 whose functions have the backend table's signatures) and points the table at them, through the
 loader that Metal shares (accel/loader.pyx).
 
-    hip       the GPU build (make hip); where only the emulated build exists, that one,
-              named hip-emu so that nobody mistakes it for a GPU
+    hip       the GPU build (make hip), and only it: where there is none, `hip` is unavailable
+              in one line naming hip-emu, so that an emulated run is never taken for a GPU's
     hip-emu   the emulated build (make hip-emu): the same kernels run thread by thread on the
-              CPU emulator (accel/emu), for tests
+              CPU emulator (accel/emu), for tests; it runs only when asked for by name
 
 Each at two precisions (PRECISIONS; get_backend(name, precision)): fp32, and bf16, a build of its
 own (libgpt2_hip[_emu]_bf16.so, gpt2.hip with -DACCEL_HIP_BF16) whose floatX arguments are bf16
@@ -23,7 +23,7 @@ from accel.loader cimport DeviceLibrary, precision_fn
 import os
 
 from accel.backend import BackendError
-from accel.hip import EMU_LIBRARY, EMU_LIBRARY_BF16, GPU_LIBRARY, GPU_LIBRARY_BF16, NOT_BUILT
+from accel.hip import EMU_LIBRARY, EMU_LIBRARY_BF16, GPU_LIBRARY, GPU_LIBRARY_BF16, NO_GPU_BUILD
 
 __all__ = ["PRECISIONS", "configure_emulator", "create", "create_emulated", "load"]
 
@@ -76,16 +76,14 @@ def _suffix(str precision):
 
 
 def create(str precision="fp32"):
-    """The backend `hip` at a precision: the GPU build, or the emulated build where only that
-    one is built."""
+    """The backend `hip` at a precision: the GPU build. Never the emulated build in its place,
+    which is `hip-emu`, asked for by name (create_emulated)."""
     if precision not in PRECISIONS:
         raise BackendError(f"backend 'hip' has no {precision} kernels (it runs {', '.join(PRECISIONS)})")
-    gpu, emulated = LIBRARIES[precision]
-    if os.path.exists(gpu):
-        return load(gpu, "hip", precision)
-    if os.path.exists(emulated):
-        return load(emulated, "hip-emu", precision)
-    raise BackendError(f"backend 'hip' is unavailable{_suffix(precision)}: {NOT_BUILT}")
+    gpu = LIBRARIES[precision][0]
+    if not os.path.exists(gpu):
+        raise BackendError(f"backend 'hip' is unavailable{_suffix(precision)}: {NO_GPU_BUILD}")
+    return load(gpu, "hip", precision)
 
 
 def create_emulated(str precision="fp32"):
