@@ -11,7 +11,7 @@ dev/ab.py: the kernel A/B lab.  For every staged variant of a kernel (dev/cpu/<k
      measured in the same run (a kernel whose data fits in cache can beat the latter).
 
     python dev/ab.py --list
-    python dev/ab.py matmul [--threads 2] [--repeats 7] [--shapes gpt2|small]
+    python dev/ab.py matmul [--threads 2] [--repeats 7] [--shapes gpt2|small|decode]
     python dev/ab.py all
     python dev/ab.py gelu --check-only
 
@@ -43,6 +43,8 @@ GPT2 = dict(C=768, NH=12, V=50257, Vp=50304, maxT=1024, L=12)
 SHAPES = {
     "small": [dict(B=2, T=16, C=64, NH=4, V=500, Vp=512, maxT=32, L=2)],
     "gpt2": [dict(GPT2, B=4, T=64), dict(GPT2, B=4, T=1024)],
+    # generation's decode step with a KV cache: one position (matrix-vector products)
+    "decode": [dict(GPT2, B=1, T=1)],
 }
 
 

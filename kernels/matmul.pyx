@@ -9,8 +9,13 @@
 # one thread pool, so the library's threads never compete for the cores with OpenMP's spinning
 # ones.  OpenBLAS's thread count is process-wide and anything may reset it (threadpoolctl,
 # another module), so each call checks it (cheap) and sets it back to 1.
+# The forward of one position (B*T = 1: generation's decode step with a KV cache) is a
+# matrix-vector product, bound by the bandwidth of reading the weight once: OpenBLAS's sgemv
+# streams the weight rows, where an sgemm of one row still packs them into panels first (the
+# lab's matmul_9, promoted: 2.5-3.7x at GPT-2's decode shapes, dev/BENCHMARKS.md section 20).
 from cython.parallel cimport prange
 
+from kernels.cblas cimport scipy_cblas_sgemv
 from kernels.parallel cimport blas_single_threaded, max_threads
 
 include "kernels/matmul_wrappers.pxi"
@@ -34,8 +39,11 @@ cdef void matmul_forward(float* out, const float* inp, const float* weight, cons
                 for o in range(o0, o1):
                     out_bt[o] = bias[o]
             beta = 1.0
-        # out[:, o0:o1] (BT, o1-o0) = inp (BT,C) @ weight[o0:o1] (o1-o0, C)^T
-        if o1 > o0:
+        if o1 > o0 and BT == 1:   # out[o0:o1] = weight[o0:o1] (o1-o0, C) @ inp (C,)
+            scipy_cblas_sgemv(CblasRowMajor, CblasNoTrans, o1 - o0, C, 1.0,
+                              weight + <Py_ssize_t>o0 * C, leading_dim(C), inp, 1, beta,
+                              out + o0, 1)
+        elif o1 > o0:   # out[:, o0:o1] (BT, o1-o0) = inp (BT,C) @ weight[o0:o1] (o1-o0, C)^T
             sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, BT, o1 - o0, C,
                   1.0, inp, leading_dim(C), weight + <Py_ssize_t>o0 * C, leading_dim(C),
                   beta, out + o0, leading_dim(OC))
