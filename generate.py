@@ -28,16 +28,17 @@ The next token (llmc/sampler.py's Sampler): the argmax of the logits at --temper
 draw from softmax(logits / temperature) cut to the --top-k most likely and to the nucleus
 --top-p, with llm.c's xorshift RNG at --seed. Generation stops after -n tokens, or when the
 model writes the token documents start with (run.c stops at BOS), or a Hugging Face model one of
-its EOS tokens (generation_config.json's). The tokens per second,
-counted from the second token as run.c counts them, go to stderr at the end.
+its EOS tokens (generation_config.json's); stderr says which at the end, then the prompt's
+speed (prefill: its one forward, with the first token's sampling) and the generated tokens'
+("achieved tok/s", counted from the second token as run.c counts them).
 
-The forward: the model has no KV cache, so each token is a forward over the sequence so far.
-Every forward runs at one length, the prompt's and -n's, the positions not written yet padded
-with token 0, so the activations are allocated once (Model reallocates them when the shape
-changes). That is exact because the model is causal: position t-1's logits do not depend on
-the tokens after it, not even in rounding (tests/test_generate.py: other padding gives the
-same bits), so the logits that chose each token are, bit for bit, those of one forward over
-the whole text.
+The forward: a KV cache (llmc/model.pyx's forward_cached) where the backend has one: the
+prompt is one forward that keeps each layer's keys and values, and each new token a forward of
+one position attending over them, so a token costs the same at position 10 and 1000 but for
+the attention's reads of the cache. Without it (a backend without the cache group) each token
+is a forward over the sequence so far, at one length, the prompt's and -n's, the positions not
+written yet padded with token 0. Both give the same tokens (tests/test_kv_cache.py): their
+logits differ by float32 rounding only.
 """
 import math
 import os
@@ -88,6 +89,14 @@ def parse_args(argv):
     p.add_argument("--seed", metavar="INT", type=int, default=SAMPLE_SEED,
                    help="seed of the xorshift RNG that draws the tokens (default: "
                         "%(default)s)")
+    p.add_argument("--chat", action="store_true",
+                   help="a conversation: each line read from stdin is your turn, the reply the "
+                        "model's, through its chat template (a Hugging Face tokenizer's), the "
+                        "KV cache kept across turns; -p is the system message, -n a reply's "
+                        "most tokens; an empty line or end of input ends it")
+    p.add_argument("--ids", action="store_true",
+                   help="print the token ids (the prompt's, then each generated one) on "
+                        "stderr at the end")
     p.add_argument("--tokenizer", metavar="PATH", default=None,
                    help="a llama2.c tokenizer.bin, a Hugging Face tokenizer.json, or gpt2 "
                         "(GPT-2's) (default: a GGUF's or a model folder's own, else the "
@@ -130,6 +139,8 @@ def main(argv=None):
     config = model.config
     tokenizer = (open_tokenizer(args.tokenizer) if args.tokenizer is not None
                  else assumed_tokenizer(path))
+    if args.chat:
+        return chat(model, tokenizer, args)
     prompt = tokenizer.encode_prompt(args.prompt)
     if not prompt:
         raise GenerateError(f"an empty prompt, and the tokenizer ({tokenizer.source}) starts a "
@@ -165,17 +176,97 @@ def main(argv=None):
     piece = tokenizer.stream_decoder(after=prompt[0] if started else None)
     sys.stdout.write("".join(piece(t) for t in prompt[started:]))
     sys.stdout.flush()
-    count, start = 0, None
-    for token in continue_prompt(model, prompt, steps, sampler, tokenizer.stop_tokens):
+    count, started, generated = 0, time.perf_counter(), []
+    prefilled = None   # when the first token came: the prompt's forward (and one sample) done
+    stopped = (f"-n {steps}" if args.steps is not None else
+               f"the default -n {steps}" if steps == DEFAULT_STEPS else
+               f"the model's context ({config.max_seq_len} positions)")
+    # the stop tokens are looked at here, not in continue_prompt, to say which one ended it
+    for token in continue_prompt(model, prompt, steps, sampler, ()):
+        if prefilled is None:
+            prefilled = time.perf_counter()
+        if token in tokenizer.stop_tokens:
+            stopped = f"the end token {tokenizer.decode([token])!r} (id {token})"
+            break
         sys.stdout.write(piece(token))
         sys.stdout.flush()
+        generated.append(token)
         count += 1
-        if start is None:   # the first token pays for the first allocations
-            start = time.perf_counter()
     sys.stdout.write("\n")
-    if count > 1:
-        print(f"achieved tok/s: {(count - 1) / (time.perf_counter() - start):f}",
-              file=sys.stderr)
+    if args.ids:
+        print(f"token ids: prompt {prompt}, generated {generated}", file=sys.stderr)
+    done = time.perf_counter()
+    how = "KV cache" if model.has_kv_cache else f"no KV cache on backend {model.backend.name}"
+    print(f"stopped at {stopped}: {count} tokens", file=sys.stderr)
+    if prefilled is not None:
+        print(f"prefill: {len(prompt)} tokens at {len(prompt) / (prefilled - started):.1f} "
+              f"tok/s ({how})", file=sys.stderr)
+    if count > 1:   # run.c's line: from the second token on
+        print(f"achieved tok/s: {(count - 1) / (done - prefilled):f}", file=sys.stderr)
+
+
+def chat(model, tokenizer, args):
+    """--chat: the conversation so far rendered by the chat template after each of your turns,
+    and the model's reply generated after it. The cache keeps the text it has seen: a turn
+    feeds only the rendered conversation's tokens after those the cache already holds (the
+    template renders the turns before alike; where the text differs, a reply re-encoded, the
+    cache goes back to where it agrees). Ctrl-C during a reply ends that reply, at your turn
+    the conversation."""
+    template = tokenizer.chat_template
+    if template is None or tokenizer.text_encoder is None:
+        raise GenerateError(f"--chat: the tokenizer ({tokenizer.source}) has no chat template "
+                            f"(a Hugging Face tokenizer_config.json's chat_template): give a "
+                            f"model folder, or --tokenizer, that has one")
+    if not model.has_kv_cache:
+        raise GenerateError(f"--chat needs a KV cache, which backend {model.backend.name} has "
+                            f"not (accel/spec.py's cache group)")
+    capacity = model.config.max_seq_len
+    model.start_cache(capacity)
+    sampler = Sampler(args.temperature, args.top_k, args.top_p, args.seed)
+    messages = [{"role": "system", "content": args.prompt}] if args.prompt else []
+    cached = []   # the token ids whose keys and values the cache holds
+    interactive = sys.stdin.isatty()
+    while True:
+        try:
+            turn = input("> " if interactive else "")
+        except EOFError:
+            break
+        if not turn.strip():
+            break
+        messages.append({"role": "user", "content": turn})
+        text = tokenizer.text_encoder(template.render(messages, add_generation_prompt=True))
+        if len(text) >= capacity:
+            raise GenerateError(f"--chat: the conversation is {len(text)} tokens, the model's "
+                                f"context {capacity}: start a new one")
+        agree = next((i for i, (a, b) in enumerate(zip(cached, text)) if a != b),
+                     min(len(cached), len(text)))
+        agree = min(agree, len(text) - 1)   # the last token's logits are the reply's first
+        model.rewind_cache(agree)
+        started = time.perf_counter()
+        logits = model.forward_cached(text[agree:])
+        prompted = time.perf_counter()
+        reply, piece = [], tokenizer.stream_decoder()
+        limit = capacity - len(text) if args.steps is None else args.steps
+        try:
+            while len(reply) < limit:
+                token = sampler(logits)
+                if token in tokenizer.stop_tokens:
+                    break
+                reply.append(token)
+                sys.stdout.write(piece(token))
+                sys.stdout.flush()
+                if len(text) + len(reply) < capacity:
+                    logits = model.forward_cached([token])
+        except KeyboardInterrupt:
+            sys.stdout.write(" [reply interrupted]")
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        cached = (text + reply)[:model.kv_positions]
+        done = time.perf_counter()
+        messages.append({"role": "assistant", "content": tokenizer.decode(reply)})
+        note(f"{len(text) - agree} new prompt tokens at {(len(text) - agree) / (prompted - started):.1f} "
+             f"tok/s, a reply of {len(reply)} at {len(reply) / max(done - prompted, 1e-9):.1f} "
+             f"tok/s; {model.kv_positions} of {capacity} positions cached")
 
 
 def run(argv=None):

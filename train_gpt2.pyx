@@ -284,6 +284,11 @@ cdef class GPT2(Model):
         return dict(flash=backend.supports("flash"), classifier=backend.supports("classifier"))
 
     @classmethod
+    def kv_shape(cls, config):
+        """(C, NH): a position's keys in a layer are C floats, NH heads of C / NH."""
+        return config.channels, config.num_heads
+
+    @classmethod
     def flops_per_token(cls, config, int T):
         """Forward FLOPs per token of a sequence of T: {layer_matmul, layer_attention,
         head_matmul}, each layer's and the head's (backward is twice the forward).  A matmul
@@ -357,7 +362,9 @@ cdef class GPT2(Model):
     # --- forward ---------------------------------------------------------------
 
     cdef void embedding_forward(self, float* out, const int* inputs, int B, int T) noexcept nogil:
-        self.table.encoder_forward(self.table.ctx, out, inputs, self.params_c.wte, self.params_c.wpe, B, T, self.C)
+        # positions from the first one's (a KV cache's next ones, llmc/model.pyx)
+        cdef const float* wpe = self.param_at(self.params_c.wpe, <Py_ssize_t>self.first_position() * self.C)
+        self.table.encoder_forward(self.table.ctx, out, inputs, self.params_c.wte, wpe, B, T, self.C)
 
     cdef void layer_forward(self, int layer, float** layer_acts, const float* residual, int B, int T) noexcept nogil:
         cdef Py_ssize_t l = layer   # weight offsets outgrow an int in big models
@@ -382,7 +389,10 @@ cdef class GPT2(Model):
 
         self.table.layernorm_forward(ctx, acts.ln1, acts.ln1_mean, acts.ln1_rstd, residual, l_ln1w, l_ln1b, B, T, C)
         self.table.matmul_forward(ctx, acts.qkv, acts.ln1, l_qkvw, l_qkvb, B, T, C, 3 * C)
-        if self.flash:
+        if self.kv_caching:   # generation: over the cached positions too (B = 1)
+            self.table.attention_cached_forward(ctx, acts.atty, self.kv_scores, self.kv_keys(layer),
+                                                self.kv_values(layer), acts.qkv, T, self.kv_positions, C, NH)
+        elif self.flash:
             self.table.flash_attention_forward(ctx, acts.atty, acts.att_lse, acts.qkv, B, T, C, NH)
         else:
             self.table.attention_forward(ctx, acts.atty, acts.preatt, acts.att, acts.qkv, B, T, C, NH)

@@ -449,6 +449,11 @@ cdef class Llama2(Model):
         return config.n_layers
 
     @classmethod
+    def kv_shape(cls, config):
+        """(NKV*hs, NH): the keys of a position in a layer are its NKV key/value heads'."""
+        return config.n_kv_heads * config.head_size, config.n_heads
+
+    @classmethod
     def flops_per_token(cls, config, int T):
         """Forward FLOPs per token of a sequence of T: {layer_matmul, layer_attention,
         head_matmul}, each layer's and the head's (backward is twice the forward).  A matmul
@@ -557,9 +562,15 @@ cdef class Llama2(Model):
         if self.qk_norm:   # each head's hs channels a row of its own: B*T*NH rows of hs
             self.table.rmsnorm_forward(ctx, a.qn, a.qn_rstd, a.q, l_q_norm, self.eps, B * T, NH, hs)
             self.table.rmsnorm_forward(ctx, a.kn, a.kn_rstd, a.k, l_k_norm, self.eps, B * T, NKV, hs)
-        self.table.rope_forward(ctx, a.qr, q, self.freqs_cos, self.freqs_sin, B, T, NH, hs)
-        self.table.rope_forward(ctx, a.kr, k, self.freqs_cos, self.freqs_sin, B, T, NKV, hs)
-        if self.flash:
+        # the rotations of positions from the first one's (a KV cache's next ones, llmc/model.pyx)
+        cdef Py_ssize_t rotations = <Py_ssize_t>self.first_position() * (hs // 2)
+        self.table.rope_forward(ctx, a.qr, q, self.freqs_cos + rotations, self.freqs_sin + rotations, B, T, NH, hs)
+        self.table.rope_forward(ctx, a.kr, k, self.freqs_cos + rotations, self.freqs_sin + rotations, B, T, NKV, hs)
+        if self.kv_caching:   # generation: over the cached positions too (B = 1)
+            self.table.attention_gqa_cached_forward(ctx, a.atty, self.kv_scores, self.kv_keys(layer),
+                                                    self.kv_values(layer), a.qr, a.kr, a.v, T,
+                                                    self.kv_positions, NH, NKV, hs)
+        elif self.flash:
             self.table.flash_attention_gqa_forward(ctx, a.atty, a.att_lse, a.qr, a.kr, a.v, B, T, NH, NKV, hs)
         else:
             self.table.attention_gqa_forward(ctx, a.atty, a.att, a.qr, a.kr, a.v, B, T, NH, NKV, hs)

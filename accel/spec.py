@@ -39,7 +39,7 @@ An argument is one line: `<C type> <name>` for a number, and for a pointer
 
 Dimension letters: B batch, T time, C channels, OC output channels, NH heads, NKV key/value
 heads, hs head size, H the FFN's hidden size, V vocabulary, Vp padded vocabulary (row stride of
-logits and wte), N or n elements.
+logits and wte), N or n elements, P positions cached before T (the KV cache).
 """
 import math
 import re
@@ -65,6 +65,9 @@ GROUPS = {
     "fused": "a Llama layer's weighted blocks as one entry each, forward and backward: the Q, K, "
              "V projections of the normalised input, the SwiGLU FFN; a model runs them where "
              "the backend prefers them (runs_fused: the ANE, one program per block)",
+    "cache": "generation's KV cache: attention of T new positions over the P keys and values "
+             "cached before them and their own, each written into the cache; a model generates "
+             "with it where the backend has it (llmc/model.pyx's KVCache)",
 }
 
 # The precisions a table can run at: the element type its floatX arguments point to.  A backend
@@ -362,6 +365,17 @@ ENTRIES = [
       "const floatX* hgated[B*T*H] in init=forward", "const floatX* w1[H*C] in init=small",
       "const floatX* w3[H*C] in init=small", "const floatX* w2[C*H] in init=small", "int B",
       "int T", "int C", "int H", cpu=None),
+    # --- cache: one sequence (B = 1) of T new positions after P cached ones; query t (position
+    # P+t) attends over keys 0 .. P+t; att (NH,T,P+T) is the probabilities' scratch --------
+    E("attention_cached_forward", "cache", "floatX* out[T*C] out ~P+T",
+      "floatX* att[NH*T*(P+T)] out ~C/NH", "floatX* k_cache[(P+T)*C] inout",
+      "floatX* v_cache[(P+T)*C] inout", "const floatX* inp[T*3*C] in", "int T", "int P",
+      "int C", "int NH", cpu="kernels.attention_cached"),
+    E("attention_gqa_cached_forward", "cache", "floatX* out[T*NH*hs] out ~P+T",
+      "floatX* att[NH*T*(P+T)] out ~hs", "floatX* k_cache[(P+T)*NKV*hs] inout",
+      "floatX* v_cache[(P+T)*NKV*hs] inout", "const floatX* q[T*NH*hs] in",
+      "const floatX* k[T*NKV*hs] in", "const floatX* v[T*NKV*hs] in", "int T", "int P",
+      "int NH", "int NKV", "int hs", cpu="kernels.attention_cached"),
 ]
 
 # What a GPU build exports beside its entries, as accel_<backend>_<name>: {name: (returns, its

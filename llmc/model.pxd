@@ -59,6 +59,30 @@ cdef class Model:
     cdef float* layer_grads_base         # one layer's gradients, layer_grad_bytes
     cdef size_t head_grad_bytes, layer_grad_bytes, stream_bytes
 
+    # the KV cache of generation (start_cache, forward_cached): each layer's keys, then values,
+    # of the positions of the text so far, (kv_capacity, kv_width) each, in the model's
+    # precision; while kv_caching, a family's layer_forward runs positions kv_positions ..
+    # kv_positions+T-1 of the text, writing their keys and values into the cache and attending
+    # over it (accel/spec.py's "cache" group), its positional tables read from first_position()
+    cdef Buffer _kv_cache, _kv_scores
+    cdef readonly int kv_positions       # P: the positions cached so far
+    cdef readonly int kv_capacity        # the positions the cache holds at most
+    cdef Py_ssize_t kv_width             # floats of one position's keys (or values) in a layer
+    cdef bint kv_caching                 # the forward running now is forward_cached's
+    cdef float* kv_scores                # (NH, T, P+T) the cached attention's probabilities
+
+    cdef inline int first_position(self) noexcept nogil:
+        """The position in the text of the forward's first token: 0 but in forward_cached."""
+        return self.kv_positions if self.kv_caching else 0
+
+    cdef inline float* kv_keys(self, int l) noexcept nogil:
+        return <float*>(<char*>self._kv_cache.ptr +
+                        2 * l * self.kv_capacity * self.kv_width * self.itemsize)
+
+    cdef inline float* kv_values(self, int l) noexcept nogil:
+        return <float*>(<char*>self._kv_cache.ptr +
+                        (2 * l + 1) * self.kv_capacity * self.kv_width * self.itemsize)
+
     # a parameter tensor's element `offset` (a layer's slice): the parameters are in the
     # model's precision, so a family never adds to their pointers itself
     cdef inline float* param_at(self, const float* tensor, Py_ssize_t offset) noexcept nogil:
@@ -84,4 +108,5 @@ cdef class Model:
     cdef const float* _layer_input(self, int l) noexcept nogil
     cdef void _run_layer_forward(self, int l, int B, int T) noexcept nogil
     cdef void _forward_pass(self, const int* inputs, const int* targets, int B, int T) noexcept nogil
+    cdef void _forward_cached(self, const int* inputs, int T, int head_from, Py_ssize_t C) noexcept nogil
     cdef void _backward_pass(self, const int* inputs, const int* targets, int B, int T) noexcept nogil

@@ -62,6 +62,9 @@ __all__ = ["Layout", "Model", "LOSS_SCALE_INITIAL", "LOSS_SCALE_GROWTH_STEPS", "
 LOSS_SCALE_INITIAL = 2.0 ** 16
 LOSS_SCALE_GROWTH_STEPS = 2000
 LOSS_SCALE_MAX = 2.0 ** 24   # past it an fp16 gradient of 2^-24 * 2^24 = 1 gains nothing
+# forward_cached's most positions a forward: its activations and the attention's (NH, T, P+T)
+# scratch stay small however long the prompt (llama.cpp's batches are 512)
+CACHE_CHUNK = 256
 
 
 cdef class Layout:
@@ -115,7 +118,7 @@ cdef inline int* ints(Buffer buffer) noexcept:
 # elsewhere than Model's at that method's slot.
 FAMILY_METHODS = ("point_parameters", "embedding_forward", "layer_forward", "head_forward",
                   "head_backward", "layer_backward", "embedding_backward")
-FAMILY_CLASSMETHODS = ("activation_shapes", "num_layers_of", "flops_per_token")
+FAMILY_CLASSMETHODS = ("activation_shapes", "num_layers_of", "flops_per_token", "kv_shape")
 _CHECKED = set()   # the classes already found complete
 
 
@@ -236,6 +239,11 @@ cdef class Model:
 
     @classmethod
     def flops_per_token(cls, config, int T):
+        raise NotImplementedError
+
+    @classmethod
+    def kv_shape(cls, config):
+        """(floats of one position's keys in a layer, query heads): the KV cache's shape."""
         raise NotImplementedError
 
     # --- buffers ---------------------------------------------------------------------------
@@ -580,6 +588,96 @@ cdef class Model:
                 self.mean_loss = self.table.mean(self.table.ctx, self.losses, <Py_ssize_t>B * T)
         self.backend.check_error()
         return float(self.mean_loss) if self.has_targets else None
+
+    # --- generation with a KV cache ------------------------------------------------------
+
+    @property
+    def has_kv_cache(self):
+        """Whether generation can keep a KV cache here: the backend fills accel/spec.py's
+        "cache" group (else each new token is a forward over the whole text)."""
+        return self.backend.supports("cache")
+
+    def start_cache(self, int capacity):
+        """An empty KV cache for a text of up to capacity positions: forward_cached then runs
+        the text's positions from the first."""
+        if not self.has_kv_cache:
+            raise RuntimeError(f"backend {self.backend.name} has no KV cache (accel/spec.py's "
+                               f"cache group)")
+        if not 1 <= capacity <= self.config.max_seq_len:
+            raise ValueError(f"a KV cache of {capacity} positions: must be in 1.."
+                             f"{self.config.max_seq_len}, the model's max_seq_len")
+        width, _ = self.kv_shape(self.config)
+        cdef size_t nbytes = (<size_t>self.num_layers_of(self.config) * 2 * capacity * width *
+                              self.itemsize)
+        if self._kv_cache is None or self._kv_cache.nbytes < nbytes:
+            self._kv_cache = None   # freed before its successor is allocated
+            self._kv_cache = self.backend.alloc(nbytes)
+        self.kv_capacity, self.kv_width, self.kv_positions = capacity, width, 0
+
+    def rewind_cache(self, int positions):
+        """Keep only the first positions of the cache: forward_cached goes on from there (a
+        chat whose rendered text differs from what the cache saw after that point)."""
+        if not 0 <= positions <= self.kv_positions:
+            raise ValueError(f"rewind_cache({positions}): the cache holds {self.kv_positions} "
+                             f"positions")
+        self.kv_positions = positions
+
+    def forward_cached(self, tokens):
+        """The logits (V,) that follow tokens, the text's next positions after the cached ones
+        (the prompt, a generated token, a chat's next turn): their keys and values go into the
+        cache, and each attends over the positions before it there. The head runs on the last
+        position only. Runs chunks of at most CACHE_CHUNK positions (the attention's scratch
+        grows with the chunk times the text)."""
+        tokens = self._batch(np.asarray(tokens, dtype=np.int32).reshape(1, -1), "tokens")
+        cdef int n = tokens.shape[1], T, start, head_from
+        if self.kv_capacity == 0:
+            raise RuntimeError("forward_cached needs a cache: start_cache first")
+        if self.kv_positions + n > self.kv_capacity:
+            raise ValueError(f"{n} more positions after {self.kv_positions} do not fit the KV "
+                             f"cache of {self.kv_capacity}")
+        _, heads = self.kv_shape(self.config)
+        cdef const int* inp
+        cdef Py_ssize_t C
+        cdef size_t score_bytes
+        for start in range(0, n, CACHE_CHUNK):
+            chunk = tokens[:, start:start + CACHE_CHUNK]
+            T = chunk.shape[1]
+            if (1, T) != (self.B, self.T):
+                self._allocate_activations(1, T)
+            score_bytes = <size_t>heads * T * (self.kv_positions + T) * self.itemsize
+            if self._kv_scores is None or self._kv_scores.nbytes < score_bytes:
+                self._kv_scores = None
+                self._kv_scores = self.backend.alloc(score_bytes)
+                self.kv_scores = floats(self._kv_scores)
+            self._inputs.load(chunk)
+            self.has_targets = False
+            inp = ints(self._inputs)
+            C = self.act_layout.shapes[0][2]   # the stream's (B, T, C): C
+            head_from = T - 1 if start + T == n else -1   # a chunk before the last: no head
+            with nogil:
+                self.kv_caching = True
+                self._forward_cached(inp, T, head_from, C)
+                self.kv_caching = False
+            self.backend.check_error()
+            self.kv_positions += T
+        return self.logits[0, 0, :self.config.vocab_size]
+
+    cdef void _forward_cached(self, const int* inputs, int T, int head_from,
+                              Py_ssize_t C) noexcept nogil:
+        """forward_cached's chunk of T positions: the embedding, the layers, and the head on
+        positions head_from .. T-1 of the last layer's output (streams of C), none where
+        head_from is -1."""
+        cdef int l
+        self.table.mark(self.table.ctx, self.step, -1)
+        self.embedding_forward(self.embedded, inputs, 1, T)
+        for l in range(self.L):
+            self._run_layer_forward(l, 1, T)
+        if head_from < 0:
+            return
+        self.table.mark(self.table.ctx, self.step, -1)
+        self.head_forward(self.head_acts, <float*>(<const char*>self._layer_input(self.L) +
+                                                   head_from * C * self.itemsize),
+                          NULL, 1, T - head_from)
 
     cdef void _point_layer(self, int l) noexcept nogil:
         """layer_acts = layer l's activations: its slot's internals, then its output."""

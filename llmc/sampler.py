@@ -108,10 +108,23 @@ def generate(model, tokenizer, gen_tokens, console):
     return tokens
 
 
-def continue_prompt(model, prompt, steps, sampler, stop_tokens):
+def continue_prompt(model, prompt, steps, sampler, stop_tokens, cache=True):
     """generate.py's text: yield up to steps tokens after the prompt's, each chosen by sampler
     from the logits at the last position so far; stop before any of stop_tokens (a
-    tokenizer's: a Hugging Face model may have several)."""
+    tokenizer's: a Hugging Face model may have several). With a KV cache (cache, where the
+    backend has one: llmc/model.pyx's forward_cached) the prompt is one forward and each new
+    token one position; without, each token is a forward over the whole text so far."""
+    if cache and model.has_kv_cache:
+        model.start_cache(len(prompt) + steps - 1)   # the last token needs no position
+        logits = model.forward_cached(prompt)
+        for i in range(steps):
+            token = sampler(logits)
+            if token in stop_tokens:
+                return
+            yield token
+            if i + 1 < steps:
+                logits = model.forward_cached([token])
+        return
     V = model.config.vocab_size
     tokens = np.zeros((1, len(prompt) + steps - 1), dtype=np.int32)   # padded with token 0
     tokens[0, :len(prompt)] = prompt

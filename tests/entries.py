@@ -13,9 +13,10 @@ from kernels.bf16 import to_bf16
 from kernels.fp16 import to_fp16
 
 # odd sizes: no dimension a multiple of a tile, a warp or another dimension
-SMALL = dict(B=3, T=7, C=20, NH=4, NKV=2, hs=5, OC=60, H=26, V=37, Vp=40)
+SMALL = dict(B=3, T=7, C=20, NH=4, NKV=2, hs=5, OC=60, H=26, V=37, Vp=40, P=6)
 # GPT-2 d12's widths at a small B*T (odd B and T), for check: at the shapes users run
-D12_WIDTHS = dict(B=3, T=5, C=768, NH=12, NKV=4, hs=64, OC=3072, H=2048, V=50257, Vp=50304)
+D12_WIDTHS = dict(B=3, T=5, C=768, NH=12, NKV=4, hs=64, OC=3072, H=2048, V=50257, Vp=50304,
+                  P=250)
 
 
 def numbers(entry, dims):

@@ -83,15 +83,16 @@ def test_greedy_is_pytorchs_argmax_step_by_step(model_file):
 
 
 def test_fixed_length_forward_is_exact(model_file):
-    """The logits that chose each token are, bit for bit, those of one forward over the whole
-    text, at the generation's length, whatever the padding after it."""
+    """Without a KV cache, the logits that chose each token are, bit for bit, those of one
+    forward over the whole text, at the generation's length, whatever the padding after it
+    (with the cache, within float32 rounding: tests/test_kv_cache.py)."""
     _, model = load(model_file)
     seen = []
 
     def greedy(logits):
         seen.append(np.array(logits))
         return int(np.argmax(logits))
-    ours = run_generation(model, 12, greedy)
+    ours = list(continue_prompt(model, PROMPT, 12, greedy, (), cache=False))
     text = np.array([PROMPT + ours[:-1]], dtype=np.int32)   # the length the generation ran at
     model.forward(text)
     whole = np.array(model.logits[0, :, :V])

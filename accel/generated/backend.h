@@ -150,3 +150,12 @@ ACCEL_API void ACCEL_ENTRY(ffn_backward)(void* ctx, floatX* dinp, float* dw1, fl
     float* dw2, floatX* dh1, floatX* dh3, floatX* dhgated, const floatX* dout, const floatX* inp,
     const floatX* h1, const floatX* h3, const floatX* hgated, const floatX* w1, const floatX* w3,
     const floatX* w2, int B, int T, int C, int H);
+
+// cache: generation's KV cache: attention of T new positions over the P keys and values cached
+// before them and their own, each written into the cache; a model generates with it where the
+// backend has it (llmc/model.pyx's KVCache)
+ACCEL_API void ACCEL_ENTRY(attention_cached_forward)(void* ctx, floatX* out, floatX* att,
+    floatX* k_cache, floatX* v_cache, const floatX* inp, int T, int P, int C, int NH);
+ACCEL_API void ACCEL_ENTRY(attention_gqa_cached_forward)(void* ctx, floatX* out, floatX* att,
+    floatX* k_cache, floatX* v_cache, const floatX* q, const floatX* k, const floatX* v, int T,
+    int P, int NH, int NKV, int hs);

@@ -234,4 +234,14 @@ cdef object call_entry(Backend backend, str entry, tuple a):
         t.ffn_backward(c, <float*>pointer(entry, 'dinp', a[0], False, backend.itemsize * (a[15]*a[16]*a[17])), <float*>pointer(entry, 'dw1', a[1], False, 4 * (a[18]*a[17])), <float*>pointer(entry, 'dw3', a[2], False, 4 * (a[18]*a[17])), <float*>pointer(entry, 'dw2', a[3], False, 4 * (a[17]*a[18])), <float*>pointer(entry, 'dh1', a[4], False, backend.itemsize * (a[15]*a[16]*a[18])), <float*>pointer(entry, 'dh3', a[5], False, backend.itemsize * (a[15]*a[16]*a[18])), <float*>pointer(entry, 'dhgated', a[6], False, backend.itemsize * (a[15]*a[16]*a[18])), <float*>pointer(entry, 'dout', a[7], False, backend.itemsize * (a[15]*a[16]*a[17])), <float*>pointer(entry, 'inp', a[8], False, backend.itemsize * (a[15]*a[16]*a[17])), <float*>pointer(entry, 'h1', a[9], False, backend.itemsize * (a[15]*a[16]*a[18])), <float*>pointer(entry, 'h3', a[10], False, backend.itemsize * (a[15]*a[16]*a[18])), <float*>pointer(entry, 'hgated', a[11], False, backend.itemsize * (a[15]*a[16]*a[18])), <float*>pointer(entry, 'w1', a[12], False, backend.itemsize * (a[18]*a[17])), <float*>pointer(entry, 'w3', a[13], False, backend.itemsize * (a[18]*a[17])), <float*>pointer(entry, 'w2', a[14], False, backend.itemsize * (a[17]*a[18])), a[15], a[16], a[17], a[18])
         backend.check_error()
         return None
+    elif entry == 'attention_cached_forward':
+        arity(entry, a, 9)
+        t.attention_cached_forward(c, <float*>pointer(entry, 'out', a[0], False, backend.itemsize * (a[5]*a[7])), <float*>pointer(entry, 'att', a[1], False, backend.itemsize * (a[8]*a[5]*(a[6]+a[5]))), <float*>pointer(entry, 'k_cache', a[2], False, backend.itemsize * ((a[6]+a[5])*a[7])), <float*>pointer(entry, 'v_cache', a[3], False, backend.itemsize * ((a[6]+a[5])*a[7])), <float*>pointer(entry, 'inp', a[4], False, backend.itemsize * (a[5]*3*a[7])), a[5], a[6], a[7], a[8])
+        backend.check_error()
+        return None
+    elif entry == 'attention_gqa_cached_forward':
+        arity(entry, a, 12)
+        t.attention_gqa_cached_forward(c, <float*>pointer(entry, 'out', a[0], False, backend.itemsize * (a[7]*a[9]*a[11])), <float*>pointer(entry, 'att', a[1], False, backend.itemsize * (a[9]*a[7]*(a[8]+a[7]))), <float*>pointer(entry, 'k_cache', a[2], False, backend.itemsize * ((a[8]+a[7])*a[10]*a[11])), <float*>pointer(entry, 'v_cache', a[3], False, backend.itemsize * ((a[8]+a[7])*a[10]*a[11])), <float*>pointer(entry, 'q', a[4], False, backend.itemsize * (a[7]*a[9]*a[11])), <float*>pointer(entry, 'k', a[5], False, backend.itemsize * (a[7]*a[10]*a[11])), <float*>pointer(entry, 'v', a[6], False, backend.itemsize * (a[7]*a[10]*a[11])), a[7], a[8], a[9], a[10], a[11])
+        backend.check_error()
+        return None
     raise ValueError(f"no kernel entry {entry!r} (memory goes through Buffer)")

@@ -532,6 +532,52 @@ cdef void fp16_ffn_backward(void* ctx, float* dinp, float* dw1, float* dw3, floa
     narrow_fp16(<fp16*>dh3, w_dh3, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>H)
     narrow_fp16(<fp16*>dhgated, w_dhgated, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>H)
 
+cdef void fp16_attention_cached_forward(void* ctx, float* out, float* att, float* k_cache, float* v_cache, const float* inp, int T, int P, int C, int NH) noexcept nogil:
+    cdef float* w = reserve(<Scratch*>ctx, (<Py_ssize_t>T*<Py_ssize_t>C) + (<Py_ssize_t>NH*<Py_ssize_t>T*(<Py_ssize_t>P+<Py_ssize_t>T)) + ((<Py_ssize_t>P+<Py_ssize_t>T)*<Py_ssize_t>C) + ((<Py_ssize_t>P+<Py_ssize_t>T)*<Py_ssize_t>C) + (<Py_ssize_t>T*3*<Py_ssize_t>C))
+    if w == NULL:
+        fail(b"attention_cached_forward (fp16): out of memory for its float32 copies")
+        return
+    cdef float* w_out = w + 0
+    cdef float* w_att = w + <Py_ssize_t>T*<Py_ssize_t>C
+    cdef float* w_k_cache = w + <Py_ssize_t>T*<Py_ssize_t>C + <Py_ssize_t>NH*<Py_ssize_t>T*(<Py_ssize_t>P+<Py_ssize_t>T)
+    cdef float* w_v_cache = w + <Py_ssize_t>T*<Py_ssize_t>C + <Py_ssize_t>NH*<Py_ssize_t>T*(<Py_ssize_t>P+<Py_ssize_t>T) + (<Py_ssize_t>P+<Py_ssize_t>T)*<Py_ssize_t>C
+    cdef float* w_inp = w + <Py_ssize_t>T*<Py_ssize_t>C + <Py_ssize_t>NH*<Py_ssize_t>T*(<Py_ssize_t>P+<Py_ssize_t>T) + (<Py_ssize_t>P+<Py_ssize_t>T)*<Py_ssize_t>C + (<Py_ssize_t>P+<Py_ssize_t>T)*<Py_ssize_t>C
+    widen_fp16(w_out, <const fp16*>out, <Py_ssize_t>T*<Py_ssize_t>C)
+    widen_fp16(w_att, <const fp16*>att, <Py_ssize_t>NH*<Py_ssize_t>T*(<Py_ssize_t>P+<Py_ssize_t>T))
+    widen_fp16(w_k_cache, <const fp16*>k_cache, (<Py_ssize_t>P+<Py_ssize_t>T)*<Py_ssize_t>C)
+    widen_fp16(w_v_cache, <const fp16*>v_cache, (<Py_ssize_t>P+<Py_ssize_t>T)*<Py_ssize_t>C)
+    widen_fp16(w_inp, <const fp16*>inp, <Py_ssize_t>T*3*<Py_ssize_t>C)
+    cpu_attention_cached_forward(ctx, w_out, w_att, w_k_cache, w_v_cache, w_inp, T, P, C, NH)
+    narrow_fp16(<fp16*>out, w_out, <Py_ssize_t>T*<Py_ssize_t>C)
+    narrow_fp16(<fp16*>att, w_att, <Py_ssize_t>NH*<Py_ssize_t>T*(<Py_ssize_t>P+<Py_ssize_t>T))
+    narrow_fp16(<fp16*>k_cache, w_k_cache, (<Py_ssize_t>P+<Py_ssize_t>T)*<Py_ssize_t>C)
+    narrow_fp16(<fp16*>v_cache, w_v_cache, (<Py_ssize_t>P+<Py_ssize_t>T)*<Py_ssize_t>C)
+
+cdef void fp16_attention_gqa_cached_forward(void* ctx, float* out, float* att, float* k_cache, float* v_cache, const float* q, const float* k, const float* v, int T, int P, int NH, int NKV, int hs) noexcept nogil:
+    cdef float* w = reserve(<Scratch*>ctx, (<Py_ssize_t>T*<Py_ssize_t>NH*<Py_ssize_t>hs) + (<Py_ssize_t>NH*<Py_ssize_t>T*(<Py_ssize_t>P+<Py_ssize_t>T)) + ((<Py_ssize_t>P+<Py_ssize_t>T)*<Py_ssize_t>NKV*<Py_ssize_t>hs) + ((<Py_ssize_t>P+<Py_ssize_t>T)*<Py_ssize_t>NKV*<Py_ssize_t>hs) + (<Py_ssize_t>T*<Py_ssize_t>NH*<Py_ssize_t>hs) + (<Py_ssize_t>T*<Py_ssize_t>NKV*<Py_ssize_t>hs) + (<Py_ssize_t>T*<Py_ssize_t>NKV*<Py_ssize_t>hs))
+    if w == NULL:
+        fail(b"attention_gqa_cached_forward (fp16): out of memory for its float32 copies")
+        return
+    cdef float* w_out = w + 0
+    cdef float* w_att = w + <Py_ssize_t>T*<Py_ssize_t>NH*<Py_ssize_t>hs
+    cdef float* w_k_cache = w + <Py_ssize_t>T*<Py_ssize_t>NH*<Py_ssize_t>hs + <Py_ssize_t>NH*<Py_ssize_t>T*(<Py_ssize_t>P+<Py_ssize_t>T)
+    cdef float* w_v_cache = w + <Py_ssize_t>T*<Py_ssize_t>NH*<Py_ssize_t>hs + <Py_ssize_t>NH*<Py_ssize_t>T*(<Py_ssize_t>P+<Py_ssize_t>T) + (<Py_ssize_t>P+<Py_ssize_t>T)*<Py_ssize_t>NKV*<Py_ssize_t>hs
+    cdef float* w_q = w + <Py_ssize_t>T*<Py_ssize_t>NH*<Py_ssize_t>hs + <Py_ssize_t>NH*<Py_ssize_t>T*(<Py_ssize_t>P+<Py_ssize_t>T) + (<Py_ssize_t>P+<Py_ssize_t>T)*<Py_ssize_t>NKV*<Py_ssize_t>hs + (<Py_ssize_t>P+<Py_ssize_t>T)*<Py_ssize_t>NKV*<Py_ssize_t>hs
+    cdef float* w_k = w + <Py_ssize_t>T*<Py_ssize_t>NH*<Py_ssize_t>hs + <Py_ssize_t>NH*<Py_ssize_t>T*(<Py_ssize_t>P+<Py_ssize_t>T) + (<Py_ssize_t>P+<Py_ssize_t>T)*<Py_ssize_t>NKV*<Py_ssize_t>hs + (<Py_ssize_t>P+<Py_ssize_t>T)*<Py_ssize_t>NKV*<Py_ssize_t>hs + <Py_ssize_t>T*<Py_ssize_t>NH*<Py_ssize_t>hs
+    cdef float* w_v = w + <Py_ssize_t>T*<Py_ssize_t>NH*<Py_ssize_t>hs + <Py_ssize_t>NH*<Py_ssize_t>T*(<Py_ssize_t>P+<Py_ssize_t>T) + (<Py_ssize_t>P+<Py_ssize_t>T)*<Py_ssize_t>NKV*<Py_ssize_t>hs + (<Py_ssize_t>P+<Py_ssize_t>T)*<Py_ssize_t>NKV*<Py_ssize_t>hs + <Py_ssize_t>T*<Py_ssize_t>NH*<Py_ssize_t>hs + <Py_ssize_t>T*<Py_ssize_t>NKV*<Py_ssize_t>hs
+    widen_fp16(w_out, <const fp16*>out, <Py_ssize_t>T*<Py_ssize_t>NH*<Py_ssize_t>hs)
+    widen_fp16(w_att, <const fp16*>att, <Py_ssize_t>NH*<Py_ssize_t>T*(<Py_ssize_t>P+<Py_ssize_t>T))
+    widen_fp16(w_k_cache, <const fp16*>k_cache, (<Py_ssize_t>P+<Py_ssize_t>T)*<Py_ssize_t>NKV*<Py_ssize_t>hs)
+    widen_fp16(w_v_cache, <const fp16*>v_cache, (<Py_ssize_t>P+<Py_ssize_t>T)*<Py_ssize_t>NKV*<Py_ssize_t>hs)
+    widen_fp16(w_q, <const fp16*>q, <Py_ssize_t>T*<Py_ssize_t>NH*<Py_ssize_t>hs)
+    widen_fp16(w_k, <const fp16*>k, <Py_ssize_t>T*<Py_ssize_t>NKV*<Py_ssize_t>hs)
+    widen_fp16(w_v, <const fp16*>v, <Py_ssize_t>T*<Py_ssize_t>NKV*<Py_ssize_t>hs)
+    cpu_attention_gqa_cached_forward(ctx, w_out, w_att, w_k_cache, w_v_cache, w_q, w_k, w_v, T, P, NH, NKV, hs)
+    narrow_fp16(<fp16*>out, w_out, <Py_ssize_t>T*<Py_ssize_t>NH*<Py_ssize_t>hs)
+    narrow_fp16(<fp16*>att, w_att, <Py_ssize_t>NH*<Py_ssize_t>T*(<Py_ssize_t>P+<Py_ssize_t>T))
+    narrow_fp16(<fp16*>k_cache, w_k_cache, (<Py_ssize_t>P+<Py_ssize_t>T)*<Py_ssize_t>NKV*<Py_ssize_t>hs)
+    narrow_fp16(<fp16*>v_cache, w_v_cache, (<Py_ssize_t>P+<Py_ssize_t>T)*<Py_ssize_t>NKV*<Py_ssize_t>hs)
+
 cdef void fill_fp16(BackendTable* t) noexcept:
     """The fp16 entries written from the spec: generic kernels and adapters."""
     t.matmul_forward = fp16_matmul_forward
@@ -566,3 +612,5 @@ cdef void fill_fp16(BackendTable* t) noexcept:
     t.qkv_backward = fp16_qkv_backward
     t.ffn_forward = fp16_ffn_forward
     t.ffn_backward = fp16_ffn_backward
+    t.attention_cached_forward = fp16_attention_cached_forward
+    t.attention_gqa_cached_forward = fp16_attention_gqa_cached_forward

@@ -16,6 +16,7 @@ from kernels.swiglu cimport swiglu_forward, swiglu_backward
 from kernels.attention_gqa cimport attention_gqa_forward
 from kernels.classifier cimport classifier_forward, classifier_backward
 from kernels.flash_attention cimport flash_attention_forward, flash_attention_backward, flash_attention_gqa_forward, flash_attention_gqa_backward
+from kernels.attention_cached cimport attention_cached_forward, attention_gqa_cached_forward
 
 cdef void cpu_adamw_update(void* ctx, float* params, float* m, float* v, const float* grads, Py_ssize_t n, float lr, float beta1, float beta2, float eps, float weight_decay, float grad_scale, int t) noexcept nogil:
     adamw_update(params, m, v, grads, n, lr, beta1, beta2, eps, weight_decay, grad_scale, t)
@@ -113,6 +114,12 @@ cdef void cpu_flash_attention_gqa_forward(void* ctx, float* out, float* lse, con
 cdef void cpu_flash_attention_gqa_backward(void* ctx, float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k, const float* v, const float* out, const float* lse, int B, int T, int NH, int NKV, int hs) noexcept nogil:
     flash_attention_gqa_backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, NH, NKV, hs)
 
+cdef void cpu_attention_cached_forward(void* ctx, float* out, float* att, float* k_cache, float* v_cache, const float* inp, int T, int P, int C, int NH) noexcept nogil:
+    attention_cached_forward(out, att, k_cache, v_cache, inp, T, P, C, NH)
+
+cdef void cpu_attention_gqa_cached_forward(void* ctx, float* out, float* att, float* k_cache, float* v_cache, const float* q, const float* k, const float* v, int T, int P, int NH, int NKV, int hs) noexcept nogil:
+    attention_gqa_cached_forward(out, att, k_cache, v_cache, q, k, v, T, P, NH, NKV, hs)
+
 cdef void fill_kernels(BackendTable* t) noexcept:
     """The entries that are a kernel of kernels/ behind a one-line adapter."""
     t.adamw_update = cpu_adamw_update
@@ -147,3 +154,5 @@ cdef void fill_kernels(BackendTable* t) noexcept:
     t.flash_attention_backward = cpu_flash_attention_backward
     t.flash_attention_gqa_forward = cpu_flash_attention_gqa_forward
     t.flash_attention_gqa_backward = cpu_flash_attention_gqa_backward
+    t.attention_cached_forward = cpu_attention_cached_forward
+    t.attention_gqa_cached_forward = cpu_attention_gqa_cached_forward

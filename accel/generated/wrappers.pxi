@@ -455,6 +455,30 @@ cdef void w_ffn_backward(void* ctx, float* dinp, float* dw1, float* dw3, float* 
         compare(s, E_FFN_BACKWARD, dh3, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>H, <double>(<Py_ssize_t>C), 0, True)
         compare(s, E_FFN_BACKWARD, dhgated, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>H, <double>(<Py_ssize_t>C), 0, True)
 
+cdef void w_attention_cached_forward(void* ctx, float* out, float* att, float* k_cache, float* v_cache, const float* inp, int T, int P, int C, int NH) noexcept nogil:
+    cdef Instrument* s = <Instrument*>ctx
+    cdef double start = enter(s)
+    s.target.attention_cached_forward(s.target.ctx, out, att, k_cache, v_cache, inp, T, P, C, NH)
+    leave(s, E_ATTENTION_CACHED_FORWARD, start)
+    if s.mode & CHECK:
+        s.oracle.attention_cached_forward(s.oracle.ctx, <float*>oracle_of(s, out), <float*>oracle_of(s, att), <float*>oracle_of(s, k_cache), <float*>oracle_of(s, v_cache), <const float*>oracle_of(s, inp), T, P, C, NH)
+        compare(s, E_ATTENTION_CACHED_FORWARD, out, <Py_ssize_t>T*<Py_ssize_t>C, <double>(<Py_ssize_t>P+<Py_ssize_t>T), 0, True)
+        compare(s, E_ATTENTION_CACHED_FORWARD, att, <Py_ssize_t>NH*<Py_ssize_t>T*(<Py_ssize_t>P+<Py_ssize_t>T), <double>(<Py_ssize_t>C/<Py_ssize_t>NH), 0, True)
+        compare(s, E_ATTENTION_CACHED_FORWARD, k_cache, (<Py_ssize_t>P+<Py_ssize_t>T)*<Py_ssize_t>C, <double>(1), 0, True)
+        compare(s, E_ATTENTION_CACHED_FORWARD, v_cache, (<Py_ssize_t>P+<Py_ssize_t>T)*<Py_ssize_t>C, <double>(1), 0, True)
+
+cdef void w_attention_gqa_cached_forward(void* ctx, float* out, float* att, float* k_cache, float* v_cache, const float* q, const float* k, const float* v, int T, int P, int NH, int NKV, int hs) noexcept nogil:
+    cdef Instrument* s = <Instrument*>ctx
+    cdef double start = enter(s)
+    s.target.attention_gqa_cached_forward(s.target.ctx, out, att, k_cache, v_cache, q, k, v, T, P, NH, NKV, hs)
+    leave(s, E_ATTENTION_GQA_CACHED_FORWARD, start)
+    if s.mode & CHECK:
+        s.oracle.attention_gqa_cached_forward(s.oracle.ctx, <float*>oracle_of(s, out), <float*>oracle_of(s, att), <float*>oracle_of(s, k_cache), <float*>oracle_of(s, v_cache), <const float*>oracle_of(s, q), <const float*>oracle_of(s, k), <const float*>oracle_of(s, v), T, P, NH, NKV, hs)
+        compare(s, E_ATTENTION_GQA_CACHED_FORWARD, out, <Py_ssize_t>T*<Py_ssize_t>NH*<Py_ssize_t>hs, <double>(<Py_ssize_t>P+<Py_ssize_t>T), 0, True)
+        compare(s, E_ATTENTION_GQA_CACHED_FORWARD, att, <Py_ssize_t>NH*<Py_ssize_t>T*(<Py_ssize_t>P+<Py_ssize_t>T), <double>(<Py_ssize_t>hs), 0, True)
+        compare(s, E_ATTENTION_GQA_CACHED_FORWARD, k_cache, (<Py_ssize_t>P+<Py_ssize_t>T)*<Py_ssize_t>NKV*<Py_ssize_t>hs, <double>(1), 0, True)
+        compare(s, E_ATTENTION_GQA_CACHED_FORWARD, v_cache, (<Py_ssize_t>P+<Py_ssize_t>T)*<Py_ssize_t>NKV*<Py_ssize_t>hs, <double>(1), 0, True)
+
 cdef void install_wrappers(BackendTable* t, const BackendTable* target) noexcept:
     """Point t's kernel entries at the wrappers, where the target has the entry."""
     if target.fill != NULL:
@@ -549,3 +573,7 @@ cdef void install_wrappers(BackendTable* t, const BackendTable* target) noexcept
         t.ffn_forward = w_ffn_forward
     if target.ffn_backward != NULL:
         t.ffn_backward = w_ffn_backward
+    if target.attention_cached_forward != NULL:
+        t.attention_cached_forward = w_attention_cached_forward
+    if target.attention_gqa_cached_forward != NULL:
+        t.attention_gqa_cached_forward = w_attention_gqa_cached_forward

@@ -1,0 +1,134 @@
+"""
+Generation's speed beside llama2.c's run.c, side by side in one run on the same threads: the
+prompt's forward (prefill) and the tokens after it (decode), with llm.pyx's KV cache
+(llmc/model.pyx's forward_cached) and without it, on a random model of each preset's shape
+written as llama2.c's version-0 file, the one file both read. run.c is built from a llama2.c
+checkout as its Makefile's `runomp` builds it (-Ofast -fopenmp -march=native: its users'
+fastest, and its own fast-math; llm.pyx is built without it), into a temp dir, and run
+greedily on the same file with llama2.c's own tokenizer.bin.
+
+    git clone https://github.com/karpathy/llama2.c /tmp/llama2c
+    python dev/bench_generate.py /tmp/llama2c                       # stories15M, stories110M
+    python dev/bench_generate.py /tmp/llama2c --models stories110M --tokens 200 --threads 2
+
+Decode counts as run.c counts its "achieved tok/s": from the second generated token to the
+last. A random model's text is noise, and either program may stop early at the BOS token
+(run.c always does; ours too, here): our rows say how many tokens they timed (run.c prints no
+count). The position
+rows time decode after a prompt of that many tokens (the cache then holds them): a token's
+cost grows with the attention's reads of the cache only.
+"""
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+import numpy as np  # noqa: E402
+
+from llmc.families import get_family  # noqa: E402
+from llmc.formats.llama2c import write_llama_model  # noqa: E402
+from llmc.sampler import Sampler, continue_prompt  # noqa: E402
+
+PROMPT = [1, 9038, 2501, 263, 931]   # BOS "Once upon a time" in Llama 2's vocabulary
+
+
+def build_run_c(checkout, work):
+    """llama2.c's run.c as its Makefile's runomp target builds it, into work/run."""
+    source = os.path.join(checkout, "run.c")
+    if not os.path.isfile(source) or not os.path.isfile(os.path.join(checkout, "tokenizer.bin")):
+        sys.exit(f"bench_generate.py: {checkout}: no run.c and tokenizer.bin (give a llama2.c "
+                 f"checkout)")
+    compiler = shutil.which("gcc") or shutil.which("cc") or shutil.which("clang")
+    if compiler is None:
+        sys.exit("bench_generate.py: no C compiler (gcc, cc or clang) to build run.c")
+    binary = os.path.join(work, "run")
+    subprocess.run([compiler, "-Ofast", "-fopenmp", "-march=native", source, "-lm", "-o",
+                    binary], check=True)
+    return binary
+
+
+def run_c_speed(binary, checkout, model_path, tokens, threads):
+    """run.c's achieved tok/s of greedy generation after "Once upon a time" (it prints text,
+    not a count: it stops at -n or at BOS)."""
+    done = subprocess.run([binary, model_path, "-t", "0", "-n", str(len(PROMPT) - 1 + tokens),
+                           "-i", "Once upon a time", "-z", os.path.join(checkout, "tokenizer.bin")],
+                          capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS=str(threads)),
+                          check=True)
+    speed = re.search(r"achieved tok/s: ([0-9.]+)", done.stderr)
+    return float(speed.group(1)) if speed else float("nan")
+
+
+def our_speed(model, prompt, tokens, cache):
+    """(tokens generated, prefill tok/s, decode tok/s) of greedy generation, timed as
+    generate.py times it."""
+    started, first, count = time.perf_counter(), None, 0
+    for _ in continue_prompt(model, prompt, tokens, Sampler(0), {1}, cache=cache):
+        count += 1
+        if first is None:
+            first = time.perf_counter()
+    done = time.perf_counter()
+    decode = (count - 1) / (done - first) if count > 1 else float("nan")
+    return count, len(prompt) / (first - started), decode
+
+
+def decode_at(model, position, tokens):
+    """Decode tok/s of tokens one at a time after a prompt of position tokens in the cache."""
+    prompt = list(np.random.default_rng(0).integers(3, model.config.vocab_size, position))
+    model.start_cache(position + tokens)
+    model.forward_cached(prompt)
+    started = time.perf_counter()
+    for t in range(tokens):
+        model.forward_cached([int(prompt[t % position])])
+    return tokens / (time.perf_counter() - started)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("llama2c", help="a llama2.c checkout (run.c, tokenizer.bin)")
+    p.add_argument("--models", nargs="+", default=["stories15M", "stories110M"])
+    p.add_argument("--tokens", type=int, default=200, help="tokens to generate")
+    p.add_argument("--threads", type=int, default=os.cpu_count())
+    args = p.parse_args()
+    os.environ["OMP_NUM_THREADS"] = str(args.threads)   # before the kernels' OpenMP starts
+    family = get_family("llama")
+    with tempfile.TemporaryDirectory() as work:
+        binary = build_run_c(args.llama2c, work)
+        print(f"{args.threads} threads; greedy, {args.tokens} tokens after a {len(PROMPT)}-token "
+              f"prompt; decode counted from the second token, as run.c counts it")
+        print(f"{'model':12s} {'program':28s} {'tokens':>6s} {'prefill tok/s':>14s} "
+              f"{'decode tok/s':>13s} {'vs run.c':>9s}")
+        for name in args.models:
+            config = family.config_class.from_name(name)
+            path = os.path.join(work, f"{name}.bin")
+            write_llama_model(path, config, family.model_class.random(config, seed=1).params,
+                              version=0)
+            model = family.model_class.from_checkpoint(path)
+            peer = run_c_speed(binary, args.llama2c, path, args.tokens, args.threads)
+            print(f"{name:12s} {'run.c (runomp)':28s} {'-':>6s} {'':>14s} {peer:13.1f} "
+                  f"{1.0:8.2f}x")
+            for cache in (True, False):
+                tokens = args.tokens if cache else min(args.tokens, 40)   # O(n^2) without
+                count, prefill, decode = our_speed(model, PROMPT, tokens, cache)
+                label = "llm.pyx, KV cache" if cache else "llm.pyx, no cache"
+                print(f"{name:12s} {label:28s} {count:6d} {prefill:14.1f} {decode:13.1f} "
+                      f"{decode / peer:8.2f}x")
+            near, far = 10, min(1000, config.max_seq_len - 40)
+            at_near, at_far = decode_at(model, near, 32), decode_at(model, far, 32)
+            print(f"{name:12s} {f'KV cache at position {near}':28s} {32:6d} {'':>14s} "
+                  f"{at_near:13.1f}")
+            print(f"{name:12s} {f'KV cache at position {far}':28s} {32:6d} {'':>14s} "
+                  f"{at_far:13.1f} {at_far / at_near:8.2f}x of position {near}'s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,226 @@
+"""
+The KV cache of generation (issue 36): kernels/attention_cached's two forms against a float64
+NumPy reference (new positions after cached ones, grouped-query heads, the cache rows they
+write, the probabilities), and llmc/model.pyx's forward_cached on every family and
+architecture: greedy generation with the cache equals generation without it, token for token,
+for 256 tokens at fp32; the logits of each cached step are those of one forward over the whole
+text, within float32 rounding (the two sum in different orders); a prompt longer than a chunk
+goes in chunks; a text past the cache is refused; generate.py --chat keeps the cache across
+turns, each reply the one a generation without the cache gives, and refuses a tokenizer
+without a chat template in one line.
+"""
+import dataclasses
+
+import numpy as np
+import pytest
+
+from accel.backend import get_backend
+from llmc.sampler import Sampler, continue_prompt
+from train_gpt2 import GPT2, GPT2Config
+from train_llama2 import Llama2, LlamaConfig
+import llmc.model
+
+V = 97
+STEPS = 256
+PROMPT = [5, 17, 3, 60, 42]
+LLAMA = LlamaConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=V, hidden_dim=96,
+                    max_seq_len=320)
+ARCHITECTURES = {   # each switch of the Llama block that touches attention or positions
+    "gpt2": (GPT2, GPT2Config.from_name("d2", vocab_size=V)),
+    "llama-gqa": (Llama2, LLAMA),
+    "qwen2-qkv-bias": (Llama2, dataclasses.replace(LLAMA, qkv_bias=True, norm_eps=1e-6,
+                                                   rope_theta=1e6)),
+    "qwen3-qk-norm-head-dim": (Llama2, dataclasses.replace(LLAMA, qk_norm=True, head_dim=32)),
+    "llama3-rope-scaling": (Llama2, dataclasses.replace(
+        LLAMA, rope_theta=500000.0, rope_scaling=("llama3", 32.0, 1.0, 4.0, 64))),
+    "multi-query": (Llama2, dataclasses.replace(LLAMA, n_kv_heads=1, shared_classifier=False)),
+}
+
+
+def cached_reference(q, k_cache, v_cache, P, NH, NKV):
+    """(out (T, NH*hs), att (NH, T, P+T)) in float64: query t at position P+t over keys
+    0..P+t of the caches (P+T, NKV*hs); query head h reads key/value head h // (NH/NKV)."""
+    q, k_cache, v_cache = (np.asarray(x, np.float64) for x in (q, k_cache, v_cache))
+    T, hs = q.shape[0], q.shape[1] // NH
+    out, att = np.zeros_like(q), np.zeros((NH, T, P + T))
+    for h in range(NH):
+        kv = h // (NH // NKV)
+        k, v = (x[:, kv * hs:(kv + 1) * hs] for x in (k_cache, v_cache))
+        for t in range(T):
+            scores = k[:P + t + 1] @ q[t, h * hs:(h + 1) * hs] / np.sqrt(hs)
+            p = np.exp(scores - scores.max())
+            att[h, t, :P + t + 1] = p / p.sum()
+            out[t, h * hs:(h + 1) * hs] = att[h, t, :P + t + 1] @ v[:P + t + 1]
+    return out, att
+
+
+def on_backend(backend, array):
+    buffer = backend.alloc(array.nbytes)
+    buffer.load(np.ascontiguousarray(array, dtype=np.float32))
+    return buffer
+
+
+def read(buffer, n):
+    return buffer.to_numpy(np.float32, 0, n)
+
+
+@pytest.mark.parametrize("T, P", [(1, 0), (1, 9), (4, 0), (5, 7)])
+@pytest.mark.parametrize("NKV", [4, 2, 1])
+def test_the_gqa_kernel_against_float64(T, P, NKV):
+    NH, hs = 4, 8
+    rng = np.random.default_rng(T * 100 + P * 10 + NKV)
+    q, k, v = (rng.standard_normal((T, n * hs)).astype(np.float32) for n in (NH, NKV, NKV))
+    cached_k, cached_v = (rng.standard_normal((P, NKV * hs)).astype(np.float32) for _ in "kv")
+    backend = get_backend("cpu")
+    out, att = backend.alloc(4 * T * NH * hs), backend.alloc(4 * NH * T * (P + T))
+    k_cache = on_backend(backend, np.concatenate([cached_k, np.full((T, NKV * hs), np.nan)]))
+    v_cache = on_backend(backend, np.concatenate([cached_v, np.full((T, NKV * hs), np.nan)]))
+    backend.call("attention_gqa_cached_forward", out, att, k_cache, v_cache,
+                 on_backend(backend, q), on_backend(backend, k), on_backend(backend, v),
+                 T, P, NH, NKV, hs)
+    all_k, all_v = np.concatenate([cached_k, k]), np.concatenate([cached_v, v])
+    assert np.array_equal(read(k_cache, (P + T) * NKV * hs), all_k.ravel())
+    assert np.array_equal(read(v_cache, (P + T) * NKV * hs), all_v.ravel())
+    want_out, want_att = cached_reference(q, all_k, all_v, P, NH, NKV)
+    np.testing.assert_allclose(read(out, T * NH * hs), want_out.ravel(), rtol=0, atol=1e-5)
+    np.testing.assert_allclose(read(att, NH * T * (P + T)), want_att.ravel(), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("T, P", [(1, 6), (3, 0), (3, 5)])
+def test_the_gpt2_kernel_against_float64(T, P):
+    NH, C = 4, 32
+    rng = np.random.default_rng(T + P)
+    inp = rng.standard_normal((T, 3 * C)).astype(np.float32)   # q, k, v side by side
+    cached_k, cached_v = (rng.standard_normal((P, C)).astype(np.float32) for _ in "kv")
+    backend = get_backend("cpu")
+    out, att = backend.alloc(4 * T * C), backend.alloc(4 * NH * T * (P + T))
+    k_cache = on_backend(backend, np.concatenate([cached_k, np.zeros((T, C))]))
+    v_cache = on_backend(backend, np.concatenate([cached_v, np.zeros((T, C))]))
+    backend.call("attention_cached_forward", out, att, k_cache, v_cache, on_backend(backend, inp),
+                 T, P, C, NH)
+    all_k = np.concatenate([cached_k, inp[:, C:2 * C]])
+    all_v = np.concatenate([cached_v, inp[:, 2 * C:]])
+    assert np.array_equal(read(k_cache, (P + T) * C), all_k.ravel())
+    assert np.array_equal(read(v_cache, (P + T) * C), all_v.ravel())
+    want_out, _ = cached_reference(inp[:, :C], all_k, all_v, P, NH, NH)
+    np.testing.assert_allclose(read(out, T * C), want_out.ravel(), rtol=0, atol=1e-5)
+
+
+@pytest.fixture(scope="module", params=sorted(ARCHITECTURES))
+def model(request):
+    """A random model of each architecture, its weights scaled up so that greedy text varies
+    (a random model's logits are nearly flat: its argmax would repeat one token)."""
+    Model, config = ARCHITECTURES[request.param]
+    model = Model.random(config, seed=3)
+    model.params = model.params * 6
+    return model
+
+
+def test_greedy_text_with_the_cache_is_the_text_without(model):
+    cached = list(continue_prompt(model, PROMPT, STEPS, Sampler(0), (), cache=True))
+    uncached = list(continue_prompt(model, PROMPT, STEPS, Sampler(0), (), cache=False))
+    assert len(set(cached)) > 8, "a text this repetitive would not test much"
+    assert cached == uncached
+
+
+def test_each_cached_step_has_the_logits_of_the_whole_text(model):
+    text = list(continue_prompt(model, PROMPT, 40, Sampler(0), (), cache=True))
+    model.forward(np.array([PROMPT + text], dtype=np.int32))
+    whole = model.logits[0, :, :V].copy()
+    model.start_cache(len(PROMPT) + len(text))
+    steps = [model.forward_cached(PROMPT).copy()] + [model.forward_cached([t]).copy()
+                                                     for t in text]
+    for i, logits in enumerate(steps):
+        expected = whole[len(PROMPT) - 1 + i]
+        np.testing.assert_allclose(logits, expected, rtol=0,
+                                   atol=1e-5 * np.abs(whole).max(), err_msg=f"step {i}")
+
+
+def test_a_prompt_longer_than_a_chunk_goes_in_chunks(monkeypatch):
+    Model, config = ARCHITECTURES["llama-gqa"]
+    model = Model.random(config, seed=5)
+    prompt = list(np.random.default_rng(0).integers(0, V, 300))
+    model.forward(np.array([prompt], dtype=np.int32))
+    whole = model.logits[0, -1, :V].copy()
+    assert 300 > llmc.model.CACHE_CHUNK
+    model.start_cache(301)
+    np.testing.assert_allclose(model.forward_cached(prompt), whole, rtol=0,
+                               atol=1e-5 * np.abs(whole).max())
+    assert model.kv_positions == 300
+
+
+def test_a_text_past_the_cache_is_refused():
+    Model, config = ARCHITECTURES["gpt2"]
+    model = Model.random(config, seed=1)
+    with pytest.raises(ValueError, match=r"must be in 1\.\.1024, the model's max_seq_len"):
+        model.start_cache(1025)
+    model.start_cache(4)
+    model.forward_cached([1, 2, 3])
+    with pytest.raises(ValueError, match="2 more positions after 3 do not fit the KV cache of 4"):
+        model.forward_cached([4, 5])
+
+
+# ----------------------------------------------------------------------------
+# generate.py --chat: the cache kept across turns
+
+@pytest.fixture(scope="module")
+def chat_model(tmp_path_factory):
+    """A random Llama with a byte-level BPE tokenizer (ChatML turns) beside it."""
+    from tests import needs
+    needs.package("tokenizers")
+    needs.package("jinja2")
+    from tests.hf_tokenizers import make_byte_level
+    folder = tmp_path_factory.mktemp("chat")
+    vocab = make_byte_level(folder, 400).get_vocab_size()
+    config = dataclasses.replace(LLAMA, vocab_size=vocab, max_seq_len=256)
+    model = Llama2.random(config, seed=7)
+    model.params = model.params * 6
+    model.save(str(folder / "model.bin"))
+    return folder / "model.bin"
+
+
+def run_generate(*args, stdin=""):
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return subprocess.run([sys.executable, os.path.join(root, "generate.py"), *map(str, args)],
+                          input=stdin, capture_output=True, text=True, timeout=300)
+
+
+def test_a_chat_keeps_its_cache_and_replies_as_a_fresh_generation(chat_model):
+    """Two turns: the second feeds the cache only what the first left out, and each reply is
+    the one a generation without a cache gives on the whole conversation rendered."""
+    from llmc.tokenizer import load_tokenizer
+    done = run_generate(chat_model, "--chat", "-n", 8, "--temperature", 0, "-p", "Be brief.",
+                        stdin="hello there\nhow are you\n")
+    assert done.returncode == 0, done.stderr
+    replies = done.stdout.splitlines()
+    assert len(replies) == 2
+    tokenizer = load_tokenizer(str(chat_model.parent / "tokenizer.json"))
+    model = Llama2.from_checkpoint(str(chat_model))
+    messages = [{"role": "system", "content": "Be brief."}]
+    for turn, printed in zip(("hello there", "how are you"), replies):
+        messages.append({"role": "user", "content": turn})
+        text = tokenizer.text_encoder(tokenizer.chat_template.render(messages,
+                                                                     add_generation_prompt=True))
+        fresh = list(continue_prompt(model, text, 8, Sampler(0), tokenizer.stop_tokens,
+                                     cache=False))
+        piece = tokenizer.stream_decoder()
+        assert printed == "".join(piece(t) for t in fresh)
+        messages.append({"role": "assistant", "content": tokenizer.decode(fresh)})
+    turns = [line for line in done.stderr.splitlines() if "new prompt tokens" in line]
+    first_new, second_new = (int(line.split()[1]) for line in turns)
+    assert first_new + 8 + second_new < len(text) + 8   # the second turn reused the cache
+    assert f"{len(text) + 8} of 256 positions cached" in turns[1] or \
+        f"{len(text) + 7} of 256 positions cached" in turns[1]
+
+
+def test_a_chat_without_a_template_is_refused_in_one_line(chat_model):
+    done = run_generate(chat_model, "--chat", "--tokenizer", "gpt2", stdin="hi\n")
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines()[-1] == (
+        "generate.py: error: --chat: the tokenizer (tiktoken gpt2) has no chat template (a "
+        "Hugging Face tokenizer_config.json's chat_template): give a model folder, or "
+        "--tokenizer, that has one")
+
