@@ -230,3 +230,14 @@ def test_a_path_neither_folder_nor_safetensors_file_is_refused_in_one_line(tmp_p
     assert error_of(tmp_path).endswith(
         "LlamaForCausalLM is not a GPT-2: dev/download_llama.py converts it")
     assert not (tmp_path / "x.bin").exists()
+
+
+def test_openai_configs_keys_are_read():
+    """gpt2-medium's and -large's config.json carry n_special 0 and predict_special_tokens:
+    read; a config with special tokens of its own is refused, naming the key."""
+    from llmc.formats import FormatError
+    from llmc.formats.huggingface import gpt2_config_checked
+    config = dict(n_embd=1024, n_head=16, n_layer=24, n_special=0, predict_special_tokens=True)
+    assert gpt2_config_checked(config, "config.json") == 16
+    with pytest.raises(FormatError, match=r"n_special=2 is not implemented \(GPT-2's is 0\)"):
+        gpt2_config_checked(dict(config, n_special=2), "config.json")

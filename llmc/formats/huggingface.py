@@ -617,12 +617,14 @@ def gpt2_config_checked(hf_config, source):
     """n_head of a GPT2LMHeadModel's config.json, its other keys checked as llm.c's GPT-2."""
     fixed = {"activation_function": ("gelu_new", "gelu_pytorch_tanh"), "layer_norm_epsilon": (1e-5,),
              "scale_attn_weights": (True,), "scale_attn_by_inverse_layer_idx": (False,),
-             "add_cross_attention": (False,), "tie_word_embeddings": (True,)}
+             "add_cross_attention": (False,), "tie_word_embeddings": (True,),
+             "n_special": (0,)}   # OpenAI's gpt2-medium and -large configs: no extra tokens
     sizes = {"vocab_size", "n_positions", "n_ctx", "n_embd", "n_layer", "n_head", "n_inner",
              "reorder_and_upcast_attn",   # float32 attention here: upcast or not
              "resid_pdrop", "embd_pdrop", "attn_pdrop",   # dropout: training here has none
              "summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels",
-             "summary_first_dropout", "task_specific_params"}   # GPT2DoubleHeadsModel's
+             "summary_first_dropout", "task_specific_params",   # GPT2DoubleHeadsModel's
+             "predict_special_tokens"}   # with n_special 0, no special token to predict
     for key, value in hf_config.items():
         if key in fixed and value not in fixed[key]:
             raise FormatError(source, f"config.json: {key}={value!r} is not implemented "
