@@ -6,6 +6,8 @@ text as it comes, as llama2.c's run.c does (and llm.c's samples).
     python generate.py model.bin -p "Once upon a time" -n 200 --temperature 0.8 --top-k 40 \\
         --top-p 0.9 --seed 42 --tokenizer tokenizer.bin
     python generate.py model.bin -p "Once upon a time" --temperature 0   # greedy
+    python generate.py model.bin --prompts prompts.txt -n 64 --ids      # a prompt a line
+    python generate.py models/SmolLM2-135M-Instruct --chat             # a conversation
 
 The model: any model file, told by its first bytes (llmc/families.py's family_of_file): llm.c's
 checkpoint (GPT-2), llama2.c's version 0 or 1 or a GGUF (Llama); a Hugging Face model folder
@@ -89,6 +91,9 @@ def parse_args(argv):
     p.add_argument("--seed", metavar="INT", type=int, default=SAMPLE_SEED,
                    help="seed of the xorshift RNG that draws the tokens (default: "
                         "%(default)s)")
+    p.add_argument("--prompts", metavar="FILE", default=None,
+                   help="a text file of prompts, one a line (\\n in a line: a newline), each "
+                        "generated in turn as -p would be, a blank line between the texts")
     p.add_argument("--chat", action="store_true",
                    help="a conversation: each line read from stdin is your turn, the reply the "
                         "model's, through its chat template (a Hugging Face tokenizer's), the "
@@ -112,6 +117,8 @@ def parse_args(argv):
         p.error(f"argument --top-p: must be in (0, 1], got {args.top_p}")
     if not 1 <= args.seed < 2 ** 64:   # xorshift's state never leaves 0
         p.error(f"argument --seed: must be in [1, 2^64), got {args.seed}")
+    if args.prompts is not None and (args.prompt or args.chat):
+        p.error("argument --prompts: the prompts are the file's lines: drop -p and --chat")
     return args
 
 
@@ -139,21 +146,45 @@ def main(argv=None):
     config = model.config
     tokenizer = (open_tokenizer(args.tokenizer) if args.tokenizer is not None
                  else assumed_tokenizer(path))
-    if args.chat:
-        return chat(model, tokenizer, args)
-    prompt = tokenizer.encode_prompt(args.prompt)
-    if not prompt:
-        raise GenerateError(f"an empty prompt, and the tokenizer ({tokenizer.source}) starts a "
-                            f"text with no token of its own: give -p TEXT")
     vocab_map_path = os.path.join(os.path.dirname(path), MAP_NAME)
-    if os.path.exists(vocab_map_path):   # a --compact-vocab run: its ids are the map's
-        vocab_map = VocabMap.load(vocab_map_path)
-        prompt = [int(t) for t in vocab_map.compact(np.array(prompt), "the prompt")]
+    vocab_map = VocabMap.load(vocab_map_path) if os.path.exists(vocab_map_path) else None
+    if vocab_map is not None:   # a --compact-vocab run: its ids are the map's
         tokenizer = vocab_map.tokenizer(tokenizer)
     if tokenizer.vocab_size < config.vocab_size and not tokenizer.padded_vocabulary:
         raise GenerateError(f"the tokenizer ({tokenizer.source}) has {tokenizer.vocab_size} "
                             f"tokens, fewer than the model's vocabulary of {config.vocab_size}: "
                             f"give the model's own (--tokenizer)")
+    if args.chat:
+        return chat(model, tokenizer, args)
+    prompts = [args.prompt] if args.prompts is None else read_prompts(args.prompts)
+    for i, text in enumerate(prompts):
+        if i > 0:
+            sys.stdout.write("\n")   # a blank line between two texts
+        prompt = tokenizer.encode_prompt(text)
+        if vocab_map is not None:
+            prompt = [int(t) for t in vocab_map.compact(np.array(prompt), "the prompt")]
+        generate_text(model, tokenizer, prompt, args)
+
+
+def read_prompts(path):
+    """--prompts: the lines of a text file, each a prompt (a line's \\n: a newline in it)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = [line.rstrip("\n").replace("\\n", "\n") for line in f]
+    except UnicodeDecodeError as e:
+        raise GenerateError(f"--prompts {path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    if not lines:
+        raise GenerateError(f"--prompts {path}: an empty file, no prompt in it")
+    return lines
+
+
+def generate_text(model, tokenizer, prompt, args):
+    """The prompt (token ids) and what the model writes after it, on stdout as it comes; why it
+    stopped and the speeds on stderr."""
+    config = model.config
+    if not prompt:
+        raise GenerateError(f"an empty prompt, and the tokenizer ({tokenizer.source}) starts a "
+                            f"text with no token of its own: give -p TEXT")
     outside = [t for t in prompt if t >= config.vocab_size]
     if outside:
         raise GenerateError(f"the prompt's token {outside[0]} "
@@ -193,6 +224,7 @@ def main(argv=None):
         generated.append(token)
         count += 1
     sys.stdout.write("\n")
+    sys.stdout.flush()
     if args.ids:
         print(f"token ids: prompt {prompt}, generated {generated}", file=sys.stderr)
     done = time.perf_counter()

@@ -224,3 +224,18 @@ def test_a_chat_without_a_template_is_refused_in_one_line(chat_model):
         "Hugging Face tokenizer_config.json's chat_template): give a model folder, or "
         "--tokenizer, that has one")
 
+
+
+def test_prompts_from_a_file_are_each_generated_as_alone(chat_model, tmp_path):
+    """--prompts: each line as -p would generate it, a blank line between; --ids and why it
+    stopped on stderr."""
+    (tmp_path / "prompts.txt").write_text("the quick\\nbrown\nseven wizards\n")
+    flags = ["-n", 5, "--temperature", 0, "--ids"]
+    both = run_generate(chat_model, "--prompts", tmp_path / "prompts.txt", *flags)
+    assert both.returncode == 0, both.stderr
+    alone = [run_generate(chat_model, "-p", text, *flags) for text in ("the quick\nbrown",
+                                                                       "seven wizards")]
+    assert both.stdout == alone[0].stdout + "\n" + alone[1].stdout
+    assert both.stderr.count("stopped at -n 5: 5 tokens") == 2
+    ids = [line for line in both.stderr.splitlines() if line.startswith("token ids: prompt [")]
+    assert len(ids) == 2 and all(line.count(",") >= 5 for line in ids)
