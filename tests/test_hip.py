@@ -31,7 +31,7 @@ from train_gpt2 import GPT2Config
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
-KERNELS = {name for name in entries_of(("core", "linear", "gpt2", "llama", "classifier", "flash"))
+KERNELS = {name for name in entries_of(("core", "linear", "gpt2", "llama", "classifier", "flash", "cache"))
            if BY_NAME[name].wrap}
 FLASH = entries_of(("flash",))
 # what a GPT-2 step calls: its loss is the classifier's and its attention flash's (the backend has

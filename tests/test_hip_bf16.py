@@ -42,8 +42,8 @@ ROOT = os.path.dirname(HERE)
 
 # at most one element in ONE_IN of a bf16 output may have other bits than the CPU's (see above)
 ONE_IN = 50
-KERNELS = [name for name in ORDER if BY_NAME[name].wrap and BY_NAME[name].group in ("core", "linear", "gpt2", "llama",
-                                                                                  "classifier", "flash", "bf16")]
+KERNELS = [name for name in ORDER if BY_NAME[name].wrap and BY_NAME[name].group in (
+    "core", "linear", "gpt2", "llama", "classifier", "flash", "cache", "bf16")]
 
 
 @pytest.fixture(scope="module")

@@ -33,8 +33,9 @@ LLAMA_STEP = KERNELS - {"attention_gqa_forward", "attention_gqa_backward"} | {
 # blocks of 256 threads): T = 67 score rows (more than a warp's lanes), B T = 134 rows (more than
 # the 64 warps of the grid at warp size 32), 6 query heads on 2 key/value heads of size 6 (even:
 # RoPE's paired loads; SMALL's 5 takes the unpaired ones), V = 601 (more than a vocabulary
-# block's 512 threads), N = B T 4 C = 19,296 elements (more than the grid's 2,048 threads).
-LOOPS = dict(B=2, T=67, C=36, NH=6, NKV=2, hs=6, OC=40, V=601, Vp=608)
+# block's 512 threads), N = B T 4 C = 19,296 elements (more than the grid's 2,048 threads); and for
+# the cache group, P = 200 cached positions (P + T = 267 keys, more than a block's 256 threads).
+LOOPS = dict(B=2, T=67, C=36, NH=6, NKV=2, hs=6, OC=40, V=601, Vp=608, P=200)
 # the wrong key/value head for a query head, planted in both of the build's grouped-query
 # attentions: llama.hip's (the every-entry tests) and flash.hip's (what a Llama step runs)
 PLANTS = "-DACCEL_HIP_PLANT_GQA_HEAD -DACCEL_HIP_PLANT_FLASH_KV_HEAD"

@@ -29,8 +29,8 @@ __all__ = ["PRECISIONS", "configure_emulator", "create", "create_emulated", "loa
 
 PRECISIONS = ("fp32", "bf16")
 # the entry groups a build fills at each precision (accel/spec.py): the symbols the loader looks up
-GROUPS = {"fp32": ("linear", "gpt2", "llama", "classifier", "flash"),
-          "bf16": ("linear", "gpt2", "llama", "classifier", "flash", "mixed")}
+GROUPS = {"fp32": ("linear", "gpt2", "llama", "classifier", "flash", "cache"),
+          "bf16": ("linear", "gpt2", "llama", "classifier", "flash", "cache", "mixed")}
 # and the device collectives (NCCL/RCCL), where the build has them: every emulated build; a GPU
 # build made where no NCCL/RCCL was found has not (accel/hip/Makefile)
 OPTIONAL_GROUPS = (("collectives", "comm_init"),)

@@ -1195,3 +1195,4 @@ ACCEL_HIP_API void accel_hip_adamw_update_rounded(void* ctx, floatX* params, flo
 
 #include "llama.hip"  // the Llama family's layers and the classifier (groups llama, classifier)
 #include "flash.hip"  // the flash group: flash attention, both forms
+#include "cache.hip"  // the cache group: generation's attention over a KV cache, both forms
