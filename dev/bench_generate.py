@@ -5,7 +5,10 @@ prompt's forward (prefill) and the tokens after it (decode), with llm.pyx's KV c
 written as llama2.c's version-0 file, the one file both read. run.c is built from a llama2.c
 checkout as its Makefile's `runomp` builds it (-Ofast -fopenmp -march=native: its users'
 fastest, and its own fast-math; llm.pyx is built without it), into a temp dir, and run
-greedily on the same file with llama2.c's own tokenizer.bin.
+greedily on the same file with llama2.c's own tokenizer.bin. Where llama-cpp-python is installed
+(pip builds llama.cpp from source), llama.cpp runs the same model as an F32 GGUF
+(dev/export.py) through its Python binding, greedy, and a prompt of 512 tokens is timed on
+both (the models whose context holds it).
 
     git clone https://github.com/karpathy/llama2.c /tmp/llama2c
     python dev/bench_generate.py /tmp/llama2c                       # stories15M, stories110M
@@ -91,6 +94,48 @@ def decode_at(model, position, tokens):
     return tokens / (time.perf_counter() - started)
 
 
+def llama_cpp_speeds(model_path, checkout, work, tokens, threads, prefill_tokens):
+    """(tokens generated, prefill tok/s, decode tok/s, prefill tok/s of prefill_tokens or
+    None) of llama.cpp (llama-cpp-python's Llama, built from source) on the model as an F32
+    GGUF (dev/export.py, llama2.c's tokenizer.bin as its vocabulary); None where
+    llama-cpp-python is not installed."""
+    try:
+        import llama_cpp
+    except ImportError:
+        return None
+    gguf = os.path.join(work, os.path.basename(model_path) + ".gguf")
+    subprocess.run([sys.executable, os.path.join(ROOT, "dev", "export.py"), model_path,
+                    "--format", "gguf", "-o", gguf, "--tokenizer",
+                    os.path.join(checkout, "tokenizer.bin")], check=True, capture_output=True)
+    llm = llama_cpp.Llama(gguf, n_threads=threads, n_threads_batch=threads, n_batch=512,
+                          n_ctx=0, verbose=False)   # n_ctx 0: the model's context
+    started, first, count = time.perf_counter(), None, 0
+    for token in llm.generate(PROMPT, top_k=1, temp=0.0, repeat_penalty=1.0):
+        if first is None:
+            first = time.perf_counter()
+        if token == 1 or count == tokens:
+            break
+        count += 1
+    done = time.perf_counter()
+    long_prefill = None
+    if prefill_tokens is not None:
+        llm.reset()
+        prompt = [int(t) for t in np.random.default_rng(0).integers(3, 32000, prefill_tokens)]
+        start = time.perf_counter()
+        llm.eval(prompt)
+        long_prefill = prefill_tokens / (time.perf_counter() - start)
+    return count, len(PROMPT) / (first - started), (count - 1) / (done - first), long_prefill
+
+
+def our_prefill(model, prefill_tokens):
+    """tok/s of one prompt of prefill_tokens into the cache."""
+    prompt = list(np.random.default_rng(0).integers(3, model.config.vocab_size, prefill_tokens))
+    model.start_cache(prefill_tokens)
+    start = time.perf_counter()
+    model.forward_cached(prompt)
+    return prefill_tokens / (time.perf_counter() - start)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -122,6 +167,20 @@ def main():
                 label = "llm.pyx, KV cache" if cache else "llm.pyx, no cache"
                 print(f"{name:12s} {label:28s} {count:6d} {prefill:14.1f} {decode:13.1f} "
                       f"{decode / peer:8.2f}x")
+            long = 512 if config.max_seq_len >= 512 else None
+            theirs = llama_cpp_speeds(path, args.llama2c, work, args.tokens, args.threads, long)
+            if theirs is None:
+                print(f"{name:12s} llama.cpp: not run (pip install llama-cpp-python builds it)")
+            else:
+                count, prefill, decode, long_theirs = theirs
+                print(f"{name:12s} {'llama.cpp F32 GGUF':28s} {count:6d} {prefill:14.1f} "
+                      f"{decode:13.1f} {decode / peer:8.2f}x")
+                if long is not None:
+                    ours = our_prefill(model, long)
+                    print(f"{name:12s} {f'prefill of {long}: llama.cpp':28s} {long:6d} "
+                          f"{long_theirs:14.1f}")
+                    print(f"{name:12s} {f'prefill of {long}: llm.pyx':28s} {long:6d} "
+                          f"{ours:14.1f} {'':>13s} {ours / long_theirs:8.2f}x of llama.cpp's")
             near, far = 10, min(1000, config.max_seq_len - 40)
             at_near, at_far = decode_at(model, near, 32), decode_at(model, far, 32)
             print(f"{name:12s} {f'KV cache at position {near}':28s} {32:6d} {'':>14s} "
