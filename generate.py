@@ -148,6 +148,7 @@ def main(argv=None):
                  else assumed_tokenizer(path))
     vocab_map_path = os.path.join(os.path.dirname(path), MAP_NAME)
     vocab_map = VocabMap.load(vocab_map_path) if os.path.exists(vocab_map_path) else None
+    encoder = tokenizer   # a prompt's ids: the tokenizer's, then (compacted) the map's
     if vocab_map is not None:   # a --compact-vocab run: its ids are the map's
         tokenizer = vocab_map.tokenizer(tokenizer)
     if tokenizer.vocab_size < config.vocab_size and not tokenizer.padded_vocabulary:
@@ -160,7 +161,7 @@ def main(argv=None):
     for i, text in enumerate(prompts):
         if i > 0:
             sys.stdout.write("\n")   # a blank line between two texts
-        prompt = tokenizer.encode_prompt(text)
+        prompt = encoder.encode_prompt(text)
         if vocab_map is not None:
             prompt = [int(t) for t in vocab_map.compact(np.array(prompt), "the prompt")]
         generate_text(model, tokenizer, prompt, args)

@@ -6,6 +6,7 @@ at a few dozen channels, each with the switches of its family set.
     make_hf_model(name, folder)   saves the model there (transformers' save_pretrained) with a
                                   tokenizer of its kind (tests/hf_tokenizers.py) and returns the
                                   transformers model, float32, in eval mode
+    checkpoint_path(kind, ...)    the saved model as each of PATH_KINDS gives it to a converter
 
 Biases and norms are drawn away from their init (0 and 1), so that a switch read wrong shows in
 the logits.  One model is saved in shards and one in bf16, as real checkpoints come.
@@ -90,3 +91,28 @@ def hf_logits(model, tokens):
     import torch
     with torch.no_grad():
         return model(torch.tensor(np.asarray(tokens), dtype=torch.long)).logits.numpy()
+
+
+# the kinds of paths a checkpoint is given as (dev/download_gpt2.py, dev/download_llama.py)
+PATH_KINDS = ["folder", "sharded folder", "file beside config.json",
+              "file with config.json in its metadata"]
+
+
+def checkpoint_path(kind, folder, hf_model, tmp_path):
+    """The model saved in folder (hf_model: its transformers model) as a path of this kind of
+    PATH_KINDS, written under tmp_path where it is not folder's own."""
+    import json
+    from llmc.formats.huggingface import read_safetensors, write_hf_model_file
+    if kind == "folder":
+        return folder
+    if kind == "sharded folder":
+        hf_model.save_pretrained(tmp_path / "sharded", max_shard_size="40KB")
+        assert (tmp_path / "sharded" / "model.safetensors.index.json").exists()
+        return tmp_path / "sharded"
+    if kind == "file beside config.json":
+        return folder / "model.safetensors"
+    assert kind == "file with config.json in its metadata"
+    hf_config = json.loads((folder / "config.json").read_text())
+    tensors = dict(read_safetensors(folder / "model.safetensors"))
+    write_hf_model_file(tmp_path / "model.safetensors", tensors, hf_config)
+    return tmp_path / "model.safetensors"

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 from llmc.formats import bfloat16_bits_to_float32, float32_to_bfloat16_bits, param_views
-from llmc.formats.huggingface import gpt2_from_hf, read_safetensors, write_hf_model_file
+from llmc.formats.huggingface import gpt2_from_hf, read_safetensors
 from llmc.formats.llmc import read_checkpoint
 from tests import needs
-from tests.hf_models import make_hf_model
+from tests.hf_models import PATH_KINDS, checkpoint_path, make_hf_model
 from train_gpt2 import GPT2Config
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -177,28 +177,10 @@ def hf_gpt2(tmp_path_factory):
     return folder, make_hf_model("gpt2", folder)
 
 
-def gpt2_path(kind, folder, hf_model, tmp_path):
-    """The GPT-2 of folder as --from-safetensors can be given it."""
-    if kind == "folder":
-        return folder
-    if kind == "sharded folder":
-        hf_model.save_pretrained(tmp_path / "sharded", max_shard_size="40KB")
-        assert (tmp_path / "sharded" / "model.safetensors.index.json").exists()
-        return tmp_path / "sharded"
-    if kind == "file beside config.json":
-        return folder / "model.safetensors"
-    assert kind == "file with config.json in its metadata"
-    hf_config = json.loads((folder / "config.json").read_text())
-    tensors = dict(read_safetensors(folder / "model.safetensors"))
-    write_hf_model_file(tmp_path / "gpt2.safetensors", tensors, hf_config)
-    return tmp_path / "gpt2.safetensors"
-
-
-@pytest.mark.parametrize("kind", ["folder", "sharded folder", "file beside config.json",
-                                  "file with config.json in its metadata"])
+@pytest.mark.parametrize("kind", PATH_KINDS)
 def test_takes_a_model_folder_or_a_safetensors_file(hf_gpt2, tmp_path, kind):
     folder, hf_model = hf_gpt2
-    path = gpt2_path(kind, folder, hf_model, tmp_path)
+    path = checkpoint_path(kind, folder, hf_model, tmp_path)
     download_gpt2.main(["--from-safetensors", str(path), "-o", str(tmp_path / "out.bin")])
     config, params = read_checkpoint(tmp_path / "out.bin", GPT2Config)
     transformers_tensors = {name: t.numpy() for name, t in hf_model.state_dict().items()}

@@ -11,10 +11,10 @@ import sys
 import numpy as np
 import pytest
 
-from llmc.formats.huggingface import llama_from_hf, read_safetensors, write_hf_model_file
+from llmc.formats.huggingface import llama_from_hf
 from llmc.formats.llama2c import read_llama_model
 from tests import needs
-from tests.hf_models import make_hf_model
+from tests.hf_models import PATH_KINDS, checkpoint_path, make_hf_model
 from tests.test_download_gpt2 import hf_gpt2_tensors, write_safetensors
 from train_llama2 import LlamaConfig
 
@@ -33,28 +33,10 @@ def tinyllama(tmp_path_factory):
     return folder, make_hf_model("tinyllama", folder)
 
 
-def llama_path(kind, folder, hf_model, tmp_path):
-    """The model of folder as --from-safetensors can be given it."""
-    if kind == "folder":
-        return folder
-    if kind == "sharded folder":
-        hf_model.save_pretrained(tmp_path / "sharded", max_shard_size="40KB")
-        assert (tmp_path / "sharded" / "model.safetensors.index.json").exists()
-        return tmp_path / "sharded"
-    if kind == "file beside config.json":
-        return folder / "model.safetensors"
-    assert kind == "file with config.json in its metadata"
-    hf_config = json.loads((folder / "config.json").read_text())
-    tensors = dict(read_safetensors(folder / "model.safetensors"))
-    write_hf_model_file(tmp_path / "llama.safetensors", tensors, hf_config)
-    return tmp_path / "llama.safetensors"
-
-
-@pytest.mark.parametrize("kind", ["folder", "sharded folder", "file beside config.json",
-                                  "file with config.json in its metadata"])
+@pytest.mark.parametrize("kind", PATH_KINDS)
 def test_takes_a_model_folder_or_a_safetensors_file(tinyllama, tmp_path, kind):
     folder, hf_model = tinyllama
-    path = llama_path(kind, folder, hf_model, tmp_path)
+    path = checkpoint_path(kind, folder, hf_model, tmp_path)
     download_llama.main(["--from-safetensors", str(path), "-o", str(tmp_path / "out.bin")])
     config, params = read_llama_model(tmp_path / "out.bin", LlamaConfig)
     transformers_tensors = {name: t.numpy() for name, t in hf_model.state_dict().items()}

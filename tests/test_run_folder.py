@@ -271,7 +271,7 @@ def test_an_output_dir_keeps_the_final_model_and_says_what_it_holds(data, tmp_pa
 def test_ctrl_c_says_how_to_resume(data, tmp_path):
     out = tmp_path / "run"
     command = [sys.executable, os.path.join(ROOT, "train.py"),
-               *map(str, small(data, "-x", 1000, "-n", 1, "-o", out))]
+               *map(str, small(data, "-x", 1000, "-n", 1, "-nk", 2, "-o", out))]
     with subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                           text=True) as process:
         while not (out / "DONE_00000002").exists() and process.poll() is None:
