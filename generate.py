@@ -173,7 +173,8 @@ def read_prompts(path):
         with open(path, encoding="utf-8") as f:
             lines = [line.rstrip("\n").replace("\\n", "\n") for line in f]
     except UnicodeDecodeError as e:
-        raise GenerateError(f"--prompts {path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+        raise GenerateError(f"--prompts {path}: not UTF-8 text ({e.reason} at byte "
+                            f"{e.start})") from None
     if not lines:
         raise GenerateError(f"--prompts {path}: an empty file, no prompt in it")
     return lines
@@ -297,9 +298,10 @@ def chat(model, tokenizer, args):
         cached = (text + reply)[:model.kv_positions]
         done = time.perf_counter()
         messages.append({"role": "assistant", "content": tokenizer.decode(reply)})
-        note(f"{len(text) - agree} new prompt tokens at {(len(text) - agree) / (prompted - started):.1f} "
-             f"tok/s, a reply of {len(reply)} at {len(reply) / max(done - prompted, 1e-9):.1f} "
-             f"tok/s; {model.kv_positions} of {capacity} positions cached")
+        new = len(text) - agree
+        note(f"{new} new prompt tokens at {new / (prompted - started):.1f} tok/s, a reply of "
+             f"{len(reply)} at {len(reply) / max(done - prompted, 1e-9):.1f} tok/s; "
+             f"{model.kv_positions} of {capacity} positions cached")
 
 
 def run(argv=None):

@@ -64,8 +64,8 @@ def run_c_speed(binary, checkout, model_path, tokens, threads):
     not a count: it stops at -n or at BOS)."""
     done = subprocess.run([binary, model_path, "-t", "0", "-n", str(len(PROMPT) - 1 + tokens),
                            "-i", "Once upon a time", "-z", os.path.join(checkout, "tokenizer.bin")],
-                          capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS=str(threads)),
-                          check=True)
+                          capture_output=True, text=True, check=True,
+                          env=dict(os.environ, OMP_NUM_THREADS=str(threads)))
     speed = re.search(r"achieved tok/s: ([0-9.]+)", done.stderr)
     return float(speed.group(1)) if speed else float("nan")
 
