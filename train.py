@@ -57,6 +57,7 @@ train_gpt2.pyx and train_llama2.pyx, each found by its name (llmc/families.py).
 import argparse
 import dataclasses
 import difflib
+import functools
 import glob
 import math
 import os
@@ -482,16 +483,18 @@ def resumed_arguments(p, argv, args):
             p.error(f"argument -y: -o {out} holds no run to resume (without -y 1 a new run "
                     f"starts there)")
         return args
-    destinations = run_destinations(p)
+    destinations = run_destinations()
     p.set_defaults(**{destinations[flag]: value for flag, value in saved.items()
                       if flag in destinations})
     return p.parse_args(argv)
 
 
-def run_destinations(p):
-    """The flags of run.json, each with the attribute of args it sets (the parser's)."""
-    return {flag: action.dest for action in p._actions for flag in action.option_strings
-            if flag in RUN_SHAPE + RUN_CARRIED}
+@functools.cache
+def run_destinations():
+    """The flags of run.json, each with the attribute of args it sets (the parser's, built
+    once)."""
+    return {flag: action.dest for action in argument_parser()._actions
+            for flag in action.option_strings if flag in RUN_SHAPE + RUN_CARRIED}
 
 
 def run_config(args):
@@ -499,7 +502,7 @@ def run_config(args):
     absolute paths (the number of processes is checked against the training state, by
     resume)."""
     config = {flag: getattr(args, destination)
-              for flag, destination in run_destinations(argument_parser()).items()}
+              for flag, destination in run_destinations().items()}
     config["-i"], config["-j"] = os.path.abspath(args.train_data), os.path.abspath(args.val_data)
     return config
 
