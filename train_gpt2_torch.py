@@ -141,14 +141,15 @@ class GPT(nn.Module):
         self.lm_head.weight = self.transformer.wte.weight  # tied
 
     def forward(self, idx, targets):
-        """logits (B,T,V) and the mean cross-entropy loss of idx (B,T) predicting targets."""
+        """logits (B,T,V) and the mean cross-entropy loss of idx (B,T) predicting targets, over
+        the positions whose target is not -1 (llm.c's train_gpt2.py's ignore_index)."""
         T = idx.size(1)
         pos = torch.arange(T, dtype=torch.long)
         x = self.transformer.wte(idx) + self.transformer.wpe(pos)
         for block in self.transformer.h:
             x = block(x)
         logits = self.lm_head(self.transformer.ln_f(x))
-        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
         return logits, loss
 
 

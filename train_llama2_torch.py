@@ -141,14 +141,15 @@ class Transformer(nn.Module):
         self.register_buffer("rope_sin", torch.from_numpy(sin), persistent=False)
 
     def forward(self, idx, targets):
-        """logits (B,T,V) and the mean cross-entropy loss of idx (B,T) predicting targets."""
+        """logits (B,T,V) and the mean cross-entropy loss of idx (B,T) predicting targets, over
+        the positions whose target is not -1 (llm.c's train_gpt2.py's ignore_index)."""
         T = idx.size(1)
         cos, sin = self.rope_cos[:T], self.rope_sin[:T]
         x = self.tok_embeddings(idx)
         for layer in self.layers:
             x = layer(x, cos, sin)
         logits = self.output(self.norm(x))
-        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
         return logits, loss
 
 

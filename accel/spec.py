@@ -32,10 +32,16 @@ An argument is one line: `<C type> <name>` for a number, and for a pointer
                Python a NumPy array)
     ~K         the output's reduction length (summands per element): check:'s error model
     causal     (..., T, T) scores: only t2 <= t is compared (the rest is never written)
-    optional   may be NULL (a matmul without bias, the classifier's loss without targets)
-    init       how tests fill an input: normal (default), tokens (ids below V), positive,
-               small (normal / 10), rope (a cos or sin table), forward (what the entry's
-               forward writes from the inputs the two share: a backward's saved activations)
+    optional   may be NULL (a matmul without bias, the classifier's loss without targets, a
+               weight gradient not wanted: a frozen weight, whose GEMM the entry then skips)
+    init       how tests fill an input: normal (default), tokens (ids below V), targets (ids
+               below V, about a quarter of them -1, at least one of each), positive, small
+               (normal / 10), rope (a cos or sin table), forward (what the entry's forward
+               writes from the inputs the two share: a backward's saved activations)
+
+A target of -1 (llm.c's; transformers' -100 is mapped to it) marks a position that is not
+scored: the loss entries write its loss as 0 and add nothing to its row of dlogits (the row's
+log-sum-exp is still written).
 
 Dimension letters: B batch, T time, C channels, OC output channels, NH heads, NKV key/value
 heads, hs head size, H the FFN's hidden size, V vocabulary, Vp padded vocabulary (row stride of
@@ -204,8 +210,9 @@ ENTRIES = [
     E("matmul_forward", "linear", "floatX* out[B*T*OC] out ~C", "const floatX* inp[B*T*C] in",
       "const floatX* weight[OC*C] in", "const floatX* bias[OC] in optional", "int B", "int T",
       "int C", "int OC", cpu="kernels.matmul", bf16=None),
-    E("matmul_backward", "linear", "floatX* dinp[B*T*C] grad ~OC", "float* dweight[OC*C] grad ~B*T",
-      "float* dbias[OC] grad ~B*T", "const floatX* dout[B*T*OC] in", "const floatX* inp[B*T*C] in",
+    E("matmul_backward", "linear", "floatX* dinp[B*T*C] grad ~OC",
+      "float* dweight[OC*C] grad ~B*T optional", "float* dbias[OC] grad ~B*T optional",
+      "const floatX* dout[B*T*OC] in", "const floatX* inp[B*T*C] in",
       "const floatX* weight[OC*C] in", "int B", "int T", "int C", "int OC",
       cpu="kernels.matmul", bf16=None),
     E("residual_forward", "linear", "floatX* out[N] out", "const floatX* inp1[N] in",
@@ -242,11 +249,11 @@ ENTRIES = [
     E("softmax_forward", "gpt2", "float* probs[B*T*Vp] out ~V", "const floatX* logits[B*T*Vp] in",
       "int B", "int T", "int V", "int Vp", cpu="kernels.crossentropy", bf16="kernel"),
     E("crossentropy_forward", "gpt2", "float* losses[B*T] out", "const float* probs[B*T*Vp] in init=positive",
-      "const int* targets[B*T] in init=tokens", "int B", "int T", "int Vp",
+      "const int* targets[B*T] in init=targets", "int B", "int T", "int Vp",
       cpu="kernels.crossentropy"),
     E("crossentropy_softmax_backward", "gpt2", "floatX* dlogits[B*T*Vp] grad",
       "const float* dlosses[B*T] in", "const float* probs[B*T*Vp] in init=positive",
-      "const int* targets[B*T] in init=tokens", "int B", "int T", "int V", "int Vp",
+      "const int* targets[B*T] in init=targets", "int B", "int T", "int V", "int Vp",
       cpu="kernels.crossentropy", bf16="kernel"),
     # --- llama (letters as above, plus NKV key/value heads and hs the head size) -------------
     E("embedding_forward", "llama", "floatX* out[B*T*C] out", "const int* inp[B*T] in init=tokens",
@@ -257,8 +264,9 @@ ENTRIES = [
     E("rmsnorm_forward", "llama", "floatX* out[B*T*C] out ~C", "float* rstd[B*T] out ~C",
       "const floatX* inp[B*T*C] in", "const floatX* weight[C] in", "float eps", "int B", "int T",
       "int C", cpu="kernels.rmsnorm", bf16="kernel"),
-    E("rmsnorm_backward", "llama", "floatX* dinp[B*T*C] grad ~C", "float* dweight[C] grad ~B*T",
-      "const floatX* dout[B*T*C] in", "const floatX* inp[B*T*C] in", "const floatX* weight[C] in",
+    E("rmsnorm_backward", "llama", "floatX* dinp[B*T*C] grad ~C",
+      "float* dweight[C] grad ~B*T optional", "const floatX* dout[B*T*C] in",
+      "const floatX* inp[B*T*C] in", "const floatX* weight[C] in",
       "const float* rstd[B*T] in init=small", "int B", "int T", "int C", cpu="kernels.rmsnorm", bf16="kernel"),
     E("rope_forward", "llama", "floatX* out[B*T*NH*hs] out ~2", "const floatX* inp[B*T*NH*hs] in",
       "const float* freqs_cos[T*hs/2] in init=rope", "const float* freqs_sin[T*hs/2] in init=rope",
@@ -284,12 +292,12 @@ ENTRIES = [
     # --- classifier (logits rows of Vp, the first V of them the vocabulary) -------------------
     E("classifier_forward", "classifier", "float* losses[B*T] out ~V optional",
       "float* logsum[B*T] out ~V", "const floatX* logits[B*T*Vp] in",
-      "const int* targets[B*T] in init=tokens optional", "int B", "int T", "int V", "int Vp",
+      "const int* targets[B*T] in init=targets optional", "int B", "int T", "int V", "int Vp",
       cpu="kernels.classifier", bf16="kernel"),
     E("classifier_backward", "classifier", "floatX* dlogits[B*T*Vp] grad",
       "const float* dlosses[B*T] in", "const floatX* logits[B*T*Vp] in",
-      "const float* logsum[B*T] in", "const int* targets[B*T] in init=tokens", "int B", "int T",
-      "int V", "int Vp", cpu="kernels.classifier", bf16="kernel"),
+      "const float* logsum[B*T] in", "const int* targets[B*T] in init=targets", "int B",
+      "int T", "int V", "int Vp", cpu="kernels.classifier", bf16="kernel"),
     # --- flash --------------------------------------------------------------------------
     E("flash_attention_forward", "flash", "floatX* out[B*T*C] out ~T", "float* lse[B*NH*T] out ~T",
       "const floatX* inp[B*T*3*C] in", "int B", "int T", "int C", "int NH",

@@ -478,8 +478,9 @@ class Crossentropy(Kernel):
         B, T, V, Vp = s["B"], s["T"], s["V"], s["Vp"]
         logits = rand(rng, B, T, Vp, scale=3.0)
         logits[..., V:] = 0.0
-        st = dict(B=B, T=T, V=V, Vp=Vp, logits=logits,
-                  targets=rng.integers(0, V, (B, T)).astype(np.int32),
+        targets = rng.integers(0, V, (B, T)).astype(np.int32)
+        targets.reshape(-1)[::7] = -1   # positions not scored: their rows must be left alone
+        st = dict(B=B, T=T, V=V, Vp=Vp, logits=logits, targets=targets,
                   probs=np.zeros((B, T, Vp), np.float32), losses=np.zeros((B, T), np.float32),
                   dlosses=np.full((B, T), 1.0 / (B * T), np.float32),
                   dlogits0=rand(rng, B, T, Vp, scale=1e-4))

@@ -5,10 +5,12 @@ from kernels.bf16 cimport floatX
 cdef void classifier_forward(float* losses, float* logsum, const floatX* logits, const int* targets,
                              int B, int T, int V, int Vp) noexcept nogil
 # logsum (B,T) = log sum_i exp(logits[b,t,i] - max_i logits[b,t,i]);
-# losses (B,T) = max + logsum - logits[target] (targets, losses may be NULL: logsum alone);
-# logits (B,T,Vp) of which the first V are the vocabulary (Vp = V: no padding), targets (B,T)
+# losses (B,T) = max + logsum - logits[target], 0 where target is -1 (not scored) (targets,
+# losses may be NULL: logsum alone); logits (B,T,Vp) of which the first V are the vocabulary
+# (Vp = V: no padding), targets (B,T)
 cdef void classifier_backward(floatX* dlogits, const float* dlosses, const floatX* logits,
                               const float* logsum, const int* targets, int B, int T, int V,
                               int Vp) noexcept nogil
-# dlogits (B,T,Vp) += (softmax(logits) - onehot(target)) * dlosses over the first V;
+# dlogits (B,T,Vp) += (softmax(logits) - onehot(target)) * dlosses over the first V, nothing
+# in a row whose target is -1;
 # softmax = exp(logits - max) / exp(logsum), the max found again

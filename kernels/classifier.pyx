@@ -2,6 +2,8 @@
 #   logsum[b,t] = log sum_i exp(logits[b,t,i] - max)         (max: the row's largest logit)
 #   losses[b,t] = max - logits[b,t,target] + logsum[b,t]      (= -log softmax[target])
 #   dlogits    += (exp(logits - max) / exp(logsum) - onehot(target)) * dlosses
+# A target of -1 is a position not scored (llm.c's mask; transformers' -100): its loss is 0 and
+# its row of dlogits gets nothing; its logsum is written all the same.
 # Against a softmax into a probability buffer and a backward that reads it back
 # (kernels/crossentropy), this moves about half the bytes at a large vocabulary (the rows are
 # the big tensors of a small model: 128 KB each at V=32000): forward reads the logits once (the
@@ -31,7 +33,7 @@ cdef void classifier_forward(float* losses, float* logsum, const floatX* logits,
             total = total + vexpf(load(row, i) - maxval)
         logsum[bt] = logf(total)
         if targets != NULL and losses != NULL:
-            losses[bt] = (maxval - load(row, targets[bt])) + logsum[bt]
+            losses[bt] = 0.0 if targets[bt] < 0 else (maxval - load(row, targets[bt])) + logsum[bt]
 
 
 cdef void classifier_backward(floatX* dlogits, const float* dlosses, const floatX* logits,
@@ -43,6 +45,9 @@ cdef void classifier_backward(floatX* dlogits, const float* dlosses, const float
     cdef float dloss, maxval, scale, value
     cdef Py_ssize_t target
     for bt in prange(BT, schedule="static", use_threads_if=BT * V >= SERIAL_BELOW):
+        target = targets[bt]
+        if target < 0:   # not scored
+            continue
         row = logits + bt * Vp
         drow = dlogits + bt * Vp
         dloss = dlosses[bt]
@@ -50,7 +55,6 @@ cdef void classifier_backward(floatX* dlogits, const float* dlosses, const float
         # the softmax as exp(logits - max) / sum, not exp(logits - (max + logsum)):
         # -fassociative-math could fold the two subtractions and round away logits - max's digits
         scale = expf(-logsum[bt]) * dloss
-        target = targets[bt]
         for i in range(V):
             # the target's -dloss after the sum, as two float32 roundings, before the one
             # rounding of a bf16 store
@@ -72,15 +76,15 @@ cdef _check_targets(str where, const int[:, ::1] targets, int V):
     cdef Py_ssize_t b, t
     for b in range(targets.shape[0]):
         for t in range(targets.shape[1]):
-            if not 0 <= targets[b, t] < V:
+            if not -1 <= targets[b, t] < V:
                 raise ValueError(f"classifier.{where}: targets[{b}, {t}] = {targets[b, t]} is "
-                                 f"not a token id in [0, {V})")
+                                 f"not a token id in [0, {V}) nor -1 (not scored)")
 
 
 def forward(float[:, ::1] logsum, const float[:, :, ::1] logits, float[:, ::1] losses=None,
             const int[:, ::1] targets=None):
     """logsum (B,T) = log sum exp(logits - the row's max) of logits (B,T,V); with targets (B,T)
-    also the losses (B,T)."""
+    also the losses (B,T) (0 where a target is -1: not scored)."""
     cdef int B = logits.shape[0], T = logits.shape[1], V = logits.shape[2]
     _check_shape("forward", "logsum", (logsum.shape[0], logsum.shape[1]), (B, T))
     if (losses is None) != (targets is None):
@@ -103,7 +107,8 @@ def forward(float[:, ::1] logsum, const float[:, :, ::1] logits, float[:, ::1] l
 
 def backward(float[:, :, ::1] dlogits, const float[:, ::1] dlosses, const float[:, :, ::1] logits,
              const float[:, ::1] logsum, const int[:, ::1] targets):
-    """dlogits (B,T,V) += (softmax(logits) - onehot(targets)) * dlosses (B,T); logsum from forward."""
+    """dlogits (B,T,V) += (softmax(logits) - onehot(targets)) * dlosses (B,T), nothing in the rows
+    whose target is -1; logsum from forward."""
     cdef int B = logits.shape[0], T = logits.shape[1], V = logits.shape[2]
     _check_shape("backward", "dlogits", (dlogits.shape[0], dlogits.shape[1], dlogits.shape[2]), (B, T, V))
     for name, arr in (("dlosses", dlosses), ("logsum", logsum), ("targets", targets)):

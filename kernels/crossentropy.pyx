@@ -1,6 +1,7 @@
 # Softmax and cross-entropy (promoted from dev/cpu/crossentropy_2.pyx): multi-threaded, vectorised.
 #   probs (B,T,Vp) = softmax(logits) over the first V entries, 0 in the padding
 #   losses (B,T) = -log probs[target];  dlogits (B,T,Vp) += (probs - onehot(target)) * dlosses
+#   a target of -1 is a position not scored (llm.c's mask): loss 0, nothing added to its row
 # The softmax is ~V exponentials per position (12.9M at B=4, T=64): with libm's expf that is
 # one call per element; kernels.vexp's exp vectorises, and so does kernels.rowmax's maximum
 # (a plain max loop is one dependent compare per element).  The max, the exp-and-sum and the
@@ -39,7 +40,7 @@ cdef void crossentropy_forward(float* losses, const float* probs, const int* tar
                                int B, int T, int Vp) noexcept nogil:
     cdef Py_ssize_t bt
     for bt in range(<Py_ssize_t>B * T):   # B*T logs: not worth a thread team
-        losses[bt] = -logf(probs[bt * Vp + targets[bt]])
+        losses[bt] = 0.0 if targets[bt] < 0 else -logf(probs[bt * Vp + targets[bt]])
 
 
 cdef void crossentropy_softmax_backward(floatX* dlogits, const float* dlosses, const float* probs,
@@ -50,10 +51,12 @@ cdef void crossentropy_softmax_backward(floatX* dlogits, const float* dlosses, c
     cdef float dloss, value
     cdef Py_ssize_t target
     for bt in prange(<Py_ssize_t>B * T, schedule="static"):
+        target = targets[bt]
+        if target < 0:   # not scored
+            continue
         dlogits_bt = dlogits + bt * Vp
         probs_bt = probs + bt * Vp
         dloss = dlosses[bt]
-        target = targets[bt]
         for i in range(V):
             # the target's -dloss after the sum, as two float32 roundings, before the one
             # rounding of a bf16 store

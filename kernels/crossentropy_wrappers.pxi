@@ -13,9 +13,9 @@ cdef int _check_targets(str where, const int[:, ::1] targets, int V) except -1:
     cdef Py_ssize_t b, t
     for b in range(targets.shape[0]):
         for t in range(targets.shape[1]):
-            if not 0 <= targets[b, t] < V:
+            if not -1 <= targets[b, t] < V:
                 raise ValueError(f"crossentropy.{where}: targets[{b}, {t}] = {targets[b, t]} "
-                                 f"is not a token id in [0, {V})")
+                                 f"is not a token id in [0, {V}) nor -1 (not scored)")
     return 0
 
 
@@ -33,7 +33,7 @@ def softmax(float[:, :, ::1] probs, const float[:, :, ::1] logits, int V):
 
 
 def forward(float[:, ::1] losses, const float[:, :, ::1] probs, const int[:, ::1] targets):
-    """losses (B,T) = -log probs[b, t, targets[b, t]]."""
+    """losses (B,T) = -log probs[b, t, targets[b, t]], 0 where the target is -1 (not scored)."""
     cdef int B = probs.shape[0], T = probs.shape[1], Vp = probs.shape[2]
     _check("forward", "losses", (losses.shape[0], losses.shape[1]), (B, T))
     _check("forward", "targets", (targets.shape[0], targets.shape[1]), (B, T))
@@ -46,7 +46,8 @@ def forward(float[:, ::1] losses, const float[:, :, ::1] probs, const int[:, ::1
 
 def backward(float[:, :, ::1] dlogits, const float[:, ::1] dlosses, const float[:, :, ::1] probs,
              const int[:, ::1] targets, int V):
-    """dlogits (B,T,Vp) += (probs - onehot(targets)) * dlosses over the first V entries."""
+    """dlogits (B,T,Vp) += (probs - onehot(targets)) * dlosses over the first V entries, nothing
+    in the rows whose target is -1."""
     cdef int B = probs.shape[0], T = probs.shape[1], Vp = probs.shape[2]
     _check("backward", "dlogits", (dlogits.shape[0], dlogits.shape[1], dlogits.shape[2]), (B, T, Vp))
     _check("backward", "dlosses", (dlosses.shape[0], dlosses.shape[1]), (B, T))

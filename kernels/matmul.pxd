@@ -8,7 +8,8 @@ cdef void matmul_forward(float* out, const float* inp, const float* weight, cons
 # out (B,T,OC); inp (B,T,C); weight (OC,C); bias (OC,) or NULL
 cdef void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                           const float* inp, const float* weight, int B, int T, int C, int OC) noexcept nogil
-# dinp (B,T,C) or NULL (not wanted), dweight (OC,C), dbias (OC,) or NULL: all += ...;  dout (B,T,OC)
+# dinp (B,T,C), dweight (OC,C), dbias (OC,), each NULL where not wanted (dweight: a frozen
+# weight, its GEMM skipped): all += ...;  dout (B,T,OC)
 
 
 # Shared with the lab's matmul variants (dev/cpu): blocks of columns start on 64-byte
@@ -41,7 +42,7 @@ cdef inline void dinp_block(float* dinp, const float* dout, const float* weight,
               1.0, dinp + c0, leading_dim(C))
 
 
-# dweight[o0:o1] (o1-o0, C) += dout[:, o0:o1]^T (o1-o0, BT) @ inp (BT,C), and
+# dweight[o0:o1] (o1-o0, C) (or NULL) += dout[:, o0:o1]^T (o1-o0, BT) @ inp (BT,C), and
 # dbias[o0:o1] (or NULL) += dout[:, o0:o1] summed over rows: contiguous, vectorised
 cdef inline void dweight_block(float* dweight, float* dbias, const float* dout, const float* inp,
                                int BT, int C, int OC, int o0, int o1) noexcept nogil:
@@ -49,9 +50,10 @@ cdef inline void dweight_block(float* dweight, float* dbias, const float* dout, 
     cdef const float* dout_bt
     if o1 <= o0:
         return
-    sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, o1 - o0, C, BT,
-          1.0, dout + o0, leading_dim(OC), inp, leading_dim(C),
-          1.0, dweight + <Py_ssize_t>o0 * C, leading_dim(C))
+    if dweight != NULL:
+        sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, o1 - o0, C, BT,
+              1.0, dout + o0, leading_dim(OC), inp, leading_dim(C),
+              1.0, dweight + <Py_ssize_t>o0 * C, leading_dim(C))
     if dbias != NULL:
         for bt in range(BT):
             dout_bt = dout + bt * OC

@@ -1,6 +1,6 @@
 # Linear layer (llm.c's matmul):  out = inp @ weight^T + bias
 #   inp (B,T,C), weight (OC,C), bias (OC,) or NULL  ->  out (B,T,OC)
-# Backward, all += :
+# Backward, all += (each skipped where its pointer is NULL: a frozen weight saves its GEMM):
 #   dinp (B,T,C)   += dout @ weight
 #   dweight (OC,C) += dout^T @ inp        (summed over the B*T rows)
 #   dbias (OC,)    += dout summed over the B*T rows

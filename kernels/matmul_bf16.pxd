@@ -10,5 +10,6 @@ cdef int matmul_forward_bf16(bf16* out, const bf16* inp, const bf16* weight, con
 cdef int matmul_backward_bf16(bf16* dinp, float* dweight, float* dbias, const bf16* dout,
                               const bf16* inp, const bf16* weight, int B, int T, int C,
                               int OC) noexcept nogil
-# dinp (B,T,C) bf16 or NULL, dweight (OC,C) float32, dbias (OC,) float32 or NULL: all += ...;
+# dinp (B,T,C) bf16, dweight (OC,C) float32, dbias (OC,) float32, each NULL where not wanted
+# (dweight: a frozen weight, its GEMM skipped): all += ...;
 # dout (B,T,OC) bf16.  Both return -1 where a GEMM or a block found no scratch memory, else 0.

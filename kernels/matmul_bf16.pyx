@@ -1,6 +1,6 @@
 # Linear layer in bf16:  out = inp @ weight^T + bias,  llm.c's matmul with bf16 storage.
 #   inp (B,T,C), weight (OC,C), bias (OC,) or NULL  ->  out (B,T,OC), all bf16
-# Backward, all += :
+# Backward, all += (each skipped where its pointer is NULL: a frozen weight saves its GEMM):
 #   dinp (B,T,C) bf16      += dout @ weight
 #   dweight (OC,C) float32 += dout^T @ inp        (summed over the B*T rows)
 #   dbias (OC,) float32    += dout summed over the B*T rows
@@ -59,14 +59,16 @@ cdef int gemm_rounded(bf16* out, int ldo, const bf16* bias, bint accumulate, int
 
 cdef int dweight_block(float* dweight, float* dbias, const bf16* dout, const bf16* inp,
                        int BT, int C, int OC, int o0, int o1) noexcept nogil:
-    """dweight[o0:o1] += dout[:, o0:o1]^T @ inp, straight into float32; dbias[o0:o1] too."""
+    """dweight[o0:o1] += dout[:, o0:o1]^T @ inp, straight into float32; dbias[o0:o1] too (each
+    skipped where NULL)."""
     cdef Py_ssize_t bt, o
-    cdef int failed
+    cdef int failed = 0
     if o1 <= o0:
         return 0
-    failed = gemm_bf16(CblasRowMajor, CblasTrans, CblasNoTrans, o1 - o0, C, BT,
-                       1.0, dout + o0, leading_dim(OC), inp, leading_dim(C),
-                       1.0, dweight + <Py_ssize_t>o0 * C, leading_dim(C))
+    if dweight != NULL:
+        failed = gemm_bf16(CblasRowMajor, CblasTrans, CblasNoTrans, o1 - o0, C, BT,
+                           1.0, dout + o0, leading_dim(OC), inp, leading_dim(C),
+                           1.0, dweight + <Py_ssize_t>o0 * C, leading_dim(C))
     if dbias != NULL:
         for bt in range(BT):
             for o in range(o0, o1):

@@ -194,19 +194,22 @@ def softmax_forward(logits, V):
 
 
 def crossentropy_forward(probs, targets):
-    """losses (B,T) = -log probs[b, t, targets[b, t]]."""
-    picked = np.take_along_axis(np.asarray(probs), np.asarray(targets)[..., None], axis=-1)
-    return -np.log(f64(picked[..., 0]))
+    """losses (B,T) = -log probs[b, t, targets[b, t]], 0 where the target is -1 (not scored)."""
+    scored = np.asarray(targets) >= 0
+    picked = np.take_along_axis(np.asarray(probs), np.where(scored, targets, 0)[..., None], axis=-1)
+    return np.where(scored, -np.log(f64(picked[..., 0])), 0.0)
 
 
 def crossentropy_softmax_backward(dlogits, dlosses, probs, targets, V):
     """dlogits (B,T,Vp) after adding (probs - onehot(targets)) * dlosses (B,T) over the first
-    V entries; the padding is left as it was (probs there are never read)."""
-    targets = np.asarray(targets)[..., None]
+    V entries; the padding is left as it was (probs there are never read), and so is each row
+    whose target is -1 (not scored)."""
+    scored = (np.asarray(targets) >= 0)[..., None]
+    targets = np.where(scored, np.asarray(targets)[..., None], 0)
     grad = np.array(probs, dtype=np.float64)
     grad[..., V:] = 0.0
     np.put_along_axis(grad, targets, np.take_along_axis(grad, targets, axis=-1) - 1.0, axis=-1)
-    return f64(dlogits) + grad * f64(dlosses)[..., None]
+    return f64(dlogits) + np.where(scored, grad * f64(dlosses)[..., None], 0.0)
 
 
 # ----------------------------------------------------------------------------

@@ -6,4 +6,4 @@ cdef void rmsnorm_forward(floatX* out, float* rstd, const floatX* inp, const flo
 # out (B,T,C), rstd (B,T) cached for backward; inp (B,T,C), weight (C,); llama2.c: eps 1e-5
 cdef void rmsnorm_backward(floatX* dinp, float* dweight, const floatX* dout, const floatX* inp,
                            const floatX* weight, const float* rstd, int B, int T, int C) noexcept nogil
-# dinp (B,T,C), dweight (C,) += ...;  dout (B,T,C)
+# dinp (B,T,C), dweight (C,) (NULL: a frozen weight, not computed) += ...;  dout (B,T,C)

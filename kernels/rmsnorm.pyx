@@ -4,7 +4,7 @@
 #   inp, out (B,T,C); rstd (B,T), kept for the backward pass; weight (C,); no bias, no mean
 # Backward, with norm = inp * rstd and g = weight * dout:
 #   dinp    += rstd * (g - norm * sum_i(g_i norm_i) / C)
-#   dweight += sum over positions of norm * dout
+#   dweight += sum over positions of norm * dout      (skipped where dweight is NULL: frozen)
 from cython.parallel cimport prange, threadid
 from libc.math cimport sqrtf
 from libc.stdlib cimport calloc, free
@@ -39,7 +39,7 @@ cdef void rmsnorm_forward(floatX* out, float* rstd, const floatX* inp, const flo
 cdef inline void rmsnorm_backward_row(floatX* dinp_bt, float* dweight, const floatX* dout_bt,
                                       const floatX* inp_bt, const floatX* weight, float rstd_bt,
                                       int C) noexcept nogil:
-    # one position: dinp_bt (C,) += ..., and this position's share of dweight (C,)
+    # one position: dinp_bt (C,) += ..., and this position's share of dweight (C,) (or NULL)
     cdef Py_ssize_t i
     cdef float norm_i
     # the one reduction over the channels that every dinp_bt[i] depends on (through rstd)
@@ -51,8 +51,9 @@ cdef inline void rmsnorm_backward_row(floatX* dinp_bt, float* dweight, const flo
         norm_i = load(inp_bt, i) * rstd_bt
         store(dinp_bt, i, load(dinp_bt, i) + (load(weight, i) * load(dout_bt, i) - norm_i * dnorm_norm_mean) * rstd_bt)
     # separate loop: fewer pointers per loop, so the compiler still vectorises both
-    for i in range(C):
-        dweight[i] += (load(inp_bt, i) * rstd_bt) * load(dout_bt, i)
+    if dweight != NULL:
+        for i in range(C):
+            dweight[i] += (load(inp_bt, i) * rstd_bt) * load(dout_bt, i)
 
 
 cdef void rmsnorm_backward(floatX* dinp, float* dweight, const floatX* dout, const floatX* inp,
@@ -67,6 +68,12 @@ cdef void rmsnorm_backward(floatX* dinp, float* dweight, const floatX* dout, con
         num_threads = <int>BT
     cdef float* scratch = NULL  # (num_threads, stride): one dweight row per thread
     cdef float* dweight_th
+    if dweight == NULL:
+        # a frozen weight: dinp alone, no sums to gather
+        for bt in prange(BT, schedule="static", num_threads=num_threads):
+            rmsnorm_backward_row(dinp + bt * C, NULL, dout + bt * C, inp + bt * C, weight,
+                                 rstd[bt], C)
+        return
     if num_threads > 1:
         scratch = <float*>calloc(num_threads * stride, sizeof(float))
     if scratch == NULL:

@@ -30,6 +30,7 @@ cdef class Model:
     cdef readonly int loss_scale_steps   # finite steps since the loss scale last changed
     cdef readonly int B, T               # shape of the last forward
     cdef bint has_targets                # the last forward had targets
+    cdef Py_ssize_t scored               # its positions whose target is not -1 (not scored)
     cdef float mean_loss
     cdef public int step                 # the AdamW t of the last update, 0 before any (the
                                          # check backend reports it; bf16: the seed that update

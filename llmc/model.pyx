@@ -467,15 +467,18 @@ cdef class Model:
 
     # --- forward ---------------------------------------------------------------------------
 
-    def _batch(self, tokens, what):
+    def _batch(self, tokens, what, bint masked=False):
+        """tokens as a contiguous int32 (B, T), checked; masked: targets, where -1 marks a
+        position not scored."""
         tokens = np.ascontiguousarray(tokens, dtype=np.int32)
         if tokens.ndim != 2 or tokens.shape[0] < 1 or tokens.shape[1] < 1:
             raise ValueError(f"{what} must have shape (B, T), got {tokens.shape}")
         if tokens.shape[1] > self.config.max_seq_len:
             raise ValueError(f"{what}: sequence length {tokens.shape[1]} exceeds the model's "
                              f"max_seq_len {self.config.max_seq_len}")
-        if tokens.min() < 0 or tokens.max() >= self.config.vocab_size:
-            raise ValueError(f"{what}: token ids must be in [0, {self.config.vocab_size}), "
+        if tokens.min() < (-1 if masked else 0) or tokens.max() >= self.config.vocab_size:
+            raise ValueError(f"{what}: token ids must be in [0, {self.config.vocab_size})"
+                             f"{' or -1 (not scored)' if masked else ''}, "
                              f"got [{tokens.min()}, {tokens.max()}]")
         return tokens
 
@@ -567,10 +570,11 @@ cdef class Model:
 
     def forward(self, inputs, targets=None):
         """Run the model on inputs (B, T) token ids.  With targets (B, T), also the loss:
-        returns the mean cross-entropy, else None.  Logits and probs stay in activations()."""
+        returns the mean cross-entropy over the positions whose target is not -1 (not scored:
+        transformers' -100), else None.  Logits and probs stay in activations()."""
         inputs = self._batch(inputs, "inputs")
         if targets is not None:
-            targets = self._batch(targets, "targets")
+            targets = self._batch(targets, "targets", masked=True)
             if targets.shape != inputs.shape:
                 raise ValueError(f"targets shape {targets.shape} != inputs shape {inputs.shape}")
         cdef int B = inputs.shape[0], T = inputs.shape[1]
@@ -580,6 +584,7 @@ cdef class Model:
         self.has_targets = targets is not None
         if self.has_targets:
             self._targets.load(targets)
+            self.scored = np.count_nonzero(targets >= 0)
         cdef const int* inp = ints(self._inputs)
         cdef const int* tgt = ints(self._targets) if self.has_targets else NULL
         with nogil:
@@ -587,7 +592,13 @@ cdef class Model:
             if tgt != NULL:
                 self.mean_loss = self.table.mean(self.table.ctx, self.losses, <Py_ssize_t>B * T)
         self.backend.check_error()
-        return float(self.mean_loss) if self.has_targets else None
+        if not self.has_targets:
+            return None
+        # the masked positions' losses are 0, so the mean over all B*T, rescaled, is the mean
+        # over the scored ones.  None scored: 0.0, not PyTorch's nan (0/0): such a batch (a
+        # prompt without its answer in fine-tuning) carries no signal, and its loss adds nothing
+        # to an average, nor breaks the logged curve or the outlier z-scores
+        return float(self.mean_loss) * (B * T) / self.scored if self.scored > 0 else 0.0
 
     # --- generation with a KV cache ------------------------------------------------------
 
@@ -739,10 +750,13 @@ cdef class Model:
         cdef void* ctx = self.table.ctx
         cdef Py_ssize_t BT = <Py_ssize_t>B * T
         cdef int j, l, L = self.L, n = self.layer_fields - 1
+        if self.scored == 0:   # no position scored: a loss of 0, nothing to add
+            return
         self.table.mark(ctx, self.step, -1)
         self.table.zero(ctx, self.grads_acts_head, self.head_grad_bytes)
-        # the loss is the mean over B*T positions (times the loss scale: fp16)
-        self.table.fill(ctx, self.dlosses, self.loss_scale / BT, BT)
+        # the loss is the mean over the scored positions (times the loss scale: fp16); the
+        # masked ones' dlosses are never read (their rows of dlogits get nothing)
+        self.table.fill(ctx, self.dlosses, self.loss_scale / self.scored, BT)
         self.table.zero(ctx, self.dstream[L % 2], self.stream_bytes)
         self.head_backward(self.dstream[L % 2], self.head_grads, self.head_acts,
                            self._layer_input(L), targets, B, T)

@@ -27,11 +27,16 @@ def numbers(entry, dims):
 
 
 def host_data(arg, dims, rng):
-    """A pointer argument's values on the host, as the spec's init says: int32 token ids, or
-    float32 (before any rounding to the table's precision)."""
+    """A pointer argument's values on the host, as the spec's init says: int32 token ids
+    (targets: about a quarter of them -1, not scored, the first always; the last 0, the id a mask
+    off by one would skip too), or float32 (before any rounding to the table's precision)."""
     n = evaluate(arg.elements, dims)
     if arg.init == "tokens":
         return rng.integers(0, dims["V"], n).astype(np.int32)
+    if arg.init == "targets":
+        targets = np.where(rng.random(n) < 0.25, -1, rng.integers(0, dims["V"], n))
+        targets[0], targets[-1] = -1, 0
+        return targets.astype(np.int32)
     if arg.init == "positive":
         data = rng.random(n)
     elif arg.init == "small":

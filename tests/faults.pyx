@@ -5,6 +5,7 @@ Planted faults: deliberately wrong table entries, for the tests that prove check
 """
 from accel.backend cimport Backend, BackendTable
 from kernels.bf16 cimport bf16, float_bits, widen
+from kernels.classifier cimport classifier_backward
 from kernels.fp16 cimport fp16, fp16_to_float as fp16_value, float_to_fp16, widen_fp16
 from kernels.gelu cimport gelu_forward
 from kernels.layernorm cimport layernorm_backward
@@ -35,6 +36,20 @@ cdef void faulty_flash_attention_backward(void* ctx, float* dinp, const float* d
                                           const float* inp, const float* out, const float* lse,
                                           int B, int T, int C, int NH) noexcept nogil:
     pass   # adds nothing into dinp
+
+cdef void faulty_classifier_backward(void* ctx, float* dlogits, const float* dlosses,
+                                     const float* logits, const float* logsum, const int* targets,
+                                     int B, int T, int V, int Vp) noexcept nogil:
+    # a position not scored still gets a gradient: its -1 read as a token that no logit is (the
+    # softmax added, no one-hot), not as a row to leave alone
+    cdef Py_ssize_t bt, n = <Py_ssize_t>B * T
+    cdef int* unmasked = <int*>malloc(n * sizeof(int) + 1)
+    if unmasked == NULL:
+        return
+    for bt in range(n):
+        unmasked[bt] = V if targets[bt] < 0 else targets[bt]
+    classifier_backward(dlogits, dlosses, logits, logsum, unmasked, B, T, V, Vp)
+    free(unmasked)
 
 cdef void bf16_truncating_matmul_forward(void* ctx, float* out, const float* inp,
                                          const float* weight, const float* bias,
@@ -86,6 +101,7 @@ cdef void fp16_truncating_gelu_forward(void* ctx, float* out, const float* inp,
     free(wide)
 
 FAULTS = ("gelu_forward", "layernorm_backward",      # found by tests/test_backend.py
+          "classifier_backward",
           "flash_attention_backward")                # and tests/test_flash_attention.py
 LLAMA_FAULTS = ("rope_backward",)                    # found by tests/test_llama_model.py
 SUBTLE_FAULTS = ("matmul_forward",)                  # found at d12's widths by test_check_tolerance.py
@@ -108,6 +124,8 @@ def faulty_cpu(str fault):
         t.layernorm_backward = faulty_layernorm_backward
     elif fault == "rope_backward":
         t.rope_backward = faulty_rope_backward
+    elif fault == "classifier_backward":
+        t.classifier_backward = faulty_classifier_backward
     elif fault == "flash_attention_backward":
         t.flash_attention_backward = faulty_flash_attention_backward
     elif fault == "matmul_forward":

@@ -9,8 +9,10 @@ import pytest
 
 from accel import instrument
 from accel.backend import Backend, BackendError, backend_names, get_backend
-from accel.spec import ENTRIES, ENTRY_GROUPS, ORDER, entries_of
-from entries import run_every_entry
+from accel.spec import BY_NAME, ENTRIES, ENTRY_GROUPS, ORDER, entries_of
+from entries import SMALL, host_data, numbers, run_every_entry
+from kernels.bf16 import to_bf16
+from kernels.fp16 import to_fp16
 from faults import FAULTS, LLAMA_FAULTS, faulty_cpu
 from llmc.formats.llmc import read_checkpoint, read_debug_state
 from train_gpt2 import GPT2Config
@@ -79,6 +81,40 @@ def test_check_names_a_planted_fault_in_one_call(fault):
     report = backend.report()
     assert report["first"]["entry"] == fault
     assert {name for name, e in report["entries"].items() if e["mismatches"]} == {fault}
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("name, frozen", [("matmul_backward", {"dweight"}),
+                                          ("matmul_backward", {"dweight", "dbias"}),
+                                          ("rmsnorm_backward", {"dweight"})])
+def test_a_frozen_weight_leaves_the_rest_as_the_full_call(precision, name, frozen):
+    """A weight gradient passed as NULL (a frozen weight: LoRA's base) is not computed, and
+    what the call does write, dinp (and dbias), is the full call's bit for bit."""
+    backend = get_backend("cpu", precision)
+    entry, values = BY_NAME[name], numbers(name, SMALL)
+    rng = np.random.default_rng(0)
+    host = {a.name: host_data(a, values, rng) for a in entry.args if a.pointer}
+    narrow = {"bf16": to_bf16, "fp16": to_fp16}.get(precision)
+
+    def run(skipped):
+        """The call without the skipped pointers: the bytes of each output it was given."""
+        buffers = {}
+        for a in entry.args:
+            if a.pointer and a.name not in skipped:
+                data = narrow(host[a.name]) if a.floatx and narrow else host[a.name]
+                buffers[a.name] = backend.alloc(data.nbytes)
+                buffers[a.name].load(data)
+        backend.call(name, *[buffers.get(a.name) if a.pointer else values[a.name]
+                             for a in entry.args])
+        return {a.name: buffers[a.name].to_numpy(np.uint8) for a in entry.outputs
+                if a.name in buffers}
+
+    full, without = run(set()), run(frozen)
+    assert set(without) == {a.name for a in entry.outputs} - frozen
+    for output, got in without.items():
+        np.testing.assert_array_equal(got, full[output], err_msg=output)
+    # the full call did compute the weight gradient the other skipped
+    assert not np.array_equal(full["dweight"].view(np.float32), host["dweight"])
 
 
 def test_call_refuses_a_short_buffer_and_a_missing_pointer():

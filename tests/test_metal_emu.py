@@ -214,9 +214,12 @@ LLAMA_FAULTS = [
      "(float(weight[i]) * float(dout_bt[i]) - float(x[i]) * dnorm_norm_mean) * s);", {"rmsnorm_backward"}),
     ("classifier-without-the-target",      # the one-hot term of the gradient dropped
      "        if (i == target) value -= dloss;\n", "\n", {"classifier_backward"}),
+    ("classifier-scores-a-masked-row",     # a target of -1 (not scored) still gets a gradient
+     "    if (target < 0) return;   // the whole threadgroup, before its barriers\n", "",
+     {"classifier_backward"}),
     ("classifier-loss-without-the-max",    # the loss forgets the shift by the row's max
-     "losses[bt] = (maxval - float(x[targets[bt]])) + log_total;",
-     "losses[bt] = -float(x[targets[bt]]) + log_total;", {"classifier_forward"}),
+     "(maxval - float(x[target])) + log_total;", "-float(x[target]) + log_total;",
+     {"classifier_forward"}),
 ]
 
 

@@ -321,7 +321,8 @@ cdef class ANEBackend(Backend):
 def host_dweight(ANEBackend backend, size_t dweight, size_t dbias, float[:, ::1] dout,
                  float[:, ::1] inp, size_t weight, int B, int T, int C, int OC):
     """The CPU's matmul_backward without its dinp: dweight (OC, C) += dout^T inp, dbias (OC)
-    += dout's column sums, without the GIL (the worker's GEMMs overlap the engine's runs)."""
+    += dout's column sums (each skipped where NULL), without the GIL (the worker's GEMMs overlap
+    the engine's runs)."""
     cdef BackendTable* host = &backend.host.table
     with nogil:
         host.matmul_backward(host.ctx, NULL, <float*>dweight, <float*>dbias, &dout[0, 0],
@@ -501,8 +502,9 @@ cdef void ane_matmul_backward(void* ctx, float* dinp, float* dweight, float* dbi
         return
     with gil:
         try:
-            # the weight gradients on the CPU (queued first: they run while the engine runs dx)
-            if dweight != NULL:
+            # the weight gradients on the CPU (queued first: they run while the engine runs dx);
+            # none for a frozen weight without a bias (dweight, dbias NULL)
+            if dweight != NULL or dbias != NULL:
                 (<ANEBackend>ctx).dw.submit(<size_t>dweight, <size_t>dbias,
                                             view(dout, BT * OC, (BT, OC)),
                                             view(inp, BT * C, (BT, C)), <size_t>weight, B, T, C, OC)

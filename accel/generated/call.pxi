@@ -31,7 +31,7 @@ cdef object call_entry(Backend backend, str entry, tuple a):
         return None
     elif entry == 'matmul_backward':
         arity(entry, a, 10)
-        t.matmul_backward(c, <float*>pointer(entry, 'dinp', a[0], False, backend.itemsize * (a[6]*a[7]*a[8])), <float*>pointer(entry, 'dweight', a[1], False, 4 * (a[9]*a[8])), <float*>pointer(entry, 'dbias', a[2], False, 4 * (a[9])), <float*>pointer(entry, 'dout', a[3], False, backend.itemsize * (a[6]*a[7]*a[9])), <float*>pointer(entry, 'inp', a[4], False, backend.itemsize * (a[6]*a[7]*a[8])), <float*>pointer(entry, 'weight', a[5], False, backend.itemsize * (a[9]*a[8])), a[6], a[7], a[8], a[9])
+        t.matmul_backward(c, <float*>pointer(entry, 'dinp', a[0], False, backend.itemsize * (a[6]*a[7]*a[8])), <float*>pointer(entry, 'dweight', a[1], True, 4 * (a[9]*a[8])), <float*>pointer(entry, 'dbias', a[2], True, 4 * (a[9])), <float*>pointer(entry, 'dout', a[3], False, backend.itemsize * (a[6]*a[7]*a[9])), <float*>pointer(entry, 'inp', a[4], False, backend.itemsize * (a[6]*a[7]*a[8])), <float*>pointer(entry, 'weight', a[5], False, backend.itemsize * (a[9]*a[8])), a[6], a[7], a[8], a[9])
         backend.check_error()
         return None
     elif entry == 'residual_forward':
@@ -116,7 +116,7 @@ cdef object call_entry(Backend backend, str entry, tuple a):
         return None
     elif entry == 'rmsnorm_backward':
         arity(entry, a, 9)
-        t.rmsnorm_backward(c, <float*>pointer(entry, 'dinp', a[0], False, backend.itemsize * (a[6]*a[7]*a[8])), <float*>pointer(entry, 'dweight', a[1], False, 4 * (a[8])), <float*>pointer(entry, 'dout', a[2], False, backend.itemsize * (a[6]*a[7]*a[8])), <float*>pointer(entry, 'inp', a[3], False, backend.itemsize * (a[6]*a[7]*a[8])), <float*>pointer(entry, 'weight', a[4], False, backend.itemsize * (a[8])), <float*>pointer(entry, 'rstd', a[5], False, 4 * (a[6]*a[7])), a[6], a[7], a[8])
+        t.rmsnorm_backward(c, <float*>pointer(entry, 'dinp', a[0], False, backend.itemsize * (a[6]*a[7]*a[8])), <float*>pointer(entry, 'dweight', a[1], True, 4 * (a[8])), <float*>pointer(entry, 'dout', a[2], False, backend.itemsize * (a[6]*a[7]*a[8])), <float*>pointer(entry, 'inp', a[3], False, backend.itemsize * (a[6]*a[7]*a[8])), <float*>pointer(entry, 'weight', a[4], False, backend.itemsize * (a[8])), <float*>pointer(entry, 'rstd', a[5], False, 4 * (a[6]*a[7])), a[6], a[7], a[8])
         backend.check_error()
         return None
     elif entry == 'rope_forward':

@@ -545,18 +545,21 @@ __global__ void softmax_forward_kernel(float* probs, const floatX* logits, int V
     for (int i = V + threadIdx.x; i < Vp; i += blockDim.x) p[i] = 0.0f;
 }
 
-// losses (N,) = -log probs[target] of each row of probs (N,Vp)
+// losses (N,) = -log probs[target] of each row of probs (N,Vp); 0 where the target is -1 (not
+// scored)
 __global__ void crossentropy_forward_kernel(float* losses, const float* probs, const int* targets, long N, int Vp) {
     for (long i = blockIdx.x * long(blockDim.x) + threadIdx.x; i < N; i += long(gridDim.x) * blockDim.x)
-        losses[i] = -logf(probs[i * Vp + targets[i]]);
+        losses[i] = targets[i] < 0 ? 0.0f : -logf(probs[i * Vp + targets[i]]);
 }
 
-// dlogits (rows,Vp) += (probs - onehot(target)) dlosses over the first V entries
+// dlogits (rows,Vp) += (probs - onehot(target)) dlosses over the first V entries; a row whose
+// target is -1 (not scored) is left as it was
 __global__ void crossentropy_softmax_backward_kernel(floatX* dlogits, const float* dlosses, const float* probs,
                                                      const int* targets, int V, int Vp) {
     const long row = blockIdx.x;
-    const float dloss = dlosses[row];
     const int target = targets[row];
+    if (target < 0) return;   // the whole block: no barrier below
+    const float dloss = dlosses[row];
     floatX* dl = dlogits + row * Vp;
     const float* p = probs + row * Vp;
     for (int i = threadIdx.x; i < V; i += blockDim.x) {
@@ -942,9 +945,10 @@ ACCEL_HIP_API void accel_hip_matmul_backward(void* ctx, floatX* dinp, float* dwe
     if (dinp)
         gemm(c, "matmul_backward", HIPBLAS_OP_N, HIPBLAS_OP_N, C, BT, OC, 1.0f, weight, C, 0, dout, OC, 0, 1.0f, dinp,
              C, 0);
-    // dweight (OC,C) += dout^T (OC, BT) inp (BT, C), into float32
-    gemm(c, "matmul_backward", HIPBLAS_OP_N, HIPBLAS_OP_T, C, OC, BT, 1.0f, inp, C, 0, dout, OC, 0, 1.0f, dweight, C,
-         0);
+    // dweight (OC,C) += dout^T (OC, BT) inp (BT, C), into float32; none for a frozen weight
+    if (dweight)
+        gemm(c, "matmul_backward", HIPBLAS_OP_N, HIPBLAS_OP_T, C, OC, BT, 1.0f, inp, C, 0, dout, OC, 0, 1.0f,
+             dweight, C, 0);
     if (dbias) {
         // chunks of rows: at least 256 rows each, at most 65535 chunks (the grid's y limit)
         const long rows_per_chunk = std::max(256L, (long(BT) + 65534) / 65535);

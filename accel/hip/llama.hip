@@ -61,12 +61,16 @@ __global__ void rmsnorm_forward_kernel(floatX* out, float* rstd, const floatX* i
 
 // dinp (N,C) += rstd (g - norm sum(g norm) / C) with g = weight dout, norm = inp rstd; dweight (C,)
 // += the sum over rows of norm dout: each block sums its rows' share in shared memory (C floats,
-// dynamic) and adds it to dweight once
+// dynamic) and adds it to dweight once. DWEIGHT false: a frozen weight, dinp alone (no shared
+// memory, no atomics)
+template <bool DWEIGHT>
 __global__ void rmsnorm_backward_kernel(floatX* dinp, float* dweight, const floatX* dout, const floatX* inp,
                                         const floatX* weight, const float* rstd, long N, int C) {
     HIP_DYNAMIC_SHARED(float, dweight_block)
-    for (int i = threadIdx.x; i < C; i += blockDim.x) dweight_block[i] = 0.0f;
-    __syncthreads();
+    if constexpr (DWEIGHT) {
+        for (int i = threadIdx.x; i < C; i += blockDim.x) dweight_block[i] = 0.0f;
+        __syncthreads();
+    }
     const int lane = threadIdx.x % warpSize, warps = blockDim.x / warpSize;
     for (long row = blockIdx.x * long(warps) + threadIdx.x / warpSize; row < N; row += long(gridDim.x) * warps) {
         const floatX* dout_r = dout + row * C;
@@ -82,11 +86,13 @@ __global__ void rmsnorm_backward_kernel(floatX* dinp, float* dweight, const floa
             const float norm = to_float(x[i]) * s;
             const float d = to_float(dout_r[i]);
             dinp_r[i] = to_floatX(to_float(dinp_r[i]) + (to_float(weight[i]) * d - norm * dnorm_norm_mean) * s);
-            atomicAdd(&dweight_block[i], norm * d);
+            if constexpr (DWEIGHT) atomicAdd(&dweight_block[i], norm * d);
         }
     }
-    __syncthreads();
-    for (int i = threadIdx.x; i < C; i += blockDim.x) atomicAdd(&dweight[i], dweight_block[i]);
+    if constexpr (DWEIGHT) {
+        __syncthreads();
+        for (int i = threadIdx.x; i < C; i += blockDim.x) atomicAdd(&dweight[i], dweight_block[i]);
+    }
 }
 
 // ----------------------------------------------------------------------------
@@ -274,7 +280,8 @@ __device__ __forceinline__ void merge_softmax_parts(float& maxval, float& sum, f
 }
 
 // logsum (rows,) = log sum exp(logits - max) over the first V; losses (rows,) = max - logits[target]
-// + logsum where both losses and targets are given. Each thread keeps a running maximum and sum
+// + logsum where both losses and targets are given (0 where the target is -1: not scored). Each
+// thread keeps a running maximum and sum
 // over its elements (one pass over the row), merged across the warp, then across the block.
 __global__ void classifier_forward_kernel(float* losses, float* logsum, const floatX* logits, const int* targets,
                                           int V, int Vp) {
@@ -302,16 +309,22 @@ __global__ void classifier_forward_kernel(float* losses, float* logsum, const fl
         for (int w = 1; w < int(blockDim.x / warpSize); ++w) merge_softmax_parts(maxval, sum, part_max[w], part_sum[w]);
         const float row_logsum = logf(sum);
         logsum[blockIdx.x] = row_logsum;
-        if (losses && targets) losses[blockIdx.x] = (maxval - to_float(x[targets[blockIdx.x]])) + row_logsum;
+        if (losses && targets) {
+            const int target = targets[blockIdx.x];
+            losses[blockIdx.x] = target < 0 ? 0.0f : (maxval - to_float(x[target])) + row_logsum;
+        }
     }
 }
 
 // dlogits (rows,Vp) += (exp(logits - max) / exp(logsum) - onehot(target)) dlosses over the first V,
-// the row's max found again; each element rounded once
+// the row's max found again; each element rounded once; a row whose target is -1 (not scored) is
+// left as it was
 __global__ void classifier_backward_kernel(floatX* dlogits, const float* dlosses, const floatX* logits,
                                            const float* logsum, const int* targets, int V, int Vp) {
     __shared__ float scratch[MAX_WARPS];
     const long row = blockIdx.x;
+    const int target = targets[row];
+    if (target < 0) return;   // the whole block, before its reduction's barriers
     const floatX* x = logits + row * Vp;
     floatX* dl = dlogits + row * Vp;
     float maxval = -INFINITY;
@@ -319,7 +332,6 @@ __global__ void classifier_backward_kernel(floatX* dlogits, const float* dlosses
     maxval = block_reduce(maxval, Max(), -INFINITY, scratch);
     const float dloss = dlosses[row];
     const float scale = expf(-logsum[row]) * dloss;
-    const int target = targets[row];
     for (int i = threadIdx.x; i < V; i += blockDim.x) {
         float value = to_float(dl[i]) + expf(to_float(x[i]) - maxval) * scale;
         if (i == target) value -= dloss;
@@ -362,8 +374,12 @@ ACCEL_HIP_API void accel_hip_rmsnorm_backward(void* ctx, floatX* dinp, float* dw
                                               int T, int C) {
     Context* c = context(ctx);
     const long N = long(B) * T;
-    hipLaunchKernelGGL(rmsnorm_backward_kernel, dim3(grid_for_rows(c, N)), dim3(BLOCK), C * sizeof(float), 0, dinp,
-                       dweight, dout, inp, weight, rstd, N, C);
+    if (dweight)
+        hipLaunchKernelGGL(HIP_KERNEL_NAME(rmsnorm_backward_kernel<true>), dim3(grid_for_rows(c, N)), dim3(BLOCK),
+                           C * sizeof(float), 0, dinp, dweight, dout, inp, weight, rstd, N, C);
+    else   // a frozen weight: no shared memory
+        hipLaunchKernelGGL(HIP_KERNEL_NAME(rmsnorm_backward_kernel<false>), dim3(grid_for_rows(c, N)), dim3(BLOCK), 0,
+                           0, dinp, dweight, dout, inp, weight, rstd, N, C);
     check_launch(c, "rmsnorm_backward");
 }
 

@@ -675,16 +675,18 @@ kernel void softmax_forward(device float* probs [[buffer(0)]],
     for (int i = tid; i < Vp; i += num_threads) p[i] = i < V ? p[i] * inv : 0.0f;
 }
 
-// losses (B,T) = -log probs[target]; grid (BT).
+// losses (B,T) = -log probs[target], 0 where the target is -1 (not scored); grid (BT).
 kernel void crossentropy_forward(device float* losses [[buffer(0)]],
                                  device const float* probs [[buffer(1)]],
                                  device const int* targets [[buffer(2)]],
                                  constant int& Vp [[buffer(3)]],
                                  uint bt [[thread_position_in_grid]]) {
-    losses[bt] = -precise::log(probs[(ulong)bt * Vp + targets[bt]]);
+    int target = targets[bt];
+    losses[bt] = target < 0 ? 0.0f : -precise::log(probs[(ulong)bt * Vp + target]);
 }
 
-// dlogits (B,T,Vp) += (probs - onehot(target)) dlosses, over the first V entries; grid (V, BT).
+// dlogits (B,T,Vp) += (probs - onehot(target)) dlosses, over the first V entries, nothing in a
+// row whose target is -1 (not scored); grid (V, BT).
 kernel void crossentropy_softmax_backward(device floatX* dlogits [[buffer(0)]],
                                           device const float* dlosses [[buffer(1)]],
                                           device const float* probs [[buffer(2)]],
@@ -692,10 +694,12 @@ kernel void crossentropy_softmax_backward(device floatX* dlogits [[buffer(0)]],
                                           constant int& Vp [[buffer(4)]],
                                           uint2 pos [[thread_position_in_grid]]) {
     uint i = pos.x, bt = pos.y;
+    int target = targets[bt];
+    if (target < 0) return;
     ulong at = (ulong)bt * Vp + i;
     float dloss = dlosses[bt];
     float d = float(dlogits[at]) + probs[at] * dloss;
-    if (i == uint(targets[bt])) d -= dloss;
+    if (i == uint(target)) d -= dloss;
     dlogits[at] = floatX(d);
 }
 

@@ -372,7 +372,8 @@ ACCEL_METAL_API void accel_metal_matmul_backward(void* ctx, floatX* dinp, float*
     Context* c = context(ctx);
     const int BT = B * T;
     gemm(c, K_MATMUL, dinp, dout, weight, NULL, BT, C, OC, OC, 1, C, 1, 1);           /* += dout weight */
-    gemm(c, K_MATMUL_FLOAT_OUT, dweight, dout, inp, NULL, OC, C, BT, 1, OC, C, 1, 1);  /* += dout^T inp (float) */
+    if (dweight != NULL)   /* none for a frozen weight */
+        gemm(c, K_MATMUL_FLOAT_OUT, dweight, dout, inp, NULL, OC, C, BT, 1, OC, C, 1, 1);  /* += dout^T inp */
     if (dbias != NULL) {
         const MetalArg args[] = {buf(dbias), buf(dout), val(&BT, 4), val(&OC, 4)};
         threads(c, K_BIAS_BACKWARD, args, 4, OC, 1, 1, LINEAR_GROUP, 1);
@@ -523,6 +524,7 @@ ACCEL_METAL_API void accel_metal_rmsnorm_backward(void* ctx, floatX* dinp, float
     const int BT = B * T;
     const MetalArg dinp_args[] = {buf(dinp), buf(dout), buf(inp), buf(weight), buf(rstd), val(&C, 4)};
     groups(context(ctx), K_RMSNORM_BACKWARD_DINP, dinp_args, 6, BT, 1, row_threads(C), 1);
+    if (dweight == NULL) return;   /* a frozen weight */
     const MetalArg dweight_args[] = {buf(dweight), buf(dout), buf(inp), buf(rstd), val(&BT, 4), val(&C, 4)};
     groups(context(ctx), K_RMSNORM_BACKWARD_DWEIGHT, dweight_args, 6, (C + LINEAR_GROUP - 1) / LINEAR_GROUP, 1,
            LINEAR_GROUP, 1);

@@ -289,8 +289,9 @@ kernel void attention_gqa_backward_dkv(device floatX* dk [[buffer(0)]],
 // ---- the classifier: loss and gradient from the logits and each row's log-sum-exp ----------
 // logits (B,T,Vp), the first V of each row the vocabulary; no probability buffer.
 
-// logsum (B,T) = log sum_i exp(logits_i - max), losses (B,T) = max - logits[target] + logsum
-// (with_loss 0: no losses, no targets); one threadgroup per position.
+// logsum (B,T) = log sum_i exp(logits_i - max), losses (B,T) = max - logits[target] + logsum,
+// 0 where the target is -1 (not scored) (with_loss 0: no losses, no targets); one threadgroup
+// per position.
 kernel void classifier_forward(device float* losses [[buffer(0)]],
                                device float* logsum [[buffer(1)]],
                                device const floatX* logits [[buffer(2)]],
@@ -314,12 +315,16 @@ kernel void classifier_forward(device float* losses [[buffer(0)]],
     float log_total = precise::log(threadgroup_sum(sum, partial, simd, lane, num_simds));
     if (tid == 0) {
         logsum[bt] = log_total;
-        if (with_loss) losses[bt] = (maxval - float(x[targets[bt]])) + log_total;
+        if (with_loss) {
+            int target = targets[bt];
+            losses[bt] = target < 0 ? 0.0f : (maxval - float(x[target])) + log_total;
+        }
     }
 }
 
 // dlogits (B,T,Vp) += (softmax - onehot(target)) dlosses over the first V entries, the softmax
-// recomputed as exp(logits - max) exp(-logsum); one threadgroup per position.
+// recomputed as exp(logits - max) exp(-logsum), nothing in a row whose target is -1 (not
+// scored); one threadgroup per position.
 kernel void classifier_backward(device floatX* dlogits [[buffer(0)]],
                                 device const float* dlosses [[buffer(1)]],
                                 device const floatX* logits [[buffer(2)]],
@@ -334,6 +339,8 @@ kernel void classifier_backward(device floatX* dlogits [[buffer(0)]],
                                 uint lane [[thread_index_in_simdgroup]],
                                 uint num_simds [[simdgroups_per_threadgroup]]) {
     threadgroup float partial[32];
+    int target = targets[bt];
+    if (target < 0) return;   // the whole threadgroup, before its barriers
     device const floatX* x = logits + (ulong)bt * Vp;
     device floatX* d = dlogits + (ulong)bt * Vp;
     float maxval = -INFINITY;
@@ -341,7 +348,6 @@ kernel void classifier_backward(device floatX* dlogits [[buffer(0)]],
     maxval = threadgroup_max(maxval, partial, simd, lane, num_simds);
     float dloss = dlosses[bt];
     float scale = precise::exp(-logsum[bt]) * dloss;
-    int target = targets[bt];
     for (int i = tid; i < V; i += num_threads) {
         float value = float(d[i]) + precise::exp(float(x[i]) - maxval) * scale;
         if (i == target) value -= dloss;

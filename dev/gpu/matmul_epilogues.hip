@@ -153,7 +153,7 @@ ACCEL_HIP_API void accel_hip_matmul_backward(void* ctx, floatX* dinp, float* dwe
                                              const floatX* inp, const floatX* weight, int B, int T, int C, int OC) {
 #if EPILOGUE_VARIANT == 2
     Context* c = context(ctx);
-    if (!dbias) {
+    if (!dbias || !dweight) {   // no epilogue without both (a frozen weight: no dweight GEMM)
         accel_hip_plain_matmul_backward(ctx, dinp, dweight, dbias, dout, inp, weight, B, T, C, OC);
         return;
     }
