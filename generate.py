@@ -8,11 +8,13 @@ text as it comes, as llama2.c's run.c does (and llm.c's samples).
     python generate.py model.bin -p "Once upon a time" --temperature 0   # greedy
     python generate.py model.bin --prompts prompts.txt -n 64 --ids      # a prompt a line
     python generate.py models/SmolLM2-135M-Instruct --chat             # a conversation
+    python generate.py models/SmolLM2-135M-Instruct --adapter run/adapter --chat  # fine-tuned
 
 The model: any model file, told by its first bytes (llmc/families.py's family_of_file): llm.c's
 checkpoint (GPT-2), llama2.c's version 0 or 1 or a GGUF (Llama); a Hugging Face model folder
 (GPT-2, Llama, Mistral, Qwen2, Qwen3); or train.py's output dir, whose newest complete
-checkpoint it loads (llmc/checkpoint.py).
+checkpoint it loads (llmc/checkpoint.py); with --adapter a LoRA adapter on it (PEFT's layout:
+finetune.py's, llmc/adapter.py).
 
 The tokenizer: --tokenizer, a llama2.c tokenizer.bin (or llm.c's gpt2_tokenizer.bin), a Hugging
 Face tokenizer.json (or its folder) or `gpt2` (GPT-2's, through tiktoken). Without it, a GGUF
@@ -54,6 +56,7 @@ from llmc.cli import Parser
 from llmc.dataloader import DataError
 from llmc.families import FamilyError, family_of_file
 from llmc.formats import FormatError
+from llmc.adapter import read_adapter
 from llmc.sampler import SAMPLE_SEED, Sampler, continue_prompt
 from llmc.tokenizer import Tokenizer, TokenizerError, gpt2_encoding, load_tokenizer
 from llmc.vocab import MAP_NAME, VocabMap
@@ -102,6 +105,8 @@ def parse_args(argv):
     p.add_argument("--ids", action="store_true",
                    help="print the token ids (the prompt's, then each generated one) on "
                         "stderr at the end")
+    p.add_argument("--adapter", metavar="DIR", default=None,
+                   help="a LoRA adapter (PEFT's layout: finetune.py's DIR/adapter) on the model")
     p.add_argument("--tokenizer", metavar="PATH", default=None,
                    help="a llama2.c tokenizer.bin, a Hugging Face tokenizer.json, or gpt2 "
                         "(GPT-2's) (default: a GGUF's or a model folder's own, else the "
@@ -143,6 +148,10 @@ def main(argv=None):
     path = newest_model_file(args.model)
     family, _ = family_of_file(path)
     model = family.model_class.from_checkpoint(path)
+    if args.adapter is not None:
+        lora = read_adapter(args.adapter, model)
+        note(f"adapter: {args.adapter} (LoRA r={lora.rank} on {len(lora.targets)} projections "
+             f"of {len(lora.layers)} layers)")
     config = model.config
     tokenizer = (open_tokenizer(args.tokenizer) if args.tokenizer is not None
                  else assumed_tokenizer(path))

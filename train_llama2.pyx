@@ -369,6 +369,11 @@ def activation_shapes(config, int B, int T, bint flash=True):
 # the model
 
 
+# LORA_TARGETS' indices: which linear layer linear_forward and linear_backward run
+cdef enum:
+    WQ, WK, WV, WO, W1, W2, W3
+
+
 cdef class Llama2(Model):
     """Llama 2 with one buffer per kind, as llm.c.  See the module docstring for the letters."""
     FAMILY = "llama"
@@ -380,6 +385,8 @@ cdef class Llama2(Model):
     # the activations whose gradients no backward kernel takes: none are allocated
     NO_GRAD = frozenset(("ln1_rstd", "qn_rstd", "kn_rstd", "att", "att_lse", "ln2_rstd",
                          "lnf_rstd", "logsum"))
+    # the linear layers LoRA may adapt, each's index the enum's below (llmc/model.pyx)
+    LORA_TARGETS = ("wq", "wk", "wv", "wo", "w1", "w2", "w3")
     # float32 at every precision: the statistics, the log-sum-exps and the losses
     FP32_ACTIVATIONS = frozenset(("ln1_rstd", "qn_rstd", "kn_rstd", "att_lse", "ln2_rstd",
                                   "lnf_rstd", "logsum",
@@ -556,9 +563,9 @@ cdef class Llama2(Model):
         if self.fused_qkv:
             self.table.qkv_forward(ctx, a.q, a.k, a.v, a.ln1, l_wq, l_wk, l_wv, B, T, C, NH, NKV, hs)
         else:
-            self.table.matmul_forward(ctx, a.q, a.ln1, l_wq, l_bq, B, T, C, QD)
-            self.table.matmul_forward(ctx, a.k, a.ln1, l_wk, l_bk, B, T, C, KVD)
-            self.table.matmul_forward(ctx, a.v, a.ln1, l_wv, l_bv, B, T, C, KVD)
+            self.linear_forward(WQ, layer, a.q, a.ln1, l_wq, l_bq, B, T, C, QD)
+            self.linear_forward(WK, layer, a.k, a.ln1, l_wk, l_bk, B, T, C, KVD)
+            self.linear_forward(WV, layer, a.v, a.ln1, l_wv, l_bv, B, T, C, KVD)
         if self.qk_norm:   # each head's hs channels a row of its own: B*T*NH rows of hs
             self.table.rmsnorm_forward(ctx, a.qn, a.qn_rstd, a.q, l_q_norm, self.eps, B * T, NH, hs)
             self.table.rmsnorm_forward(ctx, a.kn, a.kn_rstd, a.k, l_k_norm, self.eps, B * T, NKV, hs)
@@ -574,17 +581,17 @@ cdef class Llama2(Model):
             self.table.flash_attention_gqa_forward(ctx, a.atty, a.att_lse, a.qr, a.kr, a.v, B, T, NH, NKV, hs)
         else:
             self.table.attention_gqa_forward(ctx, a.atty, a.att, a.qr, a.kr, a.v, B, T, NH, NKV, hs)
-        self.table.matmul_forward(ctx, a.attproj, a.atty, l_wo, NULL, B, T, QD, C)
+        self.linear_forward(WO, layer, a.attproj, a.atty, l_wo, NULL, B, T, QD, C)
         self.table.residual_forward(ctx, a.residual2, residual, a.attproj, BTC)
         self.table.rmsnorm_forward(ctx, a.ln2, a.ln2_rstd, a.residual2, l_ffn_norm, self.eps, B, T, C)
         if self.fused:
             self.table.ffn_forward(ctx, a.ffnproj, a.h1, a.h3, a.hgated, a.ln2, l_w1, l_w3, l_w2,
                                    B, T, C, H)
         else:
-            self.table.matmul_forward(ctx, a.h1, a.ln2, l_w1, NULL, B, T, C, H)
-            self.table.matmul_forward(ctx, a.h3, a.ln2, l_w3, NULL, B, T, C, H)
+            self.linear_forward(W1, layer, a.h1, a.ln2, l_w1, NULL, B, T, C, H)
+            self.linear_forward(W3, layer, a.h3, a.ln2, l_w3, NULL, B, T, C, H)
             self.table.swiglu_forward(ctx, a.hgated, a.h1, a.h3, <Py_ssize_t>B * T * H)
-            self.table.matmul_forward(ctx, a.ffnproj, a.hgated, l_w2, NULL, B, T, H, C)
+            self.linear_forward(W2, layer, a.ffnproj, a.hgated, l_w2, NULL, B, T, H, C)
         self.table.residual_forward(ctx, a.residual3, a.residual2, a.ffnproj, BTC)
 
     cdef void head_forward(self, float** head_acts, const float* residual, const int* targets,
@@ -637,23 +644,23 @@ cdef class Llama2(Model):
         cdef const float* l_w1 = self.param_at(p.w1, l * H * C)
         cdef const float* l_w2 = self.param_at(p.w2, l * C * H)
         cdef const float* l_w3 = self.param_at(p.w3, l * H * C)
-        # this layer's weight gradients
-        cdef float* dl_attention_norm = g.attention_norm + l * C
-        cdef float* dl_wq = g.wq + l * QD * C
-        cdef float* dl_wk = g.wk + l * KVD * C
-        cdef float* dl_wv = g.wv + l * KVD * C
-        cdef float* dl_wo = g.wo + l * C * QD
-        cdef float* dl_ffn_norm = g.ffn_norm + l * C
-        cdef float* dl_w1 = g.w1 + l * H * C
-        cdef float* dl_w2 = g.w2 + l * C * H
-        cdef float* dl_w3 = g.w3 + l * H * C
-        cdef float* dl_bq = g.bq + l * QD if self.qkv_bias else NULL
-        cdef float* dl_bk = g.bk + l * KVD if self.qkv_bias else NULL
-        cdef float* dl_bv = g.bv + l * KVD if self.qkv_bias else NULL
+        # this layer's weight gradients (NULL where the parameters are frozen: LoRA)
+        cdef float* dl_attention_norm = self.grad_at(g.attention_norm, l * C)
+        cdef float* dl_wq = self.grad_at(g.wq, l * QD * C)
+        cdef float* dl_wk = self.grad_at(g.wk, l * KVD * C)
+        cdef float* dl_wv = self.grad_at(g.wv, l * KVD * C)
+        cdef float* dl_wo = self.grad_at(g.wo, l * C * QD)
+        cdef float* dl_ffn_norm = self.grad_at(g.ffn_norm, l * C)
+        cdef float* dl_w1 = self.grad_at(g.w1, l * H * C)
+        cdef float* dl_w2 = self.grad_at(g.w2, l * C * H)
+        cdef float* dl_w3 = self.grad_at(g.w3, l * H * C)
+        cdef float* dl_bq = self.grad_at(g.bq, l * QD)   # NULL too without the qkv bias
+        cdef float* dl_bk = self.grad_at(g.bk, l * KVD)
+        cdef float* dl_bv = self.grad_at(g.bv, l * KVD)
         cdef const float* l_q_norm = self.param_at(p.q_norm, l * hs) if self.qk_norm else NULL
         cdef const float* l_k_norm = self.param_at(p.k_norm, l * hs) if self.qk_norm else NULL
-        cdef float* dl_q_norm = g.q_norm + l * hs if self.qk_norm else NULL
-        cdef float* dl_k_norm = g.k_norm + l * hs if self.qk_norm else NULL
+        cdef float* dl_q_norm = self.grad_at(g.q_norm, l * hs)
+        cdef float* dl_k_norm = self.grad_at(g.k_norm, l * hs)
         cdef float* dq = da.qn if self.qk_norm else da.q   # the gradient of what RoPE rotated
         cdef float* dk = da.kn if self.qk_norm else da.k
 
@@ -664,14 +671,15 @@ cdef class Llama2(Model):
                                     da.ffnproj, a.ln2, a.h1, a.h3, a.hgated, l_w1, l_w3, l_w2,
                                     B, T, C, H)
         else:
-            self.table.matmul_backward(ctx, da.hgated, dl_w2, NULL, da.ffnproj, a.hgated, l_w2, B, T, H, C)
+            self.linear_backward(W2, layer, da.hgated, dl_w2, NULL, da.ffnproj, a.hgated, l_w2,
+                                 B, T, H, C)
             self.table.swiglu_backward(ctx, da.h1, da.h3, da.hgated, a.h1, a.h3, <Py_ssize_t>B * T * H)
-            self.table.matmul_backward(ctx, da.ln2, dl_w3, NULL, da.h3, a.ln2, l_w3, B, T, C, H)
-            self.table.matmul_backward(ctx, da.ln2, dl_w1, NULL, da.h1, a.ln2, l_w1, B, T, C, H)
+            self.linear_backward(W3, layer, da.ln2, dl_w3, NULL, da.h3, a.ln2, l_w3, B, T, C, H)
+            self.linear_backward(W1, layer, da.ln2, dl_w1, NULL, da.h1, a.ln2, l_w1, B, T, C, H)
         self.table.rmsnorm_backward(ctx, da.residual2, dl_ffn_norm, da.ln2, a.residual2, l_ffn_norm,
                                 a.ln2_rstd, B, T, C)
         self.table.residual_backward(ctx, dresidual, da.attproj, da.residual2, BTC)
-        self.table.matmul_backward(ctx, da.atty, dl_wo, NULL, da.attproj, a.atty, l_wo, B, T, QD, C)
+        self.linear_backward(WO, layer, da.atty, dl_wo, NULL, da.attproj, a.atty, l_wo, B, T, QD, C)
         if self.flash:
             self.table.flash_attention_gqa_backward(ctx, da.qr, da.kr, da.v, da.atty, a.qr, a.kr, a.v,
                                                 a.atty, a.att_lse, B, T, NH, NKV, hs)
@@ -689,9 +697,9 @@ cdef class Llama2(Model):
             self.table.qkv_backward(ctx, da.ln1, dl_wq, dl_wk, dl_wv, da.q, da.k, da.v, a.ln1,
                                     l_wq, l_wk, l_wv, B, T, C, NH, NKV, hs)
         else:
-            self.table.matmul_backward(ctx, da.ln1, dl_wv, dl_bv, da.v, a.ln1, l_wv, B, T, C, KVD)
-            self.table.matmul_backward(ctx, da.ln1, dl_wk, dl_bk, da.k, a.ln1, l_wk, B, T, C, KVD)
-            self.table.matmul_backward(ctx, da.ln1, dl_wq, dl_bq, da.q, a.ln1, l_wq, B, T, C, QD)
+            self.linear_backward(WV, layer, da.ln1, dl_wv, dl_bv, da.v, a.ln1, l_wv, B, T, C, KVD)
+            self.linear_backward(WK, layer, da.ln1, dl_wk, dl_bk, da.k, a.ln1, l_wk, B, T, C, KVD)
+            self.linear_backward(WQ, layer, da.ln1, dl_wq, dl_bq, da.q, a.ln1, l_wq, B, T, C, QD)
         self.table.rmsnorm_backward(ctx, dresidual, dl_attention_norm, da.ln1, residual,
                                 l_attention_norm, a.ln1_rstd, B, T, C)
 

@@ -256,7 +256,7 @@ def create(bint flash=True, str precision="fp32"):
     if precision not in PRECISIONS:
         raise ValueError(f"accel.cpu: precision {precision!r} is not one of {PRECISIONS}")
     groups = ("linear", "gpt2", "llama", "classifier") + (("flash",) if flash else ()) + \
-        ("fused", "cache") + (("mixed",) if precision != "fp32" else ())
+        ("fused", "cache", "lora") + (("mixed",) if precision != "fp32" else ())
     cdef ScratchOwner owner = ScratchOwner()
     if precision != "fp32":
         owner.s = <Scratch*>calloc(1, sizeof(Scratch))

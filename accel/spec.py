@@ -45,7 +45,8 @@ log-sum-exp is still written).
 
 Dimension letters: B batch, T time, C channels, OC output channels, NH heads, NKV key/value
 heads, hs head size, H the FFN's hidden size, V vocabulary, Vp padded vocabulary (row stride of
-logits and wte), N or n elements, P positions cached before T (the KV cache).
+logits and wte), N or n elements, P positions cached before T (the KV cache), R a LoRA
+update's rank.
 """
 import math
 import re
@@ -74,6 +75,8 @@ GROUPS = {
     "cache": "generation's KV cache: attention of T new positions over the P keys and values "
              "cached before them and their own, each written into the cache; a model generates "
              "with it where the backend has it (llmc/model.pyx's KVCache)",
+    "lora": "LoRA's low-rank update beside a frozen linear layer, forward and backward: "
+            "fine-tuning runs on it (llmc/adapter.py)",
 }
 
 # The precisions a table can run at: the element type its floatX arguments point to.  A backend
@@ -384,6 +387,20 @@ ENTRIES = [
       "floatX* v_cache[(P+T)*NKV*hs] inout", "const floatX* q[T*NH*hs] in",
       "const floatX* k[T*NKV*hs] in", "const floatX* v[T*NKV*hs] in", "int T", "int P",
       "int NH", "int NKV", "int hs", cpu="kernels.attention_cached"),
+    # --- lora: beside a frozen linear layer (inp (B,T,C), its output (B,T,OC)) a rank-R update,
+    # out += scale * hidden @ Bm^T with hidden = inp @ A^T kept for backward; A (R,C) and
+    # Bm (OC,R) float32 at every precision, as the parameter gradients are ------------------
+    E("lora_forward", "lora", "floatX* out[B*T*OC] grad ~R", "float* hidden[B*T*R] out ~C",
+      "const floatX* inp[B*T*C] in", "const float* A[R*C] in init=small",
+      "const float* Bm[OC*R] in init=small", "float scale", "int B", "int T", "int C", "int OC",
+      "int R", cpu="kernels.lora"),
+    # dhidden (B,T,R) written (scratch), the rest added into
+    E("lora_backward", "lora", "floatX* dinp[B*T*C] grad ~R", "float* dA[R*C] grad ~B*T",
+      "float* dB[OC*R] grad ~B*T", "float* dhidden[B*T*R] out ~OC",
+      "const floatX* dout[B*T*OC] in", "const floatX* inp[B*T*C] in",
+      "const float* hidden[B*T*R] in init=forward", "const float* A[R*C] in init=small",
+      "const float* Bm[OC*R] in init=small", "float scale", "int B", "int T", "int C",
+      "int OC", "int R", cpu="kernels.lora"),
 ]
 
 # What a GPU build exports beside its entries, as accel_<backend>_<name>: {name: (returns, its

@@ -80,6 +80,7 @@ class LogFollower:
         self.path = path
         self.offset = 0
         self.partial = b""
+        self.skipped = 0   # complete lines that are no record (a JSON log's not JSON objects)
 
     def poll(self):
         try:
@@ -95,8 +96,17 @@ class LogFollower:
         return [r for r in records if r is not None]
 
     def record(self, line):
-        """The record of a complete line."""
-        return json.loads(line)
+        """The record of a complete line; None (counted in skipped) for one that is not a JSON
+        object: a run's log is read while it is written, and a torn or foreign line must not
+        end the dashboard."""
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            record = None
+        if not isinstance(record, dict):
+            self.skipped += 1
+            return None
+        return record
 
     def ended(self):
         """Whether the run has ended apart from its records: a JSON log says so in one (its
@@ -360,7 +370,9 @@ class Dashboard:
                   "(no checkpoint yet: train.py -o writes the final step's, -n N one "
                   "every N steps)")
         return Panel(Group(stats, rates, curves, Panel(sample, title=sample_title)), title=title,
-                     subtitle=f"following {self.log_path}", width=width)
+                     subtitle=f"following {self.log_path}" + (
+                         f" ({self.follower.skipped} lines not records: skipped)"
+                         if self.follower.skipped else ""), width=width)
 
     def _add_timings(self, rates, last):
         """The rows of the last step's timings: its rates, compile share, kernel groups and

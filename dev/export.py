@@ -26,7 +26,9 @@ found offline as train.py finds it; the default for a model of its 50257 tokens)
 gpt2_tokenizer.bin, or a SentencePiece vocabulary, its tokenizer.model or llama2.c's
 tokenizer.bin, which dev/data/tinyshakespeare.py --sentencepiece N writes side by side (GGUF
 takes the .bin, Hugging Face the .model, each found beside the other).  --check reads the
-output back and compares every size and tensor with MODEL's.
+output back and compares every size and tensor with MODEL's.  --merge ADAPTER adds a LoRA
+adapter (PEFT's layout, finetune.py's DIR/adapter: llmc/adapter.py) into MODEL's weights first,
+W += (alpha / r) B A, so that every format gets the fine-tuned model.
 """
 import argparse
 import dataclasses
@@ -48,6 +50,7 @@ from llmc.formats.huggingface import (HF_WRITERS, HFVocab, gpt2_hf_vocab,  # noq
                                       read_hf_model, sentencepiece_hf_vocab, write_hf_model)
 from llmc.formats.llama2c import write_llama_model  # noqa: E402
 from llmc.formats.llmc import TOKENIZER_MAGIC, checkpoint_dtype, write_checkpoint  # noqa: E402
+from llmc.adapter import merge  # noqa: E402
 from llmc.tokenizer import GPT2_VOCAB_SIZE, Tokenizer, gpt2_encoding  # noqa: E402
 from llmc.vocab import MAP_NAME  # noqa: E402
 
@@ -185,6 +188,8 @@ def parse_args(argv):
                    help="llmc and hf: the parameters' dtype (default: MODEL's)")
     p.add_argument("--version", type=int, choices=(0, 1),
                    help="llama2c: the file's version (default: 0, run.c's)")
+    p.add_argument("--merge", metavar="ADAPTER", default=None,
+                   help="a LoRA adapter (PEFT's layout) added into the weights first")
     p.add_argument("--check", action="store_true", help="read the output back and compare")
     args = p.parse_args(argv)
     if args.version is not None and args.format != "llama2c":
@@ -212,6 +217,9 @@ def main(argv=None):
                     f"{', '.join(targets[:-1])} or {targets[-1]}, not {args.format}")
         check_output_free(args.output, folder=args.format == "hf")
         config, params = family.read_model(path)
+        if args.merge is not None:
+            params = merge(args.merge, config, params, family.model_class.LORA_TARGETS,
+                           family.model_class.num_layers_of(config))
         if args.format in WITH_VOCABULARY:
             if args.tokenizer is None:   # the model's own, found as generate.py finds it
                 args.tokenizer, why = model_tokenizer(path)

@@ -84,10 +84,42 @@ cdef class Model:
         return <float*>(<char*>self._kv_cache.ptr +
                         (2 * l + 1) * self.kv_capacity * self.kv_width * self.itemsize)
 
+    # LoRA (attach_lora, llmc/adapter.py): the parameters frozen (their gradients never computed:
+    # grads stays unallocated and a family's gradient pointers NULL), and rank-R updates beside
+    # the linear layers of LORA_TARGETS trained instead, float32 at every precision.  Update k =
+    # l * lora_num_targets + target's A (R, C), B (OC, R), their gradients and hidden (B*T, R),
+    # through tables of pointers, NULL where (layer, target) has none
+    cdef readonly object lora            # llmc.lora.LoraConfig, or None
+    cdef readonly bint frozen            # the parameters are frozen (LoRA attached)
+    cdef object _lora_tables             # the pointer tables' numpy arrays, kept alive
+    cdef readonly Layout lora_layout     # the updates' tensors, (name, (layers, ...)) each
+    cdef Buffer _lora, _lora_grads, _lora_hidden
+    cdef float lora_scale                # alpha / R
+    cdef int lora_rank, lora_num_targets
+    cdef float** lora_a
+    cdef float** lora_b
+    cdef float** lora_da
+    cdef float** lora_db
+    cdef float** lora_hidden             # set by _allocate_activations, for its (B, T)
+    cdef float* lora_dhidden             # (B*T, R) backward's scratch
+
     # a parameter tensor's element `offset` (a layer's slice): the parameters are in the
     # model's precision, so a family never adds to their pointers itself
     cdef inline float* param_at(self, const float* tensor, Py_ssize_t offset) noexcept nogil:
         return <float*>(<const char*>tensor + offset * self.itemsize)
+
+    # a parameter gradient's element `offset`, or NULL where the parameters are frozen (LoRA)
+    cdef inline float* grad_at(self, float* tensor, Py_ssize_t offset) noexcept nogil:
+        return NULL if tensor == NULL else tensor + offset
+
+    # matmul_forward and matmul_backward of the linear layer of LORA_TARGETS[target] in layer l,
+    # with its LoRA update where it has one (a family calls these for its targets)
+    cdef void linear_forward(self, int target, int l, float* out, const float* inp,
+                             const float* weight, const float* bias, int B, int T, int C,
+                             int OC) noexcept nogil
+    cdef void linear_backward(self, int target, int l, float* dinp, float* dweight, float* dbias,
+                              const float* dout, const float* inp, const float* weight, int B,
+                              int T, int C, int OC) noexcept nogil
 
     # what a model family fills in
     cdef void point_parameters(self, float* params, float* grads) noexcept
@@ -104,6 +136,8 @@ cdef class Model:
     # the core's forward and backward through the layers
     cdef Buffer _lazy(self, Buffer buffer, Layout layout)
     cdef Buffer _moments(self, Buffer buffer)
+    cdef Buffer _trained_grads(self)
+    cdef void* _lora_table(self, str name, Buffer buffer, str matrix)
     cdef void* _table(self, str name, values, dtype=*)
     cdef void _point_layer(self, int l) noexcept nogil
     cdef const float* _layer_input(self, int l) noexcept nogil

@@ -6,6 +6,9 @@ A family (GPT-2 in train_gpt2.pyx) subclasses Model and gives
     ENTRY_GROUPS                the backend's entry groups it runs on (accel/spec.py)
     MATRICES                    the parameter tensors weight decay applies to (decay_2d_only)
     NO_GRAD                     the activations no backward kernel needs a gradient of
+    LORA_TARGETS                its linear layers that LoRA may adapt (parameter names, each
+                                (L, OC, C)), which its layers run through linear_forward and
+                                linear_backward
     FP32_ACTIVATIONS            the activations that stay float32 at every precision (the
                                 kernels' `float` arguments in accel/spec.py: statistics, losses)
     config.param_shapes()       its parameters, [(name, shape)] in file order
@@ -22,9 +25,10 @@ A family (GPT-2 in train_gpt2.pyx) subclasses Model and gives
     embedding_forward / layer_forward(l, ...) / head_forward, and their backwards: its parts,
                                 through the backend table, on arrays of tensor pointers in the
                                 order of its shape lists (one layer's, the head's)
-All but MATRICES, NO_GRAD, FP32_ACTIVATIONS and activation_options (whose defaults are "none"
-and "no options") are required: a family that leaves one to Model is refused, naming it, when
-it is defined (llmc/families.py) and when it is constructed (refuse_unfilled).
+All but MATRICES, NO_GRAD, LORA_TARGETS, FP32_ACTIVATIONS and activation_options (whose
+defaults are "none" and "no options") are required: a family that leaves one to Model is
+refused, naming it, when it is defined (llmc/families.py) and when it is constructed
+(refuse_unfilled).
 And this core does the rest, every byte of it through the backend table (accel/backend.pxd):
 the buffers (parameters, gradients, AdamW's m and v, activations and their gradients, the
 tokens), the batch in and the mean loss out, the layers in order under an activation
@@ -46,16 +50,26 @@ parameter gradients (float32) are loss_scale times the loss's (grads); grad_norm
 divide it out.  A step whose gradients are not finite (an fp16 overflow) is skipped and halves
 the scale (adjust_loss_scale); LOSS_SCALE_GROWTH_STEPS finite steps in a row double it.  The
 scale is a power of two, so scaling and unscaling are exact.
+
+LoRA (attach_lora; Hu et al., 2021, as PEFT implements it): the parameters are frozen, and
+beside each adapted linear layer W (OC, C) a rank-R update trains, out = inp W^T +
+(alpha/R) (inp A^T) B^T, A (R, C) and B (OC, R) float32 at every precision.  The frozen
+parameters' gradients are never computed (their buffer is never allocated: a backward
+kernel given a NULL weight gradient skips it), so what trains, and what grads, m, v,
+zero_grad, grad_norm, update and the collectives see, is the updates alone (lora_layout).
 """
+from collections import namedtuple
+
 import numpy as np
 
-from accel.backend import get_backend
+from accel.backend import BackendError, get_backend
 from cpython.pycapsule cimport PyCapsule_GetPointer
 from kernels.bf16 import to_float32
 from libc.math cimport isfinite, sqrt
 from llmc import recompute
 
-__all__ = ["Layout", "Model", "LOSS_SCALE_INITIAL", "LOSS_SCALE_GROWTH_STEPS", "refuse_unfilled", "unfilled"]
+__all__ = ["Layout", "LoraConfig", "Model", "LOSS_SCALE_INITIAL", "LOSS_SCALE_GROWTH_STEPS",
+           "refuse_unfilled", "unfilled"]
 
 # fp16's dynamic loss scaling (as PyTorch's GradScaler's defaults): the scale a run starts at,
 # and the finite steps in a row after which it doubles
@@ -65,6 +79,9 @@ LOSS_SCALE_MAX = 2.0 ** 24   # past it an fp16 gradient of 2^-24 * 2^24 = 1 gain
 # forward_cached's most positions a forward: its activations and the attention's (NH, T, P+T)
 # scratch stay small however long the prompt (llama.cpp's batches are 512)
 CACHE_CHUNK = 256
+# attach_lora's settings: rank R, alpha (the updates scale by alpha / R), targets (LORA_TARGETS'
+# names, in its order), layers (indices, ascending)
+LoraConfig = namedtuple("LoraConfig", "rank alpha targets layers")
 
 
 cdef class Layout:
@@ -170,6 +187,7 @@ cdef class Model:
     ENTRY_GROUPS = ()
     MATRICES = frozenset()
     NO_GRAD = frozenset()
+    LORA_TARGETS = ()
     FP32_ACTIVATIONS = frozenset()
 
     def __init__(self, config, backend="cpu", recompute="all", precision=None):
@@ -253,9 +271,22 @@ cdef class Model:
         return buffer if buffer is not None else self.backend.alloc(layout.nbytes)
 
     def _ensure_grads(self):
-        if self._grads is None:
+        if self.frozen:
+            if self._lora_grads is None:
+                self._lora_grads = self._lazy(None, self.lora_layout)
+                self.lora_da = <float**>self._lora_table("da", self._lora_grads, "lora_A")
+                self.lora_db = <float**>self._lora_table("db", self._lora_grads, "lora_B")
+        elif self._grads is None:
             self._grads = self._lazy(None, self.param_layout)
             self.point_parameters(floats(self._params), floats(self._grads))
+
+    @property
+    def num_trained(self):
+        """How many parameters train: all of them, or with LoRA the updates'."""
+        return self.lora_layout.size if self.frozen else self.param_layout.size
+
+    cdef Buffer _trained_grads(self):
+        return self._lora_grads if self.frozen else self._grads
 
     def _host(self, Buffer buffer, Py_ssize_t offset, Py_ssize_t count):
         """count floats of buffer from float offset: a zero-copy view where the backend's memory
@@ -285,14 +316,18 @@ cdef class Model:
 
     @property
     def params(self):
-        """All parameters, one (num_parameters,) float32 array (at bf16: the master weights);
-        assign to load new ones (at bf16, the kernels' parameters are then the master weights
-        rounded to nearest)."""
+        """All parameters, one (num_parameters,) float32 array (at bf16: the master weights;
+        frozen under LoRA, which keeps none: a widened copy of the bf16 ones); assign to load
+        new ones (at bf16, the kernels' parameters are then the master weights rounded to
+        nearest)."""
+        if self.frozen and self.precision != "fp32":
+            return self.params_as_run()
         return self._host(self._master if self._master is not None else self._params, 0,
                           self.param_layout.size)
 
     @params.setter
     def params(self, values):
+        self._require_unfrozen()
         if self._master is None:
             self._load(self._params, values, "params")
             return
@@ -304,6 +339,7 @@ cdef class Model:
         (num_parameters,) float32 array: the model's own buffer (at bf16 its master weights)
         where the backend's memory is the host's, so that a model file is read into place with
         no second copy of it; else a host array, then loaded."""
+        self._require_unfrozen()
         buffer = self._master if self._master is not None else self._params
         if self.backend.host_visible:
             fill(buffer.view(np.float32, 0, self.param_layout.size))
@@ -312,6 +348,11 @@ cdef class Model:
             fill(flat)
             buffer.load(flat)
         self.round_params(-1)
+
+    def _require_unfrozen(self):
+        if self.frozen:
+            raise RuntimeError("the parameters are frozen (LoRA attached): load them before "
+                               "attach_lora")
 
     def round_params(self, int seed):
         """At bf16: the parameters the kernels read, from the float32 master weights: rounded
@@ -337,7 +378,7 @@ cdef class Model:
     def params_as_run(self):
         """The parameters the kernels read, as float32 (at bf16, the bf16 values widened; at
         fp32, params itself): what a model file of the run's precision holds."""
-        if self._master is None:
+        if self.precision == "fp32":
             return self.params
         return self._widen(self._params.to_numpy(np.uint16, 0, self.param_layout.size))
 
@@ -349,22 +390,25 @@ cdef class Model:
 
     @property
     def grads(self):
-        """All parameter gradients, laid out as params, of the loss times loss_scale (fp16; 1
-        elsewhere); assign to load new ones (the all-reduce of a backend whose memory is not
-        the host's, llmc/distributed.py)."""
+        """The gradients of what trains (all parameters, laid out as params; with LoRA the
+        updates, laid out as lora_params), of the loss times loss_scale (fp16; 1 elsewhere);
+        assign to load new ones (the all-reduce of a backend whose memory is not the host's,
+        llmc/distributed.py)."""
         self._ensure_grads()
-        return self._host(self._grads, 0, self.param_layout.size)
+        return self._host(self._trained_grads(), 0, self.num_trained)
 
     @grads.setter
     def grads(self, values):
         self._ensure_grads()
-        self._load(self._grads, values, "grads")
+        self._load(self._trained_grads(), values, "grads", self.num_trained)
 
     def collective_buffers(self):
-        """(gradients, master weights): the float32 Buffers that llmc/distributed.py sums and
-        gathers in place on the device (the backend's collectives group); the master weights
-        are the parameters at fp32."""
+        """(gradients, master weights) of what trains: the float32 Buffers that
+        llmc/distributed.py sums and gathers in place on the device (the backend's collectives
+        group); the master weights are the parameters at fp32, the updates with LoRA."""
         self._ensure_grads()
+        if self.frozen:
+            return self._lora_grads, self._lora
         return self._grads, self._master if self._master is not None else self._params
 
     @property
@@ -377,9 +421,9 @@ cdef class Model:
     @optimizer_shard.setter
     def optimizer_shard(self, span):
         start, end = (int(x) for x in span)
-        if not 0 <= start < end <= self.param_layout.size:
+        if not 0 <= start < end <= self.num_trained:
             raise ValueError(f"optimizer shard [{start}, {end}) is not a non-empty span of the "
-                             f"{self.param_layout.size} parameters")
+                             f"{self.num_trained} parameters that train")
         if (start, end) != (self.shard_start, self.shard_end):
             self._m = self._v = None  # moments of another span mean nothing here
         self.shard_start, self.shard_end = start, end
@@ -436,11 +480,13 @@ cdef class Model:
 
     def memory(self):
         """Bytes allocated on the backend: {params, grads, adamw, activations,
-        activation_grads, tokens} (what llmc.dry_run.memory_plan predicts)."""
+        activation_grads, tokens} (what llmc.dry_run.memory_plan predicts; LoRA's updates
+        count as params, grads and activations)."""
         def size(*buffers):
             return sum(buf.nbytes for buf in buffers if buf is not None)
-        return dict(params=size(self._params, self._master), grads=size(self._grads),
-                    adamw=size(self._m, self._v), activations=size(self._acts),
+        return dict(params=size(self._params, self._master, self._lora),
+                    grads=size(self._grads, self._lora_grads), adamw=size(self._m, self._v),
+                    activations=size(self._acts, self._lora_hidden),
                     activation_grads=size(self._grads_acts),
                     tokens=size(self._inputs, self._targets))
 
@@ -464,6 +510,110 @@ cdef class Model:
     def _require_forward(self):
         if self.B == 0:
             raise RuntimeError("no forward pass has been run yet")
+
+    # --- LoRA ------------------------------------------------------------------------------
+
+    def attach_lora(self, int rank, float alpha, targets, layers):
+        """Freeze the parameters and train rank-`rank` updates, scaled by alpha / rank, beside
+        the linear layers `targets` (names of LORA_TARGETS) of `layers` (layer indices):
+        lora_params, zero until loaded (llmc/adapter.py initialises them as PEFT does)."""
+        if not self.backend.supports("lora"):
+            raise BackendError(f"backend '{self.backend.name}' has no LoRA kernels "
+                               f"(accel/spec.py's lora group; the CPU's fill it)")
+        unknown = [t for t in targets if t not in self.LORA_TARGETS]
+        if unknown or not targets:
+            raise ValueError(f"LoRA targets {', '.join(unknown) or 'none'}: {self.FAMILY} "
+                             f"adapts {', '.join(self.LORA_TARGETS)}")
+        if not layers or not all(0 <= l < self.num_layers for l in layers):
+            raise ValueError(f"LoRA layers {list(layers)}: the model's are 0.."
+                             f"{self.num_layers - 1}")
+        if rank < 1:
+            raise ValueError(f"LoRA rank {rank}: must be at least 1")
+        if self.frozen or self._grads is not None:
+            raise RuntimeError("attach_lora: once, before any backward")
+        self._master = None   # frozen in the model's precision: no float32 master weights
+        self.lora = LoraConfig(rank, alpha, tuple(t for t in self.LORA_TARGETS if t in targets),
+                               tuple(sorted(set(layers))))
+        self.lora_rank, self.lora_scale = rank, alpha / rank
+        self.lora_num_targets = len(self.LORA_TARGETS)
+        shapes = dict(zip(self.param_layout.names, self.param_layout.shapes))
+        n = len(self.lora.layers)
+        self.lora_layout = Layout([item for t in self.lora.targets for item in (
+            (f"{t}.lora_A", (n, rank, shapes[t][2])), (f"{t}.lora_B", (n, shapes[t][1], rank)))])
+        self._lora = self.backend.alloc(self.lora_layout.nbytes)
+        self._lora_tables = {}
+        self.lora_a = <float**>self._lora_table("a", self._lora, "lora_A")
+        self.lora_b = <float**>self._lora_table("b", self._lora, "lora_B")
+        self.frozen = True
+        self._m = self._v = None
+        self.shard_start, self.shard_end = 0, self.lora_layout.size
+        if self.B:
+            self._allocate_lora_hidden(self.B * self.T)
+
+    cdef void* _lora_table(self, str name, Buffer buffer, str matrix):
+        """A table of each (layer, target)'s pointer to its `matrix` ("lora_A" or "lora_B") in
+        buffer (laid out as lora_layout), NULL where it has no update; its address."""
+        cdef size_t base = <size_t>buffer.ptr
+        table = np.zeros(self.num_layers * self.lora_num_targets, dtype=np.uintp)
+        for t in self.lora.targets:
+            i = self.lora_layout.names.index(f"{t}.{matrix}")
+            stride = self.lora_layout.sizes[i] // len(self.lora.layers) * sizeof(float)
+            for j, l in enumerate(self.lora.layers):
+                table[l * self.lora_num_targets + self.LORA_TARGETS.index(t)] = (
+                    base + self.lora_layout.byte_offsets[i] + j * stride)
+        self._lora_tables[name] = table
+        return <void*><size_t>table.ctypes.data
+
+    def _allocate_lora_hidden(self, Py_ssize_t rows):
+        """hidden (rows, R) of each update, and backward's dhidden, for a forward of rows."""
+        cdef Py_ssize_t updates = len(self.lora.layers) * len(self.lora.targets)
+        cdef Py_ssize_t one = rows * self.lora_rank * sizeof(float)
+        self._lora_hidden = None
+        self._lora_hidden = self.backend.alloc((updates + 1) * one)
+        cdef size_t base = <size_t>self._lora_hidden.ptr
+        a = self._lora_tables["a"]
+        order = np.cumsum(a != 0) - 1   # the updates in (layer, target) order
+        self._lora_tables["hidden"] = np.where(a != 0, base + order * one, 0).astype(np.uintp)
+        self.lora_hidden = <float**><size_t>self._lora_tables["hidden"].ctypes.data
+        self.lora_dhidden = <float*>(base + updates * one)
+
+    @property
+    def lora_params(self):
+        """The LoRA updates, one (lora_layout.size,) float32 array; assign to load them."""
+        if not self.frozen:
+            raise RuntimeError("no LoRA attached (attach_lora)")
+        return self._host(self._lora, 0, self.lora_layout.size)
+
+    @lora_params.setter
+    def lora_params(self, values):
+        if not self.frozen:
+            raise RuntimeError("no LoRA attached (attach_lora)")
+        self._load(self._lora, values, "lora_params", self.lora_layout.size)
+
+    def lora_tensors(self):
+        """name -> shaped view (or copy) of each LoRA update tensor, (layers, ...) each."""
+        return self.lora_layout.views(self.lora_params)
+
+    cdef void linear_forward(self, int target, int l, float* out, const float* inp,
+                             const float* weight, const float* bias, int B, int T, int C,
+                             int OC) noexcept nogil:
+        self.table.matmul_forward(self.table.ctx, out, inp, weight, bias, B, T, C, OC)
+        cdef Py_ssize_t k = <Py_ssize_t>l * self.lora_num_targets + target
+        if self.frozen and self.lora_a[k] != NULL:
+            self.table.lora_forward(self.table.ctx, out, self.lora_hidden[k], inp, self.lora_a[k],
+                                    self.lora_b[k], self.lora_scale, B, T, C, OC, self.lora_rank)
+
+    cdef void linear_backward(self, int target, int l, float* dinp, float* dweight, float* dbias,
+                              const float* dout, const float* inp, const float* weight, int B,
+                              int T, int C, int OC) noexcept nogil:
+        self.table.matmul_backward(self.table.ctx, dinp, dweight, dbias, dout, inp, weight,
+                                   B, T, C, OC)
+        cdef Py_ssize_t k = <Py_ssize_t>l * self.lora_num_targets + target
+        if self.frozen and self.lora_a[k] != NULL:
+            self.table.lora_backward(self.table.ctx, dinp, self.lora_da[k], self.lora_db[k],
+                                     self.lora_dhidden, dout, inp, self.lora_hidden[k],
+                                     self.lora_a[k], self.lora_b[k], self.lora_scale, B, T, C,
+                                     OC, self.lora_rank)
 
     # --- forward ---------------------------------------------------------------------------
 
@@ -497,6 +647,8 @@ cdef class Model:
             self._inputs = self.backend.alloc(B * T * sizeof(int))
             self._targets = self.backend.alloc(B * T * sizeof(int))
         self.act_layout, self.act_grad_layout = layout, grad_layout
+        if self.frozen:
+            self._allocate_lora_hidden(B * T)
         self._tables = dict(layer=[name for name, _ in layer], head=[name for name, _ in head])
         self._point_activations()
         if self._grads_acts is not None:
@@ -722,8 +874,9 @@ cdef class Model:
     def zero_grad(self):
         """Set the parameter gradients to zero (backward adds to them)."""
         self._ensure_grads()
-        cdef void* grads = self._grads.ptr
-        cdef size_t nbytes = self._grads.nbytes
+        cdef Buffer buffer = self._trained_grads()
+        cdef void* grads = buffer.ptr
+        cdef size_t nbytes = buffer.nbytes
         with nogil:
             self.table.zero(self.table.ctx, grads, nbytes)
         self.backend.check_error()
@@ -771,8 +924,9 @@ cdef class Model:
             self.table.zero(ctx, self.dstream[l % 2], self.stream_bytes)
             self.layer_backward(l, self.dstream[l % 2], self.layer_grads, self.layer_acts,
                                 self._layer_input(l), B, T)
-        self.table.mark(ctx, self.step, -1)
-        self.embedding_backward(self.dstream[0], inputs, B, T)
+        if not self.frozen:
+            self.table.mark(ctx, self.step, -1)
+            self.embedding_backward(self.dstream[0], inputs, B, T)
 
     # --- optimizer -------------------------------------------------------------------------
 
@@ -781,8 +935,8 @@ cdef class Model:
         with shard_only, of the optimizer shard's alone (ZeRO-1: the other processes hold the
         rest, reduced).  Not finite where a gradient is not (fp16: an overflow)."""
         self._ensure_grads()
-        cdef const float* grads = floats(self._grads)
-        cdef Py_ssize_t n = self.param_layout.size
+        cdef const float* grads = floats(self._trained_grads())
+        cdef Py_ssize_t n = self.num_trained
         if shard_only:
             grads += self.shard_start
             n = self.shard_end - self.shard_start
@@ -824,8 +978,11 @@ cdef class Model:
         self.loss_scale, self.loss_scale_steps = scale, steps
 
     def _decay_spans(self, bint decay_2d_only):
-        """[(start, size, decayed)]: runs of neighbouring tensors that share their decay."""
+        """[(start, size, decayed)]: runs of neighbouring tensors that share their decay (LoRA's
+        updates: one run of matrices)."""
         cdef bint decayed
+        if self.frozen:
+            return [(0, self.lora_layout.size, True)]
         spans = []
         for name, start, size in zip(self.param_layout.names, self.param_layout.offsets,
                                      self.param_layout.sizes):
@@ -851,10 +1008,11 @@ cdef class Model:
         self._v = self._moments(self._v)
         # at bf16 AdamW updates the master weights and rounds each into the bf16 ones, seeded
         # by t (as round_params(t) would), in the same pass
-        cdef bint mixed = self._master is not None
-        cdef float* params = floats(self._master if mixed else self._params)
+        cdef bint mixed = self._master is not None and not self.frozen
+        cdef float* params = floats(self._lora if self.frozen else
+                                    self._master if mixed else self._params)
         cdef float* rounded = floats(self._params)
-        cdef float* grads = floats(self._grads)
+        cdef float* grads = floats(self._trained_grads())
         cdef float* m = floats(self._m)  # m[i - shard_start] is parameter i's moment
         cdef float* v = floats(self._v)
         cdef Py_ssize_t start, end

@@ -13,17 +13,17 @@ from kernels.bf16 import to_bf16
 from kernels.fp16 import to_fp16
 
 # odd sizes: no dimension a multiple of a tile, a warp or another dimension
-SMALL = dict(B=3, T=7, C=20, NH=4, NKV=2, hs=5, OC=60, H=26, V=37, Vp=40, P=6)
+SMALL = dict(B=3, T=7, C=20, NH=4, NKV=2, hs=5, OC=60, H=26, V=37, Vp=40, P=6, R=3)
 # GPT-2 d12's widths at a small B*T (odd B and T), for check: at the shapes users run
 D12_WIDTHS = dict(B=3, T=5, C=768, NH=12, NKV=4, hs=64, OC=3072, H=2048, V=50257, Vp=50304,
-                  P=250)
+                  P=250, R=16)
 
 
 def numbers(entry, dims):
     """The entry's number arguments at these dims: N, n (elements) are a wide layer's."""
     return dict(dims, N=dims["B"] * dims["T"] * 4 * dims["C"], n=101,
                 eps=1e-8 if entry == "adamw_update" else 1e-5, value=0.25, lr=1e-3, beta1=0.9,
-                beta2=0.999, weight_decay=0.01, grad_scale=1.0, t=3, first=5, seed=7)
+                beta2=0.999, weight_decay=0.01, grad_scale=1.0, t=3, first=5, seed=7, scale=2.0)
 
 
 def host_data(arg, dims, rng):

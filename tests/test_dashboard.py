@@ -125,6 +125,17 @@ def test_recorded_log(tmp_path):
     assert max(len(line) for line in text.splitlines()) <= 100
 
 
+def test_a_line_that_is_no_json_record_is_skipped_and_counted(tmp_path):
+    """A log holding `{{{` (and a JSON list) beside its records: drawn, the two counted."""
+    log = tmp_path / "log.jsonl"
+    lines = open(FIXTURE).read().splitlines()
+    log.write_text("\n".join(lines[:3] + ["{{{", "[1, 2]"] + lines[3:]) + "\n")
+    d = dashboard.Dashboard(str(log), background=False)
+    assert d.poll() and d.done()
+    text = text_of(d.render(200), width=200).replace("\n", "")
+    assert "(2 lines not records: skipped)" in text and "step 12/12, finished" in text
+
+
 def test_follows_a_growing_log(tmp_path):
     log = tmp_path / "log.jsonl"
     with open(FIXTURE, "rb") as f:

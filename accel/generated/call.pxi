@@ -244,4 +244,14 @@ cdef object call_entry(Backend backend, str entry, tuple a):
         t.attention_gqa_cached_forward(c, <float*>pointer(entry, 'out', a[0], False, backend.itemsize * (a[7]*a[9]*a[11])), <float*>pointer(entry, 'att', a[1], False, backend.itemsize * (a[9]*a[7]*(a[8]+a[7]))), <float*>pointer(entry, 'k_cache', a[2], False, backend.itemsize * ((a[8]+a[7])*a[10]*a[11])), <float*>pointer(entry, 'v_cache', a[3], False, backend.itemsize * ((a[8]+a[7])*a[10]*a[11])), <float*>pointer(entry, 'q', a[4], False, backend.itemsize * (a[7]*a[9]*a[11])), <float*>pointer(entry, 'k', a[5], False, backend.itemsize * (a[7]*a[10]*a[11])), <float*>pointer(entry, 'v', a[6], False, backend.itemsize * (a[7]*a[10]*a[11])), a[7], a[8], a[9], a[10], a[11])
         backend.check_error()
         return None
+    elif entry == 'lora_forward':
+        arity(entry, a, 11)
+        t.lora_forward(c, <float*>pointer(entry, 'out', a[0], False, backend.itemsize * (a[6]*a[7]*a[9])), <float*>pointer(entry, 'hidden', a[1], False, 4 * (a[6]*a[7]*a[10])), <float*>pointer(entry, 'inp', a[2], False, backend.itemsize * (a[6]*a[7]*a[8])), <float*>pointer(entry, 'A', a[3], False, 4 * (a[10]*a[8])), <float*>pointer(entry, 'Bm', a[4], False, 4 * (a[9]*a[10])), a[5], a[6], a[7], a[8], a[9], a[10])
+        backend.check_error()
+        return None
+    elif entry == 'lora_backward':
+        arity(entry, a, 15)
+        t.lora_backward(c, <float*>pointer(entry, 'dinp', a[0], False, backend.itemsize * (a[10]*a[11]*a[12])), <float*>pointer(entry, 'dA', a[1], False, 4 * (a[14]*a[12])), <float*>pointer(entry, 'dB', a[2], False, 4 * (a[13]*a[14])), <float*>pointer(entry, 'dhidden', a[3], False, 4 * (a[10]*a[11]*a[14])), <float*>pointer(entry, 'dout', a[4], False, backend.itemsize * (a[10]*a[11]*a[13])), <float*>pointer(entry, 'inp', a[5], False, backend.itemsize * (a[10]*a[11]*a[12])), <float*>pointer(entry, 'hidden', a[6], False, 4 * (a[10]*a[11]*a[14])), <float*>pointer(entry, 'A', a[7], False, 4 * (a[14]*a[12])), <float*>pointer(entry, 'Bm', a[8], False, 4 * (a[13]*a[14])), a[9], a[10], a[11], a[12], a[13], a[14])
+        backend.check_error()
+        return None
     raise ValueError(f"no kernel entry {entry!r} (memory goes through Buffer)")

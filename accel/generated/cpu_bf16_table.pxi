@@ -374,6 +374,32 @@ cdef void bf16_attention_gqa_cached_forward(void* ctx, float* out, float* att, f
     narrow(<bf16*>k_cache, w_k_cache, (<Py_ssize_t>P+<Py_ssize_t>T)*<Py_ssize_t>NKV*<Py_ssize_t>hs)
     narrow(<bf16*>v_cache, w_v_cache, (<Py_ssize_t>P+<Py_ssize_t>T)*<Py_ssize_t>NKV*<Py_ssize_t>hs)
 
+cdef void bf16_lora_forward(void* ctx, float* out, float* hidden, const float* inp, const float* A, const float* Bm, float scale, int B, int T, int C, int OC, int R) noexcept nogil:
+    cdef float* w = reserve(<Scratch*>ctx, (<Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>OC) + (<Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>C))
+    if w == NULL:
+        fail(b"lora_forward (bf16): out of memory for its float32 copies")
+        return
+    cdef float* w_out = w + 0
+    cdef float* w_inp = w + <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>OC
+    widen(w_out, <const bf16*>out, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>OC)
+    widen(w_inp, <const bf16*>inp, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>C)
+    cpu_lora_forward(ctx, w_out, hidden, w_inp, A, Bm, scale, B, T, C, OC, R)
+    narrow(<bf16*>out, w_out, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>OC)
+
+cdef void bf16_lora_backward(void* ctx, float* dinp, float* dA, float* dB, float* dhidden, const float* dout, const float* inp, const float* hidden, const float* A, const float* Bm, float scale, int B, int T, int C, int OC, int R) noexcept nogil:
+    cdef float* w = reserve(<Scratch*>ctx, (<Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>C) + (<Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>OC) + (<Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>C))
+    if w == NULL:
+        fail(b"lora_backward (bf16): out of memory for its float32 copies")
+        return
+    cdef float* w_dinp = w + 0
+    cdef float* w_dout = w + <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>C
+    cdef float* w_inp = w + <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>C + <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>OC
+    widen(w_dinp, <const bf16*>dinp, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>C)
+    widen(w_dout, <const bf16*>dout, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>OC)
+    widen(w_inp, <const bf16*>inp, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>C)
+    cpu_lora_backward(ctx, w_dinp, dA, dB, dhidden, w_dout, w_inp, hidden, A, Bm, scale, B, T, C, OC, R)
+    narrow(<bf16*>dinp, w_dinp, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>C)
+
 cdef void fill_bf16(BackendTable* t) noexcept:
     """The bf16 entries written from the spec: generic kernels and adapters."""
     t.residual_forward = bf16_residual_forward
@@ -410,3 +436,5 @@ cdef void fill_bf16(BackendTable* t) noexcept:
     t.ffn_backward = bf16_ffn_backward
     t.attention_cached_forward = bf16_attention_cached_forward
     t.attention_gqa_cached_forward = bf16_attention_gqa_cached_forward
+    t.lora_forward = bf16_lora_forward
+    t.lora_backward = bf16_lora_backward

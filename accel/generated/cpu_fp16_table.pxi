@@ -578,6 +578,32 @@ cdef void fp16_attention_gqa_cached_forward(void* ctx, float* out, float* att, f
     narrow_fp16(<fp16*>k_cache, w_k_cache, (<Py_ssize_t>P+<Py_ssize_t>T)*<Py_ssize_t>NKV*<Py_ssize_t>hs)
     narrow_fp16(<fp16*>v_cache, w_v_cache, (<Py_ssize_t>P+<Py_ssize_t>T)*<Py_ssize_t>NKV*<Py_ssize_t>hs)
 
+cdef void fp16_lora_forward(void* ctx, float* out, float* hidden, const float* inp, const float* A, const float* Bm, float scale, int B, int T, int C, int OC, int R) noexcept nogil:
+    cdef float* w = reserve(<Scratch*>ctx, (<Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>OC) + (<Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>C))
+    if w == NULL:
+        fail(b"lora_forward (fp16): out of memory for its float32 copies")
+        return
+    cdef float* w_out = w + 0
+    cdef float* w_inp = w + <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>OC
+    widen_fp16(w_out, <const fp16*>out, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>OC)
+    widen_fp16(w_inp, <const fp16*>inp, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>C)
+    cpu_lora_forward(ctx, w_out, hidden, w_inp, A, Bm, scale, B, T, C, OC, R)
+    narrow_fp16(<fp16*>out, w_out, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>OC)
+
+cdef void fp16_lora_backward(void* ctx, float* dinp, float* dA, float* dB, float* dhidden, const float* dout, const float* inp, const float* hidden, const float* A, const float* Bm, float scale, int B, int T, int C, int OC, int R) noexcept nogil:
+    cdef float* w = reserve(<Scratch*>ctx, (<Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>C) + (<Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>OC) + (<Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>C))
+    if w == NULL:
+        fail(b"lora_backward (fp16): out of memory for its float32 copies")
+        return
+    cdef float* w_dinp = w + 0
+    cdef float* w_dout = w + <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>C
+    cdef float* w_inp = w + <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>C + <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>OC
+    widen_fp16(w_dinp, <const fp16*>dinp, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>C)
+    widen_fp16(w_dout, <const fp16*>dout, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>OC)
+    widen_fp16(w_inp, <const fp16*>inp, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>C)
+    cpu_lora_backward(ctx, w_dinp, dA, dB, dhidden, w_dout, w_inp, hidden, A, Bm, scale, B, T, C, OC, R)
+    narrow_fp16(<fp16*>dinp, w_dinp, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>C)
+
 cdef void fill_fp16(BackendTable* t) noexcept:
     """The fp16 entries written from the spec: generic kernels and adapters."""
     t.matmul_forward = fp16_matmul_forward
@@ -614,3 +640,5 @@ cdef void fill_fp16(BackendTable* t) noexcept:
     t.ffn_backward = fp16_ffn_backward
     t.attention_cached_forward = fp16_attention_cached_forward
     t.attention_gqa_cached_forward = fp16_attention_gqa_cached_forward
+    t.lora_forward = fp16_lora_forward
+    t.lora_backward = fp16_lora_backward

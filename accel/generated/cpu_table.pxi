@@ -17,6 +17,7 @@ from kernels.attention_gqa cimport attention_gqa_forward
 from kernels.classifier cimport classifier_forward, classifier_backward
 from kernels.flash_attention cimport flash_attention_forward, flash_attention_backward, flash_attention_gqa_forward, flash_attention_gqa_backward
 from kernels.attention_cached cimport attention_cached_forward, attention_gqa_cached_forward
+from kernels.lora cimport lora_forward, lora_backward
 
 cdef void cpu_adamw_update(void* ctx, float* params, float* m, float* v, const float* grads, Py_ssize_t n, float lr, float beta1, float beta2, float eps, float weight_decay, float grad_scale, int t) noexcept nogil:
     adamw_update(params, m, v, grads, n, lr, beta1, beta2, eps, weight_decay, grad_scale, t)
@@ -120,6 +121,12 @@ cdef void cpu_attention_cached_forward(void* ctx, float* out, float* att, float*
 cdef void cpu_attention_gqa_cached_forward(void* ctx, float* out, float* att, float* k_cache, float* v_cache, const float* q, const float* k, const float* v, int T, int P, int NH, int NKV, int hs) noexcept nogil:
     attention_gqa_cached_forward(out, att, k_cache, v_cache, q, k, v, T, P, NH, NKV, hs)
 
+cdef void cpu_lora_forward(void* ctx, float* out, float* hidden, const float* inp, const float* A, const float* Bm, float scale, int B, int T, int C, int OC, int R) noexcept nogil:
+    lora_forward(out, hidden, inp, A, Bm, scale, B, T, C, OC, R)
+
+cdef void cpu_lora_backward(void* ctx, float* dinp, float* dA, float* dB, float* dhidden, const float* dout, const float* inp, const float* hidden, const float* A, const float* Bm, float scale, int B, int T, int C, int OC, int R) noexcept nogil:
+    lora_backward(dinp, dA, dB, dhidden, dout, inp, hidden, A, Bm, scale, B, T, C, OC, R)
+
 cdef void fill_kernels(BackendTable* t) noexcept:
     """The entries that are a kernel of kernels/ behind a one-line adapter."""
     t.adamw_update = cpu_adamw_update
@@ -156,3 +163,5 @@ cdef void fill_kernels(BackendTable* t) noexcept:
     t.flash_attention_gqa_backward = cpu_flash_attention_gqa_backward
     t.attention_cached_forward = cpu_attention_cached_forward
     t.attention_gqa_cached_forward = cpu_attention_gqa_cached_forward
+    t.lora_forward = cpu_lora_forward
+    t.lora_backward = cpu_lora_backward

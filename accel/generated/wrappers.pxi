@@ -479,6 +479,28 @@ cdef void w_attention_gqa_cached_forward(void* ctx, float* out, float* att, floa
         compare(s, E_ATTENTION_GQA_CACHED_FORWARD, k_cache, (<Py_ssize_t>P+<Py_ssize_t>T)*<Py_ssize_t>NKV*<Py_ssize_t>hs, <double>(1), 0, True)
         compare(s, E_ATTENTION_GQA_CACHED_FORWARD, v_cache, (<Py_ssize_t>P+<Py_ssize_t>T)*<Py_ssize_t>NKV*<Py_ssize_t>hs, <double>(1), 0, True)
 
+cdef void w_lora_forward(void* ctx, float* out, float* hidden, const float* inp, const float* A, const float* Bm, float scale, int B, int T, int C, int OC, int R) noexcept nogil:
+    cdef Instrument* s = <Instrument*>ctx
+    cdef double start = enter(s)
+    s.target.lora_forward(s.target.ctx, out, hidden, inp, A, Bm, scale, B, T, C, OC, R)
+    leave(s, E_LORA_FORWARD, start)
+    if s.mode & CHECK:
+        s.oracle.lora_forward(s.oracle.ctx, <float*>oracle_of(s, out), <float*>oracle_of(s, hidden), <const float*>oracle_of(s, inp), <const float*>oracle_of(s, A), <const float*>oracle_of(s, Bm), scale, B, T, C, OC, R)
+        compare(s, E_LORA_FORWARD, out, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>OC, <double>(<Py_ssize_t>R), 0, True)
+        compare(s, E_LORA_FORWARD, hidden, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>R, <double>(<Py_ssize_t>C), 0, False)
+
+cdef void w_lora_backward(void* ctx, float* dinp, float* dA, float* dB, float* dhidden, const float* dout, const float* inp, const float* hidden, const float* A, const float* Bm, float scale, int B, int T, int C, int OC, int R) noexcept nogil:
+    cdef Instrument* s = <Instrument*>ctx
+    cdef double start = enter(s)
+    s.target.lora_backward(s.target.ctx, dinp, dA, dB, dhidden, dout, inp, hidden, A, Bm, scale, B, T, C, OC, R)
+    leave(s, E_LORA_BACKWARD, start)
+    if s.mode & CHECK:
+        s.oracle.lora_backward(s.oracle.ctx, <float*>oracle_of(s, dinp), <float*>oracle_of(s, dA), <float*>oracle_of(s, dB), <float*>oracle_of(s, dhidden), <const float*>oracle_of(s, dout), <const float*>oracle_of(s, inp), <const float*>oracle_of(s, hidden), <const float*>oracle_of(s, A), <const float*>oracle_of(s, Bm), scale, B, T, C, OC, R)
+        compare(s, E_LORA_BACKWARD, dinp, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>C, <double>(<Py_ssize_t>R), 0, True)
+        compare(s, E_LORA_BACKWARD, dA, <Py_ssize_t>R*<Py_ssize_t>C, <double>(<Py_ssize_t>B*<Py_ssize_t>T), 0, False)
+        compare(s, E_LORA_BACKWARD, dB, <Py_ssize_t>OC*<Py_ssize_t>R, <double>(<Py_ssize_t>B*<Py_ssize_t>T), 0, False)
+        compare(s, E_LORA_BACKWARD, dhidden, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>R, <double>(<Py_ssize_t>OC), 0, False)
+
 cdef void install_wrappers(BackendTable* t, const BackendTable* target) noexcept:
     """Point t's kernel entries at the wrappers, where the target has the entry."""
     if target.fill != NULL:
@@ -577,3 +599,7 @@ cdef void install_wrappers(BackendTable* t, const BackendTable* target) noexcept
         t.attention_cached_forward = w_attention_cached_forward
     if target.attention_gqa_cached_forward != NULL:
         t.attention_gqa_cached_forward = w_attention_gqa_cached_forward
+    if target.lora_forward != NULL:
+        t.lora_forward = w_lora_forward
+    if target.lora_backward != NULL:
+        t.lora_backward = w_lora_backward

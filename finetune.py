@@ -1,0 +1,329 @@
+"""
+Fine-tune a pretrained model on your own examples: LoRA or full, on chat, completions or text.
+
+    python finetune.py -e MODEL -i train.jsonl [-j valid.jsonl] -o DIR [--mask-prompt]
+    python finetune.py -e MODEL -i train.jsonl --method full -o DIR        # every parameter
+
+MODEL is any model train.py takes (a Hugging Face folder, a .safetensors file, llm.c's,
+llama2.c's or a GGUF file); its tokenizer is the one generate.py finds (the folder's own
+tokenizer.json and chat template, or --tokenizer).  The data are JSONL in MLX-LM's forms
+(text, chat, completions, tools: llmc/sft_data.py), chats rendered through the model's chat
+template, one example a row padded to T (a batch cut after its last scored target);
+--mask-prompt scores only the completion or the assistant's turns (llm.c's targets of -1
+elsewhere).
+
+--method lora (the default; llmc/adapter.py): the model's parameters stay frozen (no gradient
+computed, no AdamW state), and rank-r updates train beside the linear layers --targets names
+(default all: q, k, v, o, gate, up, down) of the last --layers layers (default all); they are
+saved in PEFT's layout, DIR/adapter, which peft.PeftModel.from_pretrained loads on transformers'
+model and generate.py --adapter reads.  --adapter DIR starts from an existing adapter instead.
+--method full trains every parameter at --precision, as train.py does, and saves the model.
+
+DIR keeps the run as train.py's does: main.log (the dashboard reads it), finetune.json (its
+settings), checkpoints every -n steps and at the end (step_%08d/: the adapter or the model, and
+state.npz: AdamW's m and v, the data's position; DONE last), resumed bit for bit by -y 1.
+AdamW as PyTorch's defaults (betas 0.9, 0.999; eps 1e-8), the gradient clipped to norm 1, the
+learning rate constant after -u warmup steps unless -q sets a cosine decay's final fraction.
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+from accel.backend import BackendError
+from llmc import adapter
+from llmc.checkpoint import model_tokenizer
+from llmc.families import FamilyError, family_of_file
+from llmc.formats import FormatError
+from llmc.formats.common import atomic_write
+from llmc.logger import Console, Logger, plot_losses
+from llmc.schedulers import get_scheduler
+from llmc.sft_data import SFTDataError, SFTDataset
+from llmc.tokenizer import TokenizerError, load_tokenizer
+
+BETAS, EPS, GRAD_CLIP = (0.9, 0.999), 1e-8, 1.0   # PyTorch's AdamW, transformers' Trainer
+SETTINGS = "finetune.json"
+TRIM = 32   # a batch's length is cut to a multiple of this (trimmed), so few lengths recur
+# the settings that shape a run: a resume must not change them (the rest it may)
+SHAPING = ("model", "train_data", "method", "rank", "alpha", "targets", "layers", "adapter",
+           "mask_prompt", "B", "T", "lr", "warmup", "final_lr_frac", "weight_decay", "seed",
+           "precision", "max_steps")
+
+
+class FinetuneError(Exception):
+    """Bad input, said in one line (exit status 1)."""
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="finetune.py", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("-e", "--model", required=True, metavar="MODEL",
+                   help="the pretrained model: a Hugging Face folder or any file train.py takes")
+    p.add_argument("-i", dest="train_data", required=True, metavar="FILE",
+                   help="training examples, JSONL (text, chat, completions or tools)")
+    p.add_argument("-j", dest="val_data", metavar="FILE", default=None,
+                   help="validation examples, JSONL: their masked loss every -v steps")
+    p.add_argument("-o", dest="output_dir", metavar="DIR", default=None,
+                   help="where the run is kept: the adapter (or model), checkpoints, main.log")
+    p.add_argument("--tokenizer", metavar="PATH", default=None,
+                   help="the model's tokenizer, where it is not beside the model")
+    p.add_argument("--method", choices=("lora", "full"), default="lora")
+    p.add_argument("--rank", type=int, default=8, help="LoRA's rank r")
+    p.add_argument("--alpha", type=float, default=16.0, help="LoRA's alpha: updates scale by "
+                   "alpha / r")
+    p.add_argument("--targets", default="all", help="LoRA's linear layers, comma-separated "
+                   "(q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj), or all")
+    p.add_argument("--layers", type=int, default=None, help="LoRA in the last N layers "
+                   "(default: every layer)")
+    p.add_argument("--adapter", metavar="DIR", default=None,
+                   help="start from this LoRA adapter (PEFT's layout) instead of a new one")
+    p.add_argument("--mask-prompt", action="store_true",
+                   help="score only the completion, or the assistant's turns")
+    p.add_argument("-b", dest="B", type=int, default=4, help="examples a batch")
+    p.add_argument("-t", dest="T", type=int, default=512,
+                   help="the longest example, in tokens (longer ones are cut, and counted)")
+    p.add_argument("-l", dest="lr", type=float, default=1e-4, help="learning rate")
+    p.add_argument("-u", dest="warmup", type=int, default=0, help="warmup steps")
+    p.add_argument("-q", dest="final_lr_frac", type=float, default=1.0,
+                   help="the learning rate's final fraction (1: constant, else cosine decay)")
+    p.add_argument("-c", dest="weight_decay", type=float, default=0.0, help="AdamW's decay")
+    p.add_argument("-x", dest="max_steps", type=int, default=100, help="steps")
+    p.add_argument("-v", dest="val_every", type=int, default=20, help="val loss every N steps")
+    p.add_argument("-n", dest="checkpoint_every", type=int, default=0,
+                   help="a checkpoint every N steps (0: at the end only)")
+    p.add_argument("-y", dest="resume", type=int, default=0, choices=(0, 1),
+                   help="resume the run in -o DIR from its newest checkpoint")
+    p.add_argument("-r", dest="seed", type=int, default=0, help="LoRA's init and the data order")
+    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
+    p.add_argument("--recompute", default="all", metavar="POLICY",
+                   help="activation checkpointing, as train.py's")
+    p.add_argument("--backend", default="cpu")
+    args = p.parse_args(argv)
+    for flag, value, low in (("-b", args.B, 1), ("-t", args.T, 1), ("-x", args.max_steps, 1),
+                             ("--rank", args.rank, 1), ("-v", args.val_every, 1)):
+        if value < low:
+            p.error(f"{flag} {value}: must be at least {low}")
+    if args.resume and args.output_dir is None:
+        p.error("-y 1 resumes the run in -o DIR: give -o")
+    return args
+
+
+def settings_of(args):
+    return {key: getattr(args, key) for key in SHAPING}
+
+
+def start_or_resume(args):
+    """The step to resume from (None: a new run), DIR's settings checked or written."""
+    out = args.output_dir
+    if out is None:
+        return None
+    path = os.path.join(out, SETTINGS)
+    if args.resume:
+        if not os.path.exists(path):
+            raise FinetuneError(f"-y 1: {out} holds no fine-tuning run ({SETTINGS})")
+        with open(path) as f:
+            saved = json.load(f)
+        differ = [f"{key} {getattr(args, key)!r} (the run's: {saved.get(key)!r})"
+                  for key in SHAPING if saved.get(key) != getattr(args, key)]
+        if differ:
+            raise FinetuneError(f"-y 1: {out} holds a run with other settings: "
+                                f"{'; '.join(differ)}")
+        return newest_step(out)
+    if os.path.exists(path):
+        raise FinetuneError(f"{out} holds a fine-tuning run already: -y 1 resumes it, or give "
+                            f"another -o")
+    os.makedirs(out, exist_ok=True)
+    atomic_write(path, [(json.dumps(settings_of(args), indent=1) + "\n").encode()])
+    return None
+
+
+def step_dir(out, step):
+    return os.path.join(out, f"step_{step:08d}")
+
+
+def newest_step(out):
+    steps = [int(name[5:]) for name in os.listdir(out) if name.startswith("step_")
+             and os.path.exists(os.path.join(out, name, "DONE"))]
+    return max(steps, default=None)
+
+
+def save_checkpoint(out, step, model, batches):
+    """step_%08d/: the adapter (LoRA) or the model (full), state.npz, then DONE."""
+    folder = step_dir(out, step)
+    os.makedirs(folder, exist_ok=True)
+    if model.frozen:
+        adapter.write_adapter(folder, model)
+    else:
+        model.save(os.path.join(folder, "model.bin"))
+    state = dict(m=np.asarray(model.m), v=np.asarray(model.v), step=step,
+                 **{f"batches_{k}": v for k, v in batches.state_dict().items()})
+    if model.precision != "fp32" and not model.frozen:
+        state["master"] = np.asarray(model.params)
+    with open(os.path.join(folder, "state.npz.tmp"), "wb") as f:
+        np.savez(f, **state)
+    os.replace(os.path.join(folder, "state.npz.tmp"), os.path.join(folder, "state.npz"))
+    atomic_write(os.path.join(folder, "DONE"), [b""])
+
+
+def resume(out, step, model, batches):
+    folder = step_dir(out, step)
+    with np.load(os.path.join(folder, "state.npz")) as state:
+        if "master" in state:
+            model.params = state["master"]
+        model.m, model.v = state["m"], state["v"]
+        batches.load_state_dict({"epoch": int(state["batches_epoch"]),
+                                 "index": int(state["batches_index"])})
+    model.step = step
+
+
+def load_model(args, source):
+    """The model at source, with LoRA attached (--method lora) from --adapter or new."""
+    family, _ = family_of_file(source)
+    model = family.model_class.from_checkpoint(source, backend=args.backend,
+                                               recompute=args.recompute,
+                                               precision=args.precision)
+    if args.method == "full":
+        return model
+    if args.adapter is not None:
+        adapter.read_adapter(args.adapter, model)
+        return model
+    targets = "all" if args.targets == "all" else args.targets.split(",")
+    layers = None if args.layers is None else range(max(model.num_layers - args.layers, 0),
+                                                    model.num_layers)
+    try:
+        adapter.attach(model, args.rank, args.alpha, targets, layers, seed=args.seed)
+    except ValueError as e:
+        raise FinetuneError(str(e)) from None
+    return model
+
+
+def trimmed(inputs, targets):
+    """The batch without its columns past the last scored target (to a multiple of TRIM): a
+    position there changes no loss nor gradient (attention looks back only), and a batch of
+    short examples costs what they do, not what -t does."""
+    scored = np.flatnonzero((targets >= 0).any(axis=0))
+    n = min(inputs.shape[1], -(-(scored[-1] + 1 if scored.size else 1) // TRIM) * TRIM)
+    return inputs[:, :n], targets[:, :n]
+
+
+def mean_loss(model, data, B):
+    """The mean loss over every scored target of data (each example once)."""
+    total, count = 0.0, 0
+    for inputs, targets in map(lambda batch: trimmed(*batch), data.eval_batches(B)):
+        scored = int(np.count_nonzero(targets >= 0))
+        if scored:
+            total += model.forward(inputs, targets) * scored
+            count += scored
+    return total / max(count, 1)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    console = Console(sys.stdout)   # the stdout of now (a test redirects it)
+    resume_step = start_or_resume(args)
+    source = args.model
+    if resume_step is not None:   # the checkpoint's adapter, or its model
+        if args.method == "lora":
+            args.adapter = step_dir(args.output_dir, resume_step)
+        else:
+            source = os.path.join(step_dir(args.output_dir, resume_step), "model.bin")
+    model = load_model(args, source)
+    path, why = (args.tokenizer, "--tokenizer") if args.tokenizer else model_tokenizer(args.model)
+    tokenizer = load_tokenizer(path)
+    if tokenizer.vocab_size > model.config.vocab_size:
+        raise FinetuneError(f"the tokenizer ({tokenizer.source}) has {tokenizer.vocab_size} "
+                            f"tokens, the model {model.config.vocab_size}: give its own "
+                            f"(--tokenizer)")
+    T = min(args.T, model.config.max_seq_len)
+    train_data = SFTDataset(args.train_data, tokenizer, T, mask_prompt=args.mask_prompt)
+    val_data = (None if args.val_data is None else
+                SFTDataset(args.val_data, tokenizer, T, mask_prompt=args.mask_prompt))
+    batches = train_data.batches(args.B, seed=args.seed)
+    trained = model.num_trained
+    console.table([
+        ("model", f"{args.model} ({model.FAMILY}, {model.num_parameters:,} parameters)"),
+        ("tokenizer", f"{path} ({why})"),
+        ("method", "full" if args.method == "full" else
+         f"LoRA r={model.lora.rank} alpha={model.lora.alpha:g} on "
+         f"{', '.join(adapter.short_name(t) for t in model.lora.targets)} of "
+         f"{len(model.lora.layers)} layers"),
+        ("trained parameters", f"{trained:,} ({100 * trained / model.num_parameters:.3f}%)"),
+        ("frozen parameters", f"{model.num_parameters - trained:,}" if model.frozen else "0"),
+        ("train data", train_data.describe()),
+        ("val data", val_data.describe() if val_data else "none"),
+        ("batch", f"B={args.B} T={T}, one example a row"),
+        ("precision", model.precision), ("backend", model.backend.name),
+    ])
+    step = 0
+    if resume_step is not None:
+        resume(args.output_dir, resume_step, model, batches)
+        step = resume_step
+        console.print(f"resuming from the checkpoint at step {step} in {args.output_dir}")
+    logger = Logger(args.output_dir, resume_step=resume_step)
+    scheduler = get_scheduler("cosine", args.lr, args.warmup, args.max_steps, args.final_lr_frac)
+    timed_s, timed_steps, masked, scored_total = 0.0, 0, 0, 0
+    for step in range(step, args.max_steps + 1):
+        last_step = step == args.max_steps
+        if val_data is not None and (step % args.val_every == 0 or last_step):
+            val_loss = mean_loss(model, val_data, args.B)
+            console.print(f"val loss {val_loss:f}")
+            logger.log_val(step, val_loss)
+        if args.output_dir is not None and step > 0 and (last_step or (
+                args.checkpoint_every > 0 and step % args.checkpoint_every == 0)):
+            save_checkpoint(args.output_dir, step, model, batches)
+        if last_step:
+            break
+        start = time.perf_counter()
+        inputs, targets = trimmed(*next(batches))
+        scored = int(np.count_nonzero(targets >= 0))
+        masked, scored_total = masked + targets.size - scored, scored_total + targets.size
+        model.zero_grad()
+        loss = model.forward(inputs, targets)
+        model.backward()
+        lr = scheduler.get_learning_rate(step)
+        grad_norm = model.grad_norm()
+        clip = GRAD_CLIP / grad_norm if grad_norm > GRAD_CLIP else 1.0
+        model.update(lr, BETAS[0], BETAS[1], EPS, args.weight_decay, step + 1, grad_scale=clip)
+        elapsed_s = time.perf_counter() - start
+        if step > 0:
+            timed_s, timed_steps = timed_s + elapsed_s, timed_steps + 1
+        console.status(f"step {step + 1:4d}/{args.max_steps} | loss {loss:.6f} | norm "
+                       f"{grad_norm:.4f} | lr {lr:.2e} | {elapsed_s * 1000:.2f} ms | "
+                       f"{scored / elapsed_s:.0f} scored tok/s")
+        logger.log_train(step, loss, lr, grad_norm)
+    if timed_steps:
+        console.print(f"average step {timed_s / timed_steps * 1000:.1f} ms; "
+                      f"{100 * masked / max(scored_total, 1):.1f}% of the batches' targets "
+                      f"masked or padding")
+    memory = model.memory()
+    console.print("memory: " + ", ".join(f"{k} {v / 2 ** 20:.1f} MiB" for k, v in memory.items()
+                                         if v))
+    if args.output_dir is not None:
+        final = os.path.join(args.output_dir, "adapter" if model.frozen else "model.bin")
+        if model.frozen:
+            adapter.write_adapter(final, model, base_model=os.path.abspath(args.model))
+        else:
+            model.save(final)
+        plot_losses(args.output_dir, f"{args.method} fine-tuning of {args.model}")
+        console.print(f"{final} holds the fine-tuned {'adapter' if model.frozen else 'model'}: "
+                      f"python generate.py {args.model} --adapter {final} --chat talks to it"
+                      if model.frozen else
+                      f"{final} holds the fine-tuned model: python generate.py {final}")
+
+
+def run(argv=None):
+    try:
+        main(argv)
+    except (FinetuneError, SFTDataError, FormatError, FamilyError, TokenizerError,
+            BackendError) as e:
+        sys.exit(f"finetune.py: error: {e}")
+    except OSError as e:
+        where = f"{e.filename}: " if e.filename else ""
+        sys.exit(f"finetune.py: error: {where}{e.strerror or e}")
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,233 @@
+"""
+LoRA adapters: their settings, their initialisation, and their files in PEFT's layout.
+
+A model with LoRA attached (Model.attach_lora, llmc/model.pyx) keeps its parameters frozen and
+trains, beside each adapted linear layer W (OC, C) of each adapted layer, A (R, C) and B (OC, R):
+out = inp W^T + (alpha / R) (inp A^T) B^T.  Here:
+
+    LoraConfig                   rank, alpha, targets (the family's parameter names), layers
+                                 (llmc/model.pyx's)
+    attach(model, ...)           attach_lora with the targets and layers named as users name
+                                 them (PEFT's module names: q_proj, ..., or ours: wq, ...),
+                                 A initialised as PEFT does, B zero
+    write_adapter(folder, model) adapter_config.json and adapter_model.safetensors, which
+                                 peft.PeftModel.from_pretrained loads on transformers' model
+    read_adapter(folder, model)  such a folder (PEFT's or ours) attached to a model, its
+                                 settings and shapes checked against the model's
+    merge(folder, config, params, ...)  the adapter added into a model's weights (W += scale B A):
+                                 dev/export.py --merge writes it to every format
+
+PEFT's file keeps what transformers' module holds: the q and k projections' rows in the
+rotate-half order of Hugging Face's RoPE, where ours are adjacent pairs
+(llmc/formats/huggingface.py), so B of wq and wk has its rows reordered both ways; A reads the
+layer's input, which no order touches.  Only the Llama family's layers adapt today (its
+LORA_TARGETS); GPT-2's are refused by name.
+"""
+import json
+import math
+import os
+
+import numpy as np
+
+from llmc.formats.common import FormatError, atomic_write, param_views
+from llmc.formats.huggingface import (HF_LLAMA_NAMES, ROTATED, hf_adjacent_pair_rows,
+                                      hf_rotate_half_rows, read_safetensors, rotated_heads,
+                                      write_safetensors)
+from llmc.model import LoraConfig
+
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+PEFT_PREFIX = "base_model.model."   # PeftModel's prefix before transformers' module names
+
+
+def module_of(name):
+    """A target's transformers module name, {l} the layer: "model.layers.{l}.self_attn.q_proj"."""
+    return HF_LLAMA_NAMES[name].rsplit(".", 1)[0]
+
+
+def short_name(name):
+    """PEFT's target_modules name of a target: "q_proj"."""
+    return module_of(name).rsplit(".", 1)[1]
+
+
+def target_names(model, names):
+    """The family's parameter names of `names` (PEFT's q_proj, ... or ours wq, ...; "all": every
+    one the family adapts), in LORA_TARGETS' order; an unknown name is refused."""
+    targets = model.LORA_TARGETS
+    if not targets:
+        raise ValueError(f"LoRA: the {model.FAMILY} family has no layers LoRA adapts yet "
+                         f"(the llama family's do)")
+    by_name = {short_name(t): t for t in targets} | {t: t for t in targets}
+    if names == "all":
+        return targets
+    unknown = [n for n in names if n not in by_name]
+    if unknown:
+        raise ValueError(f"LoRA target {unknown[0]!r}: {model.FAMILY} adapts "
+                         f"{', '.join(short_name(t) for t in targets)} (or ours: "
+                         f"{', '.join(targets)})")
+    chosen = {by_name[n] for n in names}
+    return tuple(t for t in targets if t in chosen)
+
+
+def attach(model, rank, alpha, targets="all", layers=None, seed=0):
+    """Attach LoRA to model: rank, alpha, targets (names, or "all"), layers (indices; None: all),
+    A initialised as PEFT's default (Kaiming-uniform, a = sqrt(5): uniform in +-1/sqrt(C)) from
+    seed, B zero, so that the model's output is unchanged until it trains."""
+    layers = tuple(range(model.num_layers)) if layers is None else tuple(layers)
+    model.attach_lora(rank, alpha, target_names(model, targets), layers)
+    rng = np.random.default_rng(seed)
+    values = np.zeros(model.lora_layout.size, dtype=np.float32)
+    for name, view in model.lora_layout.views(values).items():
+        if name.endswith(".lora_A"):
+            bound = 1.0 / math.sqrt(view.shape[2])
+            view[...] = rng.uniform(-bound, bound, view.shape)
+    model.lora_params = values
+    return model.lora
+
+
+def peft_tensors(model):
+    """PEFT's name -> (R, C) or (OC, R) array of each update of a model with LoRA attached."""
+    tensors = {}
+    for name, stack in model.lora_tensors().items():
+        target, matrix = name.split(".")
+        for j, l in enumerate(model.lora.layers):
+            tensor = stack[j]
+            if matrix == "lora_B" and target in ROTATED:
+                tensor = hf_rotate_half_rows(tensor, rotated_heads(model.config, target))
+            tensors[f"{PEFT_PREFIX}{module_of(target).format(l=l)}.{matrix}.weight"] = tensor
+    return tensors
+
+
+def write_adapter(folder, model, base_model=None):
+    """The LoRA updates of model as PEFT's adapter folder: adapter_config.json and
+    adapter_model.safetensors (float32); base_model: the base's path or hub name, for
+    adapter_config.json's base_model_name_or_path."""
+    lora = model.lora
+    os.makedirs(folder, exist_ok=True)
+    every_layer = lora.layers == tuple(range(model.num_layers))
+    config = dict(peft_type="LORA", task_type="CAUSAL_LM", r=lora.rank, lora_alpha=lora.alpha,
+                  target_modules=sorted(short_name(t) for t in lora.targets), lora_dropout=0.0,
+                  bias="none", fan_in_fan_out=False, use_rslora=False, use_dora=False,
+                  init_lora_weights=True, modules_to_save=None,
+                  layers_to_transform=None if every_layer else list(lora.layers),
+                  base_model_name_or_path=base_model, inference_mode=True)
+    write_safetensors(os.path.join(folder, ADAPTER_WEIGHTS), peft_tensors(model))
+    atomic_write(os.path.join(folder, ADAPTER_CONFIG),
+                 [(json.dumps(config, indent=2) + "\n").encode()])
+
+
+# adapter_config.json's settings implemented only at one value (absent or null: that value):
+# key -> (value, what another asks for)
+PEFT_FIXED = {
+    "peft_type": ("LORA", "another adapter method"),
+    "use_dora": (False, "DoRA"),
+    "use_rslora": (False, "rank-stabilised scaling (alpha / sqrt(r))"),
+    "fan_in_fan_out": (False, "Conv1D-layout weights"),
+    "bias": ("none", "trained biases"),
+    "modules_to_save": (None, "fully trained modules beside the adapters"),
+    "rank_pattern": ({}, "a rank per module"),
+    "alpha_pattern": ({}, "an alpha per module"),
+    "layer_replication": (None, "replicated layers"),
+    "lora_bias": (False, "a bias on lora_B"),
+}
+
+
+def read_adapter_file(folder, config, targets, num_layers):
+    """(LoraConfig, {name: stack}) of the LoRA adapter in folder (PEFT's layout) for a model of
+    this config whose family adapts `targets` (its LORA_TARGETS) in num_layers layers: the
+    stacks as lora_layout names and shapes them ("wq.lora_A": (layers, R, C), ...), B's rows in
+    our order.  Its settings and every tensor's shape are checked, each mismatch one FormatError
+    naming it."""
+    config_path = os.path.join(folder, ADAPTER_CONFIG)
+    if not os.path.isfile(config_path):
+        raise FormatError(folder, f"no {ADAPTER_CONFIG}: not a LoRA adapter folder (PEFT's "
+                                  f"layout: {ADAPTER_CONFIG} and {ADAPTER_WEIGHTS})")
+    try:
+        with open(config_path) as f:
+            settings = json.load(f)
+    except (OSError, ValueError) as e:
+        raise FormatError(config_path, f"not readable as JSON: {e}") from None
+    for key, (value, meaning) in PEFT_FIXED.items():
+        if settings.get(key) not in (value, None, {} if value == {} else value):
+            raise FormatError(config_path, f"{key} = {settings[key]!r} asks for {meaning}: "
+                                           f"not implemented")
+    modules = settings.get("target_modules")
+    if modules == "all-linear":
+        modules = "all"
+    elif not isinstance(modules, list):   # PEFT's regular expression form
+        raise FormatError(config_path, f"target_modules {modules!r}: give them as a list of "
+                                       f"module names")
+    by_name = {short_name(t): t for t in targets}
+    unknown = [m for m in ([] if modules == "all" else modules) if m not in by_name]
+    if unknown:
+        raise FormatError(config_path, f"target module {unknown[0]!r}: this model adapts "
+                                       f"{', '.join(by_name)}")
+    chosen = targets if modules == "all" else tuple(t for t in targets
+                                                    if short_name(t) in modules)
+    layers = settings.get("layers_to_transform")
+    layers = tuple(range(num_layers)) if layers is None else tuple(sorted(
+        [layers] if isinstance(layers, int) else layers))
+    if not all(0 <= l < num_layers for l in layers):
+        raise FormatError(config_path, f"layers_to_transform {list(layers)}: the model has "
+                                       f"{num_layers} layers")
+    try:
+        lora = LoraConfig(int(settings["r"]), float(settings["lora_alpha"]), chosen, layers)
+    except (KeyError, TypeError, ValueError) as e:
+        raise FormatError(config_path, f"r and lora_alpha must be numbers: {e}") from None
+    tensors = read_safetensors(os.path.join(folder, ADAPTER_WEIGHTS))
+    stacks, expected = {}, set()
+    for target in lora.targets:
+        for matrix in ("lora_A", "lora_B"):
+            matrices = []
+            for l in lora.layers:
+                key = f"{PEFT_PREFIX}{module_of(target).format(l=l)}.{matrix}.weight"
+                expected.add(key)
+                if key not in tensors:
+                    raise FormatError(folder, f"no tensor {key}: the adapter is incomplete, or "
+                                              f"not for this model")
+                tensor = tensors[key]
+                if tensor.ndim != 2 or tensor.shape[matrix == "lora_B"] != lora.rank:
+                    raise FormatError(folder, f"{key} has shape {tensor.shape}, not of rank "
+                                              f"{lora.rank}")
+                if matrix == "lora_B" and target in ROTATED:
+                    tensor = hf_adjacent_pair_rows(tensor, rotated_heads(config, target))
+                matrices.append(tensor)
+            stacks[f"{target}.{matrix}"] = np.stack(matrices)
+    extra = sorted(set(tensors) - expected)
+    if extra:
+        raise FormatError(folder, f"tensor {extra[0]} ({len(extra)} in all) has no place in "
+                                  f"the adapter {ADAPTER_CONFIG} describes")
+    return lora, stacks
+
+
+def read_adapter(folder, model):
+    """Attach the LoRA adapter in folder (PEFT's layout) to model and load it; an adapter of
+    another base (a shape that differs) is refused in one line.  Returns the LoraConfig."""
+    lora, stacks = read_adapter_file(folder, model.config, model.LORA_TARGETS, model.num_layers)
+    model.attach_lora(lora.rank, lora.alpha, lora.targets, lora.layers)
+    values = np.empty(model.lora_layout.size, dtype=np.float32)
+    for name, view in model.lora_layout.views(values).items():
+        if stacks[name].shape != view.shape:
+            raise FormatError(folder, f"{name.replace('.', ' ')} of shape {stacks[name].shape}, "
+                                      f"the model's is {view.shape}: an adapter of another base "
+                                      f"model")
+        view[...] = stacks[name]
+    model.lora_params = values
+    return model.lora
+
+
+def merge(folder, config, params, targets, num_layers):
+    """params (a float32 array of the model's layout, llmc.formats.param_views) with the LoRA
+    adapter in folder added into its weights: W += (alpha / R) B A of each adapted layer."""
+    lora, stacks = read_adapter_file(folder, config, targets, num_layers)
+    params = np.array(params, dtype=np.float32, copy=not params.flags.writeable)
+    views = param_views(config, params)
+    for target in lora.targets:
+        A, B = stacks[f"{target}.lora_A"], stacks[f"{target}.lora_B"]
+        for j, l in enumerate(lora.layers):
+            if views[target][l].shape != (B.shape[1], A.shape[2]):
+                raise FormatError(folder, f"{target} of layer {l}: the adapter's update is "
+                                          f"{(B.shape[1], A.shape[2])}, the model's weight "
+                                          f"{views[target][l].shape}: another base model")
+            views[target][l] += np.float32(lora.alpha / lora.rank) * (B[j] @ A[j])
+    return params
