@@ -15,8 +15,9 @@ elsewhere).
 --method lora (the default; llmc/adapter.py): the model's parameters stay frozen (no gradient
 computed, no AdamW state), and rank-r updates train beside the linear layers --targets names
 (default all: q, k, v, o, gate, up, down) of the last --layers layers (default all); they are
-saved in PEFT's layout, DIR/adapter, which peft.PeftModel.from_pretrained loads on transformers'
-model and generate.py --adapter reads.  --adapter DIR starts from an existing adapter instead.
+saved in PEFT's layout, DIR/adapter (the last checkpoint's files, linked), which
+peft.PeftModel.from_pretrained loads on transformers' model and generate.py --adapter reads.
+--adapter DIR starts from an existing adapter instead.
 --method full trains every parameter at --precision, as train.py does, and saves the model.
 
 DIR keeps the run as train.py's does: main.log (the dashboard reads it), finetune.json (its
@@ -26,6 +27,7 @@ AdamW as PyTorch's defaults (betas 0.9, 0.999; eps 1e-8), the gradient clipped t
 learning rate constant after -u warmup steps unless -q sets a cosine decay's final fraction.
 """
 import argparse
+import io
 import json
 import os
 import sys
@@ -46,6 +48,7 @@ from llmc.tokenizer import TokenizerError, load_tokenizer
 
 BETAS, EPS, GRAD_CLIP = (0.9, 0.999), 1e-8, 1.0   # PyTorch's AdamW, transformers' Trainer
 SETTINGS = "finetune.json"
+MODEL_FILE = "model.bin"   # full fine-tuning's model, in a checkpoint and in DIR
 TRIM = 32   # a batch's length is cut to a multiple of this (trimmed), so few lengths recur
 # the settings that shape a run: a resume must not change them (the rest it may)
 SHAPING = ("model", "train_data", "method", "rank", "alpha", "targets", "layers", "adapter",
@@ -150,22 +153,37 @@ def newest_step(out):
     return max(steps, default=None)
 
 
-def save_checkpoint(out, step, model, batches):
+def save_checkpoint(out, step, model, batches, base_model):
     """step_%08d/: the adapter (LoRA) or the model (full), state.npz, then DONE."""
     folder = step_dir(out, step)
     os.makedirs(folder, exist_ok=True)
     if model.frozen:
-        adapter.write_adapter(folder, model)
+        adapter.write_adapter(folder, model, base_model=base_model)
     else:
-        model.save(os.path.join(folder, "model.bin"))
+        model.save(os.path.join(folder, MODEL_FILE))
     state = dict(m=np.asarray(model.m), v=np.asarray(model.v), step=step,
                  **{f"batches_{k}": v for k, v in batches.state_dict().items()})
     if model.precision != "fp32" and not model.frozen:
         state["master"] = np.asarray(model.params)
-    with open(os.path.join(folder, "state.npz.tmp"), "wb") as f:
-        np.savez(f, **state)
-    os.replace(os.path.join(folder, "state.npz.tmp"), os.path.join(folder, "state.npz"))
+    npz = io.BytesIO()
+    np.savez(npz, **state)
+    atomic_write(os.path.join(folder, "state.npz"), [npz.getbuffer()])
     atomic_write(os.path.join(folder, "DONE"), [b""])
+
+
+def link_final(out, step, model):
+    """DIR/adapter (its two files) or DIR/model.bin: the last checkpoint's, hard-linked (one
+    copy on disk, written once); returns its path."""
+    folder = step_dir(out, step)
+    names = [adapter.ADAPTER_CONFIG, adapter.ADAPTER_WEIGHTS] if model.frozen else [MODEL_FILE]
+    final = os.path.join(out, "adapter") if model.frozen else os.path.join(out, MODEL_FILE)
+    os.makedirs(final if model.frozen else out, exist_ok=True)
+    for name in names:
+        target = os.path.join(final, name) if model.frozen else final
+        if os.path.exists(target):
+            os.remove(target)
+        os.link(os.path.join(folder, name), target)
+    return final
 
 
 def resume(out, step, model, batches):
@@ -212,7 +230,7 @@ def trimmed(inputs, targets):
 def mean_loss(model, data, B):
     """The mean loss over every scored target of data (each example once)."""
     total, count = 0.0, 0
-    for inputs, targets in map(lambda batch: trimmed(*batch), data.eval_batches(B)):
+    for inputs, targets in (trimmed(*batch) for batch in data.eval_batches(B)):
         scored = int(np.count_nonzero(targets >= 0))
         if scored:
             total += model.forward(inputs, targets) * scored
@@ -229,7 +247,7 @@ def main(argv=None):
         if args.method == "lora":
             args.adapter = step_dir(args.output_dir, resume_step)
         else:
-            source = os.path.join(step_dir(args.output_dir, resume_step), "model.bin")
+            source = os.path.join(step_dir(args.output_dir, resume_step), MODEL_FILE)
     model = load_model(args, source)
     path, why = (args.tokenizer, "--tokenizer") if args.tokenizer else model_tokenizer(args.model)
     tokenizer = load_tokenizer(path)
@@ -264,7 +282,7 @@ def main(argv=None):
         console.print(f"resuming from the checkpoint at step {step} in {args.output_dir}")
     logger = Logger(args.output_dir, resume_step=resume_step)
     scheduler = get_scheduler("cosine", args.lr, args.warmup, args.max_steps, args.final_lr_frac)
-    timed_s, timed_steps, masked, scored_total = 0.0, 0, 0, 0
+    timed_s, timed_steps, unscored, targets_seen = 0.0, 0, 0, 0
     for step in range(step, args.max_steps + 1):
         last_step = step == args.max_steps
         if val_data is not None and (step % args.val_every == 0 or last_step):
@@ -273,13 +291,13 @@ def main(argv=None):
             logger.log_val(step, val_loss)
         if args.output_dir is not None and step > 0 and (last_step or (
                 args.checkpoint_every > 0 and step % args.checkpoint_every == 0)):
-            save_checkpoint(args.output_dir, step, model, batches)
+            save_checkpoint(args.output_dir, step, model, batches, os.path.abspath(args.model))
         if last_step:
             break
         start = time.perf_counter()
         inputs, targets = trimmed(*next(batches))
         scored = int(np.count_nonzero(targets >= 0))
-        masked, scored_total = masked + targets.size - scored, scored_total + targets.size
+        unscored, targets_seen = unscored + targets.size - scored, targets_seen + targets.size
         model.zero_grad()
         loss = model.forward(inputs, targets)
         model.backward()
@@ -296,17 +314,13 @@ def main(argv=None):
         logger.log_train(step, loss, lr, grad_norm)
     if timed_steps:
         console.print(f"average step {timed_s / timed_steps * 1000:.1f} ms; "
-                      f"{100 * masked / max(scored_total, 1):.1f}% of the batches' targets "
+                      f"{100 * unscored / max(targets_seen, 1):.1f}% of the batches' targets "
                       f"masked or padding")
     memory = model.memory()
     console.print("memory: " + ", ".join(f"{k} {v / 2 ** 20:.1f} MiB" for k, v in memory.items()
                                          if v))
     if args.output_dir is not None:
-        final = os.path.join(args.output_dir, "adapter" if model.frozen else "model.bin")
-        if model.frozen:
-            adapter.write_adapter(final, model, base_model=os.path.abspath(args.model))
-        else:
-            model.save(final)
+        final = link_final(args.output_dir, step, model)
         plot_losses(args.output_dir, f"{args.method} fine-tuning of {args.model}")
         console.print(f"{final} holds the fine-tuned {'adapter' if model.frozen else 'model'}: "
                       f"python generate.py {args.model} --adapter {final} --chat talks to it"

@@ -51,12 +51,12 @@ import time
 
 import numpy as np
 
+from llmc.adapter import read_adapter
 from llmc.checkpoint import model_tokenizer, newest_model_file
 from llmc.cli import Parser
 from llmc.dataloader import DataError
 from llmc.families import FamilyError, family_of_file
 from llmc.formats import FormatError
-from llmc.adapter import read_adapter
 from llmc.sampler import SAMPLE_SEED, Sampler, continue_prompt
 from llmc.tokenizer import Tokenizer, TokenizerError, gpt2_encoding, load_tokenizer
 from llmc.vocab import MAP_NAME, VocabMap

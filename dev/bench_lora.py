@@ -21,7 +21,6 @@ threads), the floor of a step at fp32.
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -29,6 +28,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from dev.bench_step import batch, peak_rss_bytes  # noqa: E402   (its random tokens, its RSS)
 
 SIDES = ("ours", "torch-fp32", "torch-bf16-autocast")
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -53,12 +53,6 @@ def parse_args(argv=None):
 def config_of(name):
     from train_llama2 import PRESETS
     return PRESETS[name]
-
-
-def batch(config, B, T):
-    rng = np.random.default_rng(0)
-    tokens = rng.integers(0, config.vocab_size, (B, T + 1)).astype(np.int32)
-    return tokens[:, :-1], tokens[:, 1:]
 
 
 def timed(step, steps):
@@ -155,8 +149,7 @@ def main():
     if args.side:
         run = ours if args.side == "ours" else lambda a: torch_side(a, "autocast" in args.side)
         seconds, trained = run(args)
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-        print(json.dumps(dict(seconds=seconds, peak=peak, trained=trained)))
+        print(json.dumps(dict(seconds=seconds, peak=peak_rss_bytes(), trained=trained)))
         return
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
     results = {}

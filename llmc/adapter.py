@@ -50,19 +50,23 @@ def short_name(name):
     return module_of(name).rsplit(".", 1)[1]
 
 
-def target_names(model, names):
-    """The family's parameter names of `names` (PEFT's q_proj, ... or ours wq, ...; "all": every
-    one the family adapts), in LORA_TARGETS' order; an unknown name is refused."""
-    targets = model.LORA_TARGETS
+def peft_key(target, layer, matrix):
+    """PEFT's name of a tensor: "base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight"."""
+    return f"{PEFT_PREFIX}{module_of(target).format(l=layer)}.{matrix}.weight"
+
+
+def target_names(targets, names):
+    """Of a family's LORA_TARGETS (targets), those `names` names (PEFT's q_proj, ... or ours wq,
+    ...; "all": every one), in LORA_TARGETS' order; an unknown name is a ValueError."""
     if not targets:
-        raise ValueError(f"LoRA: the {model.FAMILY} family has no layers LoRA adapts yet "
-                         f"(the llama family's do)")
-    by_name = {short_name(t): t for t in targets} | {t: t for t in targets}
+        raise ValueError("LoRA: this family has no layers LoRA adapts yet (the llama family's "
+                         "do)")
     if names == "all":
         return targets
+    by_name = {short_name(t): t for t in targets} | {t: t for t in targets}
     unknown = [n for n in names if n not in by_name]
     if unknown:
-        raise ValueError(f"LoRA target {unknown[0]!r}: {model.FAMILY} adapts "
+        raise ValueError(f"LoRA target {unknown[0]!r}: the model adapts "
                          f"{', '.join(short_name(t) for t in targets)} (or ours: "
                          f"{', '.join(targets)})")
     chosen = {by_name[n] for n in names}
@@ -74,7 +78,7 @@ def attach(model, rank, alpha, targets="all", layers=None, seed=0):
     A initialised as PEFT's default (Kaiming-uniform, a = sqrt(5): uniform in +-1/sqrt(C)) from
     seed, B zero, so that the model's output is unchanged until it trains."""
     layers = tuple(range(model.num_layers)) if layers is None else tuple(layers)
-    model.attach_lora(rank, alpha, target_names(model, targets), layers)
+    model.attach_lora(rank, alpha, target_names(model.LORA_TARGETS, targets), layers)
     rng = np.random.default_rng(seed)
     values = np.zeros(model.lora_layout.size, dtype=np.float32)
     for name, view in model.lora_layout.views(values).items():
@@ -94,7 +98,7 @@ def peft_tensors(model):
             tensor = stack[j]
             if matrix == "lora_B" and target in ROTATED:
                 tensor = hf_rotate_half_rows(tensor, rotated_heads(model.config, target))
-            tensors[f"{PEFT_PREFIX}{module_of(target).format(l=l)}.{matrix}.weight"] = tensor
+            tensors[peft_key(target, l, matrix)] = tensor
     return tensors
 
 
@@ -136,8 +140,8 @@ def read_adapter_file(folder, config, targets, num_layers):
     """(LoraConfig, {name: stack}) of the LoRA adapter in folder (PEFT's layout) for a model of
     this config whose family adapts `targets` (its LORA_TARGETS) in num_layers layers: the
     stacks as lora_layout names and shapes them ("wq.lora_A": (layers, R, C), ...), B's rows in
-    our order.  Its settings and every tensor's shape are checked, each mismatch one FormatError
-    naming it."""
+    our order.  Its settings and every tensor's shape (against the model's weights) are
+    checked, each mismatch one FormatError naming it."""
     config_path = os.path.join(folder, ADAPTER_CONFIG)
     if not os.path.isfile(config_path):
         raise FormatError(folder, f"no {ADAPTER_CONFIG}: not a LoRA adapter folder (PEFT's "
@@ -148,7 +152,7 @@ def read_adapter_file(folder, config, targets, num_layers):
     except (OSError, ValueError) as e:
         raise FormatError(config_path, f"not readable as JSON: {e}") from None
     for key, (value, meaning) in PEFT_FIXED.items():
-        if settings.get(key) not in (value, None, {} if value == {} else value):
+        if settings.get(key) not in (value, None):
             raise FormatError(config_path, f"{key} = {settings[key]!r} asks for {meaning}: "
                                            f"not implemented")
     modules = settings.get("target_modules")
@@ -157,13 +161,10 @@ def read_adapter_file(folder, config, targets, num_layers):
     elif not isinstance(modules, list):   # PEFT's regular expression form
         raise FormatError(config_path, f"target_modules {modules!r}: give them as a list of "
                                        f"module names")
-    by_name = {short_name(t): t for t in targets}
-    unknown = [m for m in ([] if modules == "all" else modules) if m not in by_name]
-    if unknown:
-        raise FormatError(config_path, f"target module {unknown[0]!r}: this model adapts "
-                                       f"{', '.join(by_name)}")
-    chosen = targets if modules == "all" else tuple(t for t in targets
-                                                    if short_name(t) in modules)
+    try:
+        chosen = target_names(targets, modules)
+    except ValueError as e:
+        raise FormatError(config_path, str(e)) from None
     layers = settings.get("layers_to_transform")
     layers = tuple(range(num_layers)) if layers is None else tuple(sorted(
         [layers] if isinstance(layers, int) else layers))
@@ -175,20 +176,23 @@ def read_adapter_file(folder, config, targets, num_layers):
     except (KeyError, TypeError, ValueError) as e:
         raise FormatError(config_path, f"r and lora_alpha must be numbers: {e}") from None
     tensors = read_safetensors(os.path.join(folder, ADAPTER_WEIGHTS))
+    weights = dict(config.param_shapes())   # each target's (L, OC, C)
     stacks, expected = {}, set()
     for target in lora.targets:
-        for matrix in ("lora_A", "lora_B"):
+        _, OC, C = weights[target]
+        for matrix, shape in (("lora_A", (lora.rank, C)), ("lora_B", (OC, lora.rank))):
             matrices = []
             for l in lora.layers:
-                key = f"{PEFT_PREFIX}{module_of(target).format(l=l)}.{matrix}.weight"
+                key = peft_key(target, l, matrix)
                 expected.add(key)
                 if key not in tensors:
                     raise FormatError(folder, f"no tensor {key}: the adapter is incomplete, or "
                                               f"not for this model")
                 tensor = tensors[key]
-                if tensor.ndim != 2 or tensor.shape[matrix == "lora_B"] != lora.rank:
-                    raise FormatError(folder, f"{key} has shape {tensor.shape}, not of rank "
-                                              f"{lora.rank}")
+                if tensor.shape != shape:
+                    raise FormatError(folder, f"{key} has shape {tensor.shape}, the model's "
+                                              f"r={lora.rank} update {shape}: an adapter of "
+                                              f"another base model")
                 if matrix == "lora_B" and target in ROTATED:
                     tensor = hf_adjacent_pair_rows(tensor, rotated_heads(config, target))
                 matrices.append(tensor)
@@ -207,10 +211,6 @@ def read_adapter(folder, model):
     model.attach_lora(lora.rank, lora.alpha, lora.targets, lora.layers)
     values = np.empty(model.lora_layout.size, dtype=np.float32)
     for name, view in model.lora_layout.views(values).items():
-        if stacks[name].shape != view.shape:
-            raise FormatError(folder, f"{name.replace('.', ' ')} of shape {stacks[name].shape}, "
-                                      f"the model's is {view.shape}: an adapter of another base "
-                                      f"model")
         view[...] = stacks[name]
     model.lora_params = values
     return model.lora
@@ -225,9 +225,5 @@ def merge(folder, config, params, targets, num_layers):
     for target in lora.targets:
         A, B = stacks[f"{target}.lora_A"], stacks[f"{target}.lora_B"]
         for j, l in enumerate(lora.layers):
-            if views[target][l].shape != (B.shape[1], A.shape[2]):
-                raise FormatError(folder, f"{target} of layer {l}: the adapter's update is "
-                                          f"{(B.shape[1], A.shape[2])}, the model's weight "
-                                          f"{views[target][l].shape}: another base model")
             views[target][l] += np.float32(lora.alpha / lora.rank) * (B[j] @ A[j])
     return params

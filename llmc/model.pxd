@@ -88,9 +88,9 @@ cdef class Model:
     # grads stays unallocated and a family's gradient pointers NULL), and rank-R updates beside
     # the linear layers of LORA_TARGETS trained instead, float32 at every precision.  Update k =
     # l * lora_num_targets + target's A (R, C), B (OC, R), their gradients and hidden (B*T, R),
-    # through tables of pointers, NULL where (layer, target) has none
+    # through tables of pointers, NULL where (layer, target) has none (lora_a itself NULL: no
+    # LoRA attached, the parameters train)
     cdef readonly object lora            # llmc.lora.LoraConfig, or None
-    cdef readonly bint frozen            # the parameters are frozen (LoRA attached)
     cdef object _lora_tables             # the pointer tables' numpy arrays, kept alive
     cdef readonly Layout lora_layout     # the updates' tensors, (name, (layers, ...)) each
     cdef Buffer _lora, _lora_grads, _lora_hidden

@@ -281,6 +281,11 @@ cdef class Model:
             self.point_parameters(floats(self._params), floats(self._grads))
 
     @property
+    def frozen(self):
+        """Whether the parameters are frozen: LoRA attached (in nogil code, lora_a != NULL)."""
+        return self.lora is not None
+
+    @property
     def num_trained(self):
         """How many parameters train: all of them, or with LoRA the updates'."""
         return self.lora_layout.size if self.frozen else self.param_layout.size
@@ -317,10 +322,10 @@ cdef class Model:
     @property
     def params(self):
         """All parameters, one (num_parameters,) float32 array (at bf16: the master weights;
-        frozen under LoRA, which keeps none: a widened copy of the bf16 ones); assign to load
+        frozen under LoRA, it keeps none: a widened copy of the bf16 ones); assign to load
         new ones (at bf16, the kernels' parameters are then the master weights rounded to
         nearest)."""
-        if self.frozen and self.precision != "fp32":
+        if self._master is None and self.precision != "fp32":
             return self.params_as_run()
         return self._host(self._master if self._master is not None else self._params, 0,
                           self.param_layout.size)
@@ -544,7 +549,6 @@ cdef class Model:
         self._lora_tables = {}
         self.lora_a = <float**>self._lora_table("a", self._lora, "lora_A")
         self.lora_b = <float**>self._lora_table("b", self._lora, "lora_B")
-        self.frozen = True
         self._m = self._v = None
         self.shard_start, self.shard_end = 0, self.lora_layout.size
         if self.B:
@@ -566,10 +570,11 @@ cdef class Model:
 
     def _allocate_lora_hidden(self, Py_ssize_t rows):
         """hidden (rows, R) of each update, and backward's dhidden, for a forward of rows."""
-        cdef Py_ssize_t updates = len(self.lora.layers) * len(self.lora.targets)
-        cdef Py_ssize_t one = rows * self.lora_rank * sizeof(float)
-        self._lora_hidden = None
-        self._lora_hidden = self.backend.alloc((updates + 1) * one)
+        cdef size_t updates = len(self.lora.layers) * len(self.lora.targets)
+        cdef size_t one = rows * self.lora_rank * sizeof(float)
+        if self._lora_hidden is None or self._lora_hidden.nbytes < (updates + 1) * one:
+            self._lora_hidden = None   # freed before its successor is allocated
+            self._lora_hidden = self.backend.alloc((updates + 1) * one)
         cdef size_t base = <size_t>self._lora_hidden.ptr
         a = self._lora_tables["a"]
         order = np.cumsum(a != 0) - 1   # the updates in (layer, target) order
@@ -599,7 +604,7 @@ cdef class Model:
                              int OC) noexcept nogil:
         self.table.matmul_forward(self.table.ctx, out, inp, weight, bias, B, T, C, OC)
         cdef Py_ssize_t k = <Py_ssize_t>l * self.lora_num_targets + target
-        if self.frozen and self.lora_a[k] != NULL:
+        if self.lora_a != NULL and self.lora_a[k] != NULL:
             self.table.lora_forward(self.table.ctx, out, self.lora_hidden[k], inp, self.lora_a[k],
                                     self.lora_b[k], self.lora_scale, B, T, C, OC, self.lora_rank)
 
@@ -609,7 +614,7 @@ cdef class Model:
         self.table.matmul_backward(self.table.ctx, dinp, dweight, dbias, dout, inp, weight,
                                    B, T, C, OC)
         cdef Py_ssize_t k = <Py_ssize_t>l * self.lora_num_targets + target
-        if self.frozen and self.lora_a[k] != NULL:
+        if self.lora_a != NULL and self.lora_a[k] != NULL:
             self.table.lora_backward(self.table.ctx, dinp, self.lora_da[k], self.lora_db[k],
                                      self.lora_dhidden, dout, inp, self.lora_hidden[k],
                                      self.lora_a[k], self.lora_b[k], self.lora_scale, B, T, C,
@@ -924,7 +929,7 @@ cdef class Model:
             self.table.zero(ctx, self.dstream[l % 2], self.stream_bytes)
             self.layer_backward(l, self.dstream[l % 2], self.layer_grads, self.layer_acts,
                                 self._layer_input(l), B, T)
-        if not self.frozen:
+        if self.lora_a == NULL:   # the embedding trains: not frozen under LoRA
             self.table.mark(ctx, self.step, -1)
             self.embedding_backward(self.dstream[0], inputs, B, T)
 
@@ -1008,7 +1013,7 @@ cdef class Model:
         self._v = self._moments(self._v)
         # at bf16 AdamW updates the master weights and rounds each into the bf16 ones, seeded
         # by t (as round_params(t) would), in the same pass
-        cdef bint mixed = self._master is not None and not self.frozen
+        cdef bint mixed = self._master is not None   # (never under LoRA: attach_lora drops it)
         cdef float* params = floats(self._lora if self.frozen else
                                     self._master if mixed else self._params)
         cdef float* rounded = floats(self._params)
