@@ -5,6 +5,7 @@ Writes a model of either family in any format we support, one command for all of
     python dev/export.py MODEL --format llama2c -o OUT.bin  [--version 1]           # Llama
     python dev/export.py MODEL --format gguf    -o OUT.gguf --tokenizer TOKENIZER   # Llama
     python dev/export.py MODEL --format hf      -o DIR      [--tokenizer TOKENIZER] [--dtype D]
+    python dev/export.py ADAPTER --format gguf  -o ADAPTER.gguf [--base MODEL]    # LoRA, Llama
 
 MODEL is a model file in any format a family reads (llmc/families.py's family_of_file tells
 them apart: llm.c's checkpoint, fp32 version 3 or bf16 version 5, for GPT-2; llama2.c's
@@ -15,7 +16,9 @@ Hugging Face's:
     llmc     llm.c's model file, --dtype float32 (version 3) or bfloat16 (version 5).  GPT-2.
     llama2c  llama2.c's model file, version 0 (what llama2.c's own export writes and run.c
              reads) unless --version 1.  Llama.
-    gguf     llama.cpp's file, float32, with the vocabulary (llmc/formats/gguf.py).  Llama.
+    gguf     llama.cpp's file, float32, with the vocabulary (llmc/formats/gguf.py).  Llama
+             (Llama 2's block with GQA, its eps and theta: a qkv bias, QK-norm or Llama 3's
+             RoPE scaling is refused).
     hf       a Hugging Face transformers folder (llmc/formats/huggingface.py): its
              AutoModelForCausalLM loads it as GPT2LMHeadModel or LlamaForCausalLM, and
              AutoTokenizer its tokenizer; model.safetensors in --dtype.
@@ -25,13 +28,22 @@ vocabulary the model was trained on, which gguf and hf write with it: gpt2 (tikt
 found offline as train.py finds it; the default for a model of its 50257 tokens), llm.c's
 gpt2_tokenizer.bin, or a SentencePiece vocabulary, its tokenizer.model or llama2.c's
 tokenizer.bin, which dev/data/tinyshakespeare.py --sentencepiece N writes side by side (GGUF
-takes the .bin, Hugging Face the .model, each found beside the other).  --check reads the
-output back and compares every size and tensor with MODEL's.  --merge ADAPTER adds a LoRA
-adapter (PEFT's layout, finetune.py's DIR/adapter: llmc/adapter.py) into MODEL's weights first,
+takes the .bin, Hugging Face the .model, each found beside the other), or a Hugging Face
+model's tokenizer.json (its folder's own, the default for a folder; GGUF takes a byte-level BPE
+one with GPT-2's, SmolLM2's or Llama 3's pre-tokenizer).  --check reads the output back and
+compares every size and tensor with MODEL's.  --merge ADAPTER adds a LoRA adapter (PEFT's
+layout, finetune.py's DIR/adapter: llmc/adapter.py) into MODEL's weights first,
 W += (alpha / r) B A, so that every format gets the fine-tuned model.
+
+An ADAPTER folder (PEFT's layout) in MODEL's place goes to GGUF as llama.cpp's LoRA adapter
+(llama-cli -m BASE.gguf --lora ADAPTER.gguf; llmc/formats/gguf.py's write_gguf_lora), for the
+GGUF of its base model that --format gguf writes.  The base, whose sizes the adapter is checked
+against, is adapter_config.json's base_model_name_or_path (finetune.py writes the model's path
+there), or --base MODEL.
 """
 import argparse
 import dataclasses
+import json
 import os
 import sys
 
@@ -44,13 +56,15 @@ from llmc.cli import Parser  # noqa: E402
 from llmc.families import FamilyError, family_of_file  # noqa: E402
 from llmc.formats import (FormatError, bfloat16_bits_to_float32,  # noqa: E402
                           float32_to_bfloat16_bits, open_file, param_views)
-from llmc.formats.gguf import gguf_vocab, gpt2_gguf_vocab, write_gguf  # noqa: E402
-from llmc.formats.hf_tokenizer import HF_TOKENIZER_FILES, is_hf_tokenizer  # noqa: E402
+from llmc.formats.gguf import (gguf_vocab, gpt2_gguf_vocab, unwritten_switch,  # noqa: E402
+                                write_gguf, write_gguf_lora)
+from llmc.formats.hf_tokenizer import (HF_TOKENIZER_FILES, hf_gguf_vocab,  # noqa: E402
+                                       is_hf_tokenizer)
 from llmc.formats.huggingface import (HF_WRITERS, HFVocab, gpt2_hf_vocab,  # noqa: E402
                                       read_hf_model, sentencepiece_hf_vocab, write_hf_model)
 from llmc.formats.llama2c import write_llama_model  # noqa: E402
 from llmc.formats.llmc import TOKENIZER_MAGIC, checkpoint_dtype, write_checkpoint  # noqa: E402
-from llmc.adapter import merge  # noqa: E402
+from llmc.adapter import ADAPTER_CONFIG, merge, read_adapter_file  # noqa: E402
 from llmc.tokenizer import GPT2_VOCAB_SIZE, Tokenizer, gpt2_encoding  # noqa: E402
 from llmc.vocab import MAP_NAME  # noqa: E402
 
@@ -89,6 +103,8 @@ def gpt2_tokenizer(tokenizer):
 
 
 def gguf_vocabulary(tokenizer, config):
+    if is_hf_tokenizer(tokenizer):
+        return hf_gguf_vocab(tokenizer, config.vocab_size)
     if tokenizer == "gpt2":
         gpt2 = gpt2_tokenizer(tokenizer)
         return gpt2_gguf_vocab(gpt2.token_bytes, gpt2.eot_token, config.vocab_size)
@@ -172,18 +188,69 @@ def reads_back_equal(family, args, config, params, dtype):
 
 
 # ----------------------------------------------------------------------------
+# a LoRA adapter in MODEL's place
+
+def is_adapter(path):
+    """Whether path is a LoRA adapter folder (PEFT's layout: adapter_config.json)."""
+    return os.path.isfile(os.path.join(path, ADAPTER_CONFIG))
+
+
+def adapter_base(adapter):
+    """The base model of an adapter folder that its adapter_config.json names
+    (base_model_name_or_path), where that is a path here."""
+    config_path = os.path.join(adapter, ADAPTER_CONFIG)
+    try:
+        with open(config_path) as f:
+            settings = json.load(f)
+    except ValueError as e:
+        raise ExportError(f"{config_path}: not JSON ({e})") from None
+    base = settings.get("base_model_name_or_path") if isinstance(settings, dict) else None
+    if not base or not os.path.exists(base):
+        raise ExportError(f"{adapter}: its base model {base!r} (adapter_config.json's "
+                          f"base_model_name_or_path) is not a path here: name it with --base")
+    return base
+
+
+def export_adapter(p, args):
+    """The adapter folder args.model as llama.cpp's GGUF LoRA adapter at args.output, checked
+    against its base model; the line that says what was written."""
+    for flag, given in (("--tokenizer", args.tokenizer), ("--merge", args.merge),
+                        ("--dtype", args.dtype), ("--check", args.check or None)):
+        if given is not None:
+            p.error(f"argument {flag}: not for a LoRA adapter, which goes to GGUF as it is")
+    if args.format != "gguf":
+        p.error(f"argument --format: a LoRA adapter goes to gguf (llama.cpp's --lora), not "
+                f"{args.format}; --merge ADAPTER adds it into a model for every format")
+    base = newest_model_file(args.base or adapter_base(args.model))
+    family, _ = family_of_file(base)
+    check_output_free(args.output, folder=False)
+    config, _ = family.read_model(base)
+    if "gguf" in family.formats and unwritten_switch(config):
+        raise ExportError(f"{base}: the base model has {unwritten_switch(config)}, which GGUF "
+                          f"export does not write yet: its adapter would have no GGUF base")
+    lora, stacks = read_adapter_file(args.model, config, family.model_class.LORA_TARGETS,
+                                     family.model_class.num_layers_of(config))
+    write_gguf_lora(args.output, lora, stacks, name=os.path.basename(os.path.abspath(args.model)))
+    return (f"wrote {args.output} (GGUF LoRA adapter, r={lora.rank} alpha={lora.alpha:g} on "
+            f"{len(lora.targets)} projections of {len(lora.layers)} layers) from {args.model}, "
+            f"for {base} ({family.title} {config.describe()})")
+
+
+# ----------------------------------------------------------------------------
 
 def parse_args(argv):
     p = Parser(prog="export.py", description=__doc__.split("\n\n")[0].strip(),
                formatter_class=argparse.RawDescriptionHelpFormatter,
                epilog="\n\n".join(__doc__.split("\n\n")[1:]))
-    p.add_argument("model", help="a model file of either family, or a train.py output dir")
+    p.add_argument("model", help="a model file of either family, or a train.py output dir; or "
+                   "a LoRA adapter folder, for gguf")
     p.add_argument("--format", required=True, choices=FORMATS, help="the format to write")
     p.add_argument("-o", "--output", required=True,
                    help="the file to write (a folder for hf); must not exist, or be empty")
     p.add_argument("--tokenizer", help="the model's vocabulary, for gguf and hf: gpt2, llm.c's "
-                   "gpt2_tokenizer.bin, or a SentencePiece tokenizer.model or llama2.c "
-                   "tokenizer.bin (default: gpt2 for a model of GPT-2's 50257 tokens)")
+                   "gpt2_tokenizer.bin, a SentencePiece tokenizer.model or llama2.c "
+                   "tokenizer.bin, or a Hugging Face tokenizer.json (default: a Hugging Face "
+                   "folder's own; gpt2 for a model of GPT-2's 50257 tokens)")
     p.add_argument("--dtype", choices=("float32", "bfloat16"),
                    help="llmc and hf: the parameters' dtype (default: MODEL's)")
     p.add_argument("--version", type=int, choices=(0, 1),
@@ -191,6 +258,9 @@ def parse_args(argv):
     p.add_argument("--merge", metavar="ADAPTER", default=None,
                    help="a LoRA adapter (PEFT's layout) added into the weights first")
     p.add_argument("--check", action="store_true", help="read the output back and compare")
+    p.add_argument("--base", metavar="MODEL", default=None,
+                   help="an adapter's base model (default: its adapter_config.json's "
+                   "base_model_name_or_path)")
     args = p.parse_args(argv)
     if args.version is not None and args.format != "llama2c":
         p.error(f"argument --version: only llama2c has versions, not --format {args.format}")
@@ -198,6 +268,8 @@ def parse_args(argv):
         p.error(f"argument --dtype: --format {args.format} is float32 only")
     if args.tokenizer is not None and args.format not in WITH_VOCABULARY:
         p.error(f"argument --tokenizer: --format {args.format} holds no vocabulary")
+    if args.base is not None and not is_adapter(args.model):
+        p.error(f"argument --base: {args.model} is not a LoRA adapter folder (no {ADAPTER_CONFIG})")
     if args.format == "llama2c" and args.version is None:
         args.version = 0
     return p, args
@@ -206,6 +278,9 @@ def parse_args(argv):
 def main(argv=None):
     p, args = parse_args(argv)
     try:
+        if is_adapter(args.model):
+            print(export_adapter(p, args))
+            return
         path = newest_model_file(args.model)
         family, source_format = family_of_file(path)
         # a family goes to the formats it reads (but a lone safetensors file, a checkpoint's

@@ -47,6 +47,7 @@ INSTALL = {
     "lm_eval": "pip install 'lm-eval[hf]'",
     "google.protobuf": "pip install protobuf",
     "mpi4py": "pip install mpi4py mpich",
+    "llama_cpp": "pip install llama-cpp-python: it builds llama.cpp from source",
     **{name: "pip install -r requirements.txt" for name in
        ("coremltools", "gguf", "huggingface_hub", "jinja2", "rich", "safetensors",
         "sentencepiece", "tiktoken", "tokenizers")},

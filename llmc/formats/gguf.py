@@ -1,9 +1,10 @@
 """
 GGUF, llama.cpp's file, through its own Python package (gguf): a Llama model in float32 with
 its vocabulary (SentencePiece or GPT-2's BPE), so llama.cpp runs what we trained, and read
-back.  llama.cpp's "llama" architecture rotates adjacent channel pairs, as we do: q and k go
-in unpermuted.  GPT-2's vocabulary has no merges list in llm.c's tokenizer file: bpe_merges
-reconstructs it from the tokens' rank order.
+back; and a LoRA adapter as llama.cpp's --lora reads it (write_gguf_lora).  llama.cpp's "llama"
+architecture rotates adjacent channel pairs, as we do: q and k go in unpermuted, and so do the
+rows of their LoRA B, which are the rows of the same outputs.  GPT-2's vocabulary has no merges
+list in llm.c's tokenizer file: bpe_merges reconstructs it from the tokens' rank order.
 """
 import os
 
@@ -25,13 +26,14 @@ GGUF_LLAMA_TENSORS = {  # ours -> llama.cpp's, {l} the layer
 class GGUFVocab:
     """A vocabulary as GGUF's tokenizer.ggml.* keys hold it: llama.cpp's tokenizer `model`
     ("llama": SentencePiece, "gpt2": byte-level BPE), each token's text and gguf TokenType, the
-    SentencePiece scores or the BPE merges, and the special ids."""
+    SentencePiece scores or the BPE merges, the special ids, and whether a text gets BOS and
+    EOS."""
 
     def __init__(self, model, tokens, types, scores=None, merges=None, pre=None,
-                 bos=None, eos=None, unk=None, add_bos=False):
+                 bos=None, eos=None, unk=None, add_bos=False, add_eos=False):
         self.model, self.tokens, self.types, self.scores = model, tokens, types, scores
         self.merges, self.pre, self.bos, self.eos, self.unk = merges, pre, bos, eos, unk
-        self.add_bos = add_bos
+        self.add_bos, self.add_eos = add_bos, add_eos
 
     def add_to(self, writer):
         writer.add_tokenizer_model(self.model)
@@ -48,6 +50,7 @@ class GGUFVocab:
             if token_id is not None:
                 add(token_id)
         writer.add_add_bos_token(self.add_bos)
+        writer.add_add_eos_token(self.add_eos)
 
 
 def sentencepiece_gguf_vocab(pieces, scores):
@@ -156,21 +159,55 @@ def gguf_vocab(tokenizer_path, vocab_size):
     return sentencepiece_gguf_vocab(pieces, scores)
 
 
-def write_gguf(path, config, params, vocab, name="llm.pyx llama"):
-    """A GGUF file (float32) of this Llama model with its vocabulary (a GGUFVocab, see
-    gguf_vocab), as llama.cpp's "llama" architecture reads it."""
+def write_through_gguf(path, architecture, add):
+    """A GGUF file written by gguf's writer: add(writer, gguf) adds its keys and tensors (gguf
+    the package); written beside path and renamed into it when whole, so that a failure leaves
+    nothing there."""
     try:
         import gguf
     except ImportError:
         raise RuntimeError("GGUF export needs the gguf package (llama.cpp's writer): "
                            "pip install gguf") from None
+    tmp = f"{os.fspath(path)}.{os.getpid()}.tmp"
+    writer = gguf.GGUFWriter(tmp, architecture)
+    try:
+        add(writer, gguf)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        os.replace(tmp, path)
+    except BaseException:
+        writer.close()
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def unwritten_switch(config):
+    """What of a Llama config GGUF's "llama" keys as written here cannot say, in words; None
+    when it has nothing of the kind."""
+    for unwritten, what in ((config.qkv_bias, "a bias on q, k and v (Qwen2's)"),
+                            (config.qk_norm, "QK-norm (Qwen3's)"),
+                            (config.rope_scaling, "Llama 3's RoPE scaling"),
+                            (config.head_dim, f"a head size of its own ({config.head_dim})")):
+        if unwritten:
+            return what
+    return None
+
+
+def write_gguf(path, config, params, vocab, name="llm.pyx llama"):
+    """A GGUF file (float32) of this Llama model with its vocabulary (a GGUFVocab, see
+    gguf_vocab), as llama.cpp's "llama" architecture reads it."""
     if len(vocab.tokens) != config.vocab_size:
         raise ValueError(f"write_gguf: the tokenizer has {len(vocab.tokens)} tokens, the model's "
                          f"vocabulary {config.vocab_size}")
+    if unwritten_switch(config):
+        raise ValueError(f"write_gguf: the model has {unwritten_switch(config)}, which GGUF "
+                         f"export does not write yet (Llama 2's block, with GQA, eps and theta)")
     views = param_views(config, np.ascontiguousarray(params, dtype=np.float32))
-    tmp = f"{os.fspath(path)}.{os.getpid()}.tmp"
-    writer = gguf.GGUFWriter(tmp, "llama")
-    try:
+
+    def add(writer, gguf):
         writer.add_name(name)
         writer.add_context_length(config.max_seq_len)
         writer.add_embedding_length(config.dim)
@@ -191,16 +228,29 @@ def write_gguf(path, config, params, vocab, name="llm.pyx llama"):
             for l in range(config.n_layers if per_layer else 1):
                 tensor = views[ours][l] if per_layer else views[ours]
                 writer.add_tensor(theirs.format(l=l), np.ascontiguousarray(tensor))
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-        writer.close()
-        os.replace(tmp, path)
-    except BaseException:
-        writer.close()
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    write_through_gguf(path, "llama", add)
+
+
+def write_gguf_lora(path, lora, stacks, name="llm.pyx LoRA"):
+    """llama.cpp's LoRA adapter file (its --lora, llama_adapter_lora_init) of a Llama model's
+    updates: lora a LoraConfig (rank, alpha, targets, layers), stacks its tensors as
+    llmc.adapter.read_adapter_file gives them ("wq.lora_A" (layers, R, C), "wq.lora_B"
+    (layers, OC, R), B's rows in our order).  The keys general.type "adapter", adapter.type
+    "lora" and adapter.lora.alpha (llama.cpp scales by alpha / R, R read off lora_a, as PEFT
+    does); per adapted layer l and target, blk.l.attn_q.weight.lora_a (R, C) and .lora_b
+    (OC, R) beside the base tensor they update (ggml's shapes [C, R] and [R, OC]), float32."""
+    def add(writer, gguf):
+        writer.add_type(gguf.GGUFType.ADAPTER)
+        writer.add_name(name)
+        writer.add_string(gguf.Keys.Adapter.TYPE, "lora")
+        writer.add_float32(gguf.Keys.Adapter.LORA_ALPHA, lora.alpha)
+        for j, l in enumerate(lora.layers):
+            for target in lora.targets:
+                base = GGUF_LLAMA_TENSORS[target].format(l=l)
+                for matrix in ("lora_A", "lora_B"):
+                    writer.add_tensor(f"{base}.{matrix.lower()}", np.ascontiguousarray(
+                        stacks[f"{target}.{matrix}"][j], dtype=np.float32))
+    write_through_gguf(path, "llama", add)
 
 
 def read_gguf_vocab(path):

@@ -9,6 +9,9 @@ transformers' apply_chat_template renders it (jinja2, sandboxed, with its settin
                               special; BOS where the tokenizer adds it)
     ChatTemplate(source, special_tokens)
                               .render(messages, add_generation_prompt=False): the template's text
+    hf_gguf_vocab(path, vocab_size)
+                              a byte-level BPE tokenizer.json as GGUF's vocabulary (llama.cpp's
+                              "gpt2" model), for dev/export.py --format gguf
 
 A token's bytes are read off the vocabulary: byte-level BPE (GPT-2's, Llama 3's, Qwen's,
 SmolLM2's) spells each byte as one printable character; SentencePiece-style vocabularies
@@ -26,10 +29,10 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from llmc.formats.common import FormatError
-from llmc.formats.gguf import gpt2_byte_text
+from llmc.formats.gguf import GGUFVocab, gpt2_byte_text
 
-__all__ = ["ChatTemplate", "HFTokenizer", "HF_TOKENIZER_FILES", "is_hf_tokenizer",
-           "read_hf_tokenizer"]
+__all__ = ["ChatTemplate", "HFTokenizer", "HF_TOKENIZER_FILES", "hf_gguf_vocab",
+           "is_hf_tokenizer", "read_hf_tokenizer"]
 
 SPACE = "\u2581"   # SentencePiece's visible space
 # a tokenizer's files in a model folder, as read here (generation_config.json: its EOS ids)
@@ -106,6 +109,9 @@ class HFTokenizer:
     """What a Hugging Face tokenizer is, as llmc.tokenizer.Tokenizer takes it."""
     token_bytes: list        # each token's bytes, by id
     start_token: int         # BOS where the tokenizer puts one before a text, else its EOS
+    bos_token: object        # the BOS id tokenizer_config.json names, or None
+    adds_bos: bool           # whether it puts BOS before a text
+    adds_eos: bool           # whether it puts EOS after a text
     stop_tokens: tuple       # the EOS ids generation stops at
     strip_text_start: bool   # the decoder strips the space a text starts with (Strip)
     encode: object           # text -> ids, as AutoTokenizer's (BOS included where it adds one)
@@ -157,9 +163,84 @@ def read_hf_tokenizer(path):
     token_bytes = token_bytes_of(backend.get_vocab(with_added_tokens=True), decoder, set(added),
                                  special_ids)
     source = chat_template_source(folder, config)
-    return HFTokenizer(token_bytes, start, stop_tokens or (start,), "Strip" in decoder_kinds(decoder),
-                       encode, lambda text: backend.encode(text, add_special_tokens=False).ids,
+    return HFTokenizer(token_bytes, start, ids.get("bos_token"), bool(adds_bos), bool(adds_eos),
+                       stop_tokens or (start,), "Strip" in decoder_kinds(decoder), encode,
+                       lambda text: backend.encode(text, add_special_tokens=False).ids,
                        None if source is None else ChatTemplate(source, specials, folder))
+
+
+# the byte-level pre-tokenizers of tokenizer.json that llama.cpp implements, by the name GGUF's
+# tokenizer.ggml.pre gives them (llama.cpp's llama-vocab.cpp: each one's regular expressions),
+# with the BPE's ignore_merges that name implies; each said as pre_tokenizer_shape says it
+LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| "
+                r"?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+GGUF_PRE_TOKENIZERS = {
+    "gpt-2": ((("ByteLevel", False, True),), False),    # GPT-2's regex in ByteLevel
+    "smollm": ((("Digits", True), ("ByteLevel", False, True)), False),   # digits one by one
+    "llama-bpe": ((("Split", LLAMA3_SPLIT, "Isolated", False), ("ByteLevel", False, False)),
+                  True),   # Llama 3's
+}
+
+
+def pre_tokenizer_shape(pre_tokenizer):
+    """A tokenizer.json pre_tokenizer as a tuple of its steps, each what decides its split
+    (ByteLevel: add_prefix_space, use_regex; Digits: individual_digits; Split: the regular
+    expression, behavior, invert; another: all of its keys)."""
+    if pre_tokenizer is None:
+        return ()
+    if pre_tokenizer.get("type") == "Sequence":
+        return sum((pre_tokenizer_shape(p) for p in pre_tokenizer["pretokenizers"]), ())
+    kind = pre_tokenizer.get("type")
+    keys = {"ByteLevel": ("add_prefix_space", "use_regex"), "Digits": ("individual_digits",),
+            "Split": ("pattern", "behavior", "invert")}.get(kind)
+    if keys is None:
+        return ((kind, json.dumps(pre_tokenizer, sort_keys=True)),)
+    values = [pre_tokenizer.get(key) for key in keys]
+    if kind == "Split":   # {"Regex": ...} or {"String": ...}: the regular expression's text
+        values[0] = values[0].get("Regex", values[0])
+    return ((kind, *values),)
+
+
+def hf_gguf_vocab(path, vocab_size):
+    """The GGUF vocabulary (llmc.formats.gguf.GGUFVocab) of a byte-level BPE tokenizer.json (a
+    folder holding it, or the file): llama.cpp's "gpt2" model, its pre-tokenizer by the name
+    llama.cpp gives it (GGUF_PRE_TOKENIZERS), each token's text as the file spells it, the
+    merges, the added tokens CONTROL where special and USER_DEFINED where not, padded to the
+    model's vocab_size with UNUSED tokens; BOS (else EOS) and EOS, and whether a text gets
+    them, as transformers encodes.  FormatError in one line for another kind of tokenizer."""
+    hf = read_hf_tokenizer(path)   # the file read and checked, the special tokens found
+    import gguf
+    import tokenizers
+    folder = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
+    file = os.path.join(folder, "tokenizer.json")
+    backend = tokenizers.Tokenizer.from_file(file)
+    spec = json.loads(backend.to_str())
+    model = spec.get("model") or {}
+    if model.get("type") != "BPE" or "ByteLevel" not in decoder_kinds(spec.get("decoder")) \
+            or model.get("byte_fallback") or spec.get("normalizer") is not None:
+        raise FormatError(file, "GGUF export takes a byte-level BPE tokenizer.json (GPT-2's, "
+                                "Llama 3's, SmolLM2's kind), and this one is another kind "
+                                "(a SentencePiece-style one is not written to GGUF yet)")
+    shape = (pre_tokenizer_shape(spec.get("pre_tokenizer")), bool(model.get("ignore_merges")))
+    pre = next((name for name, known in GGUF_PRE_TOKENIZERS.items() if known == shape), None)
+    if pre is None:
+        raise FormatError(file, f"its pre-tokenizer {shape[0]} (ignore_merges {shape[1]}) is "
+                                f"none of those GGUF export names for llama.cpp: "
+                                f"{', '.join(GGUF_PRE_TOKENIZERS)}")
+    vocabulary = backend.get_vocab(with_added_tokens=True)
+    if max(vocabulary.values()) >= vocab_size:
+        raise FormatError(file, f"the tokenizer has ids up to {max(vocabulary.values())}, more "
+                                f"than the model's vocabulary {vocab_size}")
+    tokens = [f"[PAD{i}]" for i in range(vocab_size)]
+    types = [gguf.TokenType.UNUSED] * vocab_size
+    for text, i in vocabulary.items():
+        tokens[i], types[i] = text, gguf.TokenType.NORMAL
+    for i, added in backend.get_added_tokens_decoder().items():
+        types[i] = gguf.TokenType.CONTROL if added.special else gguf.TokenType.USER_DEFINED
+    merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
+    return GGUFVocab("gpt2", tokens, types, merges=merges, pre=pre,
+                     bos=hf.start_token if hf.bos_token is None else hf.bos_token,
+                     eos=hf.stop_tokens[0], add_bos=hf.adds_bos, add_eos=hf.adds_eos)
 
 
 class ChatTemplate:
