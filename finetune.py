@@ -8,7 +8,7 @@ MODEL is any model train.py takes (a Hugging Face folder, a .safetensors file, l
 llama2.c's or a GGUF file); its tokenizer is the one generate.py finds (the folder's own
 tokenizer.json and chat template, or --tokenizer).  The data are JSONL in MLX-LM's forms
 (text, chat, completions, tools: llmc/sft_data.py), chats rendered through the model's chat
-template, one example a row padded to T (a batch cut after its last scored target);
+template, one example a row padded to T (a micro-batch cut after its last scored target);
 --mask-prompt scores only the completion or the assistant's turns (llm.c's targets of -1
 elsewhere).
 
@@ -19,6 +19,24 @@ saved in PEFT's layout, DIR/adapter (the last checkpoint's files, linked), which
 peft.PeftModel.from_pretrained loads on transformers' model and generate.py --adapter reads.
 --adapter DIR starts from an existing adapter instead.
 --method full trains every parameter at --precision, as train.py does, and saves the model.
+
+A step is -d examples (default: -b on each process), a batch of examples alike in length
+(llmc/sft_data.py) run -b at a time: micro-batches, each a forward and a backward that adds into
+the gradient, then one update (MLX-LM's --grad-accumulation-steps N says -d N*B).  A
+micro-batch's loss is the sum over its scored targets divided by the step's count of them, so
+that the accumulated gradient is that of the mean over every scored target of the step however
+the micro-batches cut it, as transformers' Trainer counts num_items_in_batch (a mean of the
+micro-batches' means would weigh a target of a short answer more than one of a long answer):
+-b 2 -d 8 trains as -b 8 does, in a quarter of the activations' memory.
+
+On many processes (llmc/distributed.py, MPI), as train.py:
+    OMP_NUM_THREADS=1 mpirun -np 2 python finetune.py -e MODEL -i train.jsonl -b 2 -d 8 -o DIR
+each runs its micro-batches of every step (the k-th of each a neighbour in length of the
+others'), the gradients of what trains (LoRA's updates alone: the frozen model has none) are
+summed across the processes before the norm and the update, -d counts the examples of all of
+them (micro-batches a step on each: d / (B * processes)), the val loss is shared among them, and
+only rank 0 prints, logs and writes checkpoints.  A run resumes on another number of processes
+with the same -d and -b: the same examples a step.
 
 DIR keeps the run as train.py's does: main.log (the dashboard reads it), finetune.json (its
 settings), checkpoints every -n steps and at the end (step_%08d/: the adapter or the model, and
@@ -36,7 +54,7 @@ import time
 import numpy as np
 
 from accel.backend import BackendError
-from llmc import adapter
+from llmc import adapter, distributed
 from llmc.checkpoint import model_tokenizer
 from llmc.families import FamilyError, family_of_file
 from llmc.formats import FormatError
@@ -52,8 +70,8 @@ MODEL_FILE = "model.bin"   # full fine-tuning's model, in a checkpoint and in DI
 TRIM = 32   # a batch's length is cut to a multiple of this (trimmed), so few lengths recur
 # the settings that shape a run: a resume must not change them (the rest it may)
 SHAPING = ("model", "train_data", "method", "rank", "alpha", "targets", "layers", "adapter",
-           "mask_prompt", "B", "T", "lr", "warmup", "final_lr_frac", "weight_decay", "seed",
-           "precision", "max_steps")
+           "mask_prompt", "B", "total_batch_size", "T", "lr", "warmup", "final_lr_frac",
+           "weight_decay", "seed", "precision", "max_steps")
 
 
 class FinetuneError(Exception):
@@ -85,7 +103,14 @@ def parse_args(argv):
                    help="start from this LoRA adapter (PEFT's layout) instead of a new one")
     p.add_argument("--mask-prompt", action="store_true",
                    help="score only the completion, or the assistant's turns")
-    p.add_argument("-b", dest="B", type=int, default=4, help="examples a batch")
+    p.add_argument("-b", dest="B", type=int, default=4,
+                   help="examples a micro-batch (one forward and backward, on each process)")
+    steps = p.add_mutually_exclusive_group()
+    steps.add_argument("-d", dest="total_batch_size", type=int, default=None, metavar="N",
+                       help="examples a step, of every process: micro-batches of -b, their "
+                       "gradients accumulated (default: one micro-batch on each process)")
+    steps.add_argument("--grad-accumulation-steps", type=int, default=None, metavar="N",
+                       help="MLX-LM's way to say -d: N micro-batches a step on each process")
     p.add_argument("-t", dest="T", type=int, default=512,
                    help="the longest example, in tokens (longer ones are cut, and counted)")
     p.add_argument("-l", dest="lr", type=float, default=1e-4, help="learning rate")
@@ -106,20 +131,37 @@ def parse_args(argv):
     p.add_argument("--backend", default="cpu")
     args = p.parse_args(argv)
     for flag, value, low in (("-b", args.B, 1), ("-t", args.T, 1), ("-x", args.max_steps, 1),
-                             ("--rank", args.rank, 1), ("-v", args.val_every, 1)):
-        if value < low:
+                             ("--rank", args.rank, 1), ("-v", args.val_every, 1),
+                             ("-d", args.total_batch_size, 1),
+                             ("--grad-accumulation-steps", args.grad_accumulation_steps, 1)):
+        if value is not None and value < low:
             p.error(f"{flag} {value}: must be at least {low}")
     if args.resume and args.output_dir is None:
         p.error("-y 1 resumes the run in -o DIR: give -o")
     return args
 
 
+def micro_batches_per_step(args, num_processes):
+    """How many micro-batches each process runs a step; sets args.total_batch_size, the
+    examples a step, from -d or --grad-accumulation-steps."""
+    per_round = args.B * num_processes   # a micro-batch on every process
+    if args.grad_accumulation_steps is not None:
+        args.total_batch_size = args.grad_accumulation_steps * per_round
+    elif args.total_batch_size is None:
+        args.total_batch_size = per_round
+    if args.total_batch_size % per_round:
+        raise FinetuneError(f"-d {args.total_batch_size}: must be a multiple of -b {args.B} "
+                            f"times {num_processes} process(es), {per_round}")
+    return args.total_batch_size // per_round
+
+
 def settings_of(args):
     return {key: getattr(args, key) for key in SHAPING}
 
 
-def start_or_resume(args):
-    """The step to resume from (None: a new run), DIR's settings checked or written."""
+def start_or_resume(args, dist):
+    """The step to resume from (None: a new run), DIR's settings checked, or written by rank 0
+    once every process has looked."""
     out = args.output_dir
     if out is None:
         return None
@@ -138,8 +180,10 @@ def start_or_resume(args):
     if os.path.exists(path):
         raise FinetuneError(f"{out} holds a fine-tuning run already: -y 1 resumes it, or give "
                             f"another -o")
-    os.makedirs(out, exist_ok=True)
-    atomic_write(path, [(json.dumps(settings_of(args), indent=1) + "\n").encode()])
+    dist.barrier()
+    if dist.process_rank == 0:
+        os.makedirs(out, exist_ok=True)
+        atomic_write(path, [(json.dumps(settings_of(args), indent=1) + "\n").encode()])
     return None
 
 
@@ -227,21 +271,38 @@ def trimmed(inputs, targets):
     return inputs[:, :n], targets[:, :n]
 
 
-def mean_loss(model, data, B):
-    """The mean loss over every scored target of data (each example once)."""
+def micro_batches(batch, B, grad_accum, dist):
+    """This process's micro-batches of a step's batch, trimmed: the k-th is the batch's rows
+    block k * processes + rank, of B rows each.  The batch's examples are sorted by length, so
+    the processes' k-th micro-batches are alike in length, and none waits long for another."""
+    inputs, targets = batch
+    for k in range(grad_accum):
+        rows = slice((k * dist.num_processes + dist.process_rank) * B,
+                     (k * dist.num_processes + dist.process_rank + 1) * B)
+        yield trimmed(inputs[rows], targets[rows])
+
+
+def mean_loss(model, data, B, dist):
+    """The mean loss over every scored target of data (each example once), its batches shared
+    among the processes."""
     total, count = 0.0, 0
-    for inputs, targets in (trimmed(*batch) for batch in data.eval_batches(B)):
+    for i, batch in enumerate(data.eval_batches(B)):
+        if i % dist.num_processes != dist.process_rank:
+            continue
+        inputs, targets = trimmed(*batch)
         scored = int(np.count_nonzero(targets >= 0))
         if scored:
             total += model.forward(inputs, targets) * scored
             count += scored
-    return total / max(count, 1)
+    return dist.sum(total) / max(dist.sum(count), 1)
 
 
 def main(argv=None):
     args = parse_args(argv)
+    dist = distributed.init()   # one process: SINGLE, its collectives no-ops
+    grad_accum = micro_batches_per_step(args, dist.num_processes)
     console = Console(sys.stdout)   # the stdout of now (a test redirects it)
-    resume_step = start_or_resume(args)
+    resume_step = start_or_resume(args, dist)
     source = args.model
     if resume_step is not None:   # the checkpoint's adapter, or its model
         if args.method == "lora":
@@ -249,6 +310,7 @@ def main(argv=None):
         else:
             source = os.path.join(step_dir(args.output_dir, resume_step), MODEL_FILE)
     model = load_model(args, source)
+    dist.set_zero_stage(0, model)   # the collectives' path for its backend
     path, why = (args.tokenizer, "--tokenizer") if args.tokenizer else model_tokenizer(args.model)
     tokenizer = load_tokenizer(path)
     if tokenizer.vocab_size > model.config.vocab_size:
@@ -259,7 +321,7 @@ def main(argv=None):
     train_data = SFTDataset(args.train_data, tokenizer, T, mask_prompt=args.mask_prompt)
     val_data = (None if args.val_data is None else
                 SFTDataset(args.val_data, tokenizer, T, mask_prompt=args.mask_prompt))
-    batches = train_data.batches(args.B, seed=args.seed)
+    batches = train_data.batches(args.total_batch_size, seed=args.seed)   # a step's each
     trained = model.num_trained
     console.table([
         ("model", f"{args.model} ({model.FAMILY}, {model.num_parameters:,} parameters)"),
@@ -273,6 +335,10 @@ def main(argv=None):
         ("train data", train_data.describe()),
         ("val data", val_data.describe() if val_data else "none"),
         ("batch", f"B={args.B} T={T}, one example a row"),
+        ("examples a step", f"{args.total_batch_size}: {grad_accum} micro-batch(es) of B on "
+         f"each of {dist.num_processes} process(es)"),
+        *([("all-reduce", f"{trained:,} gradients a step, {dist.path(model.backend)}")]
+          if dist.num_processes > 1 else []),
         ("precision", model.precision), ("backend", model.backend.name),
     ])
     step = 0
@@ -280,27 +346,35 @@ def main(argv=None):
         resume(args.output_dir, resume_step, model, batches)
         step = resume_step
         console.print(f"resuming from the checkpoint at step {step} in {args.output_dir}")
-    logger = Logger(args.output_dir, resume_step=resume_step)
+    writes = args.output_dir is not None and dist.process_rank == 0
+    logger = Logger(args.output_dir if writes else None, resume_step=resume_step)
     scheduler = get_scheduler("cosine", args.lr, args.warmup, args.max_steps, args.final_lr_frac)
     timed_s, timed_steps, unscored, targets_seen = 0.0, 0, 0, 0
     for step in range(step, args.max_steps + 1):
         last_step = step == args.max_steps
         if val_data is not None and (step % args.val_every == 0 or last_step):
-            val_loss = mean_loss(model, val_data, args.B)
+            val_loss = mean_loss(model, val_data, args.B, dist)
             console.print(f"val loss {val_loss:f}")
             logger.log_val(step, val_loss)
-        if args.output_dir is not None and step > 0 and (last_step or (
+        if writes and step > 0 and (last_step or (
                 args.checkpoint_every > 0 and step % args.checkpoint_every == 0)):
             save_checkpoint(args.output_dir, step, model, batches, os.path.abspath(args.model))
         if last_step:
             break
         start = time.perf_counter()
-        inputs, targets = trimmed(*next(batches))
-        scored = int(np.count_nonzero(targets >= 0))
-        unscored, targets_seen = unscored + targets.size - scored, targets_seen + targets.size
+        batch = next(batches)   # (total_batch_size, T): the step's examples, of every process
+        scored_in_step = int(np.count_nonzero(batch[1] >= 0))
         model.zero_grad()
-        loss = model.forward(inputs, targets)
-        model.backward()
+        summed_loss = 0.0   # this process's, over its scored targets
+        for inputs, targets in micro_batches(batch, args.B, grad_accum, dist):
+            scored = int(np.count_nonzero(targets >= 0))
+            if not scored:   # rows of padding only (an epoch's last step): no loss, no gradient
+                continue
+            unscored, targets_seen = unscored + targets.size - scored, targets_seen + targets.size
+            summed_loss += model.forward(inputs, targets) * scored
+            model.backward(scored_in_step)   # adds its part of the step's mean
+        loss = dist.sum(summed_loss) / max(scored_in_step, 1)
+        dist.reduce_gradients(model)   # what trains (LoRA: its updates), summed over processes
         lr = scheduler.get_learning_rate(step)
         grad_norm = model.grad_norm()
         clip = GRAD_CLIP / grad_norm if grad_norm > GRAD_CLIP else 1.0
@@ -310,7 +384,7 @@ def main(argv=None):
             timed_s, timed_steps = timed_s + elapsed_s, timed_steps + 1
         console.status(f"step {step + 1:4d}/{args.max_steps} | loss {loss:.6f} | norm "
                        f"{grad_norm:.4f} | lr {lr:.2e} | {elapsed_s * 1000:.2f} ms | "
-                       f"{scored / elapsed_s:.0f} scored tok/s")
+                       f"{scored_in_step / elapsed_s:.0f} scored tok/s")
         logger.log_train(step, loss, lr, grad_norm)
     if timed_steps:
         console.print(f"average step {timed_s / timed_steps * 1000:.1f} ms; "
@@ -319,7 +393,7 @@ def main(argv=None):
     memory = model.memory()
     console.print("memory: " + ", ".join(f"{k} {v / 2 ** 20:.1f} MiB" for k, v in memory.items()
                                          if v))
-    if args.output_dir is not None:
+    if writes:
         final = link_final(args.output_dir, step, model)
         plot_losses(args.output_dir, f"{args.method} fine-tuning of {args.model}")
         console.print(f"{final} holds the fine-tuned {'adapter' if model.frozen else 'model'}: "
@@ -328,15 +402,26 @@ def main(argv=None):
                       f"{final} holds the fine-tuned model: python generate.py {final}")
 
 
+def fail(message):
+    """The one-line error, exit status 1: sys.exit's for one process; with many, every process
+    ended (llmc/distributed.py's fail: none left waiting in a collective)."""
+    if distributed.launched_size() == 1:
+        sys.exit(message)
+    distributed.fail(message, 1)
+
+
 def run(argv=None):
     try:
         main(argv)
     except (FinetuneError, SFTDataError, FormatError, FamilyError, TokenizerError,
-            BackendError) as e:
-        sys.exit(f"finetune.py: error: {e}")
+            BackendError, distributed.DistributedError) as e:
+        fail(f"finetune.py: error: {e}")
     except OSError as e:
         where = f"{e.filename}: " if e.filename else ""
-        sys.exit(f"finetune.py: error: {where}{e.strerror or e}")
+        fail(f"finetune.py: error: {where}{e.strerror or e}")
+    except BaseException as e:   # a bug on one process must not leave the others waiting
+        distributed.abort_on_exception(e)
+        raise
 
 
 if __name__ == "__main__":

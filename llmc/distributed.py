@@ -1,6 +1,7 @@
 """
 Data-parallel training on many processes, on one machine or many, through MPI (mpi4py): what
-llm.c's llmc/zero.cuh does with NCCL and MPI, for train.py.
+llm.c's llmc/zero.cuh does with NCCL and MPI, for train.py (and finetune.py, at stage 0: under
+LoRA the model's gradients, and so what is summed, are its updates' alone).
 
     OMP_NUM_THREADS=1 mpirun -np 2 python train.py -d 512 ...
 

@@ -144,4 +144,5 @@ cdef class Model:
     cdef void _run_layer_forward(self, int l, int B, int T) noexcept nogil
     cdef void _forward_pass(self, const int* inputs, const int* targets, int B, int T) noexcept nogil
     cdef void _forward_cached(self, const int* inputs, int T, int head_from, Py_ssize_t C) noexcept nogil
-    cdef void _backward_pass(self, const int* inputs, const int* targets, int B, int T) noexcept nogil
+    cdef void _backward_pass(self, const int* inputs, const int* targets, int B, int T,
+                             float dloss) noexcept nogil

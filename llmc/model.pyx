@@ -886,10 +886,21 @@ cdef class Model:
             self.table.zero(self.table.ctx, grads, nbytes)
         self.backend.check_error()
 
-    def backward(self):
-        """Add the gradient of the last forward's mean loss to grads (needs targets)."""
+    def backward(self, scored_in_step=None):
+        """Add the gradient of the last forward's mean loss to grads (needs targets).  With
+        scored_in_step, of its scored positions' summed loss divided by scored_in_step instead:
+        micro-batches that score different numbers of positions, each given their step's total,
+        add up to the gradient of the step's mean over all its scored positions (transformers'
+        num_items_in_batch; finetune.py's gradient accumulation)."""
         if not self.has_targets:
             raise RuntimeError("backward needs a forward pass with targets")
+        cdef Py_ssize_t denominator = self.scored if scored_in_step is None else scored_in_step
+        if denominator < self.scored:
+            raise ValueError(f"scored_in_step {scored_in_step}: fewer than the "
+                             f"{self.scored} positions this batch scores")
+        # the loss is a mean over the scored positions (times the loss scale: fp16), divided
+        # float by Py_ssize_t as C does
+        cdef float dloss = self.loss_scale / denominator if denominator > 0 else 0.0
         self._ensure_grads()
         if self._grads_acts is None:
             self._grads_acts = self._lazy(None, self.act_grad_layout)
@@ -897,14 +908,16 @@ cdef class Model:
         cdef const int* inp = ints(self._inputs)
         cdef const int* tgt = ints(self._targets)
         with nogil:
-            self._backward_pass(inp, tgt, self.B, self.T)
+            self._backward_pass(inp, tgt, self.B, self.T, dloss)
         self.backend.check_error()
 
-    cdef void _backward_pass(self, const int* inputs, const int* targets, int B, int T) noexcept nogil:
-        """The head's backward, then each layer's from the last (first recomputing, from its
-        segment's stored input, a layer whose internals are no longer in its slot), then the
-        embedding's.  Activation gradients are added into, so each starts at zero;
-        dstream[b % 2] is the gradient of the stream at boundary b (into layer b)."""
+    cdef void _backward_pass(self, const int* inputs, const int* targets, int B, int T,
+                             float dloss) noexcept nogil:
+        """The head's backward, dloss the loss's gradient at each scored position, then each
+        layer's from the last (first recomputing, from its segment's stored input, a layer whose
+        internals are no longer in its slot), then the embedding's.  Activation gradients are
+        added into, so each starts at zero; dstream[b % 2] is the gradient of the stream at
+        boundary b (into layer b)."""
         cdef void* ctx = self.table.ctx
         cdef Py_ssize_t BT = <Py_ssize_t>B * T
         cdef int j, l, L = self.L, n = self.layer_fields - 1
@@ -912,9 +925,8 @@ cdef class Model:
             return
         self.table.mark(ctx, self.step, -1)
         self.table.zero(ctx, self.grads_acts_head, self.head_grad_bytes)
-        # the loss is the mean over the scored positions (times the loss scale: fp16); the
-        # masked ones' dlosses are never read (their rows of dlogits get nothing)
-        self.table.fill(ctx, self.dlosses, self.loss_scale / self.scored, BT)
+        # the masked positions' dlosses are never read (their rows of dlogits get nothing)
+        self.table.fill(ctx, self.dlosses, dloss, BT)
         self.table.zero(ctx, self.dstream[L % 2], self.stream_bytes)
         self.head_backward(self.dstream[L % 2], self.head_grads, self.head_acts,
                            self._layer_input(L), targets, B, T)

@@ -1,15 +1,23 @@
 """
 finetune.py as a user runs it, on a small Hugging Face model transformers makes at test time
-(SmolLM2's shape, ChatML template): LoRA learns a fixed question -> answer table from chat data
-with --mask-prompt as PyTorch + PEFT does (the masked validation loss after 40 steps within 2%
-of theirs with the same settings), the run resumes bit for bit, its
-adapter talks through generate.py --adapter and merges into every format (dev/export.py
---merge: transformers then gives the adapted model's logits), full fine-tuning runs, and bad
-input is one line with nothing lost.
+(SmolLM2's shape, ChatML template): LoRA learns a rule from chat data with --mask-prompt as
+PyTorch + PEFT does (the masked validation loss after 60 steps within 2% of theirs with the same
+settings, and prompts held out from training answered by the rule, greedily, at least as often
+as their model answers them), the run resumes bit for bit, its adapter talks through generate.py
+--adapter and merges into every format (dev/export.py --merge: transformers then gives the
+adapted model's logits), full fine-tuning runs, and bad input is one line with nothing lost.
+Gradient accumulation: 4 micro-batches of 2 train as one batch of 8 (their answers of uneven
+lengths: each micro-batch weighed by its scored targets), and resume bit for bit; and 2
+processes through MPI (skipped without mpiexec) train as 1 with the step's examples.
 """
+import contextlib
+import io
 import json
 import os
 import re
+import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -18,21 +26,36 @@ import finetune
 import generate
 from dev import export
 from llmc import adapter as lora
+from llmc import distributed
 from llmc.families import family_of_file
+from llmc.sampler import Sampler, continue_prompt
+from llmc.tokenizer import load_tokenizer
 from tests import needs
 from tests.hf_models import make_hf_model
 
 torch = needs.package("torch")
 transformers = needs.package("transformers")
 
-WORDS = ["red", "blue", "green", "cat", "dog", "sun", "moon", "tree"]
-ANSWERS = ["one", "two", "three", "four", "five", "six", "seven", "eight"]
+# The rule: "FILLER MARKER" is answered by the marker's word, whatever the filler; learnt with
+# TRAIN_FILLERS, asked with HELD_OUT ones never seen.  Markers and answers are single tokens of
+# the test tokenizer, the fillers spelt in single letters; a random model learns to attend to
+# the marker within 60 steps where its weights are drawn at 0.1 (at transformers' 0.02 its
+# logits are too flat: the same steps answer a third of the prompts).
+MARKERS = {"seven": "over", "lazy": "the", "hex": "tag", "owners": "caf"}
+TRAIN_FILLERS = ["red", "blue", "green", "fox", "box", "moon"]
+HELD_OUT_FILLERS = ["pink", "gray", "wolf"]
 B, T, RANK, ALPHA = 4, 64, 8, 16.0
+LR, STEPS = 3e-3, 60
 
 
-def chats(path, rows=None):
+def by_the_rule(fillers):
+    return [(f"{filler} {marker}", answer) for filler in fillers
+            for marker, answer in MARKERS.items()]
+
+
+def chats(path, rows):
     with open(path, "w") as f:
-        for word, answer in rows or zip(WORDS, ANSWERS):
+        for word, answer in rows:
             f.write(json.dumps({"messages": [{"role": "user", "content": word},
                                              {"role": "assistant", "content": answer}]}) + "\n")
     return path
@@ -41,8 +64,8 @@ def chats(path, rows=None):
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
     root = tmp_path_factory.mktemp("finetune")
-    make_hf_model("smollm2", root / "model")
-    return root / "model", chats(root / "train.jsonl")
+    make_hf_model("smollm2", root / "model", initializer_range=0.1)
+    return root / "model", chats(root / "train.jsonl", by_the_rule(TRAIN_FILLERS))
 
 
 def run(capfd, *argv):
@@ -54,9 +77,9 @@ def val_losses(out):
     return [float(x) for x in re.findall(r"val loss ([0-9.]+)", out)]
 
 
-def peft_val_loss(model, data_path, lr, steps, tmp_path):
-    """PyTorch + PEFT's masked validation loss after the steps finetune.py takes with these
-    settings: the same initial adapter (seed 0), batches, AdamW and clipping."""
+def peft_run(model, data_path, lr, steps, tmp_path):
+    """PyTorch + PEFT's model after the steps finetune.py takes with these settings (the same
+    initial adapter (seed 0), batches, AdamW and clipping), and its masked validation loss."""
     import peft
     from llmc.sft_data import SFTDataset
     from llmc.tokenizer import load_tokenizer
@@ -87,33 +110,153 @@ def peft_val_loss(model, data_path, lr, steps, tmp_path):
         for inputs, targets in data.eval_batches(B):
             scored = int((targets >= 0).sum())
             total, count = total + loss_of(inputs, targets).item() * scored, count + scored
-    return total / count
+    return theirs, total / count
+
+
+def prompt_tokens(tokenizer, prompt):
+    """The prompt as a user's turn and the assistant's to come, through the chat template."""
+    return tokenizer.text_encoder(tokenizer.chat_template.render(
+        [{"role": "user", "content": prompt}], add_generation_prompt=True))
+
+
+def answer_rate(answer, rows):
+    """The share of rows (prompt, answer) that answer(prompt) gets right."""
+    return sum(answer(prompt) == want for prompt, want in rows) / len(rows)
 
 
 def test_lora_learns_as_peft_does_and_resumes_bit_for_bit(base, tmp_path, capfd):
     model, data = base
     common = ["-e", model, "-i", data, "-j", data, "--mask-prompt", "-b", B, "-t", T,
-              "-l", 1e-2, "--rank", RANK, "--alpha", ALPHA, "-v", 20]
-    out = run(capfd, *common, "-x", 40, "-o", tmp_path / "whole").out
+              "-l", LR, "--rank", RANK, "--alpha", ALPHA, "-v", 20, "-x", STEPS, "-n", STEPS // 2,
+              "-o", tmp_path / "run"]
+    out = run(capfd, *common).out
     losses = val_losses(out)
-    assert losses[-1] < 0.95 * losses[0], losses
-    assert abs(losses[-1] / peft_val_loss(model, data, 1e-2, 40, tmp_path) - 1) < 0.02
+    assert losses[-1] < 0.1 * losses[0], losses
+    theirs, their_loss = peft_run(model, data, LR, STEPS, tmp_path)
+    assert abs(losses[-1] / their_loss - 1) < 0.02
     assert "trained parameters" in out and "frozen parameters" in out
-    # stopped after step 20's checkpoint and resumed: the same adapter, bit for bit
-    run(capfd, *common, "-x", 40, "-n", 20, "-o", tmp_path / "split")
-    os.remove(os.path.join(finetune.step_dir(tmp_path / "split", 40), "DONE"))
-    out = run(capfd, *common, "-x", 40, "-n", 20, "-o", tmp_path / "split", "-y", 1).out
-    assert "resuming from the checkpoint at step 20" in out
-    whole = lora.read_adapter_file(tmp_path / "whole" / "adapter", *targets_of(model))[1]
-    split = lora.read_adapter_file(tmp_path / "split" / "adapter", *targets_of(model))[1]
+
+    # the prompts held out, answered greedily: ours at least as often as PEFT's model, which
+    # answers most of them (the rule can be learnt from these examples)
+    tokenizer = load_tokenizer(str(model))
+    family, _ = family_of_file(model)
+    ours = family.model_class.from_checkpoint(model)
+    lora.read_adapter(tmp_path / "run" / "adapter", ours)
+
+    def our_answer(prompt):
+        return tokenizer.decode(list(continue_prompt(ours, prompt_tokens(tokenizer, prompt), 4,
+                                                     Sampler(temperature=0),
+                                                     tokenizer.stop_tokens)))
+
+    def their_answer(prompt):
+        tokens = prompt_tokens(tokenizer, prompt)
+        reply = []
+        with torch.no_grad():
+            while len(reply) < 4:
+                token = int(theirs(torch.tensor([tokens + reply])).logits[0, -1].argmax())
+                if token in tokenizer.stop_tokens:
+                    break
+                reply.append(token)
+        return tokenizer.decode(reply)
+    held_out = by_the_rule(HELD_OUT_FILLERS)
+    their_rate = answer_rate(their_answer, held_out)
+    assert their_rate >= 0.75, their_rate
+    assert answer_rate(our_answer, held_out) >= their_rate
+
+    # stopped after the checkpoint half way and resumed: the same adapter, bit for bit
+    whole = lora.read_adapter_file(tmp_path / "run" / "adapter", *targets_of(model))[1]
+    os.remove(os.path.join(finetune.step_dir(tmp_path / "run", STEPS), "DONE"))
+    out = run(capfd, *common, "-y", 1).out
+    assert f"resuming from the checkpoint at step {STEPS // 2}" in out
+    resumed = lora.read_adapter_file(tmp_path / "run" / "adapter", *targets_of(model))[1]
     for name in whole:
-        np.testing.assert_array_equal(whole[name], split[name])
+        np.testing.assert_array_equal(whole[name], resumed[name])
 
 
 def targets_of(folder):
     family, _ = family_of_file(folder)
     config = family.read_model(folder)[0]
     return config, family.model_class.LORA_TARGETS, config.n_layers
+
+
+# answers of 1 to 3 tokens: micro-batches that score different numbers of targets; 10 examples
+# in steps of 8: an epoch is a step of 8, then one of 2 and 6 rows of padding
+UNEVEN = [("red", "over"), ("blue", "the the"), ("green", "tag"), ("fox", "caf caf caf"),
+          ("box", "over"), ("moon", "seven lazy"), ("pink", "hex"), ("gray", "the"),
+          ("wolf", "owners owners"), ("cat", "tag")]
+ACCUMULATING = ["--mask-prompt", "-t", T, "-l", 1e-2, "-x", 4, "-v", 2, "-n", 3]
+STEP_LINE = re.compile(r"^step\s+\d+/\d+ \| loss (\S+) \| norm (\S+) \|", re.M)
+MPI_ENV = dict(OMP_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1",
+               OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+
+
+@pytest.fixture(scope="module")
+def accumulated(base, tmp_path_factory):
+    """One process, 4 micro-batches of 2 a step (-b 2 -d 8), 4 steps with a checkpoint at 3
+    (inside the second epoch): its folder, data and what it printed."""
+    model, _ = base
+    root = tmp_path_factory.mktemp("accumulated")
+    data = chats(root / "uneven.jsonl", UNEVEN)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        finetune.run([str(a) for a in ("-e", model, "-i", data, "-j", data, *ACCUMULATING,
+                                       "-b", 2, "-d", 8, "-o", root / "run")])
+    return root / "run", data, printed.getvalue()
+
+
+def assert_trains_alike(out, folder, want_out, want_folder, model):
+    """The same step losses, norms and val losses, as printed, and adapter (to 1e-3 of each
+    tensor's largest, measured 4e-5: AdamW's steps, a gradient over the root of its square's
+    average, magnify a difference in rounding of a gradient near zero)."""
+    assert len(STEP_LINE.findall(want_out)) == 4
+    assert np.allclose(np.float64(STEP_LINE.findall(out)),
+                       np.float64(STEP_LINE.findall(want_out)), rtol=0, atol=2e-6)
+    assert np.allclose(val_losses(out), val_losses(want_out), rtol=0, atol=2e-6)
+    got = lora.read_adapter_file(folder / "adapter", *targets_of(model))[1]
+    want = lora.read_adapter_file(want_folder / "adapter", *targets_of(model))[1]
+    for name in want:
+        assert np.abs(got[name] - want[name]).max() <= 1e-3 * np.abs(want[name]).max(), name
+
+
+def test_micro_batches_train_as_one_batch_and_resume_bit_for_bit(base, accumulated, tmp_path,
+                                                                 capfd):
+    model, _ = base
+    folder, data, out = accumulated
+    assert "| examples a step       | 8: 4 micro-batch(es) of B on each of 1 process(es)" in out
+    one = run(capfd, "-e", model, "-i", data, "-j", data, *ACCUMULATING, "-b", 8,
+              "-o", tmp_path / "one").out
+    assert_trains_alike(out, folder, one, tmp_path / "one", model)
+    # stopped after step 3 and resumed (MLX-LM's flag saying -d 8): the same step, bit for bit
+    shutil.copytree(folder, tmp_path / "resumed")
+    os.remove(os.path.join(finetune.step_dir(tmp_path / "resumed", 4), "DONE"))
+    resumed = run(capfd, "-e", model, "-i", data, "-j", data, *ACCUMULATING, "-b", 2,
+                  "--grad-accumulation-steps", 4, "-o", tmp_path / "resumed", "-y", 1).out
+    assert STEP_LINE.findall(resumed) == STEP_LINE.findall(out)[3:]
+    assert ((tmp_path / "resumed" / "adapter" / lora.ADAPTER_WEIGHTS).read_bytes() ==
+            (folder / "adapter" / lora.ADAPTER_WEIGHTS).read_bytes())
+
+
+def test_two_processes_train_as_one(base, accumulated, tmp_path, mpiexec):
+    """2 ranks x 2 micro-batches of 2 a step through MPI: one process's 4; only LoRA's gradients
+    all-reduced, and only rank 0 logs."""
+    model, _ = base
+    folder, data, out = accumulated
+    env = {k: v for k, v in os.environ.items()
+           if k not in distributed.LAUNCHER_SIZE_VARIABLES + distributed.LAUNCHER_RANK_VARIABLES}
+    argv = ("-e", model, "-i", data, "-j", data, *ACCUMULATING, "-b", 2, "-d", 8,
+            "-o", tmp_path / "two")
+    two = subprocess.run([mpiexec, "-n", "2", sys.executable, finetune.__file__,
+                          *map(str, argv)], env=dict(env, **MPI_ENV), capture_output=True,
+                         text=True, timeout=300)
+    assert two.returncode == 0, two.stdout[-3000:] + two.stderr
+    assert ("| examples a step       | 8: 2 micro-batch(es) of B on each of 2 process(es)"
+            in two.stdout)
+    trained = re.search(r"\| trained parameters +\| ([0-9,]+) ", two.stdout).group(1)
+    assert (f"| all-reduce            | {trained} gradients a step, MPI on the host memory, "
+            f"in place") in two.stdout
+    assert_trains_alike(two.stdout, tmp_path / "two", out, folder, model)
+    log = (tmp_path / "two" / "main.log").read_text()
+    assert log.count("trl:") == 4, log
 
 
 def test_the_adapter_generates_and_merges(base, tmp_path, capfd):
@@ -153,9 +296,11 @@ def test_bad_input_is_one_line(base, tmp_path, capfd):
     broken.write_text(data.read_text() + "{not json\n")
     no_reply = tmp_path / "no_reply.jsonl"
     no_reply.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
-    cases = [(["-i", broken], f"{broken}:9:"),
+    cases = [(["-i", broken], f"{broken}:{len(by_the_rule(TRAIN_FILLERS)) + 1}:"),
              (["-i", no_reply, "--mask-prompt"], f"{no_reply}:1:"),
-             (["-i", data, "--targets", "qkv"], "LoRA target 'qkv'")]
+             (["-i", data, "--targets", "qkv"], "LoRA target 'qkv'"),
+             (["-i", data, "-b", 4, "-d", 6], "-d 6: must be a multiple of -b 4 times 1 "
+                                              "process(es), 4")]
     for argv, message in cases:
         with pytest.raises(SystemExit) as e:
             finetune.run(["-e", str(model), *map(str, argv)])

@@ -5,8 +5,9 @@ its gradients are that mean's, as PyTorch's references compute them (train_llama
 train_gpt2_torch.py: llm.c's ignore_index=-1) and as transformers does from labels of -100
 (which it shifts by one itself), within the tolerances of the unmasked comparisons; GPT-2 on
 both of its heads (the classifier, and llm.c's softmax and cross-entropy), and on the emulated
-GPUs through check:.  A batch with nothing scored has a loss of 0.0 and adds no gradient;
-targets below -1 are refused in one line, and inputs of -1 still are.
+GPUs through check:.  A batch with nothing scored has a loss of 0.0 and adds no gradient, and
+one given its step's count of scored targets (finetune.py's gradient accumulation) divides its
+summed loss by that; targets below -1 are refused in one line, and inputs of -1 still are.
 """
 import numpy as np
 import pytest
@@ -153,6 +154,24 @@ def test_a_batch_with_nothing_scored_has_loss_0_and_adds_nothing(model_class, co
     assert model.forward(x, np.full_like(y, -1)) == 0.0
     model.backward()
     np.testing.assert_array_equal(model.grads, grads)   # nothing added to the last step's
+
+
+@pytest.mark.parametrize("model_class, config", [(Llama2, TINY_GQA), (GPT2, TINY_GPT2)])
+def test_the_steps_count_of_scored_targets_divides_the_loss(model_class, config):
+    """backward(scored_in_step), gradient accumulation's weighting: the batch's summed loss over
+    that count, so twice the batch's own count gives exactly half its mean's gradient (a power
+    of two commutes with rounding); fewer than the batch scores is refused in one line."""
+    model = model_class.random(config, seed=1)
+    x, y = masked_batch(config.vocab_size)
+    _, grads = step(model, x, y)
+    scored = int(np.count_nonzero(y >= 0))
+    model.zero_grad()
+    model.forward(x, y)
+    model.backward(2 * scored)
+    np.testing.assert_array_equal(model.grads, grads / 2)
+    with pytest.raises(ValueError, match=rf"^scored_in_step {scored - 1}: fewer than the "
+                                         rf"{scored} positions this batch scores$"):
+        model.backward(scored - 1)
 
 
 @pytest.mark.parametrize("targets, message", [
