@@ -17,7 +17,8 @@ computed, no AdamW state), and rank-r updates train beside the linear layers --t
 (default all: q, k, v, o, gate, up, down) of the last --layers layers (default all); they are
 saved in PEFT's layout, DIR/adapter (the last checkpoint's files, linked), which
 peft.PeftModel.from_pretrained loads on transformers' model and generate.py --adapter reads.
---adapter DIR starts from an existing adapter instead.
+--adapter DIR starts from an existing adapter instead.  --dropout P drops a fraction P of each
+update's input in the training steps (PEFT's lora_dropout; never in the validation loss).
 --method full trains every parameter at --precision, as train.py does, and saves the model.
 
 A step is -d examples (default: -b on each process), a batch of examples alike in length
@@ -69,9 +70,9 @@ SETTINGS = "finetune.json"
 MODEL_FILE = "model.bin"   # full fine-tuning's model, in a checkpoint and in DIR
 TRIM = 32   # a batch's length is cut to a multiple of this (trimmed), so few lengths recur
 # the settings that shape a run: a resume must not change them (the rest it may)
-SHAPING = ("model", "train_data", "method", "rank", "alpha", "targets", "layers", "adapter",
-           "mask_prompt", "B", "total_batch_size", "T", "lr", "warmup", "final_lr_frac",
-           "weight_decay", "seed", "precision", "max_steps")
+SHAPING = ("model", "train_data", "method", "rank", "alpha", "dropout", "targets", "layers",
+           "adapter", "mask_prompt", "B", "total_batch_size", "T", "lr", "warmup",
+           "final_lr_frac", "weight_decay", "seed", "precision", "max_steps")
 
 
 class FinetuneError(Exception):
@@ -95,6 +96,9 @@ def parse_args(argv):
     p.add_argument("--rank", type=int, default=8, help="LoRA's rank r")
     p.add_argument("--alpha", type=float, default=16.0, help="LoRA's alpha: updates scale by "
                    "alpha / r")
+    p.add_argument("--dropout", type=float, default=0.0, help="LoRA's dropout: the fraction of "
+                   "each update's input dropped at training (PEFT's lora_dropout; an "
+                   "--adapter's own is replaced by it)")
     p.add_argument("--targets", default="all", help="LoRA's linear layers, comma-separated "
                    "(q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj), or all")
     p.add_argument("--layers", type=int, default=None, help="LoRA in the last N layers "
@@ -124,7 +128,8 @@ def parse_args(argv):
                    help="a checkpoint every N steps (0: at the end only)")
     p.add_argument("-y", dest="resume", type=int, default=0, choices=(0, 1),
                    help="resume the run in -o DIR from its newest checkpoint")
-    p.add_argument("-r", dest="seed", type=int, default=0, help="LoRA's init and the data order")
+    p.add_argument("-r", dest="seed", type=int, default=0,
+                   help="LoRA's init, its dropout's masks and the data order")
     p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
     p.add_argument("--recompute", default="all", metavar="POLICY",
                    help="activation checkpointing, as train.py's")
@@ -136,6 +141,10 @@ def parse_args(argv):
                              ("--grad-accumulation-steps", args.grad_accumulation_steps, 1)):
         if value is not None and value < low:
             p.error(f"{flag} {value}: must be at least {low}")
+    if not 0 <= args.dropout < 1:
+        p.error(f"--dropout {args.dropout:g}: must be at least 0 and below 1")
+    if args.dropout and args.method == "full":
+        p.error("--dropout is LoRA's (its updates' input): --method full has none")
     if args.resume and args.output_dir is None:
         p.error("-y 1 resumes the run in -o DIR: give -o")
     return args
@@ -250,13 +259,14 @@ def load_model(args, source):
     if args.method == "full":
         return model
     if args.adapter is not None:
-        adapter.read_adapter(args.adapter, model)
+        adapter.read_adapter(args.adapter, model, dropout=args.dropout, seed=args.seed)
         return model
     targets = "all" if args.targets == "all" else args.targets.split(",")
     layers = None if args.layers is None else range(max(model.num_layers - args.layers, 0),
                                                     model.num_layers)
     try:
-        adapter.attach(model, args.rank, args.alpha, targets, layers, seed=args.seed)
+        adapter.attach(model, args.rank, args.alpha, targets, layers, seed=args.seed,
+                       dropout=args.dropout)
     except ValueError as e:
         raise FinetuneError(str(e)) from None
     return model
@@ -310,6 +320,8 @@ def main(argv=None):
         else:
             source = os.path.join(step_dir(args.output_dir, resume_step), MODEL_FILE)
     model = load_model(args, source)
+    if model.frozen and dist.num_processes > 1:   # LoRA: each process its own dropout masks
+        model.lora_seed = args.seed + (dist.process_rank << 16)
     dist.set_zero_stage(0, model)   # the collectives' path for its backend
     path, why = (args.tokenizer, "--tokenizer") if args.tokenizer else model_tokenizer(args.model)
     tokenizer = load_tokenizer(path)
@@ -327,7 +339,8 @@ def main(argv=None):
         ("model", f"{args.model} ({model.FAMILY}, {model.num_parameters:,} parameters)"),
         ("tokenizer", f"{path} ({why})"),
         ("method", "full" if args.method == "full" else
-         f"LoRA r={model.lora.rank} alpha={model.lora.alpha:g} on "
+         f"LoRA r={model.lora.rank} alpha={model.lora.alpha:g} "
+         f"dropout={model.lora.dropout:g} on "
          f"{', '.join(adapter.short_name(t) for t in model.lora.targets)} of "
          f"{len(model.lora.layers)} layers"),
         ("trained parameters", f"{trained:,} ({100 * trained / model.num_parameters:.3f}%)"),
@@ -371,7 +384,7 @@ def main(argv=None):
             if not scored:   # rows of padding only (an epoch's last step): no loss, no gradient
                 continue
             unscored, targets_seen = unscored + targets.size - scored, targets_seen + targets.size
-            summed_loss += model.forward(inputs, targets) * scored
+            summed_loss += model.forward(inputs, targets, training=True) * scored   # dropout on
             model.backward(scored_in_step)   # adds its part of the step's mean
         loss = dist.sum(summed_loss) / max(scored_in_step, 1)
         dist.reduce_gradients(model)   # what trains (LoRA: its updates), summed over processes

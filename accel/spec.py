@@ -75,8 +75,8 @@ GROUPS = {
     "cache": "generation's KV cache: attention of T new positions over the P keys and values "
              "cached before them and their own, each written into the cache; a model generates "
              "with it where the backend has it (llmc/model.pyx's KVCache)",
-    "lora": "LoRA's low-rank update beside a frozen linear layer, forward and backward: "
-            "fine-tuning runs on it (llmc/adapter.py)",
+    "lora": "LoRA's low-rank update beside a frozen linear layer, forward and backward, and "
+            "the dropout on its input: fine-tuning runs on it (llmc/adapter.py)",
 }
 
 # The precisions a table can run at: the element type its floatX arguments point to.  A backend
@@ -401,6 +401,14 @@ ENTRIES = [
       "const float* hidden[B*T*R] in init=forward", "const float* A[R*C] in init=small",
       "const float* Bm[OC*R] in init=small", "float scale", "int B", "int T", "int C",
       "int OC", "int R", cpu="kernels.lora"),
+    # LoRA's dropout at training (PEFT's lora_dropout): inp of lora_forward, a fraction p
+    # (0 <= p < 1) dropped and the rest scaled by 1/(1-p); the mask of element i a hash of (i,
+    # seed, stream) (kernels/dropout.pxd), so that backward draws the same again.  Backward adds
+    # dout through it into dinp
+    E("dropout_forward", "lora", "floatX* out[N] out", "const floatX* inp[N] in", "float p",
+      "int seed", "int stream", "Py_ssize_t N", cpu="kernels.dropout", bf16="kernel"),
+    E("dropout_backward", "lora", "floatX* dinp[N] grad", "const floatX* dout[N] in", "float p",
+      "int seed", "int stream", "Py_ssize_t N", cpu="kernels.dropout", bf16="kernel"),
 ]
 
 # What a GPU build exports beside its entries, as accel_<backend>_<name>: {name: (returns, its

@@ -3,10 +3,11 @@ LoRA adapters: their settings, their initialisation, and their files in PEFT's l
 
 A model with LoRA attached (Model.attach_lora, llmc/model.pyx) keeps its parameters frozen and
 trains, beside each adapted linear layer W (OC, C) of each adapted layer, A (R, C) and B (OC, R):
-out = inp W^T + (alpha / R) (inp A^T) B^T.  Here:
+out = inp W^T + (alpha / R) (inp A^T) B^T, at training with a fraction `dropout` of the inp that
+A reads dropped (PEFT's lora_dropout).  Here:
 
-    LoraConfig                   rank, alpha, targets (the family's parameter names), layers
-                                 (llmc/model.pyx's)
+    LoraConfig                   rank, alpha, targets (the family's parameter names), layers,
+                                 dropout (llmc/model.pyx's)
     attach(model, ...)           attach_lora with the targets and layers named as users name
                                  them (PEFT's module names: q_proj, ..., or ours: wq, ...),
                                  A initialised as PEFT does, B zero
@@ -73,12 +74,14 @@ def target_names(targets, names):
     return tuple(t for t in targets if t in chosen)
 
 
-def attach(model, rank, alpha, targets="all", layers=None, seed=0):
+def attach(model, rank, alpha, targets="all", layers=None, seed=0, dropout=0.0):
     """Attach LoRA to model: rank, alpha, targets (names, or "all"), layers (indices; None: all),
-    A initialised as PEFT's default (Kaiming-uniform, a = sqrt(5): uniform in +-1/sqrt(C)) from
-    seed, B zero, so that the model's output is unchanged until it trains."""
+    dropout (p at training), A initialised as PEFT's default (Kaiming-uniform, a = sqrt(5):
+    uniform in +-1/sqrt(C)) from seed, B zero, so that the model's output is unchanged until it
+    trains; the dropout's masks are drawn from seed too."""
     layers = tuple(range(model.num_layers)) if layers is None else tuple(layers)
-    model.attach_lora(rank, alpha, target_names(model.LORA_TARGETS, targets), layers)
+    model.attach_lora(rank, alpha, target_names(model.LORA_TARGETS, targets), layers, dropout,
+                      seed)
     rng = np.random.default_rng(seed)
     values = np.zeros(model.lora_layout.size, dtype=np.float32)
     for name, view in model.lora_layout.views(values).items():
@@ -89,10 +92,12 @@ def attach(model, rank, alpha, targets="all", layers=None, seed=0):
     return model.lora
 
 
-def peft_tensors(model):
-    """PEFT's name -> (R, C) or (OC, R) array of each update of a model with LoRA attached."""
+def peft_tensors(model, values=None):
+    """PEFT's name -> (R, C) or (OC, R) array of each update of a model with LoRA attached, or of
+    values laid out as its lora_params (their gradients: model.grads)."""
     tensors = {}
-    for name, stack in model.lora_tensors().items():
+    stacks = model.lora_tensors() if values is None else model.lora_layout.views(values)
+    for name, stack in stacks.items():
         target, matrix = name.split(".")
         for j, l in enumerate(model.lora.layers):
             tensor = stack[j]
@@ -110,7 +115,8 @@ def write_adapter(folder, model, base_model=None):
     os.makedirs(folder, exist_ok=True)
     every_layer = lora.layers == tuple(range(model.num_layers))
     config = dict(peft_type="LORA", task_type="CAUSAL_LM", r=lora.rank, lora_alpha=lora.alpha,
-                  target_modules=sorted(short_name(t) for t in lora.targets), lora_dropout=0.0,
+                  target_modules=sorted(short_name(t) for t in lora.targets),
+                  lora_dropout=lora.dropout,
                   bias="none", fan_in_fan_out=False, use_rslora=False, use_dora=False,
                   init_lora_weights=True, modules_to_save=None,
                   layers_to_transform=None if every_layer else list(lora.layers),
@@ -172,9 +178,14 @@ def read_adapter_file(folder, config, targets, num_layers):
         raise FormatError(config_path, f"layers_to_transform {list(layers)}: the model has "
                                        f"{num_layers} layers")
     try:
-        lora = LoraConfig(int(settings["r"]), float(settings["lora_alpha"]), chosen, layers)
+        lora = LoraConfig(int(settings["r"]), float(settings["lora_alpha"]), chosen, layers,
+                          float(settings.get("lora_dropout") or 0.0))
     except (KeyError, TypeError, ValueError) as e:
-        raise FormatError(config_path, f"r and lora_alpha must be numbers: {e}") from None
+        raise FormatError(config_path, f"r, lora_alpha and lora_dropout must be numbers: "
+                                       f"{e}") from None
+    if not 0 <= lora.dropout < 1:
+        raise FormatError(config_path, f"lora_dropout {lora.dropout:g}: must be at least 0 and "
+                                       f"below 1")
     tensors = read_safetensors(os.path.join(folder, ADAPTER_WEIGHTS))
     weights = dict(config.param_shapes())   # each target's (L, OC, C)
     stacks, expected = {}, set()
@@ -204,11 +215,14 @@ def read_adapter_file(folder, config, targets, num_layers):
     return lora, stacks
 
 
-def read_adapter(folder, model):
-    """Attach the LoRA adapter in folder (PEFT's layout) to model and load it; an adapter of
-    another base (a shape that differs) is refused in one line.  Returns the LoraConfig."""
+def read_adapter(folder, model, dropout=None, seed=0):
+    """Attach the LoRA adapter in folder (PEFT's layout) to model and load it, with its
+    lora_dropout unless dropout is given (a training run's own), masks drawn from seed; an
+    adapter of another base (a shape that differs) is refused in one line.  Returns the
+    LoraConfig."""
     lora, stacks = read_adapter_file(folder, model.config, model.LORA_TARGETS, model.num_layers)
-    model.attach_lora(lora.rank, lora.alpha, lora.targets, lora.layers)
+    model.attach_lora(lora.rank, lora.alpha, lora.targets, lora.layers,
+                      lora.dropout if dropout is None else dropout, seed)
     values = np.empty(model.lora_layout.size, dtype=np.float32)
     for name, view in model.lora_layout.views(values).items():
         view[...] = stacks[name]

@@ -93,9 +93,19 @@ cdef class Model:
     cdef readonly object lora            # llmc.lora.LoraConfig, or None
     cdef object _lora_tables             # the pointer tables' numpy arrays, kept alive
     cdef readonly Layout lora_layout     # the updates' tensors, (name, (layers, ...)) each
-    cdef Buffer _lora, _lora_grads, _lora_hidden
+    cdef Buffer _lora, _lora_grads, _lora_hidden, _lora_dropped
     cdef float lora_scale                # alpha / R
     cdef int lora_rank, lora_num_targets
+    # dropout on the updates' input at training (forward(training=True)): update k's mask is
+    # kernels/dropout.pxd's of (lora_draw_seed, stream k), drawn again by backward and by a
+    # recomputed forward, none where lora_dropping is off (evaluation, generation)
+    cdef float lora_dropout              # p, 0 <= p < 1
+    cdef public int lora_seed            # the run's (each MPI process its own)
+    cdef bint lora_dropping              # the last forward was a training one with p > 0
+    cdef readonly int lora_draw_seed     # its masks' seed: from lora_seed, step and the draw
+    cdef int lora_draw_step, lora_draws  # training forwards since the step last changed
+    cdef float* lora_dropped             # (B*T, widest C) the dropped input, scratch
+    cdef float* lora_ddropped            # (B*T, widest C) its gradient, backward's scratch
     cdef float** lora_a
     cdef float** lora_b
     cdef float** lora_da

@@ -57,6 +57,12 @@ beside each adapted linear layer W (OC, C) a rank-R update trains, out = inp W^T
 parameters' gradients are never computed (their buffer is never allocated: a backward
 kernel given a NULL weight gradient skips it), so what trains, and what grads, m, v,
 zero_grad, grad_norm, update and the collectives see, is the updates alone (lora_layout).
+With a dropout p, a training forward (forward(..., training=True)) drops a fraction p of each
+update's input, inp A^T becoming (inp * mask / (1 - p)) A^T, one mask per update as PEFT draws
+one per module; the frozen W sees inp whole.  The masks are never stored: a counter-based hash of
+(the run's seed, the step, the forward within the step, the update) draws each again in backward
+and in a recomputed forward, and a resumed run draws what the uninterrupted one did.  Every other
+forward (evaluation, generation) runs without dropout, as a model in PyTorch's eval mode.
 """
 from collections import namedtuple
 
@@ -65,6 +71,7 @@ import numpy as np
 from accel.backend import BackendError, get_backend
 from cpython.pycapsule cimport PyCapsule_GetPointer
 from kernels.bf16 import to_float32
+from kernels.dropout cimport mask_key
 from libc.math cimport isfinite, sqrt
 from llmc import recompute
 
@@ -80,8 +87,8 @@ LOSS_SCALE_MAX = 2.0 ** 24   # past it an fp16 gradient of 2^-24 * 2^24 = 1 gain
 # scratch stay small however long the prompt (llama.cpp's batches are 512)
 CACHE_CHUNK = 256
 # attach_lora's settings: rank R, alpha (the updates scale by alpha / R), targets (LORA_TARGETS'
-# names, in its order), layers (indices, ascending)
-LoraConfig = namedtuple("LoraConfig", "rank alpha targets layers")
+# names, in its order), layers (indices, ascending), dropout (p on the updates' input at training)
+LoraConfig = namedtuple("LoraConfig", "rank alpha targets layers dropout", defaults=(0.0,))
 
 
 cdef class Layout:
@@ -491,7 +498,7 @@ cdef class Model:
             return sum(buf.nbytes for buf in buffers if buf is not None)
         return dict(params=size(self._params, self._master, self._lora),
                     grads=size(self._grads, self._lora_grads), adamw=size(self._m, self._v),
-                    activations=size(self._acts, self._lora_hidden),
+                    activations=size(self._acts, self._lora_hidden, self._lora_dropped),
                     activation_grads=size(self._grads_acts),
                     tokens=size(self._inputs, self._targets))
 
@@ -518,10 +525,11 @@ cdef class Model:
 
     # --- LoRA ------------------------------------------------------------------------------
 
-    def attach_lora(self, int rank, float alpha, targets, layers):
+    def attach_lora(self, int rank, float alpha, targets, layers, dropout=0.0, int seed=0):
         """Freeze the parameters and train rank-`rank` updates, scaled by alpha / rank, beside
         the linear layers `targets` (names of LORA_TARGETS) of `layers` (layer indices):
-        lora_params, zero until loaded (llmc/adapter.py initialises them as PEFT does)."""
+        lora_params, zero until loaded (llmc/adapter.py initialises them as PEFT does).  A
+        training forward drops a fraction `dropout` of their input, its masks drawn from seed."""
         if not self.backend.supports("lora"):
             raise BackendError(f"backend '{self.backend.name}' has no LoRA kernels "
                                f"(accel/spec.py's lora group; the CPU's fill it)")
@@ -534,12 +542,15 @@ cdef class Model:
                              f"{self.num_layers - 1}")
         if rank < 1:
             raise ValueError(f"LoRA rank {rank}: must be at least 1")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"LoRA dropout {dropout:g}: must be at least 0 and below 1")
         if self.frozen or self._grads is not None:
             raise RuntimeError("attach_lora: once, before any backward")
         self._master = None   # frozen in the model's precision: no float32 master weights
         self.lora = LoraConfig(rank, alpha, tuple(t for t in self.LORA_TARGETS if t in targets),
-                               tuple(sorted(set(layers))))
+                               tuple(sorted(set(layers))), float(dropout))
         self.lora_rank, self.lora_scale = rank, alpha / rank
+        self.lora_dropout, self.lora_seed, self.lora_draw_step = dropout, seed, -1
         self.lora_num_targets = len(self.LORA_TARGETS)
         shapes = dict(zip(self.param_layout.names, self.param_layout.shapes))
         n = len(self.lora.layers)
@@ -569,7 +580,8 @@ cdef class Model:
         return <void*><size_t>table.ctypes.data
 
     def _allocate_lora_hidden(self, Py_ssize_t rows):
-        """hidden (rows, R) of each update, and backward's dhidden, for a forward of rows."""
+        """hidden (rows, R) of each update, and backward's dhidden, for a forward of rows; with
+        dropout, the dropped input and its gradient (rows, the widest input), shared by all."""
         cdef size_t updates = len(self.lora.layers) * len(self.lora.targets)
         cdef size_t one = rows * self.lora_rank * sizeof(float)
         if self._lora_hidden is None or self._lora_hidden.nbytes < (updates + 1) * one:
@@ -581,6 +593,15 @@ cdef class Model:
         self._lora_tables["hidden"] = np.where(a != 0, base + order * one, 0).astype(np.uintp)
         self.lora_hidden = <float**><size_t>self._lora_tables["hidden"].ctypes.data
         self.lora_dhidden = <float*>(base + updates * one)
+        if self.lora_dropout == 0:
+            return
+        shapes = dict(zip(self.param_layout.names, self.param_layout.shapes))
+        cdef size_t dropped = rows * max(shapes[t][2] for t in self.lora.targets) * self.itemsize
+        if self._lora_dropped is None or self._lora_dropped.nbytes < 2 * dropped:
+            self._lora_dropped = None
+            self._lora_dropped = self.backend.alloc(2 * dropped)
+        self.lora_dropped = floats(self._lora_dropped)
+        self.lora_ddropped = <float*>(<char*>self._lora_dropped.ptr + dropped)
 
     @property
     def lora_params(self):
@@ -604,9 +625,14 @@ cdef class Model:
                              int OC) noexcept nogil:
         self.table.matmul_forward(self.table.ctx, out, inp, weight, bias, B, T, C, OC)
         cdef Py_ssize_t k = <Py_ssize_t>l * self.lora_num_targets + target
-        if self.lora_a != NULL and self.lora_a[k] != NULL:
-            self.table.lora_forward(self.table.ctx, out, self.lora_hidden[k], inp, self.lora_a[k],
-                                    self.lora_b[k], self.lora_scale, B, T, C, OC, self.lora_rank)
+        if self.lora_a == NULL or self.lora_a[k] == NULL:
+            return
+        if self.lora_dropping:   # the update reads its input dropped, the frozen W whole
+            self.table.dropout_forward(self.table.ctx, self.lora_dropped, inp, self.lora_dropout,
+                                       self.lora_draw_seed, k, <Py_ssize_t>B * T * C)
+            inp = self.lora_dropped
+        self.table.lora_forward(self.table.ctx, out, self.lora_hidden[k], inp, self.lora_a[k],
+                                self.lora_b[k], self.lora_scale, B, T, C, OC, self.lora_rank)
 
     cdef void linear_backward(self, int target, int l, float* dinp, float* dweight, float* dbias,
                               const float* dout, const float* inp, const float* weight, int B,
@@ -614,11 +640,26 @@ cdef class Model:
         self.table.matmul_backward(self.table.ctx, dinp, dweight, dbias, dout, inp, weight,
                                    B, T, C, OC)
         cdef Py_ssize_t k = <Py_ssize_t>l * self.lora_num_targets + target
-        if self.lora_a != NULL and self.lora_a[k] != NULL:
+        cdef Py_ssize_t n = <Py_ssize_t>B * T * C
+        if self.lora_a == NULL or self.lora_a[k] == NULL:
+            return
+        if not self.lora_dropping:
             self.table.lora_backward(self.table.ctx, dinp, self.lora_da[k], self.lora_db[k],
                                      self.lora_dhidden, dout, inp, self.lora_hidden[k],
                                      self.lora_a[k], self.lora_b[k], self.lora_scale, B, T, C,
                                      OC, self.lora_rank)
+            return
+        # the forward's dropped input drawn again (for dA), the update's gradient of it into
+        # scratch, then through the same mask into dinp
+        self.table.dropout_forward(self.table.ctx, self.lora_dropped, inp, self.lora_dropout,
+                                   self.lora_draw_seed, k, n)
+        self.table.zero(self.table.ctx, self.lora_ddropped, n * self.itemsize)
+        self.table.lora_backward(self.table.ctx, self.lora_ddropped, self.lora_da[k],
+                                 self.lora_db[k], self.lora_dhidden, dout, self.lora_dropped,
+                                 self.lora_hidden[k], self.lora_a[k], self.lora_b[k],
+                                 self.lora_scale, B, T, C, OC, self.lora_rank)
+        self.table.dropout_backward(self.table.ctx, dinp, self.lora_ddropped, self.lora_dropout,
+                                    self.lora_draw_seed, k, n)
 
     # --- forward ---------------------------------------------------------------------------
 
@@ -725,10 +766,12 @@ cdef class Model:
         self.layer_grad_bytes = address("dstream") - layer_start
         self.stream_bytes = stream
 
-    def forward(self, inputs, targets=None):
+    def forward(self, inputs, targets=None, bint training=False):
         """Run the model on inputs (B, T) token ids.  With targets (B, T), also the loss:
         returns the mean cross-entropy over the positions whose target is not -1 (not scored:
-        transformers' -100), else None.  Logits and probs stay in activations()."""
+        transformers' -100), else None.  Logits and probs stay in activations().  training: a
+        forward that a backward and an update follow, the one that LoRA's dropout applies to
+        (its masks drawn anew: the step's first training forward, its second, ...)."""
         inputs = self._batch(inputs, "inputs")
         if targets is not None:
             targets = self._batch(targets, "targets", masked=True)
@@ -742,6 +785,13 @@ cdef class Model:
         if self.has_targets:
             self._targets.load(targets)
             self.scored = np.count_nonzero(targets >= 0)
+        self.lora_dropping = training and self.frozen and self.lora_dropout > 0
+        if self.lora_dropping:
+            if self.step != self.lora_draw_step:   # an update since: the step's first draw
+                self.lora_draw_step, self.lora_draws = self.step, 0
+            self.lora_draw_seed = <int>mask_key(mask_key(self.lora_seed, self.step),
+                                                self.lora_draws)
+            self.lora_draws += 1
         cdef const int* inp = ints(self._inputs)
         cdef const int* tgt = ints(self._targets) if self.has_targets else NULL
         with nogil:
@@ -818,7 +868,7 @@ cdef class Model:
                 self._kv_scores = self.backend.alloc(score_bytes)
                 self.kv_scores = floats(self._kv_scores)
             self._inputs.load(chunk)
-            self.has_targets = False
+            self.has_targets = self.lora_dropping = False
             inp = ints(self._inputs)
             C = self.act_layout.shapes[0][2]   # the stream's (B, T, C): C
             head_from = T - 1 if start + T == n else -1   # a chunk before the last: no head

@@ -23,7 +23,8 @@ def numbers(entry, dims):
     """The entry's number arguments at these dims: N, n (elements) are a wide layer's."""
     return dict(dims, N=dims["B"] * dims["T"] * 4 * dims["C"], n=101,
                 eps=1e-8 if entry == "adamw_update" else 1e-5, value=0.25, lr=1e-3, beta1=0.9,
-                beta2=0.999, weight_decay=0.01, grad_scale=1.0, t=3, first=5, seed=7, scale=2.0)
+                beta2=0.999, weight_decay=0.01, grad_scale=1.0, t=3, first=5, seed=7, scale=2.0,
+                p=0.25, stream=3)
 
 
 def host_data(arg, dims, rng):

@@ -5,9 +5,13 @@ each step's loss within 1e-5 relative of PyTorch + PEFT's for 20 steps, and the 
 them within fp32 rounding; PEFT loads our adapter back with the same logits.  The kernel against
 float64 NumPy, the frozen parameters' gradients never allocated, bf16 within the bf16
 tolerances, and each bad adapter refused in one line.  Planted faults (the scale alpha/r
-dropped, B's rows left in PEFT's order) fail.
+dropped, B's rows left in PEFT's order) fail.  Dropout (lora_dropout): the kernel drops a
+fraction p and scales the rest, a training step's loss and gradients equal PEFT's given our
+masks (also with every layer recomputed), evaluation is the no-dropout model's bit for bit,
+and finetune.py --dropout resumes bit for bit.
 """
 import json
+import os
 import shutil
 
 import numpy as np
@@ -94,10 +98,10 @@ def peft_run(folder, adapter):
     return losses, state
 
 
-def our_model(folder, adapter, precision="fp32"):
+def our_model(folder, adapter, precision="fp32", **settings):
     family, _ = family_of_file(folder)
     model = family.model_class.from_checkpoint(folder, precision=precision)
-    lora.read_adapter(adapter, model)
+    lora.read_adapter(adapter, model, **settings)
     return model
 
 
@@ -200,3 +204,169 @@ def test_a_backend_without_lora_kernels_is_refused_in_one_line(base):
         tuple(g for g in cpu.groups if g != "lora")))
     with pytest.raises(BackendError, match="has no LoRA kernels"):
         lora.read_adapter(base[1], model)
+
+
+# --- dropout (PEFT's lora_dropout): on each update's input at training, never at evaluation ---
+
+P = 0.3
+
+
+def test_dropout_kernel_drops_a_fraction_p_and_scales_the_rest():
+    from kernels import dropout
+    N = 1 << 18
+    x = np.random.default_rng(0).standard_normal(N).astype(np.float32)
+    scale = np.float32(1 / (1 - np.float32(P)))
+    masks = {}
+    for seed, stream in ((1, 0), (1, 1), (2, 0)):
+        out = np.full(N, np.nan, np.float32)
+        dropout.forward(out, x, P, seed, stream)
+        kept = out != 0
+        assert abs(1 - kept.mean() - P) < 5 * np.sqrt(P * (1 - P) / N)   # 5 sigma
+        np.testing.assert_allclose(out[kept], x[kept] * scale, rtol=1e-7)
+        masks[seed, stream] = kept
+        dinp = np.ones(N, np.float32)   # backward adds dout through the same mask
+        dropout.backward(dinp, x, P, seed, stream)
+        np.testing.assert_allclose(dinp, 1 + out.astype(float), atol=3e-7)   # one rounding
+        np.testing.assert_array_equal(dinp != 1, kept)
+    # each stream and seed an independent mask: both dropped in about p^2
+    for other in ((1, 1), (2, 0)):
+        both = (~masks[1, 0] & ~masks[other]).mean()
+        assert abs(both - P * P) < 5 * np.sqrt(P * P / N)
+
+
+
+@pytest.fixture(scope="module")
+def random_adapter(base, tmp_path_factory):
+    """An adapter of `base` with B drawn away from zero (so that what A reads, dropped or not,
+    shows in the logits and in every gradient), lora_dropout P."""
+    folder, adapter = base
+    model = our_model(folder, adapter, dropout=P)
+    values = np.array(model.lora_params)
+    rng = np.random.default_rng(1)
+    for name, view in model.lora_layout.views(values).items():
+        if name.endswith(".lora_B"):
+            view[...] = rng.standard_normal(view.shape) / 10
+    model.lora_params = values
+    path = tmp_path_factory.mktemp("random_adapter")
+    lora.write_adapter(path, model)
+    return folder, path
+
+
+def our_masks(model, inputs):
+    """PEFT's module name -> the (B, T, C) mask times 1/(1-p) that the last training forward
+    drew for that update's input (kernels/dropout.pyx's of the model's seed and the update's
+    stream: layer * len(LORA_TARGETS) + target)."""
+    from kernels import dropout
+    shapes = dict(model.config.param_shapes())
+    masks = {}
+    for target in model.lora.targets:
+        C = shapes[target][2]
+        for l in model.lora.layers:
+            out = np.empty(inputs.size * C, np.float32)
+            dropout.forward(out, np.ones_like(out), model.lora.dropout, model.lora_draw_seed,
+                            l * len(model.LORA_TARGETS) + model.LORA_TARGETS.index(target))
+            masks[lora.module_of(target).format(l=l)] = out.reshape(*inputs.shape, C)
+    return masks
+
+
+def test_dropout_loss_and_gradients_equal_pytorch_with_the_same_masks(random_adapter):
+    """A training step's loss and adapter gradients with dropout P equal PyTorch + PEFT's in
+    training mode with each module's dropout replaced by our mask."""
+    import transformers
+    folder, adapter = random_adapter
+    model = our_model(folder, adapter, seed=5)
+    assert model.lora.dropout == P   # read from adapter_config.json
+    inputs, targets = next(batches(seed=7))
+    model.zero_grad()
+    loss = model.forward(inputs, targets, training=True)
+    model.backward()
+    ours = lora.peft_tensors(model, model.grads)
+
+    class Masked(torch.nn.Module):
+        def __init__(self, mask):
+            super().__init__()
+            self.mask = torch.tensor(mask)
+
+        def forward(self, x):
+            return x * self.mask
+    hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    theirs = peft.PeftModel.from_pretrained(hf, adapter, is_trainable=True).train()
+    for name, mask in our_masks(model, inputs).items():
+        theirs.get_submodule(lora.PEFT_PREFIX + name).lora_dropout["default"] = Masked(mask)
+    logits = theirs(torch.tensor(inputs, dtype=torch.long)).logits
+    labels = torch.tensor(np.where(targets < 0, -100, targets), dtype=torch.long)
+    want = torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(),
+                                             ignore_index=-100)
+    want.backward()
+    assert loss == pytest.approx(want.item(), rel=1e-5)
+    grads = {name.replace(".default", ""): p.grad.numpy() for name, p in theirs.named_parameters()
+             if p.requires_grad}
+    assert sorted(ours) == sorted(grads)
+    for name, grad in ours.items():
+        assert abs(grad - grads[name]).max() <= 1e-4 * abs(grads[name]).max(), name
+    # every layer recomputed in backward: the same masks drawn again, the same gradients
+    family, _ = family_of_file(folder)
+    again = family.model_class.from_checkpoint(folder, recompute="none")
+    lora.read_adapter(adapter, again, seed=5)
+    again.zero_grad()
+    assert again.forward(inputs, targets, training=True) == loss
+    again.backward()
+    np.testing.assert_array_equal(again.grads, model.grads)
+
+
+def test_evaluation_runs_without_dropout(random_adapter):
+    """With dropout P a forward that is not training (validation, generation) is the forward
+    without dropout, bit for bit, before and after training steps; a training one is not."""
+    folder, adapter = random_adapter
+    dropping, plain = our_model(folder, adapter), our_model(folder, adapter, dropout=0.0)
+    inputs, targets = next(batches(seed=3))
+
+    def evaluated(model):
+        loss = model.forward(inputs, targets)
+        model.start_cache(T)
+        return loss, np.array(model.logits), np.array(model.forward_cached(inputs[0]))
+    for step in range(2):
+        want = evaluated(plain)
+        for got, expected in zip(evaluated(dropping), want):
+            np.testing.assert_array_equal(got, expected)
+        dropping.zero_grad()
+        assert dropping.forward(inputs, targets, training=True) != pytest.approx(want[0])
+        dropping.backward()
+        dropping.update(LR, BETAS[0], BETAS[1], EPS, 0.0, step + 1)
+        plain.lora_params = dropping.lora_params   # the same updates, trained with dropout
+
+
+def test_finetune_with_dropout_resumes_bit_for_bit(base, tmp_path, capfd):
+    """finetune.py --dropout: the run stopped after step 2's checkpoint and resumed (-y 1) ends
+    with the uninterrupted run's adapter, bit for bit, which dropout changed; a resume with
+    another --dropout is refused."""
+    import finetune
+    folder, _ = base
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"text": f"the {w} is number {i}"}) + "\n"
+                            for i, w in enumerate(["sun", "moon", "tree", "cat", "dog", "sky"])))
+    common = ["-e", folder, "-i", data, "-b", 2, "-t", 16, "-l", 1e-2, "-x", 4, "-r", 3]
+
+    def run(out, *extra):
+        finetune.run([str(a) for a in common + ["-o", tmp_path / out, *extra]])
+        return capfd.readouterr().out
+    assert "dropout=0.2 on" in run("whole", "--dropout", 0.2)
+    run("plain")
+    run("split", "--dropout", 0.2, "-n", 2)
+    os.remove(os.path.join(finetune.step_dir(tmp_path / "split", 4), "DONE"))
+    assert "resuming from the checkpoint at step 2" in run("split", "--dropout", 0.2, "-y", 1)
+    with pytest.raises(SystemExit, match=r"dropout 0.1 \(the run's: 0.2\)"):
+        run("split", "--dropout", 0.1, "-y", 1)
+    read = {name: lora.read_adapter_file(tmp_path / name / "adapter", *settings_of(folder))
+            for name in ("whole", "plain", "split")}
+    assert read["whole"][0].dropout == 0.2 and read["plain"][0].dropout == 0.0
+    for name, whole in read["whole"][1].items():
+        np.testing.assert_array_equal(read["split"][1][name], whole)
+        assert not np.array_equal(read["plain"][1][name], whole), name
+
+
+def settings_of(folder):
+    """(config, LORA_TARGETS, layers) of the model in folder: read_adapter_file's arguments."""
+    family, _ = family_of_file(folder)
+    config = family.read_model(folder)[0]
+    return config, family.model_class.LORA_TARGETS, config.n_layers

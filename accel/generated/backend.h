@@ -160,10 +160,14 @@ ACCEL_API void ACCEL_ENTRY(attention_gqa_cached_forward)(void* ctx, floatX* out,
     floatX* k_cache, floatX* v_cache, const floatX* q, const floatX* k, const floatX* v, int T,
     int P, int NH, int NKV, int hs);
 
-// lora: LoRA's low-rank update beside a frozen linear layer, forward and backward: fine-tuning
-// runs on it (llmc/adapter.py)
+// lora: LoRA's low-rank update beside a frozen linear layer, forward and backward, and the
+// dropout on its input: fine-tuning runs on it (llmc/adapter.py)
 ACCEL_API void ACCEL_ENTRY(lora_forward)(void* ctx, floatX* out, float* hidden, const floatX* inp,
     const float* A, const float* Bm, float scale, int B, int T, int C, int OC, int R);
 ACCEL_API void ACCEL_ENTRY(lora_backward)(void* ctx, floatX* dinp, float* dA, float* dB,
     float* dhidden, const floatX* dout, const floatX* inp, const float* hidden, const float* A,
     const float* Bm, float scale, int B, int T, int C, int OC, int R);
+ACCEL_API void ACCEL_ENTRY(dropout_forward)(void* ctx, floatX* out, const floatX* inp, float p,
+    int seed, int stream, ptrdiff_t N);
+ACCEL_API void ACCEL_ENTRY(dropout_backward)(void* ctx, floatX* dinp, const floatX* dout, float p,
+    int seed, int stream, ptrdiff_t N);

@@ -254,4 +254,14 @@ cdef object call_entry(Backend backend, str entry, tuple a):
         t.lora_backward(c, <float*>pointer(entry, 'dinp', a[0], False, backend.itemsize * (a[10]*a[11]*a[12])), <float*>pointer(entry, 'dA', a[1], False, 4 * (a[14]*a[12])), <float*>pointer(entry, 'dB', a[2], False, 4 * (a[13]*a[14])), <float*>pointer(entry, 'dhidden', a[3], False, 4 * (a[10]*a[11]*a[14])), <float*>pointer(entry, 'dout', a[4], False, backend.itemsize * (a[10]*a[11]*a[13])), <float*>pointer(entry, 'inp', a[5], False, backend.itemsize * (a[10]*a[11]*a[12])), <float*>pointer(entry, 'hidden', a[6], False, 4 * (a[10]*a[11]*a[14])), <float*>pointer(entry, 'A', a[7], False, 4 * (a[14]*a[12])), <float*>pointer(entry, 'Bm', a[8], False, 4 * (a[13]*a[14])), a[9], a[10], a[11], a[12], a[13], a[14])
         backend.check_error()
         return None
+    elif entry == 'dropout_forward':
+        arity(entry, a, 6)
+        t.dropout_forward(c, <float*>pointer(entry, 'out', a[0], False, backend.itemsize * (a[5])), <float*>pointer(entry, 'inp', a[1], False, backend.itemsize * (a[5])), a[2], a[3], a[4], a[5])
+        backend.check_error()
+        return None
+    elif entry == 'dropout_backward':
+        arity(entry, a, 6)
+        t.dropout_backward(c, <float*>pointer(entry, 'dinp', a[0], False, backend.itemsize * (a[5])), <float*>pointer(entry, 'dout', a[1], False, backend.itemsize * (a[5])), a[2], a[3], a[4], a[5])
+        backend.check_error()
+        return None
     raise ValueError(f"no kernel entry {entry!r} (memory goes through Buffer)")

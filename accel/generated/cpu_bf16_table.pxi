@@ -400,6 +400,12 @@ cdef void bf16_lora_backward(void* ctx, float* dinp, float* dA, float* dB, float
     cpu_lora_backward(ctx, w_dinp, dA, dB, dhidden, w_dout, w_inp, hidden, A, Bm, scale, B, T, C, OC, R)
     narrow(<bf16*>dinp, w_dinp, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>C)
 
+cdef void bf16_dropout_forward(void* ctx, float* out, const float* inp, float p, int seed, int stream, Py_ssize_t N) noexcept nogil:
+    dropout_forward(<bf16*>out, <const bf16*>inp, p, seed, stream, N)
+
+cdef void bf16_dropout_backward(void* ctx, float* dinp, const float* dout, float p, int seed, int stream, Py_ssize_t N) noexcept nogil:
+    dropout_backward(<bf16*>dinp, <const bf16*>dout, p, seed, stream, N)
+
 cdef void fill_bf16(BackendTable* t) noexcept:
     """The bf16 entries written from the spec: generic kernels and adapters."""
     t.residual_forward = bf16_residual_forward
@@ -438,3 +444,5 @@ cdef void fill_bf16(BackendTable* t) noexcept:
     t.attention_gqa_cached_forward = bf16_attention_gqa_cached_forward
     t.lora_forward = bf16_lora_forward
     t.lora_backward = bf16_lora_backward
+    t.dropout_forward = bf16_dropout_forward
+    t.dropout_backward = bf16_dropout_backward

@@ -604,6 +604,30 @@ cdef void fp16_lora_backward(void* ctx, float* dinp, float* dA, float* dB, float
     cpu_lora_backward(ctx, w_dinp, dA, dB, dhidden, w_dout, w_inp, hidden, A, Bm, scale, B, T, C, OC, R)
     narrow_fp16(<fp16*>dinp, w_dinp, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>C)
 
+cdef void fp16_dropout_forward(void* ctx, float* out, const float* inp, float p, int seed, int stream, Py_ssize_t N) noexcept nogil:
+    cdef float* w = reserve(<Scratch*>ctx, (<Py_ssize_t>N) + (<Py_ssize_t>N))
+    if w == NULL:
+        fail(b"dropout_forward (fp16): out of memory for its float32 copies")
+        return
+    cdef float* w_out = w + 0
+    cdef float* w_inp = w + <Py_ssize_t>N
+    widen_fp16(w_out, <const fp16*>out, <Py_ssize_t>N)
+    widen_fp16(w_inp, <const fp16*>inp, <Py_ssize_t>N)
+    cpu_dropout_forward(ctx, w_out, w_inp, p, seed, stream, N)
+    narrow_fp16(<fp16*>out, w_out, <Py_ssize_t>N)
+
+cdef void fp16_dropout_backward(void* ctx, float* dinp, const float* dout, float p, int seed, int stream, Py_ssize_t N) noexcept nogil:
+    cdef float* w = reserve(<Scratch*>ctx, (<Py_ssize_t>N) + (<Py_ssize_t>N))
+    if w == NULL:
+        fail(b"dropout_backward (fp16): out of memory for its float32 copies")
+        return
+    cdef float* w_dinp = w + 0
+    cdef float* w_dout = w + <Py_ssize_t>N
+    widen_fp16(w_dinp, <const fp16*>dinp, <Py_ssize_t>N)
+    widen_fp16(w_dout, <const fp16*>dout, <Py_ssize_t>N)
+    cpu_dropout_backward(ctx, w_dinp, w_dout, p, seed, stream, N)
+    narrow_fp16(<fp16*>dinp, w_dinp, <Py_ssize_t>N)
+
 cdef void fill_fp16(BackendTable* t) noexcept:
     """The fp16 entries written from the spec: generic kernels and adapters."""
     t.matmul_forward = fp16_matmul_forward
@@ -642,3 +666,5 @@ cdef void fill_fp16(BackendTable* t) noexcept:
     t.attention_gqa_cached_forward = fp16_attention_gqa_cached_forward
     t.lora_forward = fp16_lora_forward
     t.lora_backward = fp16_lora_backward
+    t.dropout_forward = fp16_dropout_forward
+    t.dropout_backward = fp16_dropout_backward

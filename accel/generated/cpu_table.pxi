@@ -18,6 +18,7 @@ from kernels.classifier cimport classifier_forward, classifier_backward
 from kernels.flash_attention cimport flash_attention_forward, flash_attention_backward, flash_attention_gqa_forward, flash_attention_gqa_backward
 from kernels.attention_cached cimport attention_cached_forward, attention_gqa_cached_forward
 from kernels.lora cimport lora_forward, lora_backward
+from kernels.dropout cimport dropout_forward, dropout_backward
 
 cdef void cpu_adamw_update(void* ctx, float* params, float* m, float* v, const float* grads, Py_ssize_t n, float lr, float beta1, float beta2, float eps, float weight_decay, float grad_scale, int t) noexcept nogil:
     adamw_update(params, m, v, grads, n, lr, beta1, beta2, eps, weight_decay, grad_scale, t)
@@ -127,6 +128,12 @@ cdef void cpu_lora_forward(void* ctx, float* out, float* hidden, const float* in
 cdef void cpu_lora_backward(void* ctx, float* dinp, float* dA, float* dB, float* dhidden, const float* dout, const float* inp, const float* hidden, const float* A, const float* Bm, float scale, int B, int T, int C, int OC, int R) noexcept nogil:
     lora_backward(dinp, dA, dB, dhidden, dout, inp, hidden, A, Bm, scale, B, T, C, OC, R)
 
+cdef void cpu_dropout_forward(void* ctx, float* out, const float* inp, float p, int seed, int stream, Py_ssize_t N) noexcept nogil:
+    dropout_forward(out, inp, p, seed, stream, N)
+
+cdef void cpu_dropout_backward(void* ctx, float* dinp, const float* dout, float p, int seed, int stream, Py_ssize_t N) noexcept nogil:
+    dropout_backward(dinp, dout, p, seed, stream, N)
+
 cdef void fill_kernels(BackendTable* t) noexcept:
     """The entries that are a kernel of kernels/ behind a one-line adapter."""
     t.adamw_update = cpu_adamw_update
@@ -165,3 +172,5 @@ cdef void fill_kernels(BackendTable* t) noexcept:
     t.attention_gqa_cached_forward = cpu_attention_gqa_cached_forward
     t.lora_forward = cpu_lora_forward
     t.lora_backward = cpu_lora_backward
+    t.dropout_forward = cpu_dropout_forward
+    t.dropout_backward = cpu_dropout_backward

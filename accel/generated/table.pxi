@@ -69,6 +69,8 @@ ctypedef struct BackendTable:
     # cache: generation's KV cache: attention of T new positions over the P keys and values cached before them and their own, each written into the cache; a model generates with it where the backend has it (llmc/model.pyx's KVCache)
     void (*attention_cached_forward)(void* ctx, float* out, float* att, float* k_cache, float* v_cache, const float* inp, int T, int P, int C, int NH) noexcept nogil
     void (*attention_gqa_cached_forward)(void* ctx, float* out, float* att, float* k_cache, float* v_cache, const float* q, const float* k, const float* v, int T, int P, int NH, int NKV, int hs) noexcept nogil
-    # lora: LoRA's low-rank update beside a frozen linear layer, forward and backward: fine-tuning runs on it (llmc/adapter.py)
+    # lora: LoRA's low-rank update beside a frozen linear layer, forward and backward, and the dropout on its input: fine-tuning runs on it (llmc/adapter.py)
     void (*lora_forward)(void* ctx, float* out, float* hidden, const float* inp, const float* A, const float* Bm, float scale, int B, int T, int C, int OC, int R) noexcept nogil
     void (*lora_backward)(void* ctx, float* dinp, float* dA, float* dB, float* dhidden, const float* dout, const float* inp, const float* hidden, const float* A, const float* Bm, float scale, int B, int T, int C, int OC, int R) noexcept nogil
+    void (*dropout_forward)(void* ctx, float* out, const float* inp, float p, int seed, int stream, Py_ssize_t N) noexcept nogil
+    void (*dropout_backward)(void* ctx, float* dinp, const float* dout, float p, int seed, int stream, Py_ssize_t N) noexcept nogil

@@ -501,6 +501,24 @@ cdef void w_lora_backward(void* ctx, float* dinp, float* dA, float* dB, float* d
         compare(s, E_LORA_BACKWARD, dB, <Py_ssize_t>OC*<Py_ssize_t>R, <double>(<Py_ssize_t>B*<Py_ssize_t>T), 0, False)
         compare(s, E_LORA_BACKWARD, dhidden, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>R, <double>(<Py_ssize_t>OC), 0, False)
 
+cdef void w_dropout_forward(void* ctx, float* out, const float* inp, float p, int seed, int stream, Py_ssize_t N) noexcept nogil:
+    cdef Instrument* s = <Instrument*>ctx
+    cdef double start = enter(s)
+    s.target.dropout_forward(s.target.ctx, out, inp, p, seed, stream, N)
+    leave(s, E_DROPOUT_FORWARD, start)
+    if s.mode & CHECK:
+        s.oracle.dropout_forward(s.oracle.ctx, <float*>oracle_of(s, out), <const float*>oracle_of(s, inp), p, seed, stream, N)
+        compare(s, E_DROPOUT_FORWARD, out, <Py_ssize_t>N, <double>(1), 0, True)
+
+cdef void w_dropout_backward(void* ctx, float* dinp, const float* dout, float p, int seed, int stream, Py_ssize_t N) noexcept nogil:
+    cdef Instrument* s = <Instrument*>ctx
+    cdef double start = enter(s)
+    s.target.dropout_backward(s.target.ctx, dinp, dout, p, seed, stream, N)
+    leave(s, E_DROPOUT_BACKWARD, start)
+    if s.mode & CHECK:
+        s.oracle.dropout_backward(s.oracle.ctx, <float*>oracle_of(s, dinp), <const float*>oracle_of(s, dout), p, seed, stream, N)
+        compare(s, E_DROPOUT_BACKWARD, dinp, <Py_ssize_t>N, <double>(1), 0, True)
+
 cdef void install_wrappers(BackendTable* t, const BackendTable* target) noexcept:
     """Point t's kernel entries at the wrappers, where the target has the entry."""
     if target.fill != NULL:
@@ -603,3 +621,7 @@ cdef void install_wrappers(BackendTable* t, const BackendTable* target) noexcept
         t.lora_forward = w_lora_forward
     if target.lora_backward != NULL:
         t.lora_backward = w_lora_backward
+    if target.dropout_forward != NULL:
+        t.dropout_forward = w_dropout_forward
+    if target.dropout_backward != NULL:
+        t.dropout_backward = w_dropout_backward
