@@ -39,7 +39,10 @@ them (micro-batches a step on each: d / (B * processes)), the val loss is shared
 only rank 0 prints, logs and writes checkpoints.  A run resumes on another number of processes
 with the same -d and -b: the same examples a step.
 
-DIR keeps the run as train.py's does: main.log (the dashboard reads it), finetune.json (its
+DIR keeps the run as train.py's does: main.log, log.jsonl (llmc/report.py's records, which
+python dev/dashboard.py DIR follows: a "run" head with the trained and frozen parameters and the
+data's masked share, each step's ms and scored tokens/s, a "report" at the end with the mean
+step, the masked share of the batches' targets and memory by kind), finetune.json (its
 settings), checkpoints every -n steps and at the end (step_%08d/: the adapter or the model, and
 state.npz: AdamW's m and v, the data's position; DONE last), resumed bit for bit by -y 1.
 AdamW as PyTorch's defaults (betas 0.9, 0.999; eps 1e-8), the gradient clipped to norm 1, the
@@ -61,6 +64,7 @@ from llmc.families import FamilyError, family_of_file
 from llmc.formats import FormatError
 from llmc.formats.common import atomic_write
 from llmc.logger import Console, Logger, plot_losses
+from llmc.report import LOG_NAME
 from llmc.schedulers import get_scheduler
 from llmc.sft_data import SFTDataError, SFTDataset
 from llmc.tokenizer import TokenizerError, load_tokenizer
@@ -360,9 +364,19 @@ def main(argv=None):
         step = resume_step
         console.print(f"resuming from the checkpoint at step {step} in {args.output_dir}")
     writes = args.output_dir is not None and dist.process_rank == 0
-    logger = Logger(args.output_dir if writes else None, resume_step=resume_step)
+    logger = Logger(args.output_dir if writes else None, resume_step=resume_step,
+                    json_path=os.path.join(args.output_dir, LOG_NAME) if writes else None)
+    frozen = model.num_parameters - trained if model.frozen else 0
+    logger.log_json("run", max_steps=args.max_steps, B=args.B, T=T, family=model.FAMILY,
+                    init=f"{args.method} fine-tuning of {args.model}", method=args.method,
+                    backend=model.backend.name, precision=model.precision,
+                    recompute=model.recompute, num_parameters=model.num_parameters,
+                    trained_parameters=trained, frozen_parameters=frozen,
+                    examples_per_step=args.total_batch_size, num_processes=dist.num_processes,
+                    train_data=args.train_data, masked_share=train_data.summary()["masked_share"],
+                    output_dir=args.output_dir)
     scheduler = get_scheduler("cosine", args.lr, args.warmup, args.max_steps, args.final_lr_frac)
-    timed_s, timed_steps, unscored, targets_seen = 0.0, 0, 0, 0
+    timed_s, timed_steps, scored_total, unscored, targets_seen = 0.0, 0, 0, 0, 0
     for step in range(step, args.max_steps + 1):
         last_step = step == args.max_steps
         if val_data is not None and (step % args.val_every == 0 or last_step):
@@ -395,17 +409,23 @@ def main(argv=None):
         elapsed_s = time.perf_counter() - start
         if step > 0:
             timed_s, timed_steps = timed_s + elapsed_s, timed_steps + 1
+            scored_total += scored_in_step
         console.status(f"step {step + 1:4d}/{args.max_steps} | loss {loss:.6f} | norm "
                        f"{grad_norm:.4f} | lr {lr:.2e} | {elapsed_s * 1000:.2f} ms | "
                        f"{scored_in_step / elapsed_s:.0f} scored tok/s")
-        logger.log_train(step, loss, lr, grad_norm)
+        logger.log_train(step, loss, lr, grad_norm, ms=elapsed_s * 1000,
+                         tokens_per_s=scored_in_step / elapsed_s, tflops=None)
+    masked_share = unscored / max(targets_seen, 1)
     if timed_steps:
         console.print(f"average step {timed_s / timed_steps * 1000:.1f} ms; "
-                      f"{100 * unscored / max(targets_seen, 1):.1f}% of the batches' targets "
-                      f"masked or padding")
+                      f"{100 * masked_share:.1f}% of the batches' targets masked or padding")
     memory = model.memory()
     console.print("memory: " + ", ".join(f"{k} {v / 2 ** 20:.1f} MiB" for k, v in memory.items()
                                          if v))
+    if timed_steps:
+        logger.log_json("report", mean_ms=timed_s / timed_steps * 1000,
+                        tokens_per_s=scored_total / timed_s, masked_share=masked_share,
+                        trained_parameters=trained, frozen_parameters=frozen, memory=memory)
     if writes:
         final = link_final(args.output_dir, step, model)
         plot_losses(args.output_dir, f"{args.method} fine-tuning of {args.model}")

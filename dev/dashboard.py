@@ -1,6 +1,7 @@
 """
 A live terminal dashboard of a training run (rich): it follows the run's JSON log (train.py
---json-log, llmc/report.py) as tail -f does, or for a run without one its main.log; or it
+--json-log, llmc/report.py; finetune.py -o DIR always writes one, with the trained and frozen
+parameters, the masked share and memory by kind) as tail -f does, or for a run without one its main.log; or it
 starts the run itself.
 
     python dev/dashboard.py OUT_DIR             follow OUT_DIR/log.jsonl, else OUT_DIR/main.log
@@ -304,8 +305,10 @@ class Dashboard:
         return [("", "last step", f"mean of {len(timed)} (the first left out)"
                  if len(self.step_ms) > 1 else "mean"),
                 ("ms/step", f"{last['ms']:.1f}", f"{mean_ms:.1f}"),
-                ("tokens/s", f"{last['tokens_per_s']:,.0f}",
-                 "" if tokens is None else f"{tokens * 1e3 / mean_ms:,.0f}"),
+                ("scored tokens/s" if "trained_parameters" in head else "tokens/s",
+                 f"{last['tokens_per_s']:,.0f}",
+                 f"{tokens * 1e3 / mean_ms:,.0f}" if tokens is not None else
+                 f"{self.report['tokens_per_s']:,.0f}" if self.report else ""),
                 ("TFLOPS", tflops(last["tflops"], last.get("peak_percent")),
                  tflops(mean_tflops, None if mean_tflops is None or not peak else
                         100 * mean_tflops / peak))]
@@ -342,6 +345,15 @@ class Dashboard:
             done = last["step"] + 1
             stats.add_row(f"step {done}{total}" + (", finished" if self.done() else ""),
                           f"lr {last['lr']:.2e}", f"norm {last['norm']:.3f}")
+            if "trained_parameters" in head:   # finetune.py's run
+                stats.add_row(f"trained {head['trained_parameters']:,} of "
+                              f"{head['num_parameters']:,} parameters "
+                              f"({100 * head['trained_parameters'] / head['num_parameters']:.2f}%)",
+                              f"{100 * head['masked_share']:.1f}% of targets masked")
+            if self.report is not None and "memory" in self.report:
+                stats.add_row("memory " + ", ".join(
+                    f"{kind} {size / 2 ** 20:.1f} MiB"
+                    for kind, size in self.report["memory"].items() if size))
             if self.skipped:
                 newest = max(self.skipped)
                 stats.add_row(f"skipped updates {len(self.skipped)}",
@@ -367,6 +379,8 @@ class Dashboard:
                   if self.sample_step is not None and self.ended else
                   "(sampling ...)" if self.sample_step is not None else
                   "(no samples: -g 0)" if self.gen_tokens == 0 else
+                  "(a fine-tuning run: generate.py talks to what it writes)"
+                  if "trained_parameters" in head else
                   "(no checkpoint yet: train.py -o writes the final step's, -n N one "
                   "every N steps)")
         return Panel(Group(stats, rates, curves, Panel(sample, title=sample_title)), title=title,
@@ -379,9 +393,10 @@ class Dashboard:
         the ANE's parts."""
         for row in self._rates():
             rates.add_row(*row)
-        rates.add_row(f"compile {100 * last['compile_share']:.1f}%",
-                      *[f"{g} {100 * t / last['ms']:.0f}%"
-                        for g, t in last.get("groups_ms", {}).items()][:2])
+        if "compile_share" in last:   # train.py's (finetune.py's steps have no groups)
+            rates.add_row(f"compile {100 * last['compile_share']:.1f}%",
+                          *[f"{g} {100 * t / last['ms']:.0f}%"
+                            for g, t in last.get("groups_ms", {}).items()][:2])
         if len(last.get("groups_ms", {})) > 2:
             rates.add_row("", *[f"{g} {100 * t / last['ms']:.0f}%"
                                 for g, t in last["groups_ms"].items()][2:4])

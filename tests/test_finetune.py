@@ -124,6 +124,25 @@ def answer_rate(answer, rows):
     return sum(answer(prompt) == want for prompt, want in rows) / len(rows)
 
 
+def dashboard_shows_the_report(run_dir):
+    """The run's log.jsonl, drawn by dev/dashboard.py: the trained and frozen parameters, the
+    masked share, scored tokens/s (the last step's beside the mean), memory by kind."""
+    from dev import dashboard
+    d = dashboard.Dashboard(str(run_dir / "log.jsonl"), background=False)
+    assert d.poll() and d.done()
+    console = dashboard.Console(width=100, record=True, file=io.StringIO())
+    console.print(d.render(100))
+    text = console.export_text()
+    head, report = d.head, d.report
+    assert head["trained_parameters"] + head["frozen_parameters"] == head["num_parameters"]
+    assert f"trained {head['trained_parameters']:,} of {head['num_parameters']:,}" in text
+    assert f"{100 * head['masked_share']:.1f}% of targets masked" in text
+    assert re.search(rf"scored tokens/s +{d.last['tokens_per_s']:,.0f} +"
+                     rf"{report['tokens_per_s']:,.0f}", text)
+    assert f"activations {report['memory']['activations'] / 2 ** 20:.1f} MiB" in text
+    assert 0 < report["masked_share"] < 1
+
+
 def test_lora_learns_as_peft_does_and_resumes_bit_for_bit(base, tmp_path, capfd):
     model, data = base
     common = ["-e", model, "-i", data, "-j", data, "--mask-prompt", "-b", B, "-t", T,
@@ -135,6 +154,7 @@ def test_lora_learns_as_peft_does_and_resumes_bit_for_bit(base, tmp_path, capfd)
     theirs, their_loss = peft_run(model, data, LR, STEPS, tmp_path)
     assert abs(losses[-1] / their_loss - 1) < 0.02
     assert "trained parameters" in out and "frozen parameters" in out
+    dashboard_shows_the_report(tmp_path / "run")
 
     # the prompts held out, answered greedily: ours at least as often as PEFT's model, which
     # answers most of them (the rule can be learnt from these examples)
