@@ -16,9 +16,11 @@ Hugging Face's:
     llmc     llm.c's model file, --dtype float32 (version 3) or bfloat16 (version 5).  GPT-2.
     llama2c  llama2.c's model file, version 0 (what llama2.c's own export writes and run.c
              reads) unless --version 1.  Llama.
-    gguf     llama.cpp's file, float32, with the vocabulary (llmc/formats/gguf.py).  Llama
-             (Llama 2's block with GQA, its eps and theta: a qkv bias, QK-norm or Llama 3's
-             RoPE scaling is refused).
+    gguf     llama.cpp's file, float32, with the vocabulary (llmc/formats/gguf.py).  Llama,
+             as llama.cpp's "llama" (Llama 2's block with GQA, eps, theta, a head size of its
+             own, Llama 3's RoPE scaling as rope_freqs), "qwen2" (a bias on q, k and v) or
+             "qwen3" (QK-norm) architecture; --check refuses Llama 3's scaling in one line
+             (rope_freqs holds no parameters to read back).
     hf       a Hugging Face transformers folder (llmc/formats/huggingface.py): its
              AutoModelForCausalLM loads it as GPT2LMHeadModel or LlamaForCausalLM, and
              AutoTokenizer its tokenizer; model.safetensors in --dtype.
@@ -30,8 +32,8 @@ gpt2_tokenizer.bin, or a SentencePiece vocabulary, its tokenizer.model or llama2
 tokenizer.bin, which dev/data/tinyshakespeare.py --sentencepiece N writes side by side (GGUF
 takes the .bin, Hugging Face the .model, each found beside the other), or a Hugging Face
 model's tokenizer.json (its folder's own, the default for a folder; GGUF takes a byte-level BPE
-one with GPT-2's, SmolLM2's or Llama 3's pre-tokenizer).  --check reads the output back and
-compares every size and tensor with MODEL's.  --merge ADAPTER adds a LoRA adapter (PEFT's
+one with GPT-2's, SmolLM2's, Llama 3's or Qwen's pre-tokenizer).  --check reads the output back
+and compares every size and tensor with MODEL's.  --merge ADAPTER adds a LoRA adapter (PEFT's
 layout, finetune.py's DIR/adapter: llmc/adapter.py) into MODEL's weights first,
 W += (alpha / r) B A, so that every format gets the fine-tuned model.
 
@@ -56,8 +58,8 @@ from llmc.cli import Parser  # noqa: E402
 from llmc.families import FamilyError, family_of_file  # noqa: E402
 from llmc.formats import (FormatError, bfloat16_bits_to_float32,  # noqa: E402
                           float32_to_bfloat16_bits, open_file, param_views)
-from llmc.formats.gguf import (gguf_vocab, gpt2_gguf_vocab, unwritten_switch,  # noqa: E402
-                                write_gguf, write_gguf_lora)
+from llmc.formats.gguf import (gguf_vocab, gpt2_gguf_vocab, write_gguf,  # noqa: E402
+                                write_gguf_lora)
 from llmc.formats.hf_tokenizer import (HF_TOKENIZER_FILES, hf_gguf_vocab,  # noqa: E402
                                        is_hf_tokenizer)
 from llmc.formats.huggingface import (HF_WRITERS, HFVocab, gpt2_hf_vocab,  # noqa: E402
@@ -225,12 +227,10 @@ def export_adapter(p, args):
     family, _ = family_of_file(base)
     check_output_free(args.output, folder=False)
     config, _ = family.read_model(base)
-    if "gguf" in family.formats and unwritten_switch(config):
-        raise ExportError(f"{base}: the base model has {unwritten_switch(config)}, which GGUF "
-                          f"export does not write yet: its adapter would have no GGUF base")
     lora, stacks = read_adapter_file(args.model, config, family.model_class.LORA_TARGETS,
                                      family.model_class.num_layers_of(config))
-    write_gguf_lora(args.output, lora, stacks, name=os.path.basename(os.path.abspath(args.model)))
+    write_gguf_lora(args.output, lora, stacks, config,
+                    name=os.path.basename(os.path.abspath(args.model)))
     return (f"wrote {args.output} (GGUF LoRA adapter, r={lora.rank} alpha={lora.alpha:g} on "
             f"{len(lora.targets)} projections of {len(lora.layers)} layers) from {args.model}, "
             f"for {base} ({family.title} {config.describe()})")

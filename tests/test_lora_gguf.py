@@ -16,7 +16,7 @@ for token; the merged GGUF the same without the adapter; llama.cpp's tokenizer s
 the tokenizers package does, for each pre-tokenizer GGUF export names.  Planted faults (B's q
 and k rows left in PEFT's order; alpha written as r) fail the comparison.  Bad input (an
 adapter to another format, a base not found or of other shapes, a tokenizer GGUF export does
-not take, a model with a switch it does not write) is one line.
+not take, a model with switches no architecture it writes has) is one line.
 """
 import json
 import shutil
@@ -159,7 +159,9 @@ def test_bad_input_is_one_line(files, tmp_path, capsys):
     (tmp_path / "hub_named" / lora.ADAPTER_CONFIG).write_text(
         json.dumps(dict(settings, base_model_name_or_path="HuggingFaceTB/SmolLM2-135M")))
     make_hf_model("tinyllama", tmp_path / "tinyllama")   # 4 heads of 16: every shape differs
-    make_hf_model("llama3", tmp_path / "llama3")         # RoPE scaling, which GGUF lacks here
+    make_hf_model("qwen3", tmp_path / "qwen3_scaled", rope_parameters=dict(
+        rope_type="llama3", rope_theta=1e6, factor=8.0, low_freq_factor=1.0,
+        high_freq_factor=4.0, original_max_position_embeddings=32))   # no llama.cpp qwen3 has it
     shutil.copytree(files["base"], tmp_path / "unknown_pre")
     spec = json.loads((tmp_path / "unknown_pre" / "tokenizer.json").read_text())
     spec["pre_tokenizer"]["add_prefix_space"] = True
@@ -178,8 +180,8 @@ def test_bad_input_is_one_line(files, tmp_path, capsys):
          "GGUF export takes a byte-level BPE tokenizer.json"),
         ((tmp_path / "unknown_pre", "--format", "gguf"), 1,
          "is none of those GGUF export names for llama.cpp"),
-        ((tmp_path / "llama3", "--format", "gguf"), 1,
-         "the model has Llama 3's RoPE scaling, which GGUF export does not write yet"),
+        ((tmp_path / "qwen3_scaled", "--format", "gguf"), 1,
+         "the model has Llama 3's RoPE scaling on a Qwen block"),
     ]
     for args, status, message in cases:
         code, line = run_export(capsys, *args, "-o", tmp_path / "out.gguf")
@@ -284,7 +286,7 @@ def test_planted_fault_alpha_written_as_r(llama_cpp, files, ours, tmp_path):
     config = family.read_model(files["base"])[0]
     settings, stacks = lora.read_adapter_file(files["adapter"], config,
                                               family.model_class.LORA_TARGETS, config.n_layers)
-    write_gguf_lora(tmp_path / "a.gguf", settings._replace(alpha=float(RANK)), stacks)
+    write_gguf_lora(tmp_path / "a.gguf", settings._replace(alpha=float(RANK)), stacks, config)
     llm = load(llama_cpp, files["base_gguf"], tmp_path / "a.gguf")
     assert error_of(llama_cpp_logits(llm, ours["tokens"]), ours["logits"]) > 100 * TOLERANCE
 

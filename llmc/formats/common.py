@@ -1,7 +1,7 @@
 """
 What every file format (llmc/formats/) shares: files written whole or not at all, the error of
 one that is not what it should be, the checked low-level reads, the views of a flat parameter
-vector and bfloat16.
+vector, bfloat16, and RoPE's two orders of a Llama-family model's q and k rows.
 
     atomic_write(path, chunks)     the bytes-like chunks to path, all or nothing
     FormatError(path, problem)     str(e) is "<path>: <problem>", on one line
@@ -11,8 +11,9 @@ import secrets
 
 import numpy as np
 
-__all__ = ["FormatError", "atomic_write", "bfloat16_bits_to_float32", "check_size",
-           "float32_to_bfloat16_bits", "open_file", "param_views", "read_array"]
+__all__ = ["FormatError", "ROTATED", "atomic_write", "bfloat16_bits_to_float32", "check_size",
+           "float32_to_bfloat16_bits", "hf_adjacent_pair_rows", "hf_rotate_half_rows",
+           "open_file", "param_views", "read_array", "rotated_heads"]
 
 
 class FormatError(ValueError):
@@ -82,6 +83,34 @@ def param_views(config, flat):
         views[name] = flat[offset:offset + size].reshape(shape)
         offset += size
     return views
+
+
+# ----------------------------------------------------------------------------
+# RoPE's two orders of q and k rows: we (llama2.c, Meta, llama.cpp's "llama") rotate each
+# head's adjacent channel pairs, Hugging Face (and llama.cpp's NEOX-rotating "qwen2" and
+# "qwen3") the first half of a head's channels with the second
+
+ROTATED = {"wq": "n_heads", "bq": "n_heads", "wk": "n_kv_heads", "bk": "n_kv_heads",
+           "q_norm": None, "k_norm": None}   # a Llama-family tensor whose rows RoPE pairs:
+#                                              per head of these many (None: one head's)
+
+
+def rotated_heads(config, name):
+    """The heads of a ROTATED tensor's rows (a q/k norm is one head's)."""
+    return getattr(config, ROTATED[name]) if ROTATED[name] else 1
+
+
+def hf_rotate_half_rows(w, n_heads):
+    """Adjacent-pair q/k rows (ours) -> the rotate-half order; a 1-D w (a bias, a head's norm)
+    as one column."""
+    rows = w.shape[0]
+    return w.reshape(n_heads, rows // n_heads // 2, 2, -1).transpose(0, 2, 1, 3).reshape(w.shape)
+
+
+def hf_adjacent_pair_rows(w, n_heads):
+    """Rotate-half q/k rows -> adjacent pairs (ours); undoes hf_rotate_half_rows."""
+    rows = w.shape[0]
+    return w.reshape(n_heads, 2, rows // n_heads // 2, -1).transpose(0, 2, 1, 3).reshape(w.shape)
 
 
 # ----------------------------------------------------------------------------

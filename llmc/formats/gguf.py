@@ -1,26 +1,44 @@
 """
-GGUF, llama.cpp's file, through its own Python package (gguf): a Llama model in float32 with
-its vocabulary (SentencePiece or GPT-2's BPE), so llama.cpp runs what we trained, and read
-back; and a LoRA adapter as llama.cpp's --lora reads it (write_gguf_lora).  llama.cpp's "llama"
-architecture rotates adjacent channel pairs, as we do: q and k go in unpermuted, and so do the
-rows of their LoRA B, which are the rows of the same outputs.  GPT-2's vocabulary has no merges
+GGUF, llama.cpp's file, through its own Python package (gguf): a Llama-family model in float32
+with its vocabulary (SentencePiece or byte-level BPE), so llama.cpp runs what we trained, and
+read back; and a LoRA adapter as llama.cpp's --lora reads it (write_gguf_lora).
+
+llama.cpp runs the model as the architecture its config says (gguf_architecture): "qwen3" with
+QK-norm (attn_q_norm, attn_k_norm), "qwen2" with the bias on q, k and v (attn_q.bias, ...),
+else "llama" (Llama 2's block, Mistral's; Llama 3's RoPE scaling as the rope_freqs tensor, the
+divisor of each of a head's frequencies, as llama.cpp's converter writes it).  A head size of
+its own is attention.key_length and value_length.  "llama" rotates adjacent channel pairs, as
+we do: q and k go in unpermuted, and so do the rows of their LoRA B, which are the rows of the
+same outputs.  "qwen2" and "qwen3" rotate halves (llama.cpp's NEOX RoPE), as Hugging Face does:
+their q and k rows, biases and norms go in Hugging Face's rotate-half order (common.py), as
+llama.cpp's converter takes them from Hugging Face's files.  GPT-2's vocabulary has no merges
 list in llm.c's tokenizer file: bpe_merges reconstructs it from the tokens' rank order.
 """
 import os
 
 import numpy as np
 
-from llmc.formats.common import FormatError, open_file, param_views
+from llmc.formats.common import (ROTATED, FormatError, hf_adjacent_pair_rows, hf_rotate_half_rows,
+                                 open_file, param_views, rotated_heads)
 from llmc.formats.llama2c import read_llama2c_tokenizer
 from llmc.formats.llmc import TOKENIZER_MAGIC, read_tokenizer
+from llmc.rope_tables import llama3_scaled
 
 GGUF_LLAMA_TENSORS = {  # ours -> llama.cpp's, {l} the layer
     "tok_embeddings": "token_embd.weight", "norm": "output_norm.weight", "output": "output.weight",
     "attention_norm": "blk.{l}.attn_norm.weight", "wq": "blk.{l}.attn_q.weight",
     "wk": "blk.{l}.attn_k.weight", "wv": "blk.{l}.attn_v.weight", "wo": "blk.{l}.attn_output.weight",
+    "bq": "blk.{l}.attn_q.bias", "bk": "blk.{l}.attn_k.bias", "bv": "blk.{l}.attn_v.bias",
+    "q_norm": "blk.{l}.attn_q_norm.weight", "k_norm": "blk.{l}.attn_k_norm.weight",
     "ffn_norm": "blk.{l}.ffn_norm.weight", "w1": "blk.{l}.ffn_gate.weight",
     "w2": "blk.{l}.ffn_down.weight", "w3": "blk.{l}.ffn_up.weight",
 }
+ROPE_FREQS = "rope_freqs.weight"   # (hs/2,) Llama 3's scaling: what each frequency is divided by
+# llama.cpp's architectures written here -> the Hugging Face class of their models
+# (LlamaConfig.architecture; "": Llama's) and the config's switches they have
+GGUF_ARCHITECTURES = {"llama": ("", {}), "qwen2": ("Qwen2ForCausalLM", {"qkv_bias": True}),
+                      "qwen3": ("Qwen3ForCausalLM", {"qk_norm": True})}
+ROTATING_HALVES = ("qwen2", "qwen3")   # llama.cpp's NEOX RoPE: q/k rows in rotate-half order
 
 
 class GGUFVocab:
@@ -185,26 +203,41 @@ def write_through_gguf(path, architecture, add):
 
 
 def unwritten_switch(config):
-    """What of a Llama config GGUF's "llama" keys as written here cannot say, in words; None
-    when it has nothing of the kind."""
-    for unwritten, what in ((config.qkv_bias, "a bias on q, k and v (Qwen2's)"),
-                            (config.qk_norm, "QK-norm (Qwen3's)"),
-                            (config.rope_scaling, "Llama 3's RoPE scaling"),
-                            (config.head_dim, f"a head size of its own ({config.head_dim})")):
-        if unwritten:
-            return what
+    """What of a Llama-family config none of llama.cpp's architectures written here runs, in
+    words; None when it has nothing of the kind."""
+    if config.qkv_bias and config.qk_norm:
+        return "QK-norm beside a bias on q, k and v (llama.cpp's qwen3 has QK-norm alone)"
+    if config.rope_scaling and (config.qkv_bias or config.qk_norm):
+        return ("Llama 3's RoPE scaling on a Qwen block (llama.cpp's qwen2 and qwen3 read no "
+                "rope_freqs)")
     return None
 
 
+def gguf_architecture(config):
+    """llama.cpp's architecture of a Llama-family config (one unwritten_switch passes): "qwen3"
+    with QK-norm, "qwen2" with the qkv bias, else "llama"."""
+    return "qwen3" if config.qk_norm else "qwen2" if config.qkv_bias else "llama"
+
+
+def llama3_rope_divisors(config):
+    """Llama 3's RoPE scaling as llama.cpp's rope_freqs holds it: what each of a head's hs/2
+    frequencies is divided by (1 for the fast ones, the factor for the slow ones, a blend
+    between), float32."""
+    hs = config.head_size
+    freqs = np.float64(config.rope_theta) ** (-np.arange(0, hs, 2, dtype=np.float64) / hs)
+    return (freqs / llama3_scaled(freqs, *config.rope_scaling[1:])).astype(np.float32)
+
+
 def write_gguf(path, config, params, vocab, name="llm.pyx llama"):
-    """A GGUF file (float32) of this Llama model with its vocabulary (a GGUFVocab, see
-    gguf_vocab), as llama.cpp's "llama" architecture reads it."""
+    """A GGUF file (float32) of this Llama-family model with its vocabulary (a GGUFVocab, see
+    gguf_vocab), as llama.cpp's architecture of it (gguf_architecture) reads it."""
     if len(vocab.tokens) != config.vocab_size:
         raise ValueError(f"write_gguf: the tokenizer has {len(vocab.tokens)} tokens, the model's "
                          f"vocabulary {config.vocab_size}")
     if unwritten_switch(config):
         raise ValueError(f"write_gguf: the model has {unwritten_switch(config)}, which GGUF "
-                         f"export does not write yet (Llama 2's block, with GQA, eps and theta)")
+                         f"export does not write")
+    architecture = gguf_architecture(config)
     views = param_views(config, np.ascontiguousarray(params, dtype=np.float32))
 
     def add(writer, gguf):
@@ -216,6 +249,9 @@ def write_gguf(path, config, params, vocab, name="llm.pyx llama"):
         writer.add_rope_dimension_count(config.head_size)
         writer.add_head_count(config.n_heads)
         writer.add_head_count_kv(config.n_kv_heads)
+        if config.head_dim:   # a head size of its own (0: dim / n_heads, llama.cpp's default)
+            writer.add_key_length(config.head_size)
+            writer.add_value_length(config.head_size)
         writer.add_layer_norm_rms_eps(config.norm_eps)
         writer.add_rope_freq_base(config.rope_theta)
         writer.add_vocab_size(config.vocab_size)
@@ -227,18 +263,29 @@ def write_gguf(path, config, params, vocab, name="llm.pyx llama"):
             per_layer = "{l}" in theirs
             for l in range(config.n_layers if per_layer else 1):
                 tensor = views[ours][l] if per_layer else views[ours]
+                if architecture in ROTATING_HALVES and ours in ROTATED:
+                    tensor = hf_rotate_half_rows(tensor, rotated_heads(config, ours))
                 writer.add_tensor(theirs.format(l=l), np.ascontiguousarray(tensor))
-    write_through_gguf(path, "llama", add)
+        if config.rope_scaling:
+            writer.add_tensor(ROPE_FREQS, llama3_rope_divisors(config))
+    write_through_gguf(path, architecture, add)
 
 
-def write_gguf_lora(path, lora, stacks, name="llm.pyx LoRA"):
-    """llama.cpp's LoRA adapter file (its --lora, llama_adapter_lora_init) of a Llama model's
-    updates: lora a LoraConfig (rank, alpha, targets, layers), stacks its tensors as
-    llmc.adapter.read_adapter_file gives them ("wq.lora_A" (layers, R, C), "wq.lora_B"
-    (layers, OC, R), B's rows in our order).  The keys general.type "adapter", adapter.type
-    "lora" and adapter.lora.alpha (llama.cpp scales by alpha / R, R read off lora_a, as PEFT
-    does); per adapted layer l and target, blk.l.attn_q.weight.lora_a (R, C) and .lora_b
-    (OC, R) beside the base tensor they update (ggml's shapes [C, R] and [R, OC]), float32."""
+def write_gguf_lora(path, lora, stacks, config, name="llm.pyx LoRA"):
+    """llama.cpp's LoRA adapter file (its --lora, llama_adapter_lora_init) of the updates of a
+    Llama-family model (config: the base's, whose GGUF write_gguf writes): lora a LoraConfig
+    (rank, alpha, targets, layers), stacks its tensors as llmc.adapter.read_adapter_file gives
+    them ("wq.lora_A" (layers, R, C), "wq.lora_B" (layers, OC, R), B's rows in our order).  The
+    keys general.type "adapter", the base's architecture, adapter.type "lora" and
+    adapter.lora.alpha (llama.cpp scales by alpha / R, R read off lora_a, as PEFT does); per
+    adapted layer l and target, blk.l.attn_q.weight.lora_a (R, C) and .lora_b (OC, R) beside
+    the base tensor they update (ggml's shapes [C, R] and [R, OC]), float32, B's q and k rows
+    in the order of the base GGUF's."""
+    if unwritten_switch(config):
+        raise ValueError(f"write_gguf_lora: the base model has {unwritten_switch(config)}, "
+                         f"which GGUF export does not write: its adapter would have no GGUF base")
+    architecture = gguf_architecture(config)
+
     def add(writer, gguf):
         writer.add_type(gguf.GGUFType.ADAPTER)
         writer.add_name(name)
@@ -248,9 +295,12 @@ def write_gguf_lora(path, lora, stacks, name="llm.pyx LoRA"):
             for target in lora.targets:
                 base = GGUF_LLAMA_TENSORS[target].format(l=l)
                 for matrix in ("lora_A", "lora_B"):
-                    writer.add_tensor(f"{base}.{matrix.lower()}", np.ascontiguousarray(
-                        stacks[f"{target}.{matrix}"][j], dtype=np.float32))
-    write_through_gguf(path, "llama", add)
+                    tensor = stacks[f"{target}.{matrix}"][j]
+                    if matrix == "lora_B" and architecture in ROTATING_HALVES and target in ROTATED:
+                        tensor = hf_rotate_half_rows(tensor, rotated_heads(config, target))
+                    writer.add_tensor(f"{base}.{matrix.lower()}",
+                                      np.ascontiguousarray(tensor, dtype=np.float32))
+    write_through_gguf(path, architecture, add)
 
 
 def read_gguf_vocab(path):
@@ -278,38 +328,64 @@ def llama2c_pieces(tokens):
 
 
 def read_gguf(path, config_class):
-    """(config, params, tokens) of a float32 llama GGUF file, through gguf's reader; the config
-    a config_class (train_llama2.LlamaConfig)."""
+    """(config, params, tokens) of a float32 GGUF file of llama.cpp's llama, qwen2 or qwen3
+    architecture, as write_gguf writes them, through gguf's reader; the config a config_class
+    (train_llama2.LlamaConfig).  Llama 3's RoPE scaling is refused in one line: rope_freqs
+    holds its divisors, not the parameters (factor, frequency factors, original context) a
+    config is made of."""
     import gguf
     try:
         reader = gguf.GGUFReader(path)
     except (ValueError, OSError) as e:
         raise FormatError(path, f"not a GGUF file: {' '.join(str(e).split())}") from None
+    required = object()
 
-    def field(key):
+    def field(key, default=required):
         f = reader.get_field(key)
-        if f is None:
-            raise FormatError(path, f"no {key}: not a llama GGUF?")
-        return f.contents()
-    if field("general.architecture") != "llama":
-        raise FormatError(path, f"architecture {field('general.architecture')!r}, not llama")
+        if f is None and default is required:
+            raise FormatError(path, f"no {key}: not a GGUF of a model as written here?")
+        return default if f is None else f.contents()
+    architecture = field("general.architecture")
+    if architecture not in GGUF_ARCHITECTURES:
+        raise FormatError(path, f"architecture {architecture!r}, not "
+                                f"{', '.join(GGUF_ARCHITECTURES)}")
+    hf_class, switches = GGUF_ARCHITECTURES[architecture]
+    key = lambda name, *default: field(f"{architecture}.{name}", *default)   # noqa: E731
     tensors = {t.name: t for t in reader.tensors}
+    if ROPE_FREQS in tensors:
+        raise FormatError(path, f"{ROPE_FREQS} (Llama 3's RoPE scaling, as divisors of each "
+                                f"frequency) is not read back here: it holds no scaling's "
+                                f"parameters")
+    head_dim = key("attention.key_length", 0)
+    if key("attention.value_length", head_dim) != head_dim:
+        raise FormatError(path, f"attention.value_length {key('attention.value_length')} is not "
+                                f"key_length {head_dim}: not implemented")
     config = config_class(
-        dim=field("llama.embedding_length"), n_layers=field("llama.block_count"),
-        n_heads=field("llama.attention.head_count"), n_kv_heads=field("llama.attention.head_count_kv"),
-        vocab_size=len(field("tokenizer.ggml.tokens")), hidden_dim=field("llama.feed_forward_length"),
-        max_seq_len=field("llama.context_length"),
+        dim=key("embedding_length"), n_layers=key("block_count"),
+        n_heads=key("attention.head_count"), n_kv_heads=key("attention.head_count_kv"),
+        vocab_size=len(field("tokenizer.ggml.tokens")), hidden_dim=key("feed_forward_length"),
+        max_seq_len=key("context_length"),
         # float32 there: the shortest decimal that rounds to it gives back what was written
-        norm_eps=float(str(np.float32(field("llama.attention.layer_norm_rms_epsilon")))),
-        rope_theta=float(str(np.float32(field("llama.rope.freq_base")))), shared_classifier="output.weight" not in tensors)
+        norm_eps=float(str(np.float32(key("attention.layer_norm_rms_epsilon")))),
+        rope_theta=float(str(np.float32(key("rope.freq_base")))),
+        shared_classifier="output.weight" not in tensors, head_dim=head_dim,
+        architecture=hf_class, **switches)
+    if key("rope.dimension_count", config.head_size) != config.head_size:
+        raise FormatError(path, f"RoPE on {key('rope.dimension_count')} of a head's "
+                                f"{config.head_size} channels is not implemented")
     params = np.empty(config.num_parameters(), dtype=np.float32)
     for ours, view in param_views(config, params).items():
         theirs = GGUF_LLAMA_TENSORS[ours]
         per_layer = "{l}" in theirs
         for l in range(config.n_layers if per_layer else 1):
-            tensor = tensors[theirs.format(l=l)]
+            tensor = tensors.get(theirs.format(l=l))
+            if tensor is None:
+                raise FormatError(path, f"no tensor {theirs.format(l=l)}: not a {architecture} "
+                                        f"model as written here")
             if tensor.tensor_type != gguf.GGMLQuantizationType.F32:
                 raise FormatError(path, f"{tensor.name} is {tensor.tensor_type.name}, not F32")
-            (view[l] if per_layer else view)[...] = np.asarray(tensor.data).reshape(
-                view.shape[1:] if per_layer else view.shape)
+            value = np.asarray(tensor.data).reshape(view.shape[1:] if per_layer else view.shape)
+            if architecture in ROTATING_HALVES and ours in ROTATED:
+                value = hf_adjacent_pair_rows(value, rotated_heads(config, ours))
+            (view[l] if per_layer else view)[...] = value
     return config, params, field("tokenizer.ggml.tokens")

@@ -11,7 +11,8 @@ transformers' apply_chat_template renders it (jinja2, sandboxed, with its settin
                               .render(messages, add_generation_prompt=False): the template's text
     hf_gguf_vocab(path, vocab_size)
                               a byte-level BPE tokenizer.json as GGUF's vocabulary (llama.cpp's
-                              "gpt2" model), for dev/export.py --format gguf
+                              "gpt2" model; GPT-2's, SmolLM2's, Llama 3's or Qwen's
+                              pre-tokenizer), for dev/export.py --format gguf
 
 A token's bytes are read off the vocabulary: byte-level BPE (GPT-2's, Llama 3's, Qwen's,
 SmolLM2's) spells each byte as one printable character; SentencePiece-style vocabularies
@@ -174,12 +175,19 @@ def read_hf_tokenizer(path):
 # with the BPE's ignore_merges that name implies; each said as pre_tokenizer_shape says it
 LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| "
                 r"?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| "
+               r"?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")   # digits one by one
 GGUF_PRE_TOKENIZERS = {
     "gpt-2": ((("ByteLevel", False, True),), False),    # GPT-2's regex in ByteLevel
     "smollm": ((("Digits", True), ("ByteLevel", False, True)), False),   # digits one by one
     "llama-bpe": ((("Split", LLAMA3_SPLIT, "Isolated", False), ("ByteLevel", False, False)),
                   True),   # Llama 3's
+    "qwen2": ((("Split", QWEN2_SPLIT, "Isolated", False), ("ByteLevel", False, False)),
+              False),   # Qwen2's, Qwen2.5's and Qwen3's
 }
+# the normalizers GGUF export takes: none, or Qwen's NFC, which llama.cpp does not apply (to
+# its own converter's files neither): a text not in NFC (e + U+0301) splits otherwise there
+GGUF_NORMALIZERS = (None, {"type": "NFC"})
 
 
 def pre_tokenizer_shape(pre_tokenizer):
@@ -217,10 +225,10 @@ def hf_gguf_vocab(path, vocab_size):
     spec = json.loads(backend.to_str())
     model = spec.get("model") or {}
     if model.get("type") != "BPE" or "ByteLevel" not in decoder_kinds(spec.get("decoder")) \
-            or model.get("byte_fallback") or spec.get("normalizer") is not None:
+            or model.get("byte_fallback") or spec.get("normalizer") not in GGUF_NORMALIZERS:
         raise FormatError(file, "GGUF export takes a byte-level BPE tokenizer.json (GPT-2's, "
-                                "Llama 3's, SmolLM2's kind), and this one is another kind "
-                                "(a SentencePiece-style one is not written to GGUF yet)")
+                                "Llama 3's, SmolLM2's, Qwen's kind), and this one is another "
+                                "kind (a SentencePiece-style one is not written to GGUF yet)")
     shape = (pre_tokenizer_shape(spec.get("pre_tokenizer")), bool(model.get("ignore_merges")))
     pre = next((name for name, known in GGUF_PRE_TOKENIZERS.items() if known == shape), None)
     if pre is None:

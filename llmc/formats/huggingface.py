@@ -33,8 +33,9 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from llmc.formats.common import (FormatError, atomic_write, bfloat16_bits_to_float32,
-                                 float32_to_bfloat16_bits, open_file, param_views)
+from llmc.formats.common import (ROTATED, FormatError, atomic_write, bfloat16_bits_to_float32,
+                                 float32_to_bfloat16_bits, hf_adjacent_pair_rows,
+                                 hf_rotate_half_rows, open_file, param_views, rotated_heads)
 from llmc.formats.gguf import gpt2_spelled
 from llmc.formats.llama2c import sentencepiece_processor
 
@@ -221,15 +222,6 @@ HF_LLAMA_NAMES = {  # ours -> Hugging Face's, {l} the layer
     "w1": "model.layers.{l}.mlp.gate_proj.weight", "w2": "model.layers.{l}.mlp.down_proj.weight",
     "w3": "model.layers.{l}.mlp.up_proj.weight",
 }
-ROTATED = {"wq": "n_heads", "bq": "n_heads", "wk": "n_kv_heads", "bk": "n_kv_heads",
-           "q_norm": None, "k_norm": None}   # rows in rotate-half order: per head of these many
-
-
-def rotated_heads(config, name):
-    """The heads of a ROTATED tensor's rows (a q/k norm is one head's)."""
-    return getattr(config, ROTATED[name]) if ROTATED[name] else 1
-
-
 # each architecture: its model_type and the switches it has (LlamaConfig's qkv_bias, qk_norm)
 HF_LLAMA_ARCHITECTURES = {
     "LlamaForCausalLM": ("llama", dict(qkv_bias=False, qk_norm=False)),
@@ -266,19 +258,6 @@ HF_LLAMA_SIZES = frozenset((
 HF_ROPE_KEYS = {"default": {"rope_type", "type", "rope_theta"},
                 "llama3": {"rope_type", "type", "rope_theta", "factor", "low_freq_factor",
                            "high_freq_factor", "original_max_position_embeddings"}}
-
-
-def hf_rotate_half_rows(w, n_heads):
-    """Adjacent-pair q/k rows (ours) -> Hugging Face's rotate-half order; a 1-D w (a bias, a
-    head's norm) as one column."""
-    rows = w.shape[0]
-    return w.reshape(n_heads, rows // n_heads // 2, 2, -1).transpose(0, 2, 1, 3).reshape(w.shape)
-
-
-def hf_adjacent_pair_rows(w, n_heads):
-    """Hugging Face's rotate-half q/k rows -> adjacent pairs (ours); undoes hf_rotate_half_rows."""
-    rows = w.shape[0]
-    return w.reshape(n_heads, 2, rows // n_heads // 2, -1).transpose(0, 2, 1, 3).reshape(w.shape)
 
 
 def hf_architecture(hf_config, source):
