@@ -34,6 +34,7 @@ from llmc.sampler import Sampler, continue_prompt
 from tests import needs
 from tests.hf_models import make_hf_model
 from tests.hf_tokenizers import corpus, random_strings
+from test_export import run_export  # noqa: E402   (tests/ on the path, as conftest's)
 
 gguf = needs.package("gguf")
 torch = needs.package("torch")
@@ -136,19 +137,6 @@ def test_a_hf_tokenizer_json_is_the_ggufs_vocabulary(files):
     assert [gguf.TokenType(t) for t in (types[0], types[3], types[511])] == \
         [gguf.TokenType.CONTROL, gguf.TokenType.NORMAL, gguf.TokenType.UNUSED]
     assert field(reader, "tokenizer.ggml.add_bos_token") is False   # SmolLM2 puts no BOS
-
-
-def run_export(capsys, *args):
-    """dev/export.py's main on these arguments: (exit status, its one line of output)."""
-    try:
-        export.main([str(a) for a in args])
-        code = 0
-    except SystemExit as e:
-        code = e.code
-    out, err = capsys.readouterr()
-    if isinstance(code, str):   # sys.exit(message)
-        return 1, code
-    return code, (out if code == 0 else err).strip()
 
 
 def test_bad_input_is_one_line(files, tmp_path, capsys):
