@@ -272,8 +272,10 @@ def test_ctrl_c_says_how_to_resume(data, tmp_path):
     out = tmp_path / "run"
     command = [sys.executable, os.path.join(ROOT, "train.py"),
                *map(str, small(data, "-x", 1000, "-n", 1, "-nk", 2, "-o", out))]
-    with subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                          text=True) as process:
+    # SIGINT's default action in the child: a shell starting the tests in the background
+    # (`make test &`) leaves it ignored, and Python then never raises KeyboardInterrupt
+    with subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)) as process:
         while not list(out.glob("DONE_*")) and process.poll() is None:   # -nk 2 rotates them
             time.sleep(0.05)
         process.send_signal(signal.SIGINT)
