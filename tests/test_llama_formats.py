@@ -315,6 +315,26 @@ def test_gguf_reads_back_with_gguf(vocabulary, tmp_path, shared):
     assert np.array_equal(np.asarray(gate.data).reshape(t["w1"][1].shape), t["w1"][1])
 
 
+def test_a_mistral_folder_goes_to_gguf_and_reads_back_as_the_llama_it_is(vocabulary, tmp_path):
+    """Mistral's block (no sliding window) is Llama's: GGUF holds it as "llama", as llama.cpp's
+    converter does, so --check reads back a Llama with the same sizes and values: equal."""
+    needs.package("gguf")
+    needs.package("torch")
+    needs.package("transformers")
+    from hf_models import make_hf_model, V
+    _, _, text = vocabulary
+    model = tokenizer.train_sentencepiece(str(text), str(tmp_path / "sp"), V)
+    tokenizer.export_llama2c_tokenizer(model, str(tmp_path / "tokenizer.bin"))
+    make_hf_model("mistral", tmp_path / "hf")
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["architectures"] == ["MistralForCausalLM"]
+    run = subprocess.run([sys.executable, os.path.join(REPO, "dev", "export.py"), str(tmp_path / "hf"),
+                          "--format", "gguf", "--tokenizer", str(tmp_path / "tokenizer.bin"),
+                          "-o", str(tmp_path / "m.gguf"), "--check"], capture_output=True, text=True)
+    assert run.returncode == 0 and "read back equal" in run.stdout, run.stderr
+    config, _, _ = read_gguf(tmp_path / "m.gguf", LlamaConfig)
+    assert config.architecture == "" and config.norm_eps == 1e-6
+
+
 def test_gguf_refuses_a_vocabulary_of_another_size(vocabulary, tmp_path):
     needs.package("gguf")
     _, bin_path, _ = vocabulary
