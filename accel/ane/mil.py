@@ -40,19 +40,32 @@ head h reads kv head h // G, G = NH / NKV), hs head size, QD = NH*hs, KVD = NKV*
 hidden size, S positions (the spatial axis), N elements.
 """
 import logging
+import sys
 from dataclasses import dataclass
 
 import numpy as np
 
-# coremltools logs at import what this Linux use does not need: that torch is newer than it was
-# tested with, and that the Core ML runtime (macOS only) is missing
+# coremltools probes at import for every framework it converts from and imports each one
+# installed (PyTorch, transformers, scikit-learn, ...): 8 s of every process here, for converters
+# the MIL Builder never uses. Those not imported yet are hidden while it loads (a None in
+# sys.modules makes their import fail), then given back: coremltools takes them for absent.
+_CONVERTED_FRAMEWORKS = ("torch", "torchvision", "torchaudio", "torchao", "executorch",
+                         "transformers", "sklearn", "xgboost", "libsvm", "tensorflow")
+_hidden = [name for name in _CONVERTED_FRAMEWORKS if name not in sys.modules]
+# it also logs what this use does not need: that the Core ML runtime (macOS only) is missing
 _logger = logging.getLogger("coremltools")
 _level = _logger.level
 _logger.setLevel(logging.ERROR)
-import coremltools as ct  # noqa: E402
-from coremltools.converters.mil import Builder as mb  # noqa: E402
-from coremltools.converters.mil.mil import Function, Program, types  # noqa: E402
-_logger.setLevel(_level)
+sys.modules.update(dict.fromkeys(_hidden))
+try:
+    import coremltools as ct  # noqa: E402
+    from coremltools.converters.mil import Builder as mb  # noqa: E402
+    from coremltools.converters.mil.mil import Function, Program, types  # noqa: E402
+finally:
+    for _name in _hidden:
+        if sys.modules.get(_name, False) is None:
+            del sys.modules[_name]
+    _logger.setLevel(_level)
 
 OPSET = ct.target.iOS17
 FP16 = np.float16
