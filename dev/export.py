@@ -58,8 +58,8 @@ from llmc.cli import Parser  # noqa: E402
 from llmc.families import FamilyError, family_of_file  # noqa: E402
 from llmc.formats import (FormatError, bfloat16_bits_to_float32,  # noqa: E402
                           float32_to_bfloat16_bits, open_file, param_views)
-from llmc.formats.gguf import (gguf_vocab, gpt2_gguf_vocab, write_gguf,  # noqa: E402
-                                write_gguf_lora)
+from llmc.formats.gguf import (GGUF_ARCHITECTURES, gguf_architecture, gguf_vocab,  # noqa: E402
+                               gpt2_gguf_vocab, write_gguf, write_gguf_lora)
 from llmc.formats.hf_tokenizer import (HF_TOKENIZER_FILES, hf_gguf_vocab,  # noqa: E402
                                        is_hf_tokenizer)
 from llmc.formats.huggingface import (HF_WRITERS, HFVocab, gpt2_hf_vocab,  # noqa: E402
@@ -178,21 +178,16 @@ def tensors_without_padding(config, params):
     return sizes, views
 
 
-# the Hugging Face classes of Llama's block without a switch: GGUF's "llama" architecture holds
-# each alike (llama.cpp's converter writes Mistral's so too), and reads back as Llama's ("")
-LLAMA_BLOCK_CLASSES = ("", "LlamaForCausalLM", "MistralForCausalLM")
-
-
 def reads_back_equal(family, args, config, params, dtype):
-    """Whether the output read back is the model written (its values rounded to dtype); a
-    Mistral read back from GGUF as the Llama it is, is the model written."""
+    """Whether the output read back is the model written (its values rounded to dtype); from
+    GGUF, with the class its architecture reads back as (Mistral's block is "llama": Llama's)."""
     back = read_hf_model(args.output, {family.name: family.config_class}) if args.format == "hf" else family.read_model(args.output)
     if dtype == "bfloat16":
         params = bfloat16_bits_to_float32(float32_to_bfloat16_bits(params))
     sizes, tensors = tensors_without_padding(config, params)
     sizes_back, tensors_back = tensors_without_padding(*back)
-    if args.format == "gguf" and sizes.get("architecture") in LLAMA_BLOCK_CLASSES:
-        sizes["architecture"] = ""
+    if args.format == "gguf":   # GGUF keeps llama.cpp's architecture, not the Hugging Face class
+        sizes["architecture"] = GGUF_ARCHITECTURES[gguf_architecture(config)][0]
     return sizes == sizes_back and tensors.keys() == tensors_back.keys() and all(
         np.array_equal(tensors[k], tensors_back[k]) for k in tensors)
 
