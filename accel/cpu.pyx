@@ -10,7 +10,10 @@ float32, bf16 or fp16.  A bf16 entry is a kernel written once for both precision
 fp32 entry run on float32 copies of its bf16 arguments made in the backend's scratch memory
 (both written from accel/spec.py into accel/generated/cpu_bf16_table.pxi); the GEMMs run on bf16
 operands (kernels/matmul_bf16.pyx: AMX or AVX512_BF16 through oneMKL where the CPU has them),
-and the rounding of the parameters is written here.  The fp16 table is check:'s oracle for the
+and the rounding of the parameters is written here.  So does flash attention, whose bf16 kernel
+rounds its probabilities (and their gradients) to bf16 for those GEMMs, as a GPU's does: by
+more than its outputs' own rounding, so check:'s oracle (create(oracle=True)) keeps the fp32
+kernel on widened copies for it (ROUNDED_INSIDE).  The fp16 table is check:'s oracle for the
 GPUs' half precision (Metal's): every entry is the fp32 one on widened copies, its outputs
 rounded to nearest once (accel/generated/cpu_fp16_table.pxi), slower than fp32 and never tuned.
 
@@ -22,6 +25,8 @@ from kernels.adamw cimport adamw_update, adamw_update_rounded
 from kernels.attention_gqa cimport attention_gqa_backward
 from kernels.bf16 cimport bf16, narrow, narrow_stochastic, widen
 from kernels.embedding cimport embedding_forward
+from kernels.flash_attention cimport (flash_attention_backward, flash_attention_forward,
+                                     flash_attention_gqa_backward, flash_attention_gqa_forward)
 from kernels.fp16 cimport fp16, fp16_to_float, float_to_fp16, narrow_fp16
 from kernels.matmul_bf16 cimport matmul_backward_bf16, matmul_forward_bf16
 from libc.stdint cimport uint32_t
@@ -207,6 +212,43 @@ cdef void bf16_adamw_update_rounded(void* ctx, float* params, float* master, flo
                          weight_decay, grad_scale, t, first)
 
 
+# flash attention's bf16 kernel (the generated bf16_flash_* run the fp32 one on widened copies)
+cdef void bf16_kernel_flash_attention_forward(void* ctx, float* out, float* lse, const float* inp,
+                                              int B, int T, int C, int NH) noexcept nogil:
+    if flash_attention_forward(<bf16*>out, lse, <const bf16*>inp, B, T, C, NH) != 0:
+        fail("flash_attention_forward (bf16): out of memory for its scratch tiles")
+
+cdef void bf16_kernel_flash_attention_backward(void* ctx, float* dinp, const float* dout,
+                                               const float* inp, const float* out,
+                                               const float* lse, int B, int T, int C,
+                                               int NH) noexcept nogil:
+    if flash_attention_backward(<bf16*>dinp, <const bf16*>dout, <const bf16*>inp,
+                                <const bf16*>out, lse, B, T, C, NH) != 0:
+        fail("flash_attention_backward (bf16): out of memory for its scratch tiles")
+
+cdef void bf16_kernel_flash_attention_gqa_forward(void* ctx, float* out, float* lse,
+                                                  const float* q, const float* k, const float* v,
+                                                  int B, int T, int NH, int NKV,
+                                                  int hs) noexcept nogil:
+    if flash_attention_gqa_forward(<bf16*>out, lse, <const bf16*>q, <const bf16*>k,
+                                   <const bf16*>v, B, T, NH, NKV, hs) != 0:
+        fail("flash_attention_gqa_forward (bf16): out of memory for its scratch tiles")
+
+cdef void bf16_kernel_flash_attention_gqa_backward(void* ctx, float* dq, float* dk, float* dv,
+                                                   const float* dout, const float* q,
+                                                   const float* k, const float* v,
+                                                   const float* out, const float* lse, int B,
+                                                   int T, int NH, int NKV, int hs) noexcept nogil:
+    if flash_attention_gqa_backward(<bf16*>dq, <bf16*>dk, <bf16*>dv, <const bf16*>dout,
+                                    <const bf16*>q, <const bf16*>k, <const bf16*>v,
+                                    <const bf16*>out, lse, B, T, NH, NKV, hs) != 0:
+        fail("flash_attention_gqa_backward (bf16): out of memory for its scratch tiles")
+
+# the bf16 entries that round an intermediate to bf16, not only their outputs (above)
+ROUNDED_INSIDE = ("flash_attention_forward", "flash_attention_backward",
+                  "flash_attention_gqa_forward", "flash_attention_gqa_backward")
+
+
 include "accel/generated/cpu_bf16_table.pxi"
 
 
@@ -250,9 +292,10 @@ include "accel/generated/cpu_fp16_table.pxi"
 PRECISIONS = ("fp32", "bf16", "fp16")
 
 
-def create(bint flash=True, str precision="fp32"):
+def create(bint flash=True, str precision="fp32", bint oracle=False):
     """The CPU backend at a precision (PRECISIONS); with flash=False without the flash group
-    (as a backend that has no flash attention), for tests."""
+    (as a backend that has no flash attention), for tests; with oracle=True check:'s oracle,
+    whose ROUNDED_INSIDE entries are the fp32 kernels on widened copies."""
     if precision not in PRECISIONS:
         raise ValueError(f"accel.cpu: precision {precision!r} is not one of {PRECISIONS}")
     groups = ("linear", "gpt2", "llama", "classifier") + (("flash",) if flash else ()) + \
@@ -288,6 +331,11 @@ def create(bint flash=True, str precision="fp32"):
         t.matmul_backward = bf16_matmul_backward
         t.narrow_params = bf16_narrow_params
         t.adamw_update_rounded = bf16_adamw_update_rounded
+        if not oracle:
+            t.flash_attention_forward = bf16_kernel_flash_attention_forward
+            t.flash_attention_backward = bf16_kernel_flash_attention_backward
+            t.flash_attention_gqa_forward = bf16_kernel_flash_attention_gqa_forward
+            t.flash_attention_gqa_backward = bf16_kernel_flash_attention_gqa_backward
     elif precision == "fp16":
         fill_fp16(t)
         t.encoder_forward = fp16_encoder_forward

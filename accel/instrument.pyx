@@ -430,11 +430,14 @@ cdef class InstrumentedBackend(Backend):
 
 def create(str wrapper, Backend target):
     """wrapper:target ("check", "profile" or "guard")."""
-    from accel.backend import BackendError, get_backend
+    from accel.backend import BackendError
     cdef int mode = {"check": CHECK, "profile": PROFILE, "guard": GUARD}[wrapper]
     if mode == GUARD and not target.host_visible:
         raise BackendError(f"guard:{target.name}: guarding needs host memory (guard:cpu)")
-    oracle = get_backend("cpu", target.precision) if mode == CHECK else None
+    oracle = None
+    if mode == CHECK:   # the CPU, with what rounds inside on widened copies (accel/cpu.pyx)
+        from accel import cpu
+        oracle = cpu.create(precision=target.precision, oracle=True)
     # check: claims only the groups the oracle can check too
     groups = tuple(g for g in target.groups if oracle is None or oracle.supports(g))
     cdef InstrumentedBackend b = InstrumentedBackend(

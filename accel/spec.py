@@ -302,6 +302,8 @@ ENTRIES = [
       "const float* logsum[B*T] in", "const int* targets[B*T] in init=targets", "int B",
       "int T", "int V", "int Vp", cpu="kernels.classifier", bf16="kernel"),
     # --- flash --------------------------------------------------------------------------
+    # (at bf16 the CPU's table runs kernels/flash_attention.pyx's bf16 kernel, set in accel/cpu.pyx;
+    # the adapter written from here, the fp32 kernel on widened copies, is check:'s oracle)
     E("flash_attention_forward", "flash", "floatX* out[B*T*C] out ~T", "float* lse[B*NH*T] out ~T",
       "const floatX* inp[B*T*3*C] in", "int B", "int T", "int C", "int NH",
       cpu="kernels.flash_attention"),

@@ -12,6 +12,7 @@ import pytest
 
 import needs
 import train_llama2
+from accel import cpu
 from accel.backend import BackendError, get_backend
 from accel.spec import BY_NAME, ORDER, evaluate, tolerance
 from entries import SMALL, host_data, numbers
@@ -151,7 +152,9 @@ KERNELS = [name for name in ORDER if BY_NAME[name].wrap and BY_NAME[name].group 
 def test_each_narrow_entry_is_the_fp32_entry_rounded_once(name, precision):
     """On bf16 (fp16) inputs, a bf16 (fp16) entry's outputs are the fp32 entry's rounded to
     nearest: bit for bit where the table runs the fp32 kernel on widened copies (every fp16
-    entry), within an ulp at a few elements where it runs code of its own."""
+    entry), within an ulp at a few elements where it runs code of its own, and within an ulp
+    of the largest where it rounds inside too (cpu.ROUNDED_INSIDE: flash attention's bf16
+    probabilities)."""
     fp32, half = get_backend("cpu"), get_backend("cpu", precision)
     rng = np.random.default_rng(abs(hash(name)) % 2**32)
     dims = SMALL
@@ -175,7 +178,9 @@ def test_each_narrow_entry_is_the_fp32_entry_rounded_once(name, precision):
             want, got_a = want.reshape(-1, T, T)[:, keep], got[a.name].reshape(-1, T, T)[:, keep]
         else:
             got_a = got[a.name]
-        if entry.bf16 == "adapter" or precision == "fp16":   # the fp32 kernel on the same values
+        rounded_inside = precision == "bf16" and name in cpu.ROUNDED_INSIDE
+        if (entry.bf16 == "adapter" and not rounded_inside) or precision == "fp16":
+            # the fp32 kernel on the same values
             assert np.array_equal(got_a, want), (name, a.name, np.abs(got_a - want).max())
             continue
         # its own code (a GEMM, or a kernel compiled for bf16 loads): float32 sums in another
@@ -184,7 +189,8 @@ def test_each_narrow_entry_is_the_fp32_entry_rounded_once(name, precision):
         scale = np.abs(want).max()
         if a.floatx:
             assert np.abs(got_a - want).max() <= 2.0 ** -7 * scale, (name, a.name)
-            assert np.mean(got_a != want) <= 0.02, (name, a.name, np.mean(got_a != want))
+            if not rounded_inside:
+                assert np.mean(got_a != want) <= 0.02, (name, a.name, np.mean(got_a != want))
         else:
             allowed = tolerance(evaluate(a.reduction, values)) * scale
             assert np.abs(got_a - want).max() <= allowed, (name, a.name)

@@ -11,6 +11,8 @@ import pytest
 
 import needs
 from accel import cpu, instrument
+from entries import run_every_entry
+from faults import faulty_cpu
 from kernels import attention, attention_gqa, flash_attention
 from kernels import reference as R
 from train_gpt2 import GPT2Config
@@ -384,3 +386,34 @@ def test_llama_flash_at_bf16_trains_as_without_it():
     buffers_model, buffers_losses = llama_two_steps(cpu.create(flash=False, precision="bf16"), T=20)
     assert flash_model.flash and flash_model.precision == "bf16" and not buffers_model.flash
     np.testing.assert_allclose(flash_losses, buffers_losses, rtol=1e-3)
+
+
+# --- the bf16 kernel: its probabilities rounded to bf16 for the GEMMs --------------------------
+
+# (name, dims): GPT-2 d12 at its full context; Llama 3.2 1B's heads (32 query heads of 64 sharing
+# 8 key/value heads); Qwen3's head size of its own (128); the sizes that do not fill a tile
+REAL_SHAPES = [("gpt2-d12", dict(B=1, T=1024, C=768, NH=12, NKV=12, hs=64)),
+               ("llama-1b", dict(B=1, T=512, C=2048, NH=32, NKV=8, hs=64)),
+               ("qwen3", dict(B=2, T=300, C=512, NH=4, NKV=2, hs=128)),
+               ("odd", dict(B=3, T=37, C=20, NH=4, NKV=2, hs=5))]
+
+
+@pytest.mark.parametrize("label, dims", REAL_SHAPES, ids=[label for label, _ in REAL_SHAPES])
+def test_bf16_kernel_passes_check_against_the_widened_fp32_kernel(label, dims):
+    """check:'s oracle at bf16 runs the fp32 kernel on widened copies (accel/cpu.pyx's
+    ROUNDED_INSIDE); the bf16 kernel, which rounds P and dS to bf16 for its GEMMs, stays within
+    an ulp of each output's largest element, and differs from it (the two are not one code)."""
+    backend = instrument.create("check", cpu.create(precision="bf16"))
+    run_every_entry(backend, dims=dict(dims, OC=1, H=1, V=1, Vp=1, P=1, R=1), seed=1,
+                    groups=("flash",))
+    report = backend.report()
+    assert report["mismatches"] == 0, backend.summary()
+    worst = {name: e["worst_ratio"] for name, e in report["entries"].items() if e["compared"]}
+    assert len(worst) == 4 and all(0 < ratio < 1 for ratio in worst.values()), worst
+
+
+def test_a_bf16_statistic_in_the_bf16_kernel_is_named():
+    backend = instrument.create("check", faulty_cpu("bf16_flash_attention_gqa_forward"))
+    run_every_entry(backend, dims=dict(REAL_SHAPES[-1][1], OC=1, H=1, V=1, Vp=1, P=1, R=1),
+                    groups=("flash",))
+    assert backend.report()["first"]["entry"] == "flash_attention_gqa_forward", backend.summary()
