@@ -2,8 +2,10 @@
 GGUF export beyond Llama 2's block (dev/export.py --format gguf: llmc/formats/gguf.py's
 write_gguf), on models transformers makes at test time: a Qwen2-shaped one (a bias on q, k and
 v; llama.cpp's "qwen2"), a Qwen3-shaped one (QK-norm, 4 heads of 32 on 64 channels; "qwen3")
-and a Llama 3-shaped one given a head size of its own (Llama 3's RoPE scaling as rope_freqs;
-"llama"), the Qwen ones with Qwen's tokenizer.json pre-tokenizer and NFC normalizer.
+a Llama 3-shaped one given a head size of its own (Llama 3's RoPE scaling as rope_freqs;
+"llama"), and a TinyLlama-shaped one (Llama 2's block, 4 key/value heads), the Qwen ones with
+Qwen's tokenizer.json pre-tokenizer and NFC normalizer, TinyLlama's with a SentencePiece-style
+one (llama.cpp's "llama" tokenizer: scores from the merges).
 
 Without llama.cpp: the GGUF holds llama.cpp's keys and tensor names, transformers' tensors in
 the order llama.cpp's converter writes them (q and k rows, biases and norms as they are for the
@@ -12,7 +14,8 @@ converter computes it; the Qwen GGUFs read back as the models they came from, Ll
 refused in one line, and so is a config no architecture written here runs.  Where
 llama-cpp-python is installed: llama.cpp's logits within TOLERANCE of ours, its greedy decode
 ours token for token, a LoRA adapter on the Qwen3 GGUF the same; llama.cpp's tokenizer splits
-NFC text as the tokenizers package does (llama.cpp does not apply Qwen's NFC normalizer).
+NFC text as the tokenizers package does (llama.cpp does not apply Qwen's NFC normalizer), and
+any text as TinyLlama's does.
 Planted faults fail: q and k rows left in our order, the bias or the QK-norm left out,
 rope_freqs left out, a LoRA B's q and k rows in our order.
 """
@@ -42,7 +45,7 @@ needs.package("torch")
 needs.package("transformers")
 
 # tests/hf_models.py's architecture -> llama.cpp's, and the changes made to its config
-ARCHITECTURES = {"qwen2": "qwen2", "qwen3": "qwen3", "llama3": "llama"}
+ARCHITECTURES = {"qwen2": "qwen2", "qwen3": "qwen3", "llama3": "llama", "tinyllama": "llama"}
 CHANGES = {"llama3": dict(head_dim=32)}   # 4 heads of 32 on 64 channels
 # Qwen2.5's and Qwen3's tokenizer.json, as they spell it: NFC, then this split, then ByteLevel
 QWEN_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+"
@@ -84,7 +87,7 @@ def exported(tmp_path_factory):
             folder, path = root / name, root / f"{name}.gguf"
             # weights drawn wider than transformers' init, whose greedy text repeats one token
             make_hf_model(name, folder, initializer_range=0.2, **CHANGES.get(name, {}))
-            if name != "llama3":
+            if name.startswith("qwen"):
                 give_qwens_tokenizer(folder)
             export.main([str(folder), "--format", "gguf", "-o", str(path)]
                         + ["--check"] * (name != "llama3"))
@@ -232,6 +235,34 @@ def test_llama_cpp_tokenizes_as_qwens_tokenizer(llama_cpp, exported):
     # what GGUF_NORMALIZERS says: llama.cpp does not apply NFC, so e + U+0301 splits otherwise
     assert llm.tokenize("e\u0301".encode(), add_bos=False, special=False) != \
         ours.encode_text("e\u0301")
+
+
+def test_tinyllamas_tokenizer_is_ggufs_llama(exported):
+    """SentencePiece-style: llama.cpp's "llama" tokenizer, BOS before a text, <unk> UNKNOWN,
+    the 256 byte tokens BYTE, and the merges' order as scores (the first merge highest)."""
+    made = exported("tinyllama")
+    reader, field = fields(made["gguf"])
+    assert field("tokenizer.ggml.model") == "llama" and field("tokenizer.ggml.add_bos_token")
+    spec = json.loads((made["folder"] / "tokenizer.json").read_text())
+    vocab, merges = spec["model"]["vocab"], spec["model"]["merges"]
+    types = reader.fields["tokenizer.ggml.token_type"]
+    types = [int(types.parts[i][0]) for i in types.data]
+    assert types[:4] == [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL,
+                         gguf.TokenType.BYTE] and types.count(gguf.TokenType.BYTE) == 256
+    scores = reader.fields["tokenizer.ggml.scores"]
+    scores = [float(scores.parts[i][0]) for i in scores.data]
+    made_by = [vocab["".join(m if isinstance(m, list) else m.split(" "))] for m in merges]
+    assert [scores[i] for i in made_by[:3]] == [0.0, -1.0, -2.0]
+
+
+def test_llama_cpp_tokenizes_as_tinyllamas_tokenizer(llama_cpp, exported):
+    made = exported("tinyllama")
+    llm = load(llama_cpp, made["gguf"], vocab_only=True)
+    ours = read_hf_tokenizer(made["folder"])
+    texts = corpus(40, seed=1) + random_strings(100, ()) + ["In 1984, 12345 apples cost $678.90"]
+    for text in texts:
+        assert llm.tokenize(text.encode(), add_bos=False, special=False) == \
+            ours.encode_text(text), text
 
 
 def write_as_planted(made, path, config=None):

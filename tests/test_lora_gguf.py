@@ -16,7 +16,8 @@ for token; the merged GGUF the same without the adapter; llama.cpp's tokenizer s
 the tokenizers package does, for each pre-tokenizer GGUF export names.  Planted faults (B's q
 and k rows left in PEFT's order; alpha written as r) fail the comparison.  Bad input (an
 adapter to another format, a base not found or of other shapes, a tokenizer GGUF export does
-not take, a model with switches no architecture it writes has) is one line.
+not take (neither byte-level nor SentencePiece-style, or one that splits otherwise), a model
+with switches no architecture it writes has) is one line.
 """
 import json
 import shutil
@@ -150,6 +151,14 @@ def test_bad_input_is_one_line(files, tmp_path, capsys):
     make_hf_model("qwen3", tmp_path / "qwen3_scaled", rope_parameters=dict(
         rope_type="llama3", rope_theta=1e6, factor=8.0, low_freq_factor=1.0,
         high_freq_factor=4.0, original_max_position_embeddings=32))   # no llama.cpp qwen3 has it
+    for name, change in (("split_otherwise", dict(normalizer=None, pre_tokenizer=dict(
+            type="Metaspace", replacement="\u2581", prepend_scheme="always", split=True))),
+            ("neither_kind", dict(model=dict(byte_fallback=False)))):
+        shutil.copytree(tmp_path / "tinyllama", tmp_path / name)
+        spec = json.loads((tmp_path / name / "tokenizer.json").read_text())
+        for key, value in change.items():
+            spec[key] = dict(spec[key], **value) if key == "model" else value
+        (tmp_path / name / "tokenizer.json").write_text(json.dumps(spec))
     shutil.copytree(files["base"], tmp_path / "unknown_pre")
     spec = json.loads((tmp_path / "unknown_pre" / "tokenizer.json").read_text())
     spec["pre_tokenizer"]["add_prefix_space"] = True
@@ -164,8 +173,10 @@ def test_bad_input_is_one_line(files, tmp_path, capsys):
         ((tmp_path / "hub_named", "--format", "gguf"), 1, "is not a path here: name it with --base"),
         ((tmp_path / "hub_named", "--format", "gguf", "--base", tmp_path / "tinyllama"), 1,
          "an adapter of another base model"),
-        ((tmp_path / "tinyllama", "--format", "gguf"), 1,
+        ((tmp_path / "neither_kind", "--format", "gguf"), 1,
          "GGUF export takes a byte-level BPE tokenizer.json"),
+        ((tmp_path / "split_otherwise", "--format", "gguf"), 1,
+         "a SentencePiece-style tokenizer.json goes to GGUF with U+2581 before the text"),
         ((tmp_path / "unknown_pre", "--format", "gguf"), 1,
          "is none of those GGUF export names for llama.cpp"),
         ((tmp_path / "qwen3_scaled", "--format", "gguf"), 1,

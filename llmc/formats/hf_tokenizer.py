@@ -10,9 +10,10 @@ transformers' apply_chat_template renders it (jinja2, sandboxed, with its settin
     ChatTemplate(source, special_tokens)
                               .render(messages, add_generation_prompt=False): the template's text
     hf_gguf_vocab(path, vocab_size)
-                              a byte-level BPE tokenizer.json as GGUF's vocabulary (llama.cpp's
-                              "gpt2" model; GPT-2's, SmolLM2's, Llama 3's or Qwen's
-                              pre-tokenizer), for dev/export.py --format gguf
+                              a tokenizer.json as GGUF's vocabulary, for dev/export.py --format
+                              gguf: a byte-level BPE one as llama.cpp's "gpt2" model (GPT-2's,
+                              SmolLM2's, Llama 3's or Qwen's pre-tokenizer), a SentencePiece-
+                              style one (Llama 2's, TinyLlama's, Mistral's) as its "llama" model
 
 A token's bytes are read off the vocabulary: byte-level BPE (GPT-2's, Llama 3's, Qwen's,
 SmolLM2's) spells each byte as one printable character; SentencePiece-style vocabularies
@@ -209,13 +210,29 @@ def pre_tokenizer_shape(pre_tokenizer):
     return ((kind, *values),)
 
 
+# how a SentencePiece-style tokenizer.json marks a text's first word with U+2581, as llama.cpp's
+# "llama" tokenizer does with its add_space_prefix: Llama 2's, TinyLlama's and Mistral v0.1's
+# normalizer, or the Metaspace pre-tokenizer of newer conversions (each space a U+2581 too)
+SENTENCEPIECE_PREFIX_NORMALIZER = {"type": "Sequence", "normalizers": [
+    {"type": "Prepend", "prepend": SPACE}, {"type": "Replace", "pattern": {"String": " "},
+                                            "content": SPACE}]}
+SENTENCEPIECE_METASPACE = {"type": "Metaspace", "replacement": SPACE, "prepend_scheme": "first",
+                           "split": False}
+
+
 def hf_gguf_vocab(path, vocab_size):
-    """The GGUF vocabulary (llmc.formats.gguf.GGUFVocab) of a byte-level BPE tokenizer.json (a
-    folder holding it, or the file): llama.cpp's "gpt2" model, its pre-tokenizer by the name
-    llama.cpp gives it (GGUF_PRE_TOKENIZERS), each token's text as the file spells it, the
-    merges, the added tokens CONTROL where special and USER_DEFINED where not, padded to the
-    model's vocab_size with UNUSED tokens; BOS (else EOS) and EOS, and whether a text gets
-    them, as transformers encodes.  FormatError in one line for another kind of tokenizer."""
+    """The GGUF vocabulary (llmc.formats.gguf.GGUFVocab) of a tokenizer.json (a folder holding
+    it, or the file), padded to the model's vocab_size with UNUSED tokens; BOS (else EOS) and
+    EOS, and whether a text gets them, as transformers encodes:
+      byte-level BPE (GPT-2's, Llama 3's, SmolLM2's, Qwen's): llama.cpp's "gpt2" model, its
+        pre-tokenizer by the name llama.cpp gives it (GGUF_PRE_TOKENIZERS), each token's text
+        as the file spells it, the merges, the added tokens CONTROL where special and
+        USER_DEFINED where not;
+      SentencePiece-style BPE (Llama 2's, TinyLlama's, Mistral's: U+2581 for a space, byte
+        fallback): llama.cpp's "llama" model, which merges the pair whose token scores highest,
+        so each token scores minus the rank of the first merge that makes it (BPE's order); the
+        <0xXX> tokens BYTE, the unknown token UNKNOWN.
+    FormatError in one line for another kind of tokenizer."""
     hf = read_hf_tokenizer(path)   # the file read and checked, the special tokens found
     import gguf
     import tokenizers
@@ -224,17 +241,13 @@ def hf_gguf_vocab(path, vocab_size):
     backend = tokenizers.Tokenizer.from_file(file)
     spec = json.loads(backend.to_str())
     model = spec.get("model") or {}
-    if model.get("type") != "BPE" or "ByteLevel" not in decoder_kinds(spec.get("decoder")) \
-            or model.get("byte_fallback") or spec.get("normalizer") not in GGUF_NORMALIZERS:
+    sentencepiece = model.get("byte_fallback") and "ByteFallback" in decoder_kinds(spec.get("decoder"))
+    byte_level = not model.get("byte_fallback") and "ByteLevel" in decoder_kinds(spec.get("decoder")) \
+        and spec.get("normalizer") in GGUF_NORMALIZERS
+    if model.get("type") != "BPE" or not (sentencepiece or byte_level):
         raise FormatError(file, "GGUF export takes a byte-level BPE tokenizer.json (GPT-2's, "
-                                "Llama 3's, SmolLM2's, Qwen's kind), and this one is another "
-                                "kind (a SentencePiece-style one is not written to GGUF yet)")
-    shape = (pre_tokenizer_shape(spec.get("pre_tokenizer")), bool(model.get("ignore_merges")))
-    pre = next((name for name, known in GGUF_PRE_TOKENIZERS.items() if known == shape), None)
-    if pre is None:
-        raise FormatError(file, f"its pre-tokenizer {shape[0]} (ignore_merges {shape[1]}) is "
-                                f"none of those GGUF export names for llama.cpp: "
-                                f"{', '.join(GGUF_PRE_TOKENIZERS)}")
+                                "Llama 3's, SmolLM2's, Qwen's kind) or a SentencePiece-style BPE "
+                                "one (Llama 2's, TinyLlama's, Mistral's), and this one is neither")
     vocabulary = backend.get_vocab(with_added_tokens=True)
     if max(vocabulary.values()) >= vocab_size:
         raise FormatError(file, f"the tokenizer has ids up to {max(vocabulary.values())}, more "
@@ -246,9 +259,48 @@ def hf_gguf_vocab(path, vocab_size):
     for i, added in backend.get_added_tokens_decoder().items():
         types[i] = gguf.TokenType.CONTROL if added.special else gguf.TokenType.USER_DEFINED
     merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
-    return GGUFVocab("gpt2", tokens, types, merges=merges, pre=pre,
-                     bos=hf.start_token if hf.bos_token is None else hf.bos_token,
-                     eos=hf.stop_tokens[0], add_bos=hf.adds_bos, add_eos=hf.adds_eos)
+    specials = dict(bos=hf.start_token if hf.bos_token is None else hf.bos_token,
+                    eos=hf.stop_tokens[0], add_bos=hf.adds_bos, add_eos=hf.adds_eos)
+    if sentencepiece:
+        return sentencepiece_style_gguf_vocab(file, spec, tokens, types, merges, vocabulary,
+                                              specials)
+    shape = (pre_tokenizer_shape(spec.get("pre_tokenizer")), bool(model.get("ignore_merges")))
+    pre = next((name for name, known in GGUF_PRE_TOKENIZERS.items() if known == shape), None)
+    if pre is None:
+        raise FormatError(file, f"its pre-tokenizer {shape[0]} (ignore_merges {shape[1]}) is "
+                                f"none of those GGUF export names for llama.cpp: "
+                                f"{', '.join(GGUF_PRE_TOKENIZERS)}")
+    return GGUFVocab("gpt2", tokens, types, merges=merges, pre=pre, **specials)
+
+
+def sentencepiece_style_gguf_vocab(file, spec, tokens, types, merges, vocabulary, specials):
+    """hf_gguf_vocab's SentencePiece-style case: tokens and types as the tokenizer.json has
+    them, made "llama"'s (scores from the merges' ranks, BYTE and UNKNOWN tokens)."""
+    import gguf
+    normalizer, pre_tokenizer = spec.get("normalizer"), spec.get("pre_tokenizer")
+    metaspace = pre_tokenizer and {key: pre_tokenizer.get(key) for key in SENTENCEPIECE_METASPACE}
+    if not ((normalizer == SENTENCEPIECE_PREFIX_NORMALIZER and pre_tokenizer is None) or
+            (normalizer is None and metaspace == SENTENCEPIECE_METASPACE)):
+        raise FormatError(file, "a SentencePiece-style tokenizer.json goes to GGUF with U+2581 "
+                                "before the text and for each space (Llama 2's normalizer, or "
+                                "Metaspace with prepend_scheme first), and this one splits "
+                                f"otherwise: normalizer {json.dumps(normalizer)}, "
+                                f"pre-tokenizer {json.dumps(pre_tokenizer)}")
+    # a token no merge makes (a character, a byte, a special token) is never a pair's result
+    # in llama.cpp either: it scores below every merge
+    scores = [-float(len(merges) + 1)] * len(tokens)
+    for rank in reversed(range(len(merges))):
+        made = vocabulary.get(merges[rank].replace(" ", ""))
+        if made is not None:
+            scores[made] = -float(rank)
+    for i, text in enumerate(tokens):
+        if types[i] == gguf.TokenType.NORMAL and len(text) == 6 and text.startswith("<0x") \
+                and text.endswith(">"):
+            types[i] = gguf.TokenType.BYTE
+    unk = vocabulary.get(spec["model"].get("unk_token"))
+    if unk is not None:
+        types[unk] = gguf.TokenType.UNKNOWN
+    return GGUFVocab("llama", tokens, types, scores=scores, unk=unk, **specials)
 
 
 class ChatTemplate:
