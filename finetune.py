@@ -259,7 +259,8 @@ def load_model(args, source):
     family, _ = family_of_file(source)
     model = family.model_class.from_checkpoint(source, backend=args.backend,
                                                recompute=args.recompute,
-                                               precision=args.precision)
+                                               precision=args.precision,
+                                               trainable=args.method == "full")
     if args.method == "full":
         return model
     if args.adapter is not None:

@@ -147,7 +147,7 @@ def main(argv=None):
     args = parse_args(argv)
     path = newest_model_file(args.model)
     family, _ = family_of_file(path)
-    model = family.model_class.from_checkpoint(path)
+    model = family.model_class.from_checkpoint(path, trainable=False)
     if args.adapter is not None:
         lora = read_adapter(args.adapter, model)
         note(f"adapter: {args.adapter} (LoRA r={lora.rank} on {len(lora.targets)} projections "

@@ -257,16 +257,17 @@ cdef class GPT2(Model):
     cdef readonly bint classifier               # the classifier's loss (the backend has it)
     cdef ParameterTensors params_c, grads_c     # pointers into the buffers, llm.c's structs
 
-    def __init__(self, config, backend="cpu", recompute="all", precision=None):
+    def __init__(self, config, backend="cpu", recompute="all", precision=None, trainable=True):
         """A model of this GPT2Config with all parameters zero (see random / from_checkpoint),
         on a backend: "cpu", "check:cpu", ... (accel.backend.backend_names()), keeping its
         activations by a recompute policy: "all", "sqrt", ... (llmc/recompute.py), at a precision:
-        "fp32" or "bf16" (llmc/model.pyx; None: the backend's, else fp32)."""
+        "fp32" or "bf16" (llmc/model.pyx; None: the backend's, else fp32); trainable=False: for
+        inference or a LoRA base (llmc/model.pyx: no master weights at bf16)."""
         assert sizeof(LayerActivations) == 17 * sizeof(float*)
         assert sizeof(HeadActivations) == 7 * sizeof(float*)
         self.NH, self.C = config.num_heads, config.channels
         self.V, self.Vp = config.vocab_size, config.padded_vocab_size
-        super().__init__(config, backend, recompute, precision)
+        super().__init__(config, backend, recompute, precision, trainable)
         self.flash = self.backend.supports("flash")
         self.classifier = self.backend.supports("classifier")
 
@@ -303,10 +304,11 @@ cdef class GPT2(Model):
         return config.num_layers
 
     @classmethod
-    def from_checkpoint(cls, path, backend="cpu", recompute="all", precision=None):
-        """Load an llm.c model file (version 3 fp32 or 5 bf16)."""
+    def from_checkpoint(cls, path, backend="cpu", recompute="all", precision=None,
+                        trainable=True):
+        """Load an llm.c model file (version 3 fp32 or 5 bf16); trainable: see Model."""
         config, params = read_model(path)
-        model = cls(config, backend, recompute, precision)
+        model = cls(config, backend, recompute, precision, trainable)
         model.params = params
         return model
 

@@ -403,11 +403,12 @@ cdef class Llama2(Model):
     cdef const float* freqs_cos
     cdef const float* freqs_sin
 
-    def __init__(self, config, backend="cpu", recompute="all", precision=None):
+    def __init__(self, config, backend="cpu", recompute="all", precision=None, trainable=True):
         """A model of this LlamaConfig with all parameters zero (see random / from_checkpoint),
         on a backend: "cpu", "check:cpu", ... (accel.backend.backend_names()), keeping its
         activations by a recompute policy: "all", "sqrt", ... (llmc/recompute.py), at a precision:
-        "fp32" or "bf16" (llmc/model.pyx; None: the backend's, else fp32)."""
+        "fp32" or "bf16" (llmc/model.pyx; None: the backend's, else fp32); trainable=False: for
+        inference or a LoRA base (llmc/model.pyx: no master weights at bf16)."""
         assert sizeof(LayerActivations) == 23 * sizeof(float*)
         assert sizeof(HeadActivations) == 5 * sizeof(float*)
         self.NH, self.NKV = config.n_heads, config.n_kv_heads
@@ -415,7 +416,7 @@ cdef class Llama2(Model):
         self.V, self.eps = config.vocab_size, config.norm_eps
         self.qkv_bias, self.qk_norm = config.qkv_bias, config.qk_norm
         self.param_slots = [slot for slot, _, _ in param_fields(config)]
-        super().__init__(config, backend, recompute, precision)
+        super().__init__(config, backend, recompute, precision, trainable)
         self.flash = self.backend.supports("flash")
         self.fused = self.backend.supports("fused") and self.backend.runs_fused
         self.fused_qkv = self.fused and not self.qkv_bias
@@ -473,18 +474,20 @@ cdef class Llama2(Model):
                     layer_attention=2.0 * QD * (T + 1), head_matmul=2.0 * C * config.vocab_size)
 
     @classmethod
-    def from_checkpoint(cls, path, backend="cpu", recompute="all", precision=None):
+    def from_checkpoint(cls, path, backend="cpu", recompute="all", precision=None,
+                        trainable=True):
         """Load a llama2.c model file (version 0 or 1), a float32 GGUF or a Hugging Face model
-        (read_model); the last read tensor by tensor into the model's own buffer."""
+        (read_model); the last read tensor by tensor into the model's own buffer (trainable:
+        see Model)."""
         if model_format(path) in HF_FORMATS:
             tensors, hf_config = read_hf_checkpoint(path)
             model = cls(llama_config_from_hf(hf_config, LlamaConfig, path), backend, recompute,
-                        precision)
-            model.fill_params(lambda flat: llama_from_hf(tensors, hf_config, LlamaConfig, path,
-                                                         into=flat))
+                        precision, trainable)
+            model.fill_params(lambda flat, store: llama_from_hf(
+                tensors, hf_config, LlamaConfig, path, into=flat, store=store))
             return model
         config, params = read_model(path)
-        model = cls(config, backend, recompute, precision)
+        model = cls(config, backend, recompute, precision, trainable)
         model.params = params
         return model
 

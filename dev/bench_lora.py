@@ -72,7 +72,7 @@ def ours(args):
     model = Llama2(config, recompute=args.recompute)
     rng = np.random.default_rng(0)
 
-    def fill(flat):   # in place: no second copy of the weights
+    def fill(flat, store):   # in place (float32: the model's own): no second copy
         for start in range(0, flat.size, 1 << 24):
             part = flat[start:start + (1 << 24)]
             rng.standard_normal(out=part, dtype=np.float32)

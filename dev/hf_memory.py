@@ -6,10 +6,11 @@ shapes) with the memory llm.pyx allocates for each, computed as train.py --dry-r
     python dev/hf_memory.py                  # B=1, T=1024, recompute all
     python dev/hf_memory.py -b 4 -t 512
     python dev/hf_memory.py --load FOLDER --precision bf16   # a load's peak, measured (Linux)
+    python dev/hf_memory.py --load FOLDER --precision bf16 --frozen   # ... for inference or LoRA
 
-    inference   the parameters and one forward's activations (generate.py: no gradients); at
-                bf16 the float32 master weights are kept too (llmc/model.pyx), so bf16 saves
-                only on activations today
+    inference   the parameters and one forward's activations, of a model made for inference or
+                as a LoRA base (llmc/model.pyx's trainable=False: at bf16 no float32 master
+                weights; finetune.py --method lora makes its base so)
     training    full fine-tuning or training: parameters, their gradients, AdamW's m and v,
                 the activations under the recompute policy and their gradients
 """
@@ -39,7 +40,9 @@ MODELS = {
 def needs(family, config, B, T, policy, precision):
     """(inference bytes, training bytes) of the model at the precision."""
     plan = memory_plan(family.model_class, config, B, T, policy, precision=precision)
-    inference = plan["params"] + plan["activations"] + plan["tokens"]
+    frozen = memory_plan(family.model_class, config, B, T, policy, precision=precision,
+                         trainable=False)
+    inference = frozen["params"] + frozen["activations"] + frozen["tokens"]
     return inference, sum(plan.values())
 
 
@@ -64,9 +67,10 @@ def status(key):
         return int(next(line for line in f if line.startswith(key)).split()[1]) * 1024
 
 
-def measure_load(folder, precision):
-    """The peak resident memory of loading the model at folder, above the process's before it,
-    as a multiple of its safetensors files' bytes (the peak reset first: VmHWM)."""
+def measure_load(folder, precision, trainable=True):
+    """The peak resident memory of loading the model at folder (trainable: llmc/model.pyx's),
+    above the process's before it, as a multiple of its safetensors files' bytes (the peak
+    reset first: VmHWM)."""
     from llmc.families import family_of_file
     from llmc.formats.huggingface import safetensors_files
     family, _ = family_of_file(folder)   # the modules imported, the backend made, first
@@ -74,10 +78,10 @@ def measure_load(folder, precision):
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
     before = status("VmRSS")
-    family.model_class.from_checkpoint(folder, precision=precision)
+    family.model_class.from_checkpoint(folder, precision=precision, trainable=trainable)
     weights = sum(os.path.getsize(path) for path in safetensors_files(folder))
     peak = status("VmHWM") - before
-    print(f"{folder} at {precision}: peak {peak / 2**30:.2f} GiB above the process's memory "
+    print(f"{folder} at {precision}{'' if trainable else ', trainable=False'}: peak {peak / 2**30:.2f} GiB above the process's memory "
           f"before the load, {peak / weights:.2f}x the weights' {weights / 2**30:.2f} GiB")
 
 
@@ -88,9 +92,11 @@ def main(argv=None):
     p.add_argument("--recompute", default="all", help="the recompute policy (default: all)")
     p.add_argument("--load", metavar="FOLDER", help="measure loading this Hugging Face folder")
     p.add_argument("--precision", default="fp32", help="--load's precision (default: fp32)")
+    p.add_argument("--frozen", action="store_true",
+                   help="--load for inference or as a LoRA base (trainable=False)")
     args = p.parse_args(argv)
     if args.load:
-        measure_load(args.load, args.precision)
+        measure_load(args.load, args.precision, trainable=not args.frozen)
         return
     print(f"B={args.batch}, T={args.seq}, recompute {args.recompute}:\n")
     print(table(args.batch, args.seq, args.recompute))

@@ -41,10 +41,12 @@ def _floats(shapes):
     return sum(int(np.prod(shape, dtype=np.int64)) for _, shape in shapes)
 
 
-def memory_plan(family, config, B, T, policy="all", backend="cpu", precision="fp32"):
+def memory_plan(family, config, B, T, policy="all", backend="cpu", precision="fp32",
+                trainable=True):
     """Bytes of each buffer a training step of family(config) at (B, T) allocates under the
     policy on the backend at the precision ("fp32", "bf16", "fp16"): {params, grads, adamw,
-    activations, activation_grads, tokens}."""
+    activations, activation_grads, tokens}; trainable=False: params as a model made for
+    inference or a LoRA base holds them (llmc/model.pyx: no float32 master weights)."""
     from accel.backend import get_backend
     from accel.spec import PRECISIONS
     from llmc.model import Layout   # the model's own layout: each tensor aligned to its size
@@ -60,7 +62,7 @@ def memory_plan(family, config, B, T, policy="all", backend="cpu", precision="fp
     params = FLOAT * count
     return dict(
         # at bf16 (fp16) the kernels' bf16 (fp16) parameters beside the float32 master weights
-        params=params + (itemsize * count if precision != "fp32" else 0),
+        params=itemsize * count + (FLOAT * count if precision != "fp32" and trainable else 0),
         grads=params, adamw=2 * params,
         activations=nbytes(recompute.activation_shapes(plan, embedding, layer, head)),
         activation_grads=nbytes(recompute.gradient_shapes(layer, head, family.NO_GRAD)),

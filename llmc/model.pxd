@@ -19,6 +19,7 @@ cdef class Model:
     cdef readonly object config
     cdef readonly str precision          # "fp32", "bf16" or "fp16": the backend's (accel/spec.py)
     cdef readonly int itemsize           # bytes of a parameter or activation the kernels read
+    cdef readonly bint trainable         # update trains it (False: no master weights at bf16)
     cdef readonly Layout param_layout
     cdef readonly object recompute_plan  # llmc.recompute.RecomputePlan of the policy
     cdef readonly Layout act_layout      # the kept activations of the current (B, T) under the

@@ -42,7 +42,9 @@ table runs the model: the parameters the kernels read and the activations are bf
 FP32_ACTIVATIONS), the parameter gradients, AdamW's m and v and the master weights are float32
 (llm.c's default), and each update rounds the master weights into the bf16 parameters
 stochastically, from a hash of each parameter's index and the step, so a resumed run rounds as
-the uninterrupted one.  `params` is always the float32 master weights.  At "fp16" (the GPUs'
+the uninterrupted one.  `params` is always the float32 master weights; a model made with
+trainable=False (for inference, or a LoRA base) keeps none, its parameters loaded straight into
+the bf16 ones, rounded to nearest, and `params` widens those.  At "fp16" (the GPUs'
 half precision, Metal's) likewise, with the parameters rounded to nearest, and with dynamic loss
 scaling, since fp16 has 5 exponent bits: backward differentiates the loss times loss_scale, so
 that the activation gradients (fp16) stay above its smallest subnormal (2^-24) and the
@@ -70,7 +72,7 @@ import numpy as np
 
 from accel.backend import BackendError, get_backend
 from cpython.pycapsule cimport PyCapsule_GetPointer
-from kernels.bf16 import to_float32
+from kernels.bf16 import to_bf16, to_float32
 from kernels.dropout cimport mask_key
 from libc.math cimport isfinite, sqrt
 from llmc import recompute
@@ -197,11 +199,14 @@ cdef class Model:
     LORA_TARGETS = ()
     FP32_ACTIVATIONS = frozenset()
 
-    def __init__(self, config, backend="cpu", recompute="all", precision=None):
+    def __init__(self, config, backend="cpu", recompute="all", precision=None, trainable=True):
         """A model of this config with all parameters zero, on a backend (a name, see
         accel.backend.get_backend, or a Backend), at a precision ("fp32", "bf16", "fp16"; None:
         the Backend's, or fp32), keeping activations by a recompute policy
-        (llmc.recompute.POLICIES)."""
+        (llmc.recompute.POLICIES).  trainable=False: for inference or a LoRA base, which
+        update never trains, so at bf16 (fp16) no float32 master weights: the parameters are
+        held, and loaded, in the model's precision alone (rounded to nearest), half the
+        memory."""
         refuse_unfilled(type(self))
         if precision is None:
             precision = getattr(backend, "precision", "fp32")
@@ -214,7 +219,8 @@ cdef class Model:
         self.config = config
         self.param_layout = Layout(config.param_shapes())
         self._params = self.backend.alloc(self.param_layout.size * self.itemsize)
-        if self.precision != "fp32":
+        self.trainable = trainable
+        if self.precision != "fp32" and trainable:
             self._master = self.backend.alloc(self.param_layout.nbytes)
         self.loss_scale = LOSS_SCALE_INITIAL if self.precision == "fp16" else 1.0
         self.loss_scale_steps = 0
@@ -309,12 +315,13 @@ cdef class Model:
         array.flags.writeable = False
         return array
 
-    def _load(self, Buffer buffer, array, what, Py_ssize_t size=-1):
+    def _load(self, Buffer buffer, array, what, Py_ssize_t size=-1, bint narrow=False):
+        """buffer = array (float32; with narrow, in the model's 2-byte precision)."""
         size = self.param_layout.size if size < 0 else size
         array = np.asarray(array, dtype=np.float32)
         if array.shape != (size,):
             raise ValueError(f"{what} must have shape ({size},), got {array.shape}")
-        buffer.load(array)
+        buffer.load(self._narrow(array) if narrow else array)
 
     cdef Buffer _moments(self, Buffer buffer):
         """buffer, or zeroed AdamW moments for the optimizer shard when it is not there yet."""
@@ -341,25 +348,36 @@ cdef class Model:
     def params(self, values):
         self._require_unfrozen()
         if self._master is None:
-            self._load(self._params, values, "params")
+            self._load(self._params, values, "params", narrow=self.precision != "fp32")
             return
         self._load(self._master, values, "params")
         self.round_params(-1)
 
     def fill_params(self, fill):
-        """Load the parameters from fill(flat), which writes all of them into flat, a
-        (num_parameters,) float32 array: the model's own buffer (at bf16 its master weights)
-        where the backend's memory is the host's, so that a model file is read into place with
-        no second copy of it; else a host array, then loaded."""
+        """Load the parameters from fill(flat, store), which writes all of them into flat, a
+        (num_parameters,) array, each part through store(part, float32 values): the model's
+        own buffer (float32, its master weights at bf16; without them, bf16 or fp16 bits, which
+        store rounds to nearest) where the backend's memory is the host's, so that a model
+        file is read into place with no second copy of it; else a host array, then loaded."""
         self._require_unfrozen()
+        narrow = self._master is None and self.precision != "fp32"
         buffer = self._master if self._master is not None else self._params
+        dtype = np.uint16 if narrow else np.float32
         if self.backend.host_visible:
-            fill(buffer.view(np.float32, 0, self.param_layout.size))
+            fill(buffer.view(dtype, 0, self.param_layout.size), self._store)
         else:
-            flat = np.empty(self.param_layout.size, dtype=np.float32)
-            fill(flat)
+            flat = np.empty(self.param_layout.size, dtype=dtype)
+            fill(flat, self._store)
             buffer.load(flat)
         self.round_params(-1)
+
+    def _store(self, part, values):
+        """part[...] = values (float32), in part's format: float32, or this model's 2-byte
+        precision's bits rounded to nearest."""
+        if part.dtype == np.float32:
+            part[...] = values
+        else:
+            part[...] = self._narrow(np.asarray(values, dtype=np.float32))
 
     def _require_unfrozen(self):
         if self.frozen:
@@ -393,6 +411,12 @@ cdef class Model:
         if self.precision == "fp32":
             return self.params
         return self._widen(self._params.to_numpy(np.uint16, 0, self.param_layout.size))
+
+    def _narrow(self, values):
+        """float32 values as the model's 2-byte elements (uint16 bits), rounded to nearest."""
+        if self.precision == "fp16":
+            return values.astype(np.float16).view(np.uint16)
+        return to_bf16(values)
 
     def _widen(self, bits):
         """The model's 2-byte elements (uint16 bits, bf16 or fp16) as float32, exactly."""
@@ -1069,6 +1093,9 @@ cdef class Model:
         train_gpt2.c, or with decay_2d_only to MATRICES alone, as llm.c's CUDA trainer."""
         if t < 1:
             raise ValueError(f"the AdamW step t counts from 1, got {t}")
+        if not (self.trainable or self.frozen):
+            raise RuntimeError("update: the model was made with trainable=False (for inference "
+                               "or a LoRA base: no master weights), so only LoRA trains it")
         grad_scale /= self.loss_scale   # exact: a power of two
         self._ensure_grads()
         self._m = self._moments(self._m)

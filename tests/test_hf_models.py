@@ -16,6 +16,7 @@ import pytest
 
 import generate
 from dev import export
+from kernels import bf16
 from llmc.families import family_of_file, get_family
 from llmc.formats import FormatError, describe_model_file, param_views
 from llmc.formats.huggingface import HF_WRITERS, hf_config_of, llama_config_from_hf, llama_from_hf
@@ -257,19 +258,28 @@ from llmc.families import family_of_file
 def status(key):
     with open("/proc/self/status") as f:
         return int(next(line for line in f if line.startswith(key)).split()[1]) * 1024
+precision, trainable = sys.argv[2], sys.argv[3] == "trainable"
 family, _ = family_of_file(sys.argv[1])   # the modules imported, the backend made
-family.model_class(family.config_class.from_name("d1", vocab_size=8))
+family.model_class(family.config_class.from_name("d1", vocab_size=8), precision=precision)
 with open("/proc/self/clear_refs", "w") as f:   # the peak (VmHWM) from here on
     f.write("5")
 baseline = status("VmRSS")
-model = family.model_class.from_checkpoint(sys.argv[1])
+model = family.model_class.from_checkpoint(sys.argv[1], precision=precision, trainable=trainable)
 print(status("VmHWM") - baseline)
 """
 
 
-def test_loading_reads_each_tensor_into_place(tmp_path):
-    """A bf16 checkpoint loads at fp32 with a peak of the model's own float32 weights (2x the
-    file's) and one tensor: no second full copy, and not the file's pages either."""
+# (precision, trainable) -> the load's peak, as a multiple of the bf16 file: the model's float32
+# weights and one tensor; at bf16 for inference or a LoRA base (no float32 master weights), its
+# bf16 weights and one tensor (the widest, the embedding, is an eighth of the model here)
+LOAD_PEAKS = {("fp32", "trainable"): (1.9, 2.25), ("bf16", "frozen"): (0.9, 1.3)}
+
+
+@pytest.mark.parametrize("precision, trainable", LOAD_PEAKS)
+def test_loading_reads_each_tensor_into_place(tmp_path, precision, trainable):
+    """A bf16 checkpoint loads with a peak of the model's own weights and one tensor: no second
+    full copy, and not the file's pages either; with trainable=False at bf16 the weights are
+    the file's bf16 values, and only LoRA trains the model."""
     import subprocess
     import sys
     from llmc.formats.huggingface import llama_to_hf, write_safetensors
@@ -279,12 +289,21 @@ def test_loading_reads_each_tensor_into_place(tmp_path):
     (tmp_path / "m").mkdir()
     write_safetensors(tmp_path / "m" / "model.safetensors", tensors, "bfloat16")
     (tmp_path / "m" / "config.json").write_text(json.dumps(hf_config))
-    run = subprocess.run([sys.executable, "-c", MEASURE_LOAD, str(tmp_path / "m")],
-                         capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(
-                             os.path.abspath(__file__))))
+    run = subprocess.run([sys.executable, "-c", MEASURE_LOAD, str(tmp_path / "m"), precision,
+                          trainable], capture_output=True, text=True,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert run.returncode == 0, run.stderr
     peak = int(run.stdout) / (tmp_path / "m" / "model.safetensors").stat().st_size
-    assert 1.9 < peak < 2.25, peak
+    low, high = LOAD_PEAKS[precision, trainable]
+    assert low < peak < high, peak
+    if trainable == "frozen":
+        family = get_family("llama")
+        model = family.model_class.from_checkpoint(tmp_path / "m", precision=precision,
+                                                   trainable=False)
+        np.testing.assert_array_equal(model.params, bf16.to_float32(bf16.to_bf16(params)))
+        assert model.memory()["params"] == 2 * config.num_parameters()
+        with pytest.raises(RuntimeError, match="made with trainable=False"):
+            model.update(1e-3, 0.9, 0.95, 1e-8, 0.0, 1)
 
 
 def test_a_run_from_a_folder_trains_checkpoints_and_resumes_bit_for_bit(saved, tmp_path):

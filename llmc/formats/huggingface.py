@@ -336,12 +336,14 @@ def llama_config_from_hf(hf_config, config_class, source="config.json"):
         raise FormatError(source, f"config.json: {e}") from None
 
 
-def llama_from_hf(tensors, hf_config, config_class, source="safetensors", into=None):
+def llama_from_hf(tensors, hf_config, config_class, source="safetensors", into=None,
+                  store=None):
     """(config, params) from Hugging Face tensors of a Llama-block model (name -> array, each
     read once into its place) and its config.json (a dict), the config a config_class
-    (train_llama2.LlamaConfig); params is into (a float32 array of the model's size, a model's
-    own buffer: Model.fill_params) where given.  A tensor the model has no place for is refused
-    by name."""
+    (train_llama2.LlamaConfig); params is into (an array of the model's size, a model's own
+    buffer: Model.fill_params) where given, each tensor written into its part of it by
+    store(part, tensor) (default: assigned; a model without master weights rounds it into its
+    bf16 or fp16 bits).  A tensor the model has no place for is refused by name."""
     config = llama_config_from_hf(hf_config, config_class, source)
     architecture = config.architecture or "LlamaForCausalLM"
     taken = set()
@@ -353,6 +355,9 @@ def llama_from_hf(tensors, hf_config, config_class, source="safetensors", into=N
         taken.add(name)
         return tensors[name]
     params = np.empty(config.num_parameters(), dtype=np.float32) if into is None else into
+    if store is None:
+        def store(part, tensor):
+            part[...] = tensor
     for name, view in param_views(config, params).items():
         per_layer = "{l}" in HF_LLAMA_NAMES[name]
         for l in range(config.n_layers if per_layer else 1):
@@ -363,11 +368,14 @@ def llama_from_hf(tensors, hf_config, config_class, source="safetensors", into=N
                                           f"{target.shape} for {config.describe()}")
             if name in ROTATED:
                 tensor = hf_adjacent_pair_rows(tensor, rotated_heads(config, name))
-            target[...] = tensor
+            store(target, tensor)
     # a tied model's file may still hold the head; transformers ignores it, and so do we only
     # where it is the embedding
     if config.shared_classifier and HF_LLAMA_NAMES["output"] in tensors:
-        if not np.array_equal(get(HF_LLAMA_NAMES["output"]), param_views(config, params)["tok_embeddings"]):
+        embedding = param_views(config, params)["tok_embeddings"]
+        head = np.empty_like(embedding)
+        store(head, get(HF_LLAMA_NAMES["output"]))
+        if not np.array_equal(head, embedding):
             raise FormatError(source, "tie_word_embeddings is true, yet lm_head.weight differs "
                                       "from the embedding")
     unread = sorted(name for name in tensors if name not in taken
