@@ -412,6 +412,34 @@ def test_bf16_kernel_passes_check_against_the_widened_fp32_kernel(label, dims):
     assert len(worst) == 4 and all(0 < ratio < 1 for ratio in worst.values()), worst
 
 
+ON_MKLS_BF16_GEMM = """
+import sys
+sys.path.insert(0, "tests")
+from accel import cpu, instrument
+from entries import run_every_entry
+from kernels import blas
+backend = instrument.create("check", cpu.create(precision="bf16"))
+run_every_entry(backend, dims=dict(B=2, T=300, C=512, NH=8, NKV=2, hs=64, OC=1, H=1, V=1, Vp=1,
+                                   P=1, R=1), groups=("flash",))
+print(blas.BF16_LIBRARY, "|", backend.report()["mismatches"], backend.summary())
+"""
+
+
+def test_bf16_kernel_on_mkls_bf16_gemm():
+    """The path of a CPU with AMX or AVX512_BF16 (LLMPYX_BF16_GEMM=mkl forces it, in a process
+    of its own: MKL runs it without the hardware too, slowly): check: clean there as well."""
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run([sys.executable, "-c", ON_MKLS_BF16_GEMM], cwd=root, text=True,
+                          capture_output=True, env=dict(os.environ, LLMPYX_BF16_GEMM="mkl"))
+    if "no libmkl_rt was found" in done.stderr:
+        pytest.skip("no libmkl_rt here (pip install mkl)")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("MKL") and "| 0 " in done.stdout, done.stdout
+
+
 def test_a_bf16_statistic_in_the_bf16_kernel_is_named():
     backend = instrument.create("check", faulty_cpu("bf16_flash_attention_gqa_forward"))
     run_every_entry(backend, dims=dict(REAL_SHAPES[-1][1], OC=1, H=1, V=1, Vp=1, P=1, R=1),
