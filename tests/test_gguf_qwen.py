@@ -223,18 +223,23 @@ def test_llama_cpp_runs_the_gguf_as_we_do(llama_cpp, exported, name):
     assert llama_cpp_greedy(load(llama_cpp, made["gguf"]), prompt, STEPS) == ours
 
 
-def test_llama_cpp_tokenizes_as_qwens_tokenizer(llama_cpp, exported):
-    made = exported("qwen2")
+@pytest.mark.parametrize("name", ["qwen2", "tinyllama"])
+def test_llama_cpp_tokenizes_as_the_models_tokenizer(llama_cpp, exported, name):
+    """Qwen's (byte-level, "gpt2") on NFC text; TinyLlama's (SentencePiece-style, "llama") on
+    any."""
+    made = exported(name)
     llm = load(llama_cpp, made["gguf"], vocab_only=True)
     ours = read_hf_tokenizer(made["folder"])
     texts = corpus(40, seed=1) + random_strings(100, ()) + ["In 1984, 12345 apples cost $678.90"]
     for text in texts:
-        text = unicodedata.normalize("NFC", text)
+        if name == "qwen2":
+            text = unicodedata.normalize("NFC", text)
         assert llm.tokenize(text.encode(), add_bos=False, special=False) == \
             ours.encode_text(text), text
-    # what GGUF_NORMALIZERS says: llama.cpp does not apply NFC, so e + U+0301 splits otherwise
-    assert llm.tokenize("e\u0301".encode(), add_bos=False, special=False) != \
-        ours.encode_text("e\u0301")
+    # GGUF_NORMALIZERS: llama.cpp does not apply Qwen's NFC, so e + U+0301 splits otherwise
+    if name == "qwen2":
+        assert llm.tokenize("e\u0301".encode(), add_bos=False, special=False) != \
+            ours.encode_text("e\u0301")
 
 
 def test_tinyllamas_tokenizer_is_ggufs_llama(exported):
@@ -253,16 +258,6 @@ def test_tinyllamas_tokenizer_is_ggufs_llama(exported):
     scores = [float(scores.parts[i][0]) for i in scores.data]
     made_by = [vocab["".join(m if isinstance(m, list) else m.split(" "))] for m in merges]
     assert [scores[i] for i in made_by[:3]] == [0.0, -1.0, -2.0]
-
-
-def test_llama_cpp_tokenizes_as_tinyllamas_tokenizer(llama_cpp, exported):
-    made = exported("tinyllama")
-    llm = load(llama_cpp, made["gguf"], vocab_only=True)
-    ours = read_hf_tokenizer(made["folder"])
-    texts = corpus(40, seed=1) + random_strings(100, ()) + ["In 1984, 12345 apples cost $678.90"]
-    for text in texts:
-        assert llm.tokenize(text.encode(), add_bos=False, special=False) == \
-            ours.encode_text(text), text
 
 
 def write_as_planted(made, path, config=None):
