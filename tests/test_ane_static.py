@@ -279,6 +279,17 @@ def test_parallel_weight_gradients_are_the_sequential_ones(pipeline, monkeypatch
     assert all(t["overlap_ms"] == 0 for t in seq_times)   # one thread: nothing overlaps
 
 
+def test_parallel_weight_gradients_follow_the_callers_thread_limit():
+    """A limit on the main thread's OpenMP threads (threadpoolctl, as dev/ab.py sets one) does
+    not reach the worker thread by itself: each job runs on its submitter's count, so the
+    GEMMs split, and their sums go, as in the sequential order (bit for bit again)."""
+    threadpoolctl = needs.package("threadpoolctl")
+    with threadpoolctl.threadpool_limits(1, user_api="openmp"):
+        par_grads, _, _ = two_steps(True, "dynamic")
+        seq_grads, _, _ = two_steps(False, "dynamic")
+    assert np.array_equal(par_grads, seq_grads)
+
+
 def test_busy_overlap():
     assert table.busy_overlap([(0, 2), (5, 7)], [(1, 6)]) == 2
     assert table.busy_overlap([(0, 1)], [(1, 2)]) == 0

@@ -58,6 +58,7 @@ import time
 import numpy as np
 
 from accel.backend cimport Backend, BackendTable
+from kernels.parallel cimport max_threads, set_max_threads
 from accel import cpu
 from accel.ane.hooks import HOOKS, OPTIONS  # noqa: F401 (HOOKS: accel/hooks.py)
 
@@ -333,7 +334,10 @@ class DWeights:
     """matmul's weight gradients on the CPU: in a worker thread with its own queue (parallel,
     on copies of dout and inp: the model reuses those buffers) or in place at once
     (sequential).  One worker, first in first out: a gradient summed over several calls adds
-    them in the order the sequential run does, so the bits are the same."""
+    them in the order the sequential run does, so the bits are the same.  Each job runs on the
+    OpenMP thread count of the thread that submitted it (the worker's own would be the
+    default, whatever limit the caller set), which splits the GEMMs, and so orders their sums,
+    as the sequential run does."""
 
     def __init__(self, backend, parallel=True):
         self.backend, self.parallel = backend, parallel
@@ -349,7 +353,8 @@ class DWeights:
         if self.thread is None:
             self.thread = threading.Thread(target=self._work, name="ane-dweight", daemon=True)
             self.thread.start()
-        self.jobs.put((dweight, dbias, dout.copy(), inp.copy(), weight, B, T, C, OC))
+        self.jobs.put((max_threads(), (dweight, dbias, dout.copy(), inp.copy(), weight, B, T, C,
+                                       OC)))
 
     def _run(self, job):
         start = time.perf_counter()
@@ -358,8 +363,9 @@ class DWeights:
 
     def _work(self):
         while True:
-            job = self.jobs.get()
+            threads, job = self.jobs.get()
             try:
+                set_max_threads(threads)
                 self._run(job)
             except BaseException as e:
                 self.failure = self.failure or e
