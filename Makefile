@@ -30,8 +30,11 @@ generate:
 dev: train_gpt2
 	LLMPYX_LAB=1 $(PYTHON) setup.py -q build_ext --inplace
 
+# pytest's workers (pytest-xdist, optional in requirements.txt): one a core, at most 4 (each
+# holds up to a few GiB at once); each test file runs whole on one worker, as its fixtures expect
+PYTEST_WORKERS = $(shell $(PYTHON) -c "import os, xdist; cores = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count(); print('-n', min(cores, 4), '--dist loadfile')" 2>/dev/null)
 test: train_gpt2
-	$(PYTHON) -m pytest -q tests
+	$(PYTHON) -m pytest -q $(PYTEST_WORKERS) tests
 	$(PYTHON) test_gpt2.py
 	$(PYTHON) test_llama2.py
 	$(PYTHON) test_gpt2.py --precision bf16

@@ -9,6 +9,7 @@ import subprocess
 
 import numpy as np
 
+import builds
 import needs
 from accel import instrument
 from accel.hip import device
@@ -29,7 +30,8 @@ def make(*targets, build=None, defines=""):
     """accel/hip's Makefile in the background: BUILD= a folder of its own, DEFINES= a planted
     fault's -D; finish() waits for it."""
     args = ["make", "-s", "-C", HIP, f"CXX={CXX}"] + ([f"BUILD={build}"] if build else [])
-    return subprocess.Popen(args + [f"DEFINES={defines}"] + list(targets),
+    args += [f"DEFINES={defines}"] + list(targets)
+    return subprocess.Popen(args if build else builds.locked(args),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

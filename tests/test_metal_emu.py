@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import builds
 import needs
 from accel import instrument
 from accel.backend import BackendError, get_backend
@@ -41,7 +42,7 @@ def build(source, library, asan=False):
     """`make metal-emu` of a .metal file into library: the finished process."""
     command = ["make", "-s", "-C", str(ROOT), "metal-emu", f"METAL_SOURCE={source}", f"METAL_EMU_LIB={library}",
                f"PYTHON={sys.executable}"] + (["ASAN=1"] if asan else [])
-    return subprocess.run(command, capture_output=True, text=True)
+    return subprocess.run(builds.locked(command), capture_output=True, text=True)
 
 
 def make_library(source=SOURCE, library=LIBRARY, asan=False):

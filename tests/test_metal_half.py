@@ -40,6 +40,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import builds
 import needs
 from accel import instrument
 from accel.backend import get_backend
@@ -68,7 +69,7 @@ def make_library(precision, source=SOURCE, library=None):
     library = library or BUILD / f"libmetal_emu_{precision}.so"
     command = ["make", "-s", "-C", str(ROOT), "metal-emu", f"METAL_SOURCE={source}", f"METAL_EMU_LIB={library}",
                f"METAL_PRECISION={precision}", f"PYTHON={sys.executable}"]
-    result = subprocess.run(command, capture_output=True, text=True)
+    result = subprocess.run(builds.locked(command), capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     return library
 
@@ -554,7 +555,7 @@ def test_address_sanitizer_build_runs_every_entry_cleanly(tmp_path, precision):
     library = tmp_path / f"libmetal_emu_{precision}.asan.so"
     command = ["make", "-s", "-C", str(ROOT), "metal-emu", f"METAL_EMU_LIB={library}", f"METAL_PRECISION={precision}",
                "ASAN=1", f"PYTHON={sys.executable}"]
-    built = subprocess.run(command, capture_output=True, text=True)
+    built = subprocess.run(builds.locked(command), capture_output=True, text=True)
     assert built.returncode == 0, built.stderr
     env = dict(os.environ, LD_PRELOAD=libasan, ASAN_OPTIONS="detect_leaks=0",
                PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+import builds
 import needs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -95,8 +96,8 @@ def test_mac_script_dry_run_lists_every_step(tmp_path):
 @needs_emulator
 def test_the_mac_scripts_llama_run_plans_on_the_emulator():
     # the flags a Mac would run parse here: train.py plans the same Llama run on metal-emu
-    built = subprocess.run(["make", "-s", "-C", ROOT, "metal-emu", f"PYTHON={sys.executable}"], capture_output=True,
-                           text=True)
+    built = subprocess.run(builds.locked(["make", "-s", "-C", ROOT, "metal-emu", f"PYTHON={sys.executable}"]),
+                           capture_output=True, text=True)
     assert built.returncode == 0, built.stderr
     plan = subprocess.run([sys.executable, "train.py", "--model", "stories15M", "--backend", "metal-emu", "-b", "4",
                            "-t", "256", "-x", "20", "-v", "10", "-m", "2", "-s", "0", "--dry-run"], cwd=ROOT,
@@ -112,8 +113,9 @@ RUNTIME = os.path.join(ROOT, "accel", "metal", "metal_runtime.m")
 
 
 def syntax_check(source, clang):
-    return subprocess.run(["make", "-s", "-C", ROOT, "metal-syntax", f"METAL_RUNTIME_SOURCE={source}",
-                           f"METAL_CLANG={clang}"], capture_output=True, text=True, timeout=300)
+    return subprocess.run(builds.locked(["make", "-s", "-C", ROOT, "metal-syntax",
+                                         f"METAL_RUNTIME_SOURCE={source}", f"METAL_CLANG={clang}"]),
+                          capture_output=True, text=True, timeout=300)
 
 
 @pytest.mark.parametrize("name, old, new, message", [
