@@ -107,6 +107,9 @@ def parse_args(argv):
                         "stderr at the end")
     p.add_argument("--adapter", metavar="DIR", default=None,
                    help="a LoRA adapter (PEFT's layout: finetune.py's DIR/adapter) on the model")
+    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                   help="the weights, activations and KV cache in float32, or in bf16 (half "
+                        "the bytes a token reads; sums in float32) (default: %(default)s)")
     p.add_argument("--tokenizer", metavar="PATH", default=None,
                    help="a llama2.c tokenizer.bin, a Hugging Face tokenizer.json, or gpt2 "
                         "(GPT-2's) (default: a GGUF's or a model folder's own, else the "
@@ -147,7 +150,7 @@ def main(argv=None):
     args = parse_args(argv)
     path = newest_model_file(args.model)
     family, _ = family_of_file(path)
-    model = family.model_class.from_checkpoint(path, trainable=False)
+    model = family.model_class.from_checkpoint(path, precision=args.precision, trainable=False)
     if args.adapter is not None:
         lora = read_adapter(args.adapter, model)
         note(f"adapter: {args.adapter} (LoRA r={lora.rank} on {len(lora.targets)} projections "

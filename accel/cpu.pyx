@@ -10,10 +10,11 @@ float32, bf16 or fp16.  A bf16 entry is a kernel written once for both precision
 fp32 entry run on float32 copies of its bf16 arguments made in the backend's scratch memory
 (both written from accel/spec.py into accel/generated/cpu_bf16_table.pxi); the GEMMs run on bf16
 operands (kernels/matmul_bf16.pyx: AMX or AVX512_BF16 through oneMKL where the CPU has them),
-and the rounding of the parameters is written here.  So does flash attention, whose bf16 kernel
-rounds its probabilities (and their gradients) to bf16 for those GEMMs, as a GPU's does: by
-more than its outputs' own rounding, so check:'s oracle (create(oracle=True)) keeps the fp32
-kernel on widened copies for it (ROUNDED_INSIDE).  The fp16 table is check:'s oracle for the
+and the rounding of the parameters is written here.  So are two attentions' bf16 kernels
+(OWN_BF16_KERNELS), for which check:'s oracle (create(oracle=True)) keeps the fp32 kernel on
+widened copies: the KV cache's, which reads the bf16 cache as it is, and flash attention's,
+which rounds its probabilities (and their gradients) to bf16 for those GEMMs, as a GPU's does
+(ROUNDED_INSIDE: by more than its outputs' own rounding).  The fp16 table is check:'s oracle for the
 GPUs' half precision (Metal's): every entry is the fp32 one on widened copies, its outputs
 rounded to nearest once (accel/generated/cpu_fp16_table.pxi), slower than fp32 and never tuned.
 
@@ -22,6 +23,7 @@ written, and large buffers advised to transparent huge pages as NumPy does for i
 """
 from accel.backend cimport Backend, BackendTable
 from kernels.adamw cimport adamw_update, adamw_update_rounded
+from kernels.attention_cached cimport attention_cached_forward, attention_gqa_cached_forward
 from kernels.attention_gqa cimport attention_gqa_backward
 from kernels.bf16 cimport bf16, narrow, narrow_stochastic, widen
 from kernels.embedding cimport embedding_forward
@@ -244,9 +246,30 @@ cdef void bf16_kernel_flash_attention_gqa_backward(void* ctx, float* dq, float* 
                                     <const bf16*>out, lse, B, T, NH, NKV, hs) != 0:
         fail("flash_attention_gqa_backward (bf16): out of memory for its scratch tiles")
 
+# the KV cache's attention in bf16 (the generated bf16_attention_*cached_forward widen the
+# whole cache at every generated token)
+cdef void bf16_kernel_attention_cached_forward(void* ctx, float* out, float* att, float* k_cache,
+                                               float* v_cache, const float* inp, int T, int P,
+                                               int C, int NH) noexcept nogil:
+    if attention_cached_forward(<bf16*>out, <bf16*>att, <bf16*>k_cache, <bf16*>v_cache,
+                                <const bf16*>inp, T, P, C, NH) != 0:
+        fail("attention_cached_forward (bf16): out of memory for its float32 scratch")
+
+cdef void bf16_kernel_attention_gqa_cached_forward(void* ctx, float* out, float* att,
+                                                   float* k_cache, float* v_cache, const float* q,
+                                                   const float* k, const float* v, int T, int P,
+                                                   int NH, int NKV, int hs) noexcept nogil:
+    if attention_gqa_cached_forward(<bf16*>out, <bf16*>att, <bf16*>k_cache, <bf16*>v_cache,
+                                    <const bf16*>q, <const bf16*>k, <const bf16*>v, T, P, NH,
+                                    NKV, hs) != 0:
+        fail("attention_gqa_cached_forward (bf16): out of memory for its float32 scratch")
+
 # the bf16 entries that round an intermediate to bf16, not only their outputs (above)
 ROUNDED_INSIDE = ("flash_attention_forward", "flash_attention_backward",
                   "flash_attention_gqa_forward", "flash_attention_gqa_backward")
+# the bf16 entries whose kernels are set here over the generated ones (fp32 kernels on widened
+# copies), which check:'s oracle keeps (create(oracle=True))
+OWN_BF16_KERNELS = ROUNDED_INSIDE + ("attention_cached_forward", "attention_gqa_cached_forward")
 
 
 include "accel/generated/cpu_bf16_table.pxi"
@@ -295,7 +318,7 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 def create(bint flash=True, str precision="fp32", bint oracle=False):
     """The CPU backend at a precision (PRECISIONS); with flash=False without the flash group
     (as a backend that has no flash attention), for tests; with oracle=True check:'s oracle,
-    whose ROUNDED_INSIDE entries are the fp32 kernels on widened copies."""
+    whose OWN_BF16_KERNELS entries are the fp32 kernels on widened copies."""
     if precision not in PRECISIONS:
         raise ValueError(f"accel.cpu: precision {precision!r} is not one of {PRECISIONS}")
     groups = ("linear", "gpt2", "llama", "classifier") + (("flash",) if flash else ()) + \
@@ -336,6 +359,8 @@ def create(bint flash=True, str precision="fp32", bint oracle=False):
             t.flash_attention_backward = bf16_kernel_flash_attention_backward
             t.flash_attention_gqa_forward = bf16_kernel_flash_attention_gqa_forward
             t.flash_attention_gqa_backward = bf16_kernel_flash_attention_gqa_backward
+            t.attention_cached_forward = bf16_kernel_attention_cached_forward
+            t.attention_gqa_cached_forward = bf16_kernel_attention_gqa_cached_forward
     elif precision == "fp16":
         fill_fp16(t)
         t.encoder_forward = fp16_encoder_forward

@@ -143,6 +143,9 @@ def main():
     p.add_argument("--models", nargs="+", default=["stories15M", "stories110M"])
     p.add_argument("--tokens", type=int, default=200, help="tokens to generate")
     p.add_argument("--threads", type=int, default=os.cpu_count())
+    p.add_argument("--precisions", nargs="+", choices=["fp32", "bf16"], default=["fp32", "bf16"],
+                   help="llm.pyx's rows with the cache at each (generate.py --precision); "
+                        "without it and the long prompts at the first only")
     args = p.parse_args()
     os.environ["OMP_NUM_THREADS"] = str(args.threads)   # before the kernels' OpenMP starts
     family = get_family("llama")
@@ -157,14 +160,17 @@ def main():
             path = os.path.join(work, f"{name}.bin")
             write_llama_model(path, config, family.model_class.random(config, seed=1).params,
                               version=0)
-            model = family.model_class.from_checkpoint(path)
+            models = {precision: family.model_class.from_checkpoint(
+                path, precision=precision, trainable=False) for precision in args.precisions}
+            model = models[args.precisions[0]]
             peer = run_c_speed(binary, args.llama2c, path, args.tokens, args.threads)
             print(f"{name:12s} {'run.c (runomp)':28s} {'-':>6s} {'':>14s} {peer:13.1f} "
                   f"{1.0:8.2f}x")
-            for cache in (True, False):
+            runs = [(precision, True) for precision in args.precisions] + [(args.precisions[0], False)]
+            for precision, cache in runs:
                 tokens = args.tokens if cache else min(args.tokens, 40)   # O(n^2) without
-                count, prefill, decode = our_speed(model, PROMPT, tokens, cache)
-                label = "llm.pyx, KV cache" if cache else "llm.pyx, no cache"
+                count, prefill, decode = our_speed(models[precision], PROMPT, tokens, cache)
+                label = f"llm.pyx {precision}, " + ("KV cache" if cache else "no cache")
                 print(f"{name:12s} {label:28s} {count:6d} {prefill:14.1f} {decode:13.1f} "
                       f"{decode / peer:8.2f}x")
             long = 512 if config.max_seq_len >= 512 else None

@@ -9,32 +9,31 @@
 # each row over its P+t+1 keys, out = att v_cache.  At T = 1 (decode) they are matrix-vector
 # products (sgemv) reading the cache once, unpacked: decode is bound by the bandwidth of the
 # weights and the cache.
+# In bf16 (q, k, v, the caches, att and out; every sum and the softmax in float32, each output
+# rounded once): at T = 1 each score is a dot_bf16 of a cached key row and the query, and out
+# sums the cached value rows weighted by the float32 probabilities, the cache read as it is
+# (half fp32's bytes); at T > 1 (a prompt, once a text) the head's rows are widened into
+# float32 scratch and run through the float32 head above.
 from cython.parallel cimport prange
 from libc.math cimport sqrtf
+from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy
 
+from kernels.bf16 cimport bf16, bf16_to_float, float_to_bf16, floatX
 from kernels.cblas cimport CblasNoTrans, CblasRowMajor, CblasTrans, scipy_cblas_sgemv
 from kernels.blas cimport sgemm
+from kernels.matmul_bf16 cimport dot_bf16, split_pairs
 from kernels.parallel cimport blas_single_threaded
 from kernels.rowmax cimport row_max
 from kernels.vexp cimport vexpf
 
 
-cdef void head(float* out, int ldo, float* att, const float* q, int ldq, const float* k_cache,
-               const float* v_cache, int ldkv, int T, int P, int hs) noexcept nogil:
-    # one query head: out (T rows, ldo), att (T, P+T), q (T rows, ldq), its key/value head's
-    # columns of the caches (P+T rows, ldkv)
+cdef void softmax_causal(float* att, int T, int P) noexcept nogil:
+    # each row t of att (T, P+T) the probabilities over its first P+t+1 scores, zero after
     cdef int keys = P + T
-    cdef float scale = 1.0 / sqrtf(hs)
     cdef Py_ssize_t t, p
     cdef float* att_t
     cdef float maxval, expsum, inv, e
-    if T == 1:   # decode: matrix-vector products, which stream the cache (no packing)
-        scipy_cblas_sgemv(CblasRowMajor, CblasNoTrans, keys, hs, scale, k_cache, ldkv, q, 1,
-                          0.0, att, 1)
-    else:
-        sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, keys, hs, scale, q, ldq, k_cache,
-              ldkv, 0.0, att, keys)
     for t in range(T):   # position P+t sees keys 0 .. P+t
         att_t = att + t * keys
         maxval = row_max(att_t, P + t + 1)
@@ -48,6 +47,21 @@ cdef void head(float* out, int ldo, float* att, const float* q, int ldq, const f
             att_t[p] = att_t[p] * inv
         for p in range(P + t + 1, keys):
             att_t[p] = 0.0
+
+
+cdef void head(float* out, int ldo, float* att, const float* q, int ldq, const float* k_cache,
+               const float* v_cache, int ldkv, int T, int P, int hs) noexcept nogil:
+    # one query head: out (T rows, ldo), att (T, P+T), q (T rows, ldq), its key/value head's
+    # columns of the caches (P+T rows, ldkv)
+    cdef int keys = P + T
+    cdef float scale = 1.0 / sqrtf(hs)
+    if T == 1:   # decode: matrix-vector products, which stream the cache (no packing)
+        scipy_cblas_sgemv(CblasRowMajor, CblasNoTrans, keys, hs, scale, k_cache, ldkv, q, 1,
+                          0.0, att, 1)
+    else:
+        sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, keys, hs, scale, q, ldq, k_cache,
+              ldkv, 0.0, att, keys)
+    softmax_causal(att, T, P)
     if T == 1:
         scipy_cblas_sgemv(CblasRowMajor, CblasTrans, keys, hs, 1.0, v_cache, ldkv, att, 1, 0.0,
                           out, 1)
@@ -56,36 +70,92 @@ cdef void head(float* out, int ldo, float* att, const float* q, int ldq, const f
               ldkv, 0.0, out, ldo)
 
 
-cdef inline void append(float* cache, const float* rows, int ld_rows, int T, int P,
+cdef int head_bf16(bf16* out, int ldo, bf16* att, const bf16* q, int ldq, const bf16* k_cache,
+                   const bf16* v_cache, int ldkv, int T, int P, int hs) noexcept nogil:
+    # head()'s in bf16; -1 where its float32 scratch could not be had
+    cdef int keys = P + T
+    cdef Py_ssize_t t, p, d
+    cdef float prob, scale = 1.0 / sqrtf(hs)
+    cdef size_t floats = (<size_t>hs + 1 + keys + hs if T == 1 else
+                          <size_t>T * hs * 2 + <size_t>keys * hs * 2 + <size_t>T * keys)
+    cdef float* scratch = <float*>malloc(floats * sizeof(float))
+    if scratch == NULL:
+        return -1
+    cdef float* qf = scratch                                # (T, hs); at T = 1 hs+1
+    cdef float* scores = scratch + <Py_ssize_t>T * hs + (T == 1)   # (T, keys)
+    cdef float* outf = scores + <Py_ssize_t>T * keys        # (T, hs)
+    cdef float* kf = outf + <Py_ssize_t>T * hs              # (keys, hs), T > 1 only
+    cdef float* vf = kf + <Py_ssize_t>keys * hs
+    if T == 1:   # decode: the cache read as it is, once for the keys and once for the values
+        split_pairs(qf, qf + (hs + 1) // 2, q, hs)
+        for p in range(keys):
+            scores[p] = scale * dot_bf16(k_cache + p * ldkv, qf, qf + (hs + 1) // 2, hs)
+        softmax_causal(scores, 1, P)
+        for d in range(hs):
+            outf[d] = 0.0
+        for p in range(keys):
+            prob = scores[p]
+            for d in range(hs):
+                outf[d] += prob * bf16_to_float(v_cache[p * ldkv + d])
+    else:
+        for t in range(T):
+            for d in range(hs):
+                qf[t * hs + d] = bf16_to_float(q[t * ldq + d])
+        for p in range(keys):
+            for d in range(hs):
+                kf[p * hs + d] = bf16_to_float(k_cache[p * ldkv + d])
+                vf[p * hs + d] = bf16_to_float(v_cache[p * ldkv + d])
+        head(outf, hs, scores, qf, hs, kf, vf, hs, T, P, hs)
+    for t in range(T):
+        for d in range(hs):
+            out[t * ldo + d] = float_to_bf16(outf[t * hs + d])
+    for p in range(<Py_ssize_t>T * keys):
+        att[p] = float_to_bf16(scores[p])
+    free(scratch)
+    return 0
+
+
+cdef inline void append(floatX* cache, const floatX* rows, int ld_rows, int T, int P,
                         int width) noexcept nogil:
-    # the T rows of width floats (row stride ld_rows) into cache rows P .. P+T-1
+    # the T rows of width elements (row stride ld_rows) into cache rows P .. P+T-1
     cdef Py_ssize_t t
     for t in range(T):
         memcpy(cache + (P + t) * <Py_ssize_t>width, rows + t * <Py_ssize_t>ld_rows,
-               width * sizeof(float))
+               width * sizeof(floatX))
 
 
-cdef void attention_cached_forward(float* out, float* att, float* k_cache, float* v_cache,
-                                   const float* inp, int T, int P, int C, int NH) noexcept nogil:
-    cdef int hs = C // NH
+cdef int attention_cached_forward(floatX* out, floatX* att, floatX* k_cache, floatX* v_cache,
+                                  const floatX* inp, int T, int P, int C, int NH) noexcept nogil:
+    cdef int hs = C // NH, failed = 0
     cdef Py_ssize_t h
     append(k_cache, inp + C, 3 * C, T, P, C)
     append(v_cache, inp + 2 * C, 3 * C, T, P, C)
     blas_single_threaded()
     for h in prange(NH, schedule="static"):
-        head(out + h * hs, C, att + h * <Py_ssize_t>T * (P + T), inp + h * hs, 3 * C,
-             k_cache + h * hs, v_cache + h * hs, C, T, P, hs)
+        if floatX is float:
+            head(out + h * hs, C, att + h * <Py_ssize_t>T * (P + T), inp + h * hs, 3 * C,
+                 k_cache + h * hs, v_cache + h * hs, C, T, P, hs)
+        else:
+            failed |= head_bf16(out + h * hs, C, att + h * <Py_ssize_t>T * (P + T), inp + h * hs,
+                                3 * C, k_cache + h * hs, v_cache + h * hs, C, T, P, hs)
+    return -1 if failed else 0
 
 
-cdef void attention_gqa_cached_forward(float* out, float* att, float* k_cache, float* v_cache,
-                                       const float* q, const float* k, const float* v,
-                                       int T, int P, int NH, int NKV, int hs) noexcept nogil:
-    cdef int kvd = NKV * hs
+cdef int attention_gqa_cached_forward(floatX* out, floatX* att, floatX* k_cache, floatX* v_cache,
+                                      const floatX* q, const floatX* k, const floatX* v,
+                                      int T, int P, int NH, int NKV, int hs) noexcept nogil:
+    cdef int kvd = NKV * hs, failed = 0
     cdef Py_ssize_t h, kvh
     append(k_cache, k, kvd, T, P, kvd)
     append(v_cache, v, kvd, T, P, kvd)
     blas_single_threaded()
     for h in prange(NH, schedule="static"):
         kvh = h // (NH // NKV)
-        head(out + h * hs, NH * hs, att + h * <Py_ssize_t>T * (P + T), q + h * hs, NH * hs,
-             k_cache + kvh * hs, v_cache + kvh * hs, kvd, T, P, hs)
+        if floatX is float:
+            head(out + h * hs, NH * hs, att + h * <Py_ssize_t>T * (P + T), q + h * hs, NH * hs,
+                 k_cache + kvh * hs, v_cache + kvh * hs, kvd, T, P, hs)
+        else:
+            failed |= head_bf16(out + h * hs, NH * hs, att + h * <Py_ssize_t>T * (P + T),
+                                q + h * hs, NH * hs, k_cache + kvh * hs, v_cache + kvh * hs,
+                                kvd, T, P, hs)
+    return -1 if failed else 0

@@ -7,6 +7,9 @@
 # As kernels/matmul.pyx, each OpenMP thread takes a block of output columns and calls the GEMM
 # single-threaded.  A bf16 output is computed in float32 a block of ROWS rows at a time (the
 # bias, or the old gradient, first; the GEMM adds onto it) and rounded once into place.
+# The forward of one position (B*T = 1: generation's decode step with a KV cache) is a
+# matrix-vector product, bound by the bandwidth of reading the weight once: gemv_rows reads the
+# bf16 weight as it is (dot_bf16: half fp32's bytes), where the GEMM path would widen it first.
 from cython.parallel cimport prange
 from libc.stdlib cimport free, malloc
 from libc.string cimport memset
@@ -76,9 +79,33 @@ cdef int dweight_block(float* dweight, float* dbias, const bf16* dout, const bf1
     return failed
 
 
+cdef void gemv_rows(bf16* out, const bf16* weight, const float* x_even, const float* x_odd,
+                    const bf16* bias, int C, int o0, int o1) noexcept nogil:
+    """out[o0:o1] = weight[o0:o1] (o1-o0, C) @ x (C,) + bias[o0:o1] (or NULL), x as
+    split_pairs's halves: each row's dot_bf16, then its bias, rounded once."""
+    cdef Py_ssize_t o
+    cdef float total
+    for o in range(o0, o1):
+        total = dot_bf16(weight + o * <Py_ssize_t>C, x_even, x_odd, C)
+        if bias != NULL:
+            total += bf16_to_float(bias[o])
+        out[o] = float_to_bf16(total)
+
+
 cdef int matmul_forward_bf16(bf16* out, const bf16* inp, const bf16* weight, const bf16* bias,
                              int B, int T, int C, int OC) noexcept nogil:
     cdef int BT = B * T, parts = max_threads(), part, o0, o1, failed = 0
+    cdef float* x
+    if BT == 1:   # out (OC,) = weight (OC,C) @ inp (C,) + bias, the input widened once
+        x = <float*>malloc(<size_t>(C + 1) * sizeof(float))
+        if x == NULL:
+            return -1
+        split_pairs(x, x + (C + 1) // 2, inp, C)
+        for part in prange(parts, schedule="static", num_threads=parts):
+            gemv_rows(out, weight, x, x + (C + 1) // 2, bias, C, block_start(part, parts, OC),
+                      block_start(part + 1, parts, OC))
+        free(x)
+        return 0
     blas_single_threaded()
     for part in prange(parts, schedule="static", num_threads=parts):
         o0 = block_start(part, parts, OC)

@@ -363,6 +363,29 @@ def test_command_line_on_a_run_dir(tmp_path, vocabulary):  # noqa: F811
     assert run.stdout.startswith("First Citizen:")
 
 
+def test_precision_bf16_generates_the_bf16_models_text(capsys, tmp_path, vocabulary):  # noqa: F811
+    """--precision bf16: the model loads in bf16 (no master weights) and its greedy text, with
+    the KV cache, is what that model gives; fp16 (the GPUs' precision) is refused."""
+    _, bin_path, _ = vocabulary
+    config = LlamaConfig.from_name("d1", vocab_size=400, max_seq_len=64)
+    path = tmp_path / "model.bin"
+    fp32 = Llama2.random(config, seed=4)
+    fp32.params = fp32.params * 6   # a random model's logits are nearly flat: sharpen them
+    fp32.save(str(path))
+    generate.main([str(path), "-p", "First Citizen:", "-n", "16", "--temperature", "0",
+                   "--tokenizer", str(bin_path), "--precision", "bf16", "--ids"])
+    line = [x for x in capsys.readouterr().err.splitlines() if x.startswith("token ids: ")][0]
+    prompt_ids, generated = line.removeprefix("token ids: prompt ").split(", generated ")
+    model = Llama2.from_checkpoint(str(path), precision="bf16", trainable=False)
+    assert model.precision == "bf16"
+    prompt = tokenizer.load_tokenizer(str(bin_path)).encode_prompt("First Citizen:")
+    want = list(continue_prompt(model, prompt, 16, Sampler(0.0), ()))
+    got = [int(t) for t in generated.strip("[]").split(", ")]
+    assert prompt_ids == str(prompt) and 0 < len(got) and got == want[:len(got)]
+    with pytest.raises(SystemExit):
+        generate.parse_args([str(path), "--precision", "fp16"])
+
+
 def test_a_compact_vocabulary_model(capsys, tmp_path, vocabulary):  # noqa: F811
     """A --compact-vocab run's model: the prompt's ids through the vocab_map.bin beside it,
     the text back through it; an id it lacks is one line."""

@@ -136,6 +136,32 @@ def test_each_cached_step_has_the_logits_of_the_whole_text(model):
                                    atol=1e-5 * np.abs(whole).max(), err_msg=f"step {i}")
 
 
+@pytest.mark.parametrize("name", sorted(ARCHITECTURES))
+def test_cached_steps_at_bf16_are_the_fp32_texts_logits_within_bf16s_error(name):
+    """At bf16 (weights, activations and the cache; generate.py --precision bf16, whose one
+    position's matmuls read the bf16 weights in kernels/matmul_bf16's gemv_rows) each cached
+    step's logits are those of the fp32 model's forward over the whole text, within the error
+    bf16's roundings make, and as near them as bf16's own forward over the whole text is (the
+    two round in different places, neither nearer)."""
+    Model, config = ARCHITECTURES[name]
+    fp32 = Model.random(config, seed=3)
+    narrow = Model(config, precision="bf16", trainable=False)
+    narrow.params = fp32.params
+    text = [int(t) for t in np.random.default_rng(1).integers(0, V, 24)]
+    tokens = np.array([PROMPT + text], dtype=np.int32)
+    fp32.forward(tokens)
+    want = fp32.logits[0, len(PROMPT) - 1:, :V].copy()
+    narrow.forward(tokens)
+    whole = narrow.logits[0, len(PROMPT) - 1:, :V].astype(np.float32)
+    narrow.start_cache(tokens.shape[1])
+    steps = np.array([narrow.forward_cached(PROMPT)] + [narrow.forward_cached([t]) for t in text])
+    scale = np.abs(want).max()
+    whole_error = np.abs(whole - want).max() / scale
+    cached_error = np.abs(steps - want).max() / scale
+    assert 0 < whole_error < 0.02 and 0 < cached_error < 0.02, (whole_error, cached_error)
+    assert cached_error < 2 * whole_error, (whole_error, cached_error)
+
+
 def test_a_prompt_longer_than_a_chunk_goes_in_chunks(monkeypatch):
     Model, config = ARCHITECTURES["llama-gqa"]
     model = Model.random(config, seed=5)
