@@ -6,9 +6,9 @@ written as llama2.c's version-0 file, the one file both read. run.c is built fro
 checkout as its Makefile's `runomp` builds it (-Ofast -fopenmp -march=native: its users'
 fastest, and its own fast-math; llm.pyx is built without it), into a temp dir, and run
 greedily on the same file with llama2.c's own tokenizer.bin. Where llama-cpp-python is installed
-(pip builds llama.cpp from source), llama.cpp runs the same model as an F32 GGUF
-(dev/export.py) through its Python binding, greedy, and a prompt of 512 tokens is timed on
-both (the models whose context holds it).
+(pip builds llama.cpp from source), llama.cpp runs the same model as a GGUF (dev/export.py) at
+F32 and at BF16 (beside our fp32 and bf16 rows) through its Python binding, greedy, and a prompt
+of 512 tokens is timed on both (the models whose context holds it).
 
     git clone https://github.com/karpathy/llama2.c /tmp/llama2c
     python dev/bench_generate.py /tmp/llama2c                       # stories15M, stories110M
@@ -94,18 +94,18 @@ def decode_at(model, position, tokens):
     return tokens / (time.perf_counter() - started)
 
 
-def llama_cpp_speeds(model_path, checkout, work, tokens, threads, prefill_tokens):
+def llama_cpp_speeds(model_path, checkout, work, tokens, threads, prefill_tokens, dtype):
     """(tokens generated, prefill tok/s, decode tok/s, prefill tok/s of prefill_tokens or
-    None) of llama.cpp (llama-cpp-python's Llama, built from source) on the model as an F32
-    GGUF (dev/export.py, llama2.c's tokenizer.bin as its vocabulary); None where
-    llama-cpp-python is not installed."""
+    None) of llama.cpp (llama-cpp-python's Llama, built from source) on the model as a GGUF of
+    dtype, float32 (F32) or bfloat16 (BF16) (dev/export.py, llama2.c's tokenizer.bin as its
+    vocabulary); None where llama-cpp-python is not installed."""
     try:
         import llama_cpp
     except ImportError:
         return None
-    gguf = os.path.join(work, os.path.basename(model_path) + ".gguf")
+    gguf = os.path.join(work, f"{os.path.basename(model_path)}.{dtype}.gguf")
     subprocess.run([sys.executable, os.path.join(ROOT, "dev", "export.py"), model_path,
-                    "--format", "gguf", "-o", gguf, "--tokenizer",
+                    "--format", "gguf", "-o", gguf, "--dtype", dtype, "--tokenizer",
                     os.path.join(checkout, "tokenizer.bin")], check=True, capture_output=True)
     llm = llama_cpp.Llama(gguf, n_threads=threads, n_threads_batch=threads, n_batch=512,
                           n_ctx=0, verbose=False)   # n_ctx 0: the model's context
@@ -174,14 +174,18 @@ def main():
                 print(f"{name:12s} {label:28s} {count:6d} {prefill:14.1f} {decode:13.1f} "
                       f"{decode / peer:8.2f}x")
             long = 512 if config.max_seq_len >= 512 else None
-            theirs = llama_cpp_speeds(path, args.llama2c, work, args.tokens, args.threads, long)
-            if theirs is None:
-                print(f"{name:12s} llama.cpp: not run (pip install llama-cpp-python builds it)")
-            else:
+            for precision in args.precisions:   # llama.cpp on the same weights as a GGUF
+                dtype = {"fp32": "float32", "bf16": "bfloat16"}[precision]
+                theirs = llama_cpp_speeds(path, args.llama2c, work, args.tokens, args.threads,
+                                          long if precision == args.precisions[0] else None, dtype)
+                if theirs is None:
+                    print(f"{name:12s} llama.cpp: not run (pip install llama-cpp-python builds it)")
+                    break
                 count, prefill, decode, long_theirs = theirs
-                print(f"{name:12s} {'llama.cpp F32 GGUF':28s} {count:6d} {prefill:14.1f} "
+                label = f"llama.cpp {'F32' if precision == 'fp32' else 'BF16'} GGUF"
+                print(f"{name:12s} {label:28s} {count:6d} {prefill:14.1f} "
                       f"{decode:13.1f} {decode / peer:8.2f}x")
-                if long is not None:
+                if long is not None and long_theirs is not None:
                     ours = our_prefill(model, long)
                     print(f"{name:12s} {f'prefill of {long}: llama.cpp':28s} {long:6d} "
                           f"{long_theirs:14.1f}")

@@ -16,7 +16,8 @@ Hugging Face's:
     llmc     llm.c's model file, --dtype float32 (version 3) or bfloat16 (version 5).  GPT-2.
     llama2c  llama2.c's model file, version 0 (what llama2.c's own export writes and run.c
              reads) unless --version 1.  Llama.
-    gguf     llama.cpp's file, float32, with the vocabulary (llmc/formats/gguf.py).  Llama,
+    gguf     llama.cpp's file, --dtype float32, or bfloat16 (its BF16: the matrices in bf16,
+             the vectors float32), with the vocabulary (llmc/formats/gguf.py).  Llama,
              as llama.cpp's "llama" (Llama 2's block with GQA, eps, theta, a head size of its
              own, Llama 3's RoPE scaling as rope_freqs), "qwen2" (a bias on q, k and v) or
              "qwen3" (QK-norm) architecture; --check refuses Llama 3's scaling in one line
@@ -59,7 +60,7 @@ from llmc.families import FamilyError, family_of_file  # noqa: E402
 from llmc.formats import (FormatError, bfloat16_bits_to_float32,  # noqa: E402
                           float32_to_bfloat16_bits, open_file, param_views)
 from llmc.formats.gguf import (GGUF_ARCHITECTURES, gguf_architecture, gguf_vocab,  # noqa: E402
-                               gpt2_gguf_vocab, write_gguf, write_gguf_lora)
+                               gguf_as_stored, gpt2_gguf_vocab, write_gguf, write_gguf_lora)
 from llmc.formats.hf_tokenizer import (HF_TOKENIZER_FILES, hf_gguf_vocab,  # noqa: E402
                                        is_hf_tokenizer)
 from llmc.formats.huggingface import (HF_WRITERS, HFVocab, gpt2_hf_vocab,  # noqa: E402
@@ -71,7 +72,7 @@ from llmc.tokenizer import GPT2_VOCAB_SIZE, Tokenizer, gpt2_encoding  # noqa: E4
 from llmc.vocab import MAP_NAME  # noqa: E402
 
 FORMATS = ("llmc", "llama2c", "gguf", "hf")
-WITH_BFLOAT16 = ("llmc", "hf")   # the others are float32 only
+WITH_BFLOAT16 = ("llmc", "gguf", "hf")   # llama2c is float32 only
 WITH_VOCABULARY = ("gguf", "hf")
 
 
@@ -161,7 +162,8 @@ def export(family, config, params, args, dtype, name):
     elif args.format == "llama2c":
         write_llama_model(args.output, config, params, version=args.version)
     elif args.format == "gguf":
-        write_gguf(args.output, config, params, gguf_vocabulary(args.tokenizer, config), name=name)
+        write_gguf(args.output, config, params, gguf_vocabulary(args.tokenizer, config), name=name,
+                   dtype=dtype)
     else:
         tensors, hf_config = HF_WRITERS[family.name](config, params)
         write_hf_model(args.output, tensors, hf_config, hf_vocabulary(args.tokenizer, config),
@@ -182,7 +184,9 @@ def reads_back_equal(family, args, config, params, dtype):
     """Whether the output read back is the model written (its values rounded to dtype); from
     GGUF, with the class its architecture reads back as (Mistral's block is "llama": Llama's)."""
     back = read_hf_model(args.output, {family.name: family.config_class}) if args.format == "hf" else family.read_model(args.output)
-    if dtype == "bfloat16":
+    if args.format == "gguf":   # its BF16 rounds the matrices only
+        params = gguf_as_stored(config, params, dtype)
+    elif dtype == "bfloat16":
         params = bfloat16_bits_to_float32(float32_to_bfloat16_bits(params))
     sizes, tensors = tensors_without_padding(config, params)
     sizes_back, tensors_back = tensors_without_padding(*back)
@@ -255,7 +259,7 @@ def parse_args(argv):
                    "tokenizer.bin, or a Hugging Face tokenizer.json (default: a Hugging Face "
                    "folder's own; gpt2 for a model of GPT-2's 50257 tokens)")
     p.add_argument("--dtype", choices=("float32", "bfloat16"),
-                   help="llmc and hf: the parameters' dtype (default: MODEL's)")
+                   help="llmc, gguf and hf: the parameters' dtype (default: MODEL's)")
     p.add_argument("--version", type=int, choices=(0, 1),
                    help="llama2c: the file's version (default: 0, run.c's)")
     p.add_argument("--merge", metavar="ADAPTER", default=None,
@@ -323,7 +327,7 @@ def main(argv=None):
     except OSError as e:
         sys.exit(f"export.py: error: {e.filename + ': ' if e.filename else ''}{e.strerror or e}")
     what = {"llmc": f"llm.c, {dtype}", "llama2c": f"llama2.c version {args.version}",
-            "gguf": "GGUF, float32", "hf": f"Hugging Face transformers, {dtype}"}[args.format]
+            "gguf": f"GGUF, {dtype}", "hf": f"Hugging Face transformers, {dtype}"}[args.format]
     print(f"wrote {args.output} ({what}, {family.title} {config.describe()}) from {path}"
           + (", read back equal" if args.check else ""))
 

@@ -254,6 +254,8 @@ def test_every_format_reads_back(sentencepiece, tmp_path, capsys):
                  ("g16.bin", "hf", "g16_hf", "--tokenizer", sentencepiece[0]),
                  (d3_path, "llama2c", "v0.bin"), ("v0.bin", "llama2c", "v1.bin", "--version", "1"),
                  ("v1.bin", "gguf", "d3.gguf", "--tokenizer", sentencepiece[0]),
+                 ("v1.bin", "gguf", "d3_bf16.gguf", "--tokenizer", sentencepiece[0], "--dtype",
+                  "bfloat16"),
                  (d2_path, "gguf", "d2_again.gguf", "--tokenizer", sentencepiece[1])):
         source, fmt, out, *rest = args
         code, line = run_export(capsys, tmp_path / source, "--format", fmt, "-o", tmp_path / out,
@@ -264,6 +266,11 @@ def test_every_format_reads_back(sentencepiece, tmp_path, capsys):
     magics = [int.from_bytes((tmp_path / name).read_bytes()[:4], "little")
               for name in ("v0.bin", "v1.bin")]
     assert magics[0] != LLAMA2C_MAGIC and magics[1] == LLAMA2C_MAGIC   # version 0 has none
+    # GGUF's BF16 as llama.cpp's converter writes it: the matrices bf16, the norms float32
+    import gguf
+    types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(tmp_path / "d3_bf16.gguf").tensors}
+    assert types["blk.0.attn_q.weight"] == types["token_embd.weight"] == "BF16"
+    assert types["blk.0.attn_norm.weight"] == types["output_norm.weight"] == "F32"
     config, params = read_checkpoint(tmp_path / "g16.bin", GPT2Config)
     for folder in ("g_hf", "g16_hf"):
         assert json.loads((tmp_path / folder / "config.json").read_text())["dtype"] == "bfloat16"
@@ -322,7 +329,7 @@ def test_bad_exports_are_one_line(sentencepiece, tmp_path, capsys):
         ((tmp_path / "g.bin", "--format", "gguf"), 2, "a GPT-2 model goes to llmc or hf, not gguf"),
         ((d3_path, "--format", "llmc"), 2, "a Llama 2 model goes to llama2c, gguf or hf, not llmc"),
         ((d3_path, "--format", "hf"), 2, "argument --tokenizer: --format hf writes the vocabulary"),
-        ((d3_path, "--format", "gguf", "--dtype", "bfloat16"), 2, "gguf is float32 only"),
+        ((d3_path, "--format", "llama2c", "--dtype", "bfloat16"), 2, "llama2c is float32 only"),
         ((d3_path, "--format", "gguf", "--version", "1"), 2, "only llama2c has versions"),
         ((d3_path, "--format", "llama2c", "--tokenizer", "gpt2"), 2, "llama2c holds no vocabulary"),
         ((d2_path, "--format", "llama2c"), 1, "llama2.c's files cannot hold norm_eps"),

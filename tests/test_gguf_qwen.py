@@ -223,6 +223,23 @@ def test_llama_cpp_runs_the_gguf_as_we_do(llama_cpp, exported, name):
     assert llama_cpp_greedy(load(llama_cpp, made["gguf"]), prompt, STEPS) == ours
 
 
+@pytest.mark.parametrize("name", ["qwen3", "tinyllama"])
+def test_llama_cpp_runs_a_bf16_gguf_as_near_as_our_bf16_model(llama_cpp, exported, name, tmp_path):
+    """dev/export.py --dtype bfloat16 (llama.cpp's BF16: the matrices bf16): llama.cpp's logits
+    on it are as near the float32 model's as our own bf16 model's are (both round the weights
+    and their activations to bf16, in different places), and the file reads back."""
+    made = exported(name)
+    path = tmp_path / "m.gguf"
+    export.main([str(made["folder"]), "--format", "gguf", "-o", str(path), "--dtype", "bfloat16",
+                 "--check"])
+    want = our_logits(made["model"], TOKENS)
+    narrow = made["family"].model_class.from_checkpoint(made["folder"], precision="bf16",
+                                                        trainable=False)
+    ours = error_of(our_logits(narrow, TOKENS), want)
+    theirs = error_of(llama_cpp_logits(load(llama_cpp, path), TOKENS), want)
+    assert 0 < ours < 0.05 and theirs <= 3 * ours, (ours, theirs)
+
+
 @pytest.mark.parametrize("name", ["qwen2", "tinyllama"])
 def test_llama_cpp_tokenizes_as_the_models_tokenizer(llama_cpp, exported, name):
     """Qwen's (byte-level, "gpt2") on NFC text; TinyLlama's (SentencePiece-style, "llama") on

@@ -1,7 +1,9 @@
 """
-GGUF, llama.cpp's file, through its own Python package (gguf): a Llama-family model in float32
-with its vocabulary (SentencePiece or byte-level BPE), so llama.cpp runs what we trained, and
-read back; and a LoRA adapter as llama.cpp's --lora reads it (write_gguf_lora).
+GGUF, llama.cpp's file, through its own Python package (gguf): a Llama-family model in float32,
+or with its matrices in bf16 (llama.cpp's BF16: the vectors, norms and biases stay float32, as
+its converter writes them), with its vocabulary (SentencePiece or byte-level BPE), so llama.cpp
+runs what we trained, and read back; and a LoRA adapter as llama.cpp's --lora reads it
+(write_gguf_lora).
 
 llama.cpp runs the model as the architecture its config says (gguf_architecture): "qwen3" with
 QK-norm (attn_q_norm, attn_k_norm), "qwen2" with the bias on q, k and v (attn_q.bias, ...),
@@ -18,7 +20,8 @@ import os
 
 import numpy as np
 
-from llmc.formats.common import (ROTATED, FormatError, hf_adjacent_pair_rows, hf_rotate_half_rows,
+from llmc.formats.common import (ROTATED, FormatError, bfloat16_bits_to_float32,
+                                 float32_to_bfloat16_bits, hf_adjacent_pair_rows, hf_rotate_half_rows,
                                  open_file, param_views, rotated_heads)
 from llmc.formats.llama2c import read_llama2c_tokenizer
 from llmc.formats.llmc import TOKENIZER_MAGIC, read_tokenizer
@@ -228,9 +231,12 @@ def llama3_rope_divisors(config):
     return (freqs / llama3_scaled(freqs, *config.rope_scaling[1:])).astype(np.float32)
 
 
-def write_gguf(path, config, params, vocab, name="llm.pyx llama"):
-    """A GGUF file (float32) of this Llama-family model with its vocabulary (a GGUFVocab, see
-    gguf_vocab), as llama.cpp's architecture of it (gguf_architecture) reads it."""
+def write_gguf(path, config, params, vocab, name="llm.pyx llama", dtype="float32"):
+    """A GGUF file of this Llama-family model with its vocabulary (a GGUFVocab, see gguf_vocab),
+    as llama.cpp's architecture of it (gguf_architecture) reads it: dtype "float32", or
+    "bfloat16" (its matrices rounded to the nearest bf16, ties to even; the rest float32)."""
+    if dtype not in ("float32", "bfloat16"):
+        raise ValueError(f"write_gguf: dtype must be 'float32' or 'bfloat16', got {dtype!r}")
     if len(vocab.tokens) != config.vocab_size:
         raise ValueError(f"write_gguf: the tokenizer has {len(vocab.tokens)} tokens, the model's "
                          f"vocabulary {config.vocab_size}")
@@ -255,7 +261,8 @@ def write_gguf(path, config, params, vocab, name="llm.pyx llama"):
         writer.add_layer_norm_rms_eps(config.norm_eps)
         writer.add_rope_freq_base(config.rope_theta)
         writer.add_vocab_size(config.vocab_size)
-        writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+        writer.add_file_type(gguf.LlamaFileType.ALL_F32 if dtype == "float32"
+                             else gguf.LlamaFileType.MOSTLY_BF16)
         vocab.add_to(writer)
         for ours, theirs in GGUF_LLAMA_TENSORS.items():
             if ours not in views:
@@ -265,10 +272,25 @@ def write_gguf(path, config, params, vocab, name="llm.pyx llama"):
                 tensor = views[ours][l] if per_layer else views[ours]
                 if architecture in ROTATING_HALVES and ours in ROTATED:
                     tensor = hf_rotate_half_rows(tensor, rotated_heads(config, ours))
-                writer.add_tensor(theirs.format(l=l), np.ascontiguousarray(tensor))
+                if dtype == "bfloat16" and tensor.ndim == 2:
+                    writer.add_tensor(theirs.format(l=l), float32_to_bfloat16_bits(tensor),
+                                      raw_dtype=gguf.GGMLQuantizationType.BF16)
+                else:
+                    writer.add_tensor(theirs.format(l=l), np.ascontiguousarray(tensor))
         if config.rope_scaling:
             writer.add_tensor(ROPE_FREQS, llama3_rope_divisors(config))
     write_through_gguf(path, architecture, add)
+
+
+def gguf_as_stored(config, params, dtype):
+    """params (float32) as a GGUF file of dtype holds them (write_gguf): at "bfloat16" each
+    matrix rounded to bf16, the vectors as they are."""
+    stored = np.array(params, dtype=np.float32)
+    if dtype == "bfloat16":
+        for ours, view in param_views(config, stored).items():
+            if view.ndim - ("{l}" in GGUF_LLAMA_TENSORS.get(ours, "")) == 2:
+                view[...] = bfloat16_bits_to_float32(float32_to_bfloat16_bits(view))
+    return stored
 
 
 def write_gguf_lora(path, lora, stacks, config, name="llm.pyx LoRA"):
@@ -328,7 +350,7 @@ def llama2c_pieces(tokens):
 
 
 def read_gguf(path, config_class):
-    """(config, params, tokens) of a float32 GGUF file of llama.cpp's llama, qwen2 or qwen3
+    """(config, params, tokens) of a float32 or BF16 GGUF file of llama.cpp's llama, qwen2 or qwen3
     architecture, as write_gguf writes them, through gguf's reader; the config a config_class
     (train_llama2.LlamaConfig).  Llama 3's RoPE scaling is refused in one line: rope_freqs
     holds its divisors, not the parameters (factor, frequency factors, original context) a
@@ -382,9 +404,14 @@ def read_gguf(path, config_class):
             if tensor is None:
                 raise FormatError(path, f"no tensor {theirs.format(l=l)}: not a {architecture} "
                                         f"model as written here")
-            if tensor.tensor_type != gguf.GGMLQuantizationType.F32:
-                raise FormatError(path, f"{tensor.name} is {tensor.tensor_type.name}, not F32")
-            value = np.asarray(tensor.data).reshape(view.shape[1:] if per_layer else view.shape)
+            if tensor.tensor_type == gguf.GGMLQuantizationType.BF16:   # read as its bytes
+                value = bfloat16_bits_to_float32(np.asarray(tensor.data).view(np.uint16))
+            elif tensor.tensor_type == gguf.GGMLQuantizationType.F32:
+                value = np.asarray(tensor.data)
+            else:
+                raise FormatError(path, f"{tensor.name} is {tensor.tensor_type.name}, not F32 "
+                                        f"or BF16")
+            value = value.reshape(view.shape[1:] if per_layer else view.shape)
             if architecture in ROTATING_HALVES and ours in ROTATED:
                 value = hf_adjacent_pair_rows(value, rotated_heads(config, ours))
             (view[l] if per_layer else view)[...] = value
