@@ -42,6 +42,7 @@ from llmc.formats.llama2c import write_llama_model  # noqa: E402
 from llmc.sampler import Sampler, continue_prompt  # noqa: E402
 
 PROMPT = [1, 9038, 2501, 263, 931]   # BOS "Once upon a time" in Llama 2's vocabulary
+GGUF_TYPES = {"fp32": ("float32", "F32"), "bf16": ("bfloat16", "BF16")}   # export.py's, llama.cpp's
 
 
 def build_run_c(checkout, work):
@@ -175,14 +176,14 @@ def main():
                       f"{decode / peer:8.2f}x")
             long = 512 if config.max_seq_len >= 512 else None
             for precision in args.precisions:   # llama.cpp on the same weights as a GGUF
-                dtype = {"fp32": "float32", "bf16": "bfloat16"}[precision]
+                dtype, gguf_type = GGUF_TYPES[precision]
                 theirs = llama_cpp_speeds(path, args.llama2c, work, args.tokens, args.threads,
                                           long if precision == args.precisions[0] else None, dtype)
                 if theirs is None:
                     print(f"{name:12s} llama.cpp: not run (pip install llama-cpp-python builds it)")
                     break
                 count, prefill, decode, long_theirs = theirs
-                label = f"llama.cpp {'F32' if precision == 'fp32' else 'BF16'} GGUF"
+                label = f"llama.cpp {gguf_type} GGUF"
                 print(f"{name:12s} {label:28s} {count:6d} {prefill:14.1f} "
                       f"{decode:13.1f} {decode / peer:8.2f}x")
                 if long is not None and long_theirs is not None:

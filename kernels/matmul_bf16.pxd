@@ -17,11 +17,11 @@ cdef inline void split_pairs(float* x_even, float* x_odd, const bf16* x, Py_ssiz
     """x (n,) bf16 widened into x_even ((n+1)/2,) = x[0::2] and x_odd (n/2,) = x[1::2]:
     dot_bf16's other operand."""
     cdef Py_ssize_t i
-    for i in range(n):
-        if i % 2 == 0:
-            x_even[i // 2] = bf16_to_float(x[i])
-        else:
-            x_odd[i // 2] = bf16_to_float(x[i])
+    for i in range(n // 2):
+        x_even[i] = bf16_to_float(x[2 * i])
+        x_odd[i] = bf16_to_float(x[2 * i + 1])
+    if n % 2:
+        x_even[n // 2] = bf16_to_float(x[n - 1])
 
 
 cdef inline float dot_bf16(const bf16* a, const float* x_even, const float* x_odd,

@@ -36,6 +36,9 @@ GGUF_LLAMA_TENSORS = {  # ours -> llama.cpp's, {l} the layer
     "ffn_norm": "blk.{l}.ffn_norm.weight", "w1": "blk.{l}.ffn_gate.weight",
     "w2": "blk.{l}.ffn_down.weight", "w3": "blk.{l}.ffn_up.weight",
 }
+# the matrices, which a BF16 file holds in bf16 (the norms and biases stay float32, as llama.cpp's
+# converter writes them)
+GGUF_MATRICES = ("tok_embeddings", "output", "wq", "wk", "wv", "wo", "w1", "w2", "w3")
 ROPE_FREQS = "rope_freqs.weight"   # (hs/2,) Llama 3's scaling: what each frequency is divided by
 # llama.cpp's architectures written here -> the Hugging Face class of their models
 # (LlamaConfig.architecture; "": Llama's) and the config's switches they have
@@ -272,7 +275,7 @@ def write_gguf(path, config, params, vocab, name="llm.pyx llama", dtype="float32
                 tensor = views[ours][l] if per_layer else views[ours]
                 if architecture in ROTATING_HALVES and ours in ROTATED:
                     tensor = hf_rotate_half_rows(tensor, rotated_heads(config, ours))
-                if dtype == "bfloat16" and tensor.ndim == 2:
+                if dtype == "bfloat16" and ours in GGUF_MATRICES:
                     writer.add_tensor(theirs.format(l=l), float32_to_bfloat16_bits(tensor),
                                       raw_dtype=gguf.GGMLQuantizationType.BF16)
                 else:
@@ -288,7 +291,7 @@ def gguf_as_stored(config, params, dtype):
     stored = np.array(params, dtype=np.float32)
     if dtype == "bfloat16":
         for ours, view in param_views(config, stored).items():
-            if view.ndim - ("{l}" in GGUF_LLAMA_TENSORS.get(ours, "")) == 2:
+            if ours in GGUF_MATRICES:
                 view[...] = bfloat16_bits_to_float32(float32_to_bfloat16_bits(view))
     return stored
 
