@@ -365,7 +365,7 @@ cdef class GPT2(Model):
 
     cdef void embedding_forward(self, float* out, const int* inputs, int B, int T) noexcept nogil:
         # positions from the first one's (a KV cache's next ones, llmc/model.pyx)
-        cdef const float* wpe = self.param_at(self.params_c.wpe, <Py_ssize_t>self.first_position() * self.C)
+        cdef const float* wpe = self.at(self.params_c.wpe, <Py_ssize_t>self.first_position() * self.C)
         self.table.encoder_forward(self.table.ctx, out, inputs, self.params_c.wte, wpe, B, T, self.C)
 
     cdef void layer_forward(self, int layer, float** layer_acts, const float* residual, int B, int T) noexcept nogil:
@@ -373,27 +373,31 @@ cdef class GPT2(Model):
         cdef void* ctx = self.table.ctx
         cdef ParameterTensors params = self.params_c
         cdef LayerActivations* acts = <LayerActivations*>layer_acts
-        cdef int NH = self.NH, C = self.C
-        cdef Py_ssize_t BTC = <Py_ssize_t>B * T * C
+        cdef int NH = self.NH, C = self.C, s
+        cdef Py_ssize_t BTC = <Py_ssize_t>B * T * C, row
         # this layer's weights
-        l_ln1w = self.param_at(params.ln1w, l * C)
-        l_ln1b = self.param_at(params.ln1b, l * C)
-        l_qkvw = self.param_at(params.qkvw, l * 3 * C * C)
-        l_qkvb = self.param_at(params.qkvb, l * 3 * C)
-        l_attprojw = self.param_at(params.attprojw, l * C * C)
-        l_attprojb = self.param_at(params.attprojb, l * C)
-        l_ln2w = self.param_at(params.ln2w, l * C)
-        l_ln2b = self.param_at(params.ln2b, l * C)
-        l_fcw = self.param_at(params.fcw, l * 4 * C * C)
-        l_fcb = self.param_at(params.fcb, l * 4 * C)
-        l_fcprojw = self.param_at(params.fcprojw, l * C * 4 * C)
-        l_fcprojb = self.param_at(params.fcprojb, l * C)
+        l_ln1w = self.at(params.ln1w, l * C)
+        l_ln1b = self.at(params.ln1b, l * C)
+        l_qkvw = self.at(params.qkvw, l * 3 * C * C)
+        l_qkvb = self.at(params.qkvb, l * 3 * C)
+        l_attprojw = self.at(params.attprojw, l * C * C)
+        l_attprojb = self.at(params.attprojb, l * C)
+        l_ln2w = self.at(params.ln2w, l * C)
+        l_ln2b = self.at(params.ln2b, l * C)
+        l_fcw = self.at(params.fcw, l * 4 * C * C)
+        l_fcb = self.at(params.fcb, l * 4 * C)
+        l_fcprojw = self.at(params.fcprojw, l * C * 4 * C)
+        l_fcprojb = self.at(params.fcprojb, l * C)
 
         self.table.layernorm_forward(ctx, acts.ln1, acts.ln1_mean, acts.ln1_rstd, residual, l_ln1w, l_ln1b, B, T, C)
         self.table.matmul_forward(ctx, acts.qkv, acts.ln1, l_qkvw, l_qkvb, B, T, C, 3 * C)
-        if self.kv_caching:   # generation: over the cached positions too (B = 1)
-            self.table.attention_cached_forward(ctx, acts.atty, self.kv_scores, self.kv_keys(layer),
-                                                self.kv_values(layer), acts.qkv, T, self.kv_positions, C, NH)
+        if self.kv_caching:   # each segment over the cached positions too (B = 1, llmc/model.pxd)
+            for s in range(self.num_segments):
+                row = self.segment_row(s)
+                self.table.attention_cached_forward(ctx, self.at(acts.atty, row * C), self.kv_scores,
+                                                    self.kv_keys(layer), self.kv_values(layer),
+                                                    self.at(acts.qkv, row * 3 * C), self.segment_length(s),
+                                                    self.segment_position(s), C, NH)
         elif self.flash:
             self.table.flash_attention_forward(ctx, acts.atty, acts.att_lse, acts.qkv, B, T, C, NH)
         else:
@@ -448,15 +452,15 @@ cdef class GPT2(Model):
         cdef ParameterTensors params = self.params_c, grads = self.grads_c
         cdef LayerActivations* acts = <LayerActivations*>layer_acts
         cdef LayerActivations* grads_acts = <LayerActivations*>layer_grads
-        cdef int NH = self.NH, C = self.C
-        cdef Py_ssize_t BTC = <Py_ssize_t>B * T * C
+        cdef int NH = self.NH, C = self.C, s
+        cdef Py_ssize_t BTC = <Py_ssize_t>B * T * C, row
         # this layer's weights
-        l_ln1w = self.param_at(params.ln1w, l * C)
-        l_qkvw = self.param_at(params.qkvw, l * 3 * C * C)
-        l_attprojw = self.param_at(params.attprojw, l * C * C)
-        l_ln2w = self.param_at(params.ln2w, l * C)
-        l_fcw = self.param_at(params.fcw, l * 4 * C * C)
-        l_fcprojw = self.param_at(params.fcprojw, l * C * 4 * C)
+        l_ln1w = self.at(params.ln1w, l * C)
+        l_qkvw = self.at(params.qkvw, l * 3 * C * C)
+        l_attprojw = self.at(params.attprojw, l * C * C)
+        l_ln2w = self.at(params.ln2w, l * C)
+        l_fcw = self.at(params.fcw, l * 4 * C * C)
+        l_fcprojw = self.at(params.fcprojw, l * C * 4 * C)
         # this layer's weight gradients
         dl_ln1w = grads.ln1w + l * C
         dl_ln1b = grads.ln1b + l * C

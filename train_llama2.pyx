@@ -545,20 +545,20 @@ cdef class Llama2(Model):
         cdef int QD = NH * hs, KVD = NKV * hs
         cdef Py_ssize_t BTC = <Py_ssize_t>B * T * C
         # this layer's weights
-        cdef const float* l_attention_norm = self.param_at(p.attention_norm, l * C)
-        cdef const float* l_wq = self.param_at(p.wq, l * QD * C)
-        cdef const float* l_wk = self.param_at(p.wk, l * KVD * C)
-        cdef const float* l_wv = self.param_at(p.wv, l * KVD * C)
-        cdef const float* l_wo = self.param_at(p.wo, l * C * QD)
-        cdef const float* l_ffn_norm = self.param_at(p.ffn_norm, l * C)
-        cdef const float* l_w1 = self.param_at(p.w1, l * H * C)
-        cdef const float* l_w2 = self.param_at(p.w2, l * C * H)
-        cdef const float* l_w3 = self.param_at(p.w3, l * H * C)
-        cdef const float* l_bq = self.param_at(p.bq, l * QD) if self.qkv_bias else NULL
-        cdef const float* l_bk = self.param_at(p.bk, l * KVD) if self.qkv_bias else NULL
-        cdef const float* l_bv = self.param_at(p.bv, l * KVD) if self.qkv_bias else NULL
-        cdef const float* l_q_norm = self.param_at(p.q_norm, l * hs) if self.qk_norm else NULL
-        cdef const float* l_k_norm = self.param_at(p.k_norm, l * hs) if self.qk_norm else NULL
+        cdef const float* l_attention_norm = self.at(p.attention_norm, l * C)
+        cdef const float* l_wq = self.at(p.wq, l * QD * C)
+        cdef const float* l_wk = self.at(p.wk, l * KVD * C)
+        cdef const float* l_wv = self.at(p.wv, l * KVD * C)
+        cdef const float* l_wo = self.at(p.wo, l * C * QD)
+        cdef const float* l_ffn_norm = self.at(p.ffn_norm, l * C)
+        cdef const float* l_w1 = self.at(p.w1, l * H * C)
+        cdef const float* l_w2 = self.at(p.w2, l * C * H)
+        cdef const float* l_w3 = self.at(p.w3, l * H * C)
+        cdef const float* l_bq = self.at(p.bq, l * QD) if self.qkv_bias else NULL
+        cdef const float* l_bk = self.at(p.bk, l * KVD) if self.qkv_bias else NULL
+        cdef const float* l_bv = self.at(p.bv, l * KVD) if self.qkv_bias else NULL
+        cdef const float* l_q_norm = self.at(p.q_norm, l * hs) if self.qk_norm else NULL
+        cdef const float* l_k_norm = self.at(p.k_norm, l * hs) if self.qk_norm else NULL
         cdef float* q = a.qn if self.qk_norm else a.q    # what RoPE rotates
         cdef float* k = a.kn if self.qk_norm else a.k
 
@@ -572,18 +572,28 @@ cdef class Llama2(Model):
         if self.qk_norm:   # each head's hs channels a row of its own: B*T*NH rows of hs
             self.table.rmsnorm_forward(ctx, a.qn, a.qn_rstd, a.q, l_q_norm, self.eps, B * T, NH, hs)
             self.table.rmsnorm_forward(ctx, a.kn, a.kn_rstd, a.k, l_k_norm, self.eps, B * T, NKV, hs)
-        # the rotations of positions from the first one's (a KV cache's next ones, llmc/model.pyx)
-        cdef Py_ssize_t rotations = <Py_ssize_t>self.first_position() * (hs // 2)
-        self.table.rope_forward(ctx, a.qr, q, self.freqs_cos + rotations, self.freqs_sin + rotations, B, T, NH, hs)
-        self.table.rope_forward(ctx, a.kr, k, self.freqs_cos + rotations, self.freqs_sin + rotations, B, T, NKV, hs)
-        if self.kv_caching:   # generation: over the cached positions too (B = 1)
-            self.table.attention_gqa_cached_forward(ctx, a.atty, self.kv_scores, self.kv_keys(layer),
-                                                    self.kv_values(layer), a.qr, a.kr, a.v, T,
-                                                    self.kv_positions, NH, NKV, hs)
-        elif self.flash:
-            self.table.flash_attention_gqa_forward(ctx, a.atty, a.att_lse, a.qr, a.kr, a.v, B, T, NH, NKV, hs)
+        cdef Py_ssize_t rotations, row
+        cdef int s, n
+        if self.kv_caching:   # each segment at its positions, over the cached ones too (B = 1,
+            for s in range(self.num_segments):   # llmc/model.pxd)
+                row, n = self.segment_row(s), self.segment_length(s)
+                rotations = <Py_ssize_t>self.segment_position(s) * (hs // 2)
+                self.table.rope_forward(ctx, self.at(a.qr, row * QD), self.at(q, row * QD),
+                                        self.freqs_cos + rotations, self.freqs_sin + rotations, 1, n, NH, hs)
+                self.table.rope_forward(ctx, self.at(a.kr, row * KVD), self.at(k, row * KVD),
+                                        self.freqs_cos + rotations, self.freqs_sin + rotations, 1, n, NKV, hs)
+                self.table.attention_gqa_cached_forward(ctx, self.at(a.atty, row * QD), self.kv_scores,
+                                                        self.kv_keys(layer), self.kv_values(layer),
+                                                        self.at(a.qr, row * QD), self.at(a.kr, row * KVD),
+                                                        self.at(a.v, row * KVD), n,
+                                                        self.segment_position(s), NH, NKV, hs)
         else:
-            self.table.attention_gqa_forward(ctx, a.atty, a.att, a.qr, a.kr, a.v, B, T, NH, NKV, hs)
+            self.table.rope_forward(ctx, a.qr, q, self.freqs_cos, self.freqs_sin, B, T, NH, hs)
+            self.table.rope_forward(ctx, a.kr, k, self.freqs_cos, self.freqs_sin, B, T, NKV, hs)
+            if self.flash:
+                self.table.flash_attention_gqa_forward(ctx, a.atty, a.att_lse, a.qr, a.kr, a.v, B, T, NH, NKV, hs)
+            else:
+                self.table.attention_gqa_forward(ctx, a.atty, a.att, a.qr, a.kr, a.v, B, T, NH, NKV, hs)
         self.linear_forward(WO, layer, a.attproj, a.atty, l_wo, NULL, B, T, QD, C)
         self.table.residual_forward(ctx, a.residual2, residual, a.attproj, BTC)
         self.table.rmsnorm_forward(ctx, a.ln2, a.ln2_rstd, a.residual2, l_ffn_norm, self.eps, B, T, C)
@@ -638,15 +648,15 @@ cdef class Llama2(Model):
         cdef int QD = NH * hs, KVD = NKV * hs
         cdef Py_ssize_t BTC = <Py_ssize_t>B * T * C
         # this layer's weights
-        cdef const float* l_attention_norm = self.param_at(p.attention_norm, l * C)
-        cdef const float* l_wq = self.param_at(p.wq, l * QD * C)
-        cdef const float* l_wk = self.param_at(p.wk, l * KVD * C)
-        cdef const float* l_wv = self.param_at(p.wv, l * KVD * C)
-        cdef const float* l_wo = self.param_at(p.wo, l * C * QD)
-        cdef const float* l_ffn_norm = self.param_at(p.ffn_norm, l * C)
-        cdef const float* l_w1 = self.param_at(p.w1, l * H * C)
-        cdef const float* l_w2 = self.param_at(p.w2, l * C * H)
-        cdef const float* l_w3 = self.param_at(p.w3, l * H * C)
+        cdef const float* l_attention_norm = self.at(p.attention_norm, l * C)
+        cdef const float* l_wq = self.at(p.wq, l * QD * C)
+        cdef const float* l_wk = self.at(p.wk, l * KVD * C)
+        cdef const float* l_wv = self.at(p.wv, l * KVD * C)
+        cdef const float* l_wo = self.at(p.wo, l * C * QD)
+        cdef const float* l_ffn_norm = self.at(p.ffn_norm, l * C)
+        cdef const float* l_w1 = self.at(p.w1, l * H * C)
+        cdef const float* l_w2 = self.at(p.w2, l * C * H)
+        cdef const float* l_w3 = self.at(p.w3, l * H * C)
         # this layer's weight gradients (NULL where the parameters are frozen: LoRA)
         cdef float* dl_attention_norm = self.grad_at(g.attention_norm, l * C)
         cdef float* dl_wq = self.grad_at(g.wq, l * QD * C)
@@ -660,8 +670,8 @@ cdef class Llama2(Model):
         cdef float* dl_bq = self.grad_at(g.bq, l * QD)   # NULL too without the qkv bias
         cdef float* dl_bk = self.grad_at(g.bk, l * KVD)
         cdef float* dl_bv = self.grad_at(g.bv, l * KVD)
-        cdef const float* l_q_norm = self.param_at(p.q_norm, l * hs) if self.qk_norm else NULL
-        cdef const float* l_k_norm = self.param_at(p.k_norm, l * hs) if self.qk_norm else NULL
+        cdef const float* l_q_norm = self.at(p.q_norm, l * hs) if self.qk_norm else NULL
+        cdef const float* l_k_norm = self.at(p.k_norm, l * hs) if self.qk_norm else NULL
         cdef float* dl_q_norm = self.grad_at(g.q_norm, l * hs)
         cdef float* dl_k_norm = self.grad_at(g.k_norm, l * hs)
         cdef float* dq = da.qn if self.qk_norm else da.q   # the gradient of what RoPE rotated

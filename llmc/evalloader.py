@@ -5,15 +5,21 @@ completions; each completion's loss is the mean of the model's per-position loss
 predicts the completion's tokens after the context, and the completion of the lowest loss is the
 model's answer (llm.c's acc_norm: the mean, not the sum, so a long completion is not penalised).
 
-The batches: every completion is a row, context + completion, run through model.forward with the
-row's next tokens as targets (the losses are the model's "losses" activation). The rows are
-sorted by length and run B at a time, each batch at its longest row's length rounded up to a
-multiple of RUN_MULTIPLE tokens: little padding (HellaSwag's rows are some 80 tokens, which at
-the next multiple of a training T of 64 would run at 128), and few shapes (a new shape only
-re-points the model's activations, which grow to the largest). A row is never cut, so the score
-is HellaSwag's as llm.c's dev/data/hellaswag.py computes it; only a row longer than the model's
-context (max_seq_len + 1 tokens) loses its oldest tokens. The last batch is filled with rows of
-token 0, whose losses are not read.
+Each completion is a row, context + completion, scored where it predicts the completion's
+tokens. A row is never cut, so the score is HellaSwag's as llm.c's dev/data/hellaswag.py
+computes it; only a row longer than the model's context (max_seq_len + 1 tokens) loses its
+oldest tokens. Two ways to run the rows, the same losses within float32 rounding:
+
+- over the KV cache (a backend with accel/spec.py's "cache" group): examples packed end to end
+  into one long row of about PACKED_ROWS tokens (Model.forward_segments), each context run
+  once, then each completion after it from the cache, and the head (the vocabulary-wide GEMM
+  and its softmax) only where a completion's token is predicted: about 170 positions an
+  example through the layers and 120 through the head, where a batch of whole rows runs 320
+  through both; and one long row makes each GEMM large, however short the texts.
+- else in batches: the rows sorted by length and run B at a time through model.forward, each
+  batch at its longest row's length rounded up to a multiple of RUN_MULTIPLE tokens (little
+  padding, few shapes: a new shape only re-points the model's activations, which grow to the
+  largest); the last batch filled with rows of token 0, whose losses are not read.
 
 With many processes (llmc/distributed.py) each takes its share of the examples, as llm.c's
 evalloader does (ceil(N / processes) each, in order), and the numbers right are summed.
@@ -24,26 +30,101 @@ import numpy as np
 
 from llmc.default_data import DATA_DIR
 
-__all__ = ["HELLASWAG", "completion_losses", "count_correct", "evaluate", "process_share"]
+__all__ = ["HELLASWAG", "batched_losses", "completion_losses", "count_correct", "evaluate",
+           "packed_losses", "packed_scores", "process_share", "scored_row", "scored_rows"]
 
 # llm.c's fixed path, relative to where train.py runs (for short messages); dev/data/hellaswag.py
 # writes it
 HELLASWAG = os.path.relpath(os.path.join(DATA_DIR, "hellaswag", "hellaswag_val.bin"))
-RUN_MULTIPLE = 16   # the lengths the rows run at: multiples of this many tokens
+RUN_MULTIPLE = 16   # batched: the lengths the rows run at, multiples of this many tokens
+PACKED_ROWS = 1024   # over the cache: the tokens packed into a forward (at least one example's)
+
+
+def scored_row(context, completion, max_len):
+    """A completion's row as (tokens, start): context + completion cut from the left to a
+    model's context (max_len positions: max_len + 1 tokens), and the position whose target is
+    the completion's first token (0 where the cut reached the completion)."""
+    tokens = np.concatenate([context, completion]).astype(np.int32)
+    drop = max(len(tokens) - 1 - max_len, 0)
+    return tokens[drop:], max(len(context) - 1 - drop, 0)
+
+
+def scored_rows(model, examples):
+    """Each completion's row (scored_row), example by example."""
+    return [scored_row(example.context, completion, model.config.max_seq_len)
+            for example in examples for completion in example.completions]
 
 
 def completion_losses(model, examples, B):
     """(len(examples), completions) float64: the mean loss of each completion's tokens after
-    its context, the model run on batches of B rows (see above)."""
-    rows = []   # (tokens, the position whose target is the completion's first token)
-    max_len = model.config.max_seq_len
-    for example in examples:
-        for completion in example.completions:
-            tokens = np.concatenate([example.context, completion])
-            drop = max(len(tokens) - 1 - max_len, 0)   # beyond the model's context: the oldest go
-            rows.append((tokens[drop:], max(len(example.context) - 1 - drop, 0)))
+    its context, over the KV cache where the backend has one, else in batches of B rows."""
+    rows = scored_rows(model, examples)
+    losses = packed_losses(model, rows) if model.has_kv_cache else batched_losses(model, rows, B)
+    return losses.reshape(len(examples), -1)
+
+
+def packed_losses(model, rows):
+    """(rows,) float64: rows scored over the KV cache (packed_scores), each the mean loss."""
+    return np.array([losses.mean(dtype=np.float64) for losses, _ in packed_scores(model, rows)])
+
+
+def packed_scores(model, rows, greedy=False):
+    """Each row's (losses, all_greedy) over the KV cache, PACKED_ROWS tokens a forward: the
+    float32 losses of its scored positions, and where greedy is asked whether each of its
+    targets is its position's most likely token (lm-eval's is_greedy), else None. In a
+    forward's one row the shared beginnings (a row's tokens before its start) come first, then
+    every row's scored part: the token at its start and the completion but its last token,
+    whose next tokens are its targets; the head runs on those alone. Segments run the
+    beginnings at position 0, each scored part after its beginning's cache."""
+    scores = [None] * len(rows)
+    beginnings, scored, targets, segments = [], [], [], []
+    order = []   # the rows of the forward being packed, by their scored parts' order
+    packed = [0, 0]   # tokens in beginnings, in scored parts
+
+    def run():
+        head_from = packed[0]
+        starts = np.cumsum([0] + [len(part) for part in scored])
+        layout = [(row, length, position) if kind == "beginning" else
+                  (head_from + row, length, position) for kind, row, length, position in segments]
+        wanted = np.concatenate(targets)
+        per_position = model.forward_segments(np.concatenate(beginnings + scored), layout,
+                                              head_from, wanted)
+        if greedy:
+            logits = model.activation("logits")[0, :len(wanted), :model.config.vocab_size]
+            is_greedy = logits.argmax(axis=-1) == wanted
+        for k, i in enumerate(order):
+            part = slice(starts[k], starts[k + 1])
+            scores[i] = (per_position[part], bool(is_greedy[part].all()) if greedy else None)
+        for list_ in (beginnings, scored, targets, segments, order):
+            list_.clear()
+        packed[:] = [0, 0]
+
+    shared = None   # the beginning the last row's cache holds
+    for i, (tokens, start) in enumerate(rows):
+        if sum(packed) and sum(packed) + len(tokens) > PACKED_ROWS:
+            run()
+            shared = None
+        beginning = tokens[:start]
+        if start and (shared is None or not np.array_equal(shared, beginning)):
+            segments.append(("beginning", packed[0], start, 0))
+            beginnings.append(beginning)
+            packed[0] += start
+        shared = beginning
+        segments.append(("scored", packed[1], len(tokens) - 1 - start, start))
+        scored.append(tokens[start:-1])
+        targets.append(tokens[start + 1:])
+        order.append(i)
+        packed[1] += len(tokens) - 1 - start
+    if order:
+        run()
+    return scores
+
+
+def batched_losses(model, rows, B):
+    """(rows,) float64: rows scored in batches of B (see above)."""
     order = sorted(range(len(rows)), key=lambda i: len(rows[i][0]))
     losses = np.empty(len(rows))
+    max_len = model.config.max_seq_len
     for first in range(0, len(order), B):
         batch = order[first:first + B]
         longest = len(rows[batch[-1]][0]) - 1
@@ -59,7 +140,7 @@ def completion_losses(model, examples, B):
         for r, i in enumerate(batch):
             tokens, start = rows[i]
             losses[i] = per_position[r, start:len(tokens) - 1].mean(dtype=np.float64)
-    return losses.reshape(len(examples), -1)
+    return losses
 
 
 def count_correct(losses, examples):

@@ -61,21 +61,37 @@ cdef class Model:
     cdef float* layer_grads_base         # one layer's gradients, layer_grad_bytes
     cdef size_t head_grad_bytes, layer_grad_bytes, stream_bytes
 
-    # the KV cache of generation (start_cache, forward_cached): each layer's keys, then values,
-    # of the positions of the text so far, (kv_capacity, kv_width) each, in the model's
-    # precision; while kv_caching, a family's layer_forward runs positions kv_positions ..
-    # kv_positions+T-1 of the text, writing their keys and values into the cache and attending
-    # over it (accel/spec.py's "cache" group), its positional tables read from first_position()
+    # the KV cache (start_cache, forward_cached, forward_segments): each layer's keys, then
+    # values, of the positions of a text, (kv_capacity, kv_width) each, in the model's
+    # precision.  While kv_caching, the forward's one row of tokens is segments: segment s is
+    # rows segment_row(s) .. + segment_length(s) - 1, the positions segment_position(s) .. of a
+    # text whose earlier positions the cache holds; a family's layer_forward runs each segment
+    # in order over the cache (accel/spec.py's "cache" group), writing its keys and values
+    # there (forward_cached: one segment, the text's next positions; forward_segments: texts
+    # sharing a beginning, each continuation after it in turn)
     cdef Buffer _kv_cache, _kv_scores
     cdef readonly int kv_positions       # P: the positions cached so far
     cdef readonly int kv_capacity        # the positions the cache holds at most
     cdef Py_ssize_t kv_width             # floats of one position's keys (or values) in a layer
-    cdef bint kv_caching                 # the forward running now is forward_cached's
+    cdef bint kv_caching                 # the forward running now is over segments
     cdef float* kv_scores                # (NH, T, P+T) the cached attention's probabilities
+    cdef object _segments                # (num_segments, 3) int32: row, length, position
+    cdef const int* segments
+    cdef int num_segments
+    cdef int position                    # first_position(): the embedding's, set per segment
+
+    cdef inline int segment_row(self, int s) noexcept nogil:
+        return self.segments[3 * s]
+
+    cdef inline int segment_length(self, int s) noexcept nogil:
+        return self.segments[3 * s + 1]
+
+    cdef inline int segment_position(self, int s) noexcept nogil:
+        return self.segments[3 * s + 2]
 
     cdef inline int first_position(self) noexcept nogil:
-        """The position in the text of the forward's first token: 0 but in forward_cached."""
-        return self.kv_positions if self.kv_caching else 0
+        """The position in its text of the embedding's first token: 0 but in a segment."""
+        return self.position
 
     cdef inline float* kv_keys(self, int l) noexcept nogil:
         return <float*>(<char*>self._kv_cache.ptr +
@@ -114,9 +130,9 @@ cdef class Model:
     cdef float** lora_hidden             # set by _allocate_activations, for its (B, T)
     cdef float* lora_dhidden             # (B*T, R) backward's scratch
 
-    # a parameter tensor's element `offset` (a layer's slice): the parameters are in the
-    # model's precision, so a family never adds to their pointers itself
-    cdef inline float* param_at(self, const float* tensor, Py_ssize_t offset) noexcept nogil:
+    # element `offset` of a parameter or activation tensor (a layer's slice, a segment's rows):
+    # both are in the model's precision, so a family never adds to their pointers itself
+    cdef inline float* at(self, const float* tensor, Py_ssize_t offset) noexcept nogil:
         return <float*>(<const char*>tensor + offset * self.itemsize)
 
     # a parameter gradient's element `offset`, or NULL where the parameters are frozen (LoRA)
@@ -154,6 +170,7 @@ cdef class Model:
     cdef const float* _layer_input(self, int l) noexcept nogil
     cdef void _run_layer_forward(self, int l, int B, int T) noexcept nogil
     cdef void _forward_pass(self, const int* inputs, const int* targets, int B, int T) noexcept nogil
-    cdef void _forward_cached(self, const int* inputs, int T, int head_from, Py_ssize_t C) noexcept nogil
+    cdef void _forward_segments(self, const int* inputs, const int* targets, int n, int head_from,
+                                Py_ssize_t C) noexcept nogil
     cdef void _backward_pass(self, const int* inputs, const int* targets, int B, int T,
                              float dloss) noexcept nogil

@@ -21,7 +21,7 @@ A family (GPT-2 in train_gpt2.pyx) subclasses Model and gives
                                 decides (GPT-2, Llama: flash attention or not)
     point_parameters            its struct of parameter pointers, from a Layout (the
                                 parameters in the model's precision, their gradients float32;
-                                a layer's slice of a parameter tensor through self.param_at)
+                                a layer's slice of a parameter tensor through self.at)
     embedding_forward / layer_forward(l, ...) / head_forward, and their backwards: its parts,
                                 through the backend table, on arrays of tensor pointers in the
                                 order of its shape lists (one layer's, the head's)
@@ -687,13 +687,13 @@ cdef class Model:
 
     # --- forward ---------------------------------------------------------------------------
 
-    def _batch(self, tokens, what, bint masked=False):
+    def _batch(self, tokens, what, bint masked=False, bint packed=False):
         """tokens as a contiguous int32 (B, T), checked; masked: targets, where -1 marks a
-        position not scored."""
+        position not scored; packed: texts end to end (forward_segments), of any length."""
         tokens = np.ascontiguousarray(tokens, dtype=np.int32)
         if tokens.ndim != 2 or tokens.shape[0] < 1 or tokens.shape[1] < 1:
             raise ValueError(f"{what} must have shape (B, T), got {tokens.shape}")
-        if tokens.shape[1] > self.config.max_seq_len:
+        if tokens.shape[1] > self.config.max_seq_len and not packed:
             raise ValueError(f"{what}: sequence length {tokens.shape[1]} exceeds the model's "
                              f"max_seq_len {self.config.max_seq_len}")
         if tokens.min() < (-1 if masked else 0) or tokens.max() >= self.config.vocab_size:
@@ -871,55 +871,95 @@ cdef class Model:
         position only. Runs chunks of at most CACHE_CHUNK positions (the attention's scratch
         grows with the chunk times the text)."""
         tokens = self._batch(np.asarray(tokens, dtype=np.int32).reshape(1, -1), "tokens")
-        cdef int n = tokens.shape[1], T, start, head_from
+        cdef int n = tokens.shape[1], T, start
         if self.kv_capacity == 0:
             raise RuntimeError("forward_cached needs a cache: start_cache first")
         if self.kv_positions + n > self.kv_capacity:
             raise ValueError(f"{n} more positions after {self.kv_positions} do not fit the KV "
                              f"cache of {self.kv_capacity}")
-        _, heads = self.kv_shape(self.config)
-        cdef const int* inp
-        cdef Py_ssize_t C
-        cdef size_t score_bytes
         for start in range(0, n, CACHE_CHUNK):
             chunk = tokens[:, start:start + CACHE_CHUNK]
             T = chunk.shape[1]
-            if (1, T) != (self.B, self.T):
-                self._allocate_activations(1, T)
-            score_bytes = <size_t>heads * T * (self.kv_positions + T) * self.itemsize
-            if self._kv_scores is None or self._kv_scores.nbytes < score_bytes:
-                self._kv_scores = None
-                self._kv_scores = self.backend.alloc(score_bytes)
-                self.kv_scores = floats(self._kv_scores)
-            self._inputs.load(chunk)
-            self.has_targets = self.lora_dropping = False
-            inp = ints(self._inputs)
-            C = self.act_layout.shapes[0][2]   # the stream's (B, T, C): C
-            head_from = T - 1 if start + T == n else -1   # a chunk before the last: no head
-            with nogil:
-                self.kv_caching = True
-                self._forward_cached(inp, T, head_from, C)
-                self.kv_caching = False
-            self.backend.check_error()
+            # a chunk before the last: no head
+            self._run_segments(chunk, [(0, T, self.kv_positions)], T - 1 if start + T == n else T)
             self.kv_positions += T
         return self.logits[0, 0, :self.config.vocab_size]
 
-    cdef void _forward_cached(self, const int* inputs, int T, int head_from,
-                              Py_ssize_t C) noexcept nogil:
-        """forward_cached's chunk of T positions: the embedding, the layers, and the head on
-        positions head_from .. T-1 of the last layer's output (streams of C), none where
-        head_from is -1."""
-        cdef int l
+    def forward_segments(self, tokens, segments, int head_from, targets):
+        """The losses (n - head_from,) float32 of positions head_from.. of tokens (n,), texts
+        packed in one row that share their beginnings through the KV cache: segments (rows from,
+        length, position) run in order, each the positions position.. of a text whose first
+        `position` positions the cache holds, written by the segments before it (a shared
+        context, then each continuation of it in turn; position 0 starts a text). The rows
+        head_from.. are scored against targets (n - head_from,), the head computed on them
+        alone. A segment longer than CACHE_CHUNK runs as several. The cache is left empty."""
+        tokens = self._batch(np.asarray(tokens, dtype=np.int32).reshape(1, -1), "tokens",
+                             packed=True)
+        cdef int n = tokens.shape[1]
+        targets = np.asarray(targets, dtype=np.int32)
+        if not 0 <= head_from < n or targets.shape != (n - head_from,):
+            raise ValueError(f"head from row {head_from} of {n}: targets of shape "
+                             f"{targets.shape}, not ({n - head_from},)")
+        pieces = []
+        for row, length, position in segments:
+            if length < 1 or row < 0 or row + length > n or position < 0:
+                raise ValueError(f"segment {(row, length, position)}: not within the {n} rows")
+            for start in range(0, length, CACHE_CHUNK):
+                pieces.append((row + start, min(CACHE_CHUNK, length - start), position + start))
+        capacity = max(position + length for _, length, position in pieces)
+        self.start_cache(capacity)
+        self._run_segments(tokens, pieces, head_from,
+                           self._batch(targets.reshape(1, -1), "targets", packed=True))
+        return self.activation("losses")[0, :n - head_from].copy()
+
+    def _run_segments(self, tokens, segments, int head_from, targets=None):
+        """One forward over tokens (1, n) as segments (see kv_caching in model.pxd), the head
+        on rows head_from.. (none where head_from is n), with targets (1, n - head_from)."""
+        cdef int n = tokens.shape[1]
+        if (1, n) != (self.B, self.T):
+            self._allocate_activations(1, n)
+        self._segments = np.ascontiguousarray(segments, dtype=np.int32).reshape(-1, 3)
+        cdef const int[:, ::1] rows = self._segments
+        self.segments, self.num_segments = &rows[0, 0], rows.shape[0]
+        _, heads = self.kv_shape(self.config)
+        cdef size_t score_bytes = max(heads * int(length) * int(position + length)
+                                      for _, length, position in segments) * self.itemsize
+        if self._kv_scores is None or self._kv_scores.nbytes < score_bytes:
+            self._kv_scores = None
+            self._kv_scores = self.backend.alloc(score_bytes)
+            self.kv_scores = floats(self._kv_scores)
+        self._inputs.load(tokens)
+        self.has_targets = targets is not None
+        if self.has_targets:
+            self._targets.load(np.pad(targets, ((0, 0), (head_from, 0)), constant_values=-1))
+        self.lora_dropping = False
+        cdef const int* inp = ints(self._inputs)
+        cdef const int* tgt = ints(self._targets) + head_from if self.has_targets else NULL
+        cdef Py_ssize_t C = self.act_layout.shapes[0][2]   # the stream's (B, T, C): C
+        with nogil:
+            self.kv_caching = True
+            self._forward_segments(inp, tgt, n, head_from, C)
+            self.kv_caching = False
+        self.backend.check_error()
+
+    cdef void _forward_segments(self, const int* inputs, const int* targets, int n,
+                                int head_from, Py_ssize_t C) noexcept nogil:
+        """_run_segments' forward: the embedding of each segment at its position, the layers,
+        and the head on rows head_from .. n-1 of the last layer's output (streams of C)."""
+        cdef int l, s
         self.table.mark(self.table.ctx, self.step, -1)
-        self.embedding_forward(self.embedded, inputs, 1, T)
+        for s in range(self.num_segments):
+            self.position = self.segment_position(s)
+            self.embedding_forward(self.at(self.embedded, self.segment_row(s) * C),
+                                   inputs + self.segment_row(s), 1, self.segment_length(s))
+        self.position = 0
         for l in range(self.L):
-            self._run_layer_forward(l, 1, T)
-        if head_from < 0:
+            self._run_layer_forward(l, 1, n)
+        if head_from == n:
             return
         self.table.mark(self.table.ctx, self.step, -1)
-        self.head_forward(self.head_acts, <float*>(<const char*>self._layer_input(self.L) +
-                                                   head_from * C * self.itemsize),
-                          NULL, 1, T - head_from)
+        self.head_forward(self.head_acts, self.at(self._layer_input(self.L), head_from * C),
+                          targets, 1, n - head_from)
 
     cdef void _point_layer(self, int l) noexcept nogil:
         """layer_acts = layer l's activations: its slot's internals, then its output."""
@@ -1121,7 +1161,7 @@ cdef class Model:
             with nogil:
                 if mixed:
                     self.table.adamw_update_rounded(
-                        self.table.ctx, self.param_at(rounded, start), params + start,
+                        self.table.ctx, self.at(rounded, start), params + start,
                         m + (start - self.shard_start), v + (start - self.shard_start),
                         grads + start, end - start, lr, beta1, beta2, eps, decay, grad_scale, t,
                         start)

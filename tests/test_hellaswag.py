@@ -1,8 +1,9 @@
 """
 HellaSwag during training (train.py -h 1): llm.c's eval file (llmc/formats/llmc.py) round-trips
 byte for byte in its layout and refuses bad files in one line; the scorer (llmc/evalloader.py)
-gives each completion the loss PyTorch gives it on the same model, GPT-2 and Llama, across batch
-boundaries, longer-than-T rows and rows cut to the model's context; train.py -h 1 prints and logs
+gives each completion the loss PyTorch gives it on the same model, GPT-2 and Llama, both ways
+(over the KV cache, in batches), across forward and batch boundaries, longer-than-T rows and rows
+cut to the model's context, and at bf16 as near fp32's as the batched way; train.py -h 1 prints and logs
 the accuracy of the model it trains; -h alone is still the help; dev/data/hellaswag.py tokenizes
 as llm.c's and writes nothing offline. The examples are made up here (no download).
 """
@@ -149,8 +150,12 @@ def reference_losses(family, config, params, examples):
     return losses
 
 
+@pytest.mark.parametrize("way", ["cached", "batched"])
 @pytest.mark.parametrize("family_name", ["gpt2", "llama"])
-def test_scores_match_pytorch(family_name):
+def test_scores_match_pytorch(family_name, way, monkeypatch):
+    """Both ways of evalloader: over the KV cache, packed 40 tokens a forward (the examples and
+    their rows split between forwards, rows cut to the context not sharing their examples'
+    beginnings), and in batches of 3 rows."""
     torch = needs.package("torch")
     torch.set_num_threads(1)
     family = get_family(family_name)
@@ -161,14 +166,36 @@ def test_scores_match_pytorch(family_name):
     model = family.model_class.random(config, seed=5)
     examples = made_up_examples(12, seed=3)
     assert max(len(e.context) + max(map(len, e.completions)) for e in examples) > 25
-    ours = evalloader.completion_losses(model, examples, B=3)
+    monkeypatch.setattr(evalloader, "PACKED_ROWS", 40)
+    rows = evalloader.scored_rows(model, examples)
+    losses = (evalloader.packed_losses(model, rows) if way == "cached" else
+              evalloader.batched_losses(model, rows, 3))
+    ours = losses.reshape(len(examples), -1)
     expected = reference_losses(family, config, model.params, examples)
     np.testing.assert_allclose(ours, expected, rtol=0, atol=2e-5)
     order = np.sort(expected, axis=1)
     assert (order[:, 1] - order[:, 0]).min() > 1e-4   # no near tie: the choices must agree
     right = sum(int(np.argmin(row) == e.label) for row, e in zip(expected, examples))
     assert evalloader.count_correct(ours, examples) == right
+    assert model.has_kv_cache   # so evaluate is the cached way
     assert evalloader.evaluate(model, examples, 3, SINGLE) == right
+
+
+@pytest.mark.parametrize("family_name", ["gpt2", "llama"])
+def test_cached_scores_at_bf16_are_as_near_fp32_as_batched(family_name):
+    """At bf16 the two ways round in different places: each within bf16's error of the fp32
+    model's scores, the cached no farther than twice the batched."""
+    family = get_family(family_name)
+    config = family.config_class.from_name("d2", vocab_size=VOCAB, max_seq_len=64)
+    fp32 = family.model_class.random(config, seed=5)
+    narrow = family.model_class(config, precision="bf16", trainable=False)
+    narrow.params = fp32.params
+    examples = made_up_examples(6, seed=2)
+    want = evalloader.batched_losses(fp32, evalloader.scored_rows(fp32, examples), 4)
+    rows = evalloader.scored_rows(narrow, examples)
+    cached = np.abs(evalloader.packed_losses(narrow, rows) - want).max()
+    batched = np.abs(evalloader.batched_losses(narrow, rows, 4) - want).max()
+    assert 0 < cached < 0.02 * np.abs(want).max() and cached < 2 * batched, (cached, batched)
 
 
 def test_processes_share_the_examples_as_llmc():

@@ -8,8 +8,10 @@ several turns (more keys than a block has threads, a head wider than the block, 
 elements than a grid of one compute unit has threads; a decoding step T = 1 among them), and
 generation itself: greedy text with the cache on hip-emu is the CPU's, token for token, for
 GPT-2 and a grouped-query Llama, and check:hip-emu finds every cached call within tolerance, at
-fp32 and bf16.
+fp32 and bf16; and HellaSwag's scores over the cache (segments at offsets into the device's
+buffers) are the CPU's.
 """
+import numpy as np
 import pytest
 
 from accel import instrument
@@ -86,3 +88,23 @@ def test_check_finds_every_cached_call_within_tolerance(builds, family, precisio
     layers = 2   # both models': one call per layer for the prompt and for each token after it
     assert report["entries"][form]["calls"] == layers * STEPS, report["entries"][form]
     assert report["entries"][form]["compared"] > 0
+
+
+@pytest.mark.parametrize("family", sorted(MODELS))
+def test_scores_over_the_cache_on_hip_are_the_cpus(builds, family):
+    """HellaSwag's scorer packs examples into one row of segments (Model.forward_segments): on
+    hip-emu each segment's rows are offsets into device buffers, and every completion's loss is
+    the CPU's within float32's reordering."""
+    from llmc import evalloader
+    from llmc.formats.llmc import EvalExample
+    rng = np.random.default_rng(0)
+    examples = [EvalExample(context=rng.integers(0, V, 12), label=0,
+                            completions=[rng.integers(0, V, n) for n in (3, 7, 5, 9)])
+                for _ in range(3)]
+    Model, config = MODELS[family]
+    losses = []
+    for backend in ("hip-emu", "cpu"):
+        model = Model.random(config, seed=3, backend=get_backend(backend))
+        assert model.has_kv_cache
+        losses.append(evalloader.completion_losses(model, examples, 4))
+    np.testing.assert_allclose(losses[0], losses[1], rtol=0, atol=1e-5)

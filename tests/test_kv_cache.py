@@ -5,7 +5,8 @@ write, the probabilities), and llmc/model.pyx's forward_cached on every family a
 architecture: greedy generation with the cache equals generation without it, token for token,
 for 256 tokens at fp32; the logits of each cached step are those of one forward over the whole
 text, within float32 rounding (the two sum in different orders); a prompt longer than a chunk
-goes in chunks; a text past the cache is refused; generate.py --chat keeps the cache across
+goes in chunks; a text past the cache is refused; forward_segments (HellaSwag's scorer) scores
+texts that share a beginning in one forward as each alone; generate.py --chat keeps the cache across
 turns, each reply the one a generation without the cache gives, and refuses a tokenizer
 without a chat template in one line.
 """
@@ -184,6 +185,61 @@ def test_a_text_past_the_cache_is_refused():
     model.forward_cached([1, 2, 3])
     with pytest.raises(ValueError, match="2 more positions after 3 do not fit the KV cache of 4"):
         model.forward_cached([4, 5])
+
+
+# ----------------------------------------------------------------------------
+# forward_segments: texts that share a beginning, in one forward (HellaSwag's scorer)
+
+def per_position_losses(model, text):
+    """The losses of one forward over text: position i's of predicting text[i + 1]."""
+    text = np.asarray(text, dtype=np.int32)
+    model.forward(text[None, :-1], text[None, 1:])
+    return model.activation("losses")[0].astype(np.float64)
+
+
+@pytest.mark.parametrize("name", sorted(ARCHITECTURES))
+def test_texts_sharing_a_beginning_score_as_each_text_alone(name, monkeypatch):
+    """Two beginnings, each continued three ways (one continuation longer than a chunk), and a
+    text without one, packed as HellaSwag's scorer packs them (the beginnings' rows first, the
+    scored rows after: not in the order they run) and scored in one forward: each scored
+    position's loss is that of a forward over its whole text alone."""
+    monkeypatch.setattr(llmc.model, "CACHE_CHUNK", 7)
+    Model, config = ARCHITECTURES[name]
+    model = Model.random(config, seed=3)
+    rng = np.random.default_rng(4)
+    tokens = lambda n: [int(t) for t in rng.integers(0, V, n)]
+    texts = [(tokens(9), [tokens(5), tokens(2), tokens(16)]), (tokens(3), [tokens(4), tokens(6)]),
+             ([], [tokens(6)])]
+    beginnings, scored, targets, segments, want = [], [], [], [], []
+    head_from = sum(len(b) for b, _ in texts)
+    row = 0
+    for beginning, continuations in texts:
+        if beginning:
+            segments.append((row, len(beginning), 0))
+            beginnings += beginning
+            row += len(beginning)
+        for continuation in continuations:
+            whole = beginning + continuation
+            segments.append((head_from + len(scored), len(continuation) - 1, len(beginning)))
+            scored += continuation[:-1]
+            targets += continuation[1:]
+            want.append(per_position_losses(model, whole)[len(beginning):])
+    got = model.forward_segments(beginnings + scored, segments, head_from, targets)
+    want = np.concatenate(want)
+    assert got.shape == want.shape and np.abs(want).max() > 1
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-5)
+    assert model.kv_positions == 0
+
+
+def test_bad_segments_are_refused():
+    Model, config = ARCHITECTURES["llama-gqa"]
+    model = Model.random(config, seed=1)
+    with pytest.raises(ValueError, match=r"segment \(4, 3, 0\): not within the 6 rows"):
+        model.forward_segments(range(6), [(0, 4, 0), (4, 3, 0)], 4, [1, 2])
+    with pytest.raises(ValueError, match=r"head from row 2 of 6: targets of shape \(3,\), not \(4,\)"):
+        model.forward_segments(range(6), [(0, 6, 0)], 2, [1, 2, 3])
+    with pytest.raises(ValueError, match="must be in 1..320, the model's max_seq_len"):
+        model.forward_segments(range(6), [(0, 6, 315)], 5, [1])
 
 
 # ----------------------------------------------------------------------------
