@@ -29,6 +29,7 @@ from train_gpt2 import GPT2, GPT2Config
 from train_llama2 import Llama2, LlamaConfig
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(REPO, "dev"))
 import export  # noqa: E402
@@ -412,30 +413,40 @@ def loglikelihood(model, gpt2, context, continuation):
             bool(np.all(logprobs[rows].argmax(-1) == continuation_ids)))
 
 
-def test_lm_eval_runs_offline_on_an_export(gpt2, tmp_path, capsys):
+def run_lm_eval(tmp_path, name, command):
+    """lm-eval's command line (command: its program and model options) on llmpyx_tiny, offline,
+    from a folder holding the task's documents: (accuracy, the logged samples)."""
+    work = tmp_path / "work"
+    work.mkdir(exist_ok=True)
+    (work / "tiny_task.jsonl").write_text("".join(json.dumps(d) + "\n" for d in TINY_TASK))
+    env = dict(os.environ, HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1",
+               HF_HOME=str(tmp_path / "hf_home"), OMP_NUM_THREADS="1")
+    results = tmp_path / f"results_{name}"
+    run = subprocess.run(
+        [sys.executable, *command, "--tasks", "llmpyx_tiny", "--include_path",
+         os.path.join(HERE, "fixtures", "lm_eval"), "--batch_size", "1", "--output_path",
+         str(results), "--log_samples"],
+        cwd=work, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    scores = json.loads(open(glob.glob(str(results / "*" / "results_*.json"))[0]).read())
+    samples = [json.loads(line) for line in
+               open(glob.glob(str(results / "*" / "samples_llmpyx_tiny_*.jsonl"))[0])]
+    return scores["results"]["llmpyx_tiny"]["acc,none"], sorted(samples, key=lambda s: s["doc_id"])
+
+
+def test_lm_eval_runs_offline_on_an_export_and_on_ours(gpt2, tmp_path, capsys):
     """lm-eval's Hugging Face model on the export of a d2, the task from a local file with no
-    network: it gives an accuracy, and each choice's loglikelihood is our model's."""
+    network: it gives an accuracy, and each choice's loglikelihood is our model's; and lm-eval
+    on our model itself (dev/eval/lm_eval_llmpyx.py: the contexts once, over the KV cache)
+    gives the same loglikelihoods, greedy flags and accuracy."""
     needs.package("lm_eval")
     needs.package("accelerate")   # lm-eval's Hugging Face model needs it
     model_path = tmp_path / "d2.bin"
     GPT2.random(GPT2Config.from_depth(2, max_seq_len=64), seed=7).save(str(model_path))
     assert run_export(capsys, model_path, "--format", "hf", "-o", tmp_path / "hf")[0] == 0
-    work = tmp_path / "work"
-    work.mkdir()
-    (work / "tiny_task.jsonl").write_text("".join(json.dumps(d) + "\n" for d in TINY_TASK))
-    env = dict(os.environ, HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1",
-               HF_HOME=str(tmp_path / "hf_home"), OMP_NUM_THREADS="1")
-    run = subprocess.run(
-        [sys.executable, "-m", "lm_eval", "run", "--model", "hf", "--model_args",
-         f"pretrained={tmp_path / 'hf'},dtype=float32", "--tasks", "llmpyx_tiny",
-         "--include_path", os.path.join(HERE, "fixtures", "lm_eval"), "--device", "cpu",
-         "--batch_size", "1", "--output_path", str(tmp_path / "results"), "--log_samples"],
-        cwd=work, env=env, capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    results = json.loads(open(glob.glob(str(tmp_path / "results" / "*" / "results_*.json"))[0]).read())
-    accuracy = results["results"]["llmpyx_tiny"]["acc,none"]
-    samples = [json.loads(line) for line in
-               open(glob.glob(str(tmp_path / "results" / "*" / "samples_llmpyx_tiny_*.jsonl"))[0])]
+    accuracy, samples = run_lm_eval(tmp_path, "hf", [
+        "-m", "lm_eval", "run", "--model", "hf", "--device", "cpu", "--model_args",
+        f"pretrained={tmp_path / 'hf'},dtype=float32"])
     assert len(samples) == len(TINY_TASK)
     model = GPT2.from_checkpoint(str(model_path))
     right = 0
@@ -448,6 +459,17 @@ def test_lm_eval_runs_offline_on_an_export(gpt2, tmp_path, capsys):
             assert abs(ll - their_ll) < 1e-4 * max(1.0, abs(ll)) and greedy == their_greedy
         right += int(np.argmax([ll for ll, _ in ours]) == sample["doc"]["label"])
     assert accuracy == right / len(TINY_TASK)
+
+    direct, direct_samples = run_lm_eval(tmp_path, "ours", [
+        os.path.join(ROOT, "dev", "eval", "lm_eval_llmpyx.py"), "run", "--model", "llmpyx",
+        "--model_args", f"model={model_path},tokenizer=gpt2"])
+    assert direct == accuracy
+    for sample, theirs in zip(direct_samples, samples):
+        assert sample["doc_id"] == theirs["doc_id"]
+        for (ll, greedy), (their_ll, their_greedy) in zip(sample["filtered_resps"],
+                                                          theirs["filtered_resps"]):
+            assert abs(float(ll) - float(their_ll)) < 1e-4 * max(1.0, abs(float(ll)))
+            assert greedy == their_greedy
 
 
 FAKE_LM_EVAL = '''
