@@ -65,10 +65,11 @@ def read(buffer, n):
     return buffer.to_numpy(np.float32, 0, n)
 
 
-@pytest.mark.parametrize("T, P", [(1, 0), (1, 9), (4, 0), (5, 7)])
-@pytest.mark.parametrize("NKV", [4, 2, 1])
-def test_the_gqa_kernel_against_float64(T, P, NKV):
-    NH, hs = 4, 8
+# decode (T = 1) at 300 cached positions, 6 query heads of 20 on 6, 2 and 1 key/value heads
+@pytest.mark.parametrize("T, P, hs", [(1, 0, 8), (1, 9, 8), (1, 300, 20), (4, 0, 8), (5, 7, 8)])
+@pytest.mark.parametrize("NKV", [6, 2, 1])
+def test_the_gqa_kernel_against_float64(T, P, hs, NKV):
+    NH = 6
     rng = np.random.default_rng(T * 100 + P * 10 + NKV)
     q, k, v = (rng.standard_normal((T, n * hs)).astype(np.float32) for n in (NH, NKV, NKV))
     cached_k, cached_v = (rng.standard_normal((P, NKV * hs)).astype(np.float32) for _ in "kv")
@@ -87,9 +88,9 @@ def test_the_gqa_kernel_against_float64(T, P, NKV):
     np.testing.assert_allclose(read(att, NH * T * (P + T)), want_att.ravel(), rtol=0, atol=1e-6)
 
 
-@pytest.mark.parametrize("T, P", [(1, 6), (3, 0), (3, 5)])
-def test_the_gpt2_kernel_against_float64(T, P):
-    NH, C = 4, 32
+@pytest.mark.parametrize("T, P, C", [(1, 6, 32), (1, 300, 120), (3, 0, 32), (3, 5, 32)])
+def test_the_gpt2_kernel_against_float64(T, P, C):
+    NH = 4
     rng = np.random.default_rng(T + P)
     inp = rng.standard_normal((T, 3 * C)).astype(np.float32)   # q, k, v side by side
     cached_k, cached_v = (rng.standard_normal((P, C)).astype(np.float32) for _ in "kv")
