@@ -904,6 +904,9 @@ cdef class Model:
         for row, length, position in segments:
             if length < 1 or row < 0 or row + length > n or position < 0:
                 raise ValueError(f"segment {(row, length, position)}: not within the {n} rows")
+            if position + length > self.config.max_seq_len:
+                raise ValueError(f"segment {(row, length, position)}: its positions run past "
+                                 f"the model's max_seq_len {self.config.max_seq_len}")
             for start in range(0, length, CACHE_CHUNK):
                 pieces.append((row + start, min(CACHE_CHUNK, length - start), position + start))
         capacity = max(position + length for _, length, position in pieces)

@@ -239,7 +239,8 @@ def test_bad_segments_are_refused():
         model.forward_segments(range(6), [(0, 4, 0), (4, 3, 0)], 4, [1, 2])
     with pytest.raises(ValueError, match=r"head from row 2 of 6: targets of shape \(3,\), not \(4,\)"):
         model.forward_segments(range(6), [(0, 6, 0)], 2, [1, 2, 3])
-    with pytest.raises(ValueError, match="must be in 1..320, the model's max_seq_len"):
+    with pytest.raises(ValueError, match=r"segment \(0, 6, 315\): its positions run past the "
+                                         r"model's max_seq_len 320"):
         model.forward_segments(range(6), [(0, 6, 315)], 5, [1])
 
 
