@@ -15,7 +15,8 @@ oldest tokens. Two ways to run the rows, the same losses within float32 rounding
   once, then each completion after it from the cache, and the head (the vocabulary-wide GEMM
   and its softmax) only where a completion's token is predicted: about 170 positions an
   example through the layers and 120 through the head, where a batch of whole rows runs 320
-  through both; and one long row makes each GEMM large, however short the texts.
+  through both (0.45x the time on a 2-core Zen 3, dev/BENCHMARKS.md section 25: the FLOPs'
+  share, the longer GEMMs no faster per FLOP there).
 - else in batches: the rows sorted by length and run B at a time through model.forward, each
   batch at its longest row's length rounded up to a multiple of RUN_MULTIPLE tokens (little
   padding, few shapes: a new shape only re-points the model's activations, which grow to the
