@@ -78,47 +78,48 @@ def packed_scores(model, rows, greedy=False):
     whose next tokens are its targets; the head runs on those alone. Segments run the
     beginnings at position 0, each scored part after its beginning's cache."""
     scores = [None] * len(rows)
-    beginnings, scored, targets, segments = [], [], [], []
-    order = []   # the rows of the forward being packed, by their scored parts' order
-    packed = [0, 0]   # tokens in beginnings, in scored parts
-
-    def run():
-        head_from = packed[0]
-        starts = np.cumsum([0] + [len(part) for part in scored])
-        layout = [(row, length, position) if kind == "beginning" else
-                  (head_from + row, length, position) for kind, row, length, position in segments]
-        wanted = np.concatenate(targets)
-        per_position = model.forward_segments(np.concatenate(beginnings + scored), layout,
-                                              head_from, wanted)
+    for forward in packed_forwards(rows):
+        beginnings = [rows[i][0][:rows[i][1]] for i, new in forward if new]
+        parts = [rows[i][0][rows[i][1]:] for i, _ in forward]   # inputs part[:-1], targets part[1:]
+        head_from = sum(map(len, beginnings))
+        segments, begun, placed = [], 0, head_from   # (rows from, length, position), in run order
+        for (i, new), part in zip(forward, parts):
+            start = rows[i][1]
+            if new:
+                segments.append((begun, start, 0))
+                begun += start
+            segments.append((placed, len(part) - 1, start))
+            placed += len(part) - 1
+        targets = np.concatenate([part[1:] for part in parts])
+        per_position = model.forward_segments(
+            np.concatenate(beginnings + [part[:-1] for part in parts]), segments, head_from,
+            targets)
         if greedy:
-            logits = model.activation("logits")[0, :len(wanted), :model.config.vocab_size]
-            is_greedy = logits.argmax(axis=-1) == wanted
-        for k, i in enumerate(order):
-            part = slice(starts[k], starts[k + 1])
-            scores[i] = (per_position[part], bool(is_greedy[part].all()) if greedy else None)
-        for list_ in (beginnings, scored, targets, segments, order):
-            list_.clear()
-        packed[:] = [0, 0]
-
-    shared = None   # the beginning the last row's cache holds
-    for i, (tokens, start) in enumerate(rows):
-        if sum(packed) and sum(packed) + len(tokens) > PACKED_ROWS:
-            run()
-            shared = None
-        beginning = tokens[:start]
-        if start and (shared is None or not np.array_equal(shared, beginning)):
-            segments.append(("beginning", packed[0], start, 0))
-            beginnings.append(beginning)
-            packed[0] += start
-        shared = beginning
-        segments.append(("scored", packed[1], len(tokens) - 1 - start, start))
-        scored.append(tokens[start:-1])
-        targets.append(tokens[start + 1:])
-        order.append(i)
-        packed[1] += len(tokens) - 1 - start
-    if order:
-        run()
+            logits = model.activation("logits")[0, :len(targets), :model.config.vocab_size]
+            is_greedy = logits.argmax(axis=-1) == targets
+        ends = np.cumsum([len(part) - 1 for part in parts])
+        for (i, _), end, part in zip(forward, ends, parts):
+            scored = slice(end - (len(part) - 1), end)
+            scores[i] = (per_position[scored], bool(is_greedy[scored].all()) if greedy else None)
     return scores
+
+
+def packed_forwards(rows):
+    """The rows in forwards of about PACKED_ROWS tokens (at least one row each), in order: each
+    forward a list of (row, new), new where the row's beginning is not the one the row before
+    it in the forward left in the cache (so it runs, at position 0)."""
+    forward, size, shared = [], 0, None
+    for i, (tokens, start) in enumerate(rows):
+        if forward and size + len(tokens) > PACKED_ROWS:
+            yield forward
+            forward, size, shared = [], 0, None
+        beginning = tokens[:start]
+        new = start > 0 and (shared is None or not np.array_equal(shared, beginning))
+        shared = beginning
+        forward.append((i, new))
+        size += (start if new else 0) + len(tokens) - 1 - start
+    if forward:
+        yield forward
 
 
 def batched_losses(model, rows, B):
