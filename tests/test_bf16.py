@@ -153,8 +153,8 @@ def test_each_narrow_entry_is_the_fp32_entry_rounded_once(name, precision):
     """On bf16 (fp16) inputs, a bf16 (fp16) entry's outputs are the fp32 entry's rounded to
     nearest: bit for bit where the table runs the fp32 kernel on widened copies (every fp16
     entry), within an ulp at a few elements where it runs code of its own (cpu.OWN_BF16_KERNELS
-    among them), and within an ulp of the largest where it rounds inside too (cpu.ROUNDED_INSIDE: flash attention's bf16
-    probabilities)."""
+    among them), and within an ulp of the largest where it rounds inside too
+    (cpu.ROUNDED_INSIDE: flash attention's bf16 probabilities)."""
     fp32, half = get_backend("cpu"), get_backend("cpu", precision)
     rng = np.random.default_rng(abs(hash(name)) % 2**32)
     dims = SMALL
