@@ -73,6 +73,22 @@ cdef inline void store(floatX* p, Py_ssize_t i, float value) noexcept nogil:
         p[i] = float_to_bf16(value)
 
 
+# A parameter gradient: float32, or bf16 in a model trained with bf16 gradients (llm.c's
+# choice; Model(grads="bf16")).  A kernel sums its own contribution in float32 and adds it
+# into a bf16 gradient once, rounded to nearest (add_grad), so each call rounds each element
+# once, however many positions it sums.
+ctypedef fused floatG:
+    float
+    bf16
+
+
+cdef inline void add_grad(floatG* p, Py_ssize_t i, float value) noexcept nogil:
+    if floatG is float:
+        p[i] = p[i] + value
+    else:
+        p[i] = float_to_bf16(bf16_to_float(p[i]) + value)
+
+
 # whole arrays, on the OpenMP threads above kernels.parallel's SERIAL_BELOW elements
 cdef void widen(float* out, const bf16* inp, Py_ssize_t n) noexcept nogil
 # out (n,) = inp (n,) as float32
