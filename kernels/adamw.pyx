@@ -7,23 +7,24 @@
 # calls this once per span of the buffer with the weight_decay that span gets.
 # adamw_update_rounded: the same, params being float32 master weights, in the same pass writing
 # each updated parameter rounded stochastically into bf16 (llm.c's adamw_kernel3 with master
-# weights): the rounding's hash costs no extra pass over memory.
-# global_norm_squared: sum of x^2 in double, for gradient-norm clipping.
+# weights): the rounding's hash costs no extra pass over memory.  Its gradients float32 or bf16
+# (a model with bf16 gradients), widened as they are read.
+# global_norm_squared: sum of x^2 in double, for gradient-norm clipping; x float32 or bf16.
 from cython.parallel cimport prange
 from libc.math cimport powf, sqrtf
 
-from kernels.bf16 cimport float_to_bf16_stochastic
+from kernels.bf16 cimport float_to_bf16_stochastic, load
 
 include "kernels/adamw_wrappers.pxi"
 
 
-cdef inline float update_one(float* params, float* m, float* v, const float* grads, Py_ssize_t i,
+cdef inline float update_one(float* params, float* m, float* v, const floatG* grads, Py_ssize_t i,
                              float lr, float beta1, float beta2, float one_minus_beta1,
                              float one_minus_beta2, float eps, float weight_decay,
                              float grad_scale, float beta1_correction,
                              float beta2_correction) noexcept nogil:
     """Parameter i's update; returns its new value."""
-    cdef float grad = grads[i] * grad_scale
+    cdef float grad = load(grads, i) * grad_scale
     cdef float m_i = beta1 * m[i] + one_minus_beta1 * grad
     cdef float v_i = beta2 * v[i] + one_minus_beta2 * grad * grad
     m[i] = m_i
@@ -48,7 +49,7 @@ cdef void adamw_update(float* params, float* m, float* v, const float* grads, Py
 
 
 cdef void adamw_update_rounded(bf16* rounded, float* params, float* m, float* v,
-                               const float* grads, Py_ssize_t n, float lr, float beta1,
+                               const floatG* grads, Py_ssize_t n, float lr, float beta1,
                                float beta2, float eps, float weight_decay, float grad_scale,
                                int t, Py_ssize_t first) noexcept nogil:
     cdef float beta1_correction = 1.0 - powf(beta1, t)
@@ -63,9 +64,43 @@ cdef void adamw_update_rounded(bf16* rounded, float* params, float* m, float* v,
                        beta2_correction), <uint64_t>(first + i), <uint32_t>t)
 
 
-cdef double global_norm_squared(const float* x, Py_ssize_t n) noexcept nogil:
+cdef double global_norm_squared(const floatG* x, Py_ssize_t n) noexcept nogil:
     cdef double total = 0.0
     cdef Py_ssize_t i
     for i in prange(n, schedule="static"):
-        total += <double>x[i] * x[i]
+        total += <double>load(x, i) * load(x, i)
+    return total
+
+
+# ----------------------------------------------------------------------------
+# Python wrappers of adamw_update_rounded and of bf16 gradients (tests), here rather than in
+# kernels/adamw_wrappers.pxi: the dev/cpu variants that include that file have neither
+
+def update_rounded(bf16[::1] rounded, float[::1] params, float[::1] m, float[::1] v,
+                   const floatG[::1] grads, float lr, float beta1, float beta2, float eps,
+                   float weight_decay, float grad_scale, int t, Py_ssize_t first=0):
+    """One AdamW step on float32 master weights params (n,) with moments m, v (n,) and
+    gradients grads (n,), float32 or bf16 bits (uint16); each new parameter also written to
+    rounded (n,) as bf16 bits, rounded stochastically (element i's bits from (first + i, t))."""
+    n = params.shape[0]
+    for name, buf in (("rounded", rounded), ("m", m), ("v", v), ("grads", grads)):
+        if buf.shape[0] != n:
+            raise ValueError(f"adamw.update_rounded: {name} has {buf.shape[0]} elements, "
+                             f"params has {n}")
+    if t < 1:
+        raise ValueError(f"adamw.update_rounded: step t={t}, must be >= 1")
+    if n == 0:
+        return
+    with nogil:
+        adamw_update_rounded(&rounded[0], &params[0], &m[0], &v[0], &grads[0], n, lr, beta1,
+                             beta2, eps, weight_decay, grad_scale, t, first)
+
+
+def norm_squared_bf16(const bf16[::1] x):
+    """Sum of x^2 over x (n,) bf16 bits (uint16), accumulated in double."""
+    if x.shape[0] == 0:
+        return 0.0
+    cdef double total
+    with nogil:
+        total = global_norm_squared(&x[0], x.shape[0])
     return total

@@ -1,8 +1,9 @@
 # Linear layer in bf16 (kernels/matmul.pxd's, with bf16 activations and weights): the products
 # of bf16 operands summed in float32 by kernels.blas's gemm_bf16, the bias added in float32,
-# each output rounded to bf16 once.  The weight gradients stay float32: the GEMM adds into
-# them directly, so the many small per-batch contributions are not rounded away.
-from kernels.bf16 cimport bf16, bf16_to_float
+# each output rounded to bf16 once.  The weight gradients are float32, the GEMM adding into them
+# directly, or bf16 (floatG), each call's sum over its rows rounded once into them: the many
+# small per-position contributions are not rounded away one by one.
+from kernels.bf16 cimport bf16, bf16_to_float, floatG
 
 from libc.stdint cimport uint32_t
 from libc.string cimport memcpy
@@ -68,9 +69,9 @@ cdef inline float dot_bf16(const bf16* a, const float* x_even, const float* x_od
 cdef int matmul_forward_bf16(bf16* out, const bf16* inp, const bf16* weight, const bf16* bias,
                              int B, int T, int C, int OC) noexcept nogil
 # out (B,T,OC) bf16; inp (B,T,C) bf16; weight (OC,C) bf16; bias (OC,) bf16 or NULL
-cdef int matmul_backward_bf16(bf16* dinp, float* dweight, float* dbias, const bf16* dout,
+cdef int matmul_backward_bf16(bf16* dinp, floatG* dweight, floatG* dbias, const bf16* dout,
                               const bf16* inp, const bf16* weight, int B, int T, int C,
                               int OC) noexcept nogil
-# dinp (B,T,C) bf16, dweight (OC,C) float32, dbias (OC,) float32, each NULL where not wanted
+# dinp (B,T,C) bf16, dweight (OC,C), dbias (OC,) float32 or bf16, each NULL where not wanted
 # (dweight: a frozen weight, its GEMM skipped): all += ...;
 # dout (B,T,OC) bf16.  Both return -1 where a GEMM or a block found no scratch memory, else 0.
