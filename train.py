@@ -66,7 +66,7 @@ import sys
 import time
 
 from accel.hooks import backend_hooks, every_backend_hooks, with_wrapper
-from accel.spec import PRECISIONS
+from accel.spec import GRAD_PRECISIONS, PRECISIONS
 from llmc import default_data, distributed, evalloader
 from llmc.checkpoint import (RUN_NAME, checkpoint_files, checkpoint_paths, complete_steps,
                              find_max_step, outliers_path, read_outliers, read_run_config,
@@ -244,6 +244,10 @@ def argument_parser():
                         "weights: llama2.c has no bf16 file); the state holds the master weights. "
                         "fp16: the same in half precision with dynamic loss scaling, float32 "
                         "model files (metal, metal-emu; the CPU's fp16 table is check:'s oracle)")
+    p.add_argument("--grad-precision", choices=list(GRAD_PRECISIONS), default="fp32",
+                   help="the parameter gradients: fp32, or at --precision bf16 bf16, as llm.c "
+                        "keeps them (each kernel sums in float32 and adds into them rounded "
+                        "once; 2 bytes a parameter less; the CPU)")
     p.add_argument("--loss-scale", type=float, default=None, metavar="S",
                    help="fp16: the dynamic loss scale to start at, a power of two (default "
                         "65536, PyTorch's GradScaler's; it halves at each overflow and doubles "
@@ -323,6 +327,9 @@ def parse_args(argv):
         args.recompute = parse_policy(args.recompute)
     except ValueError as e:
         p.error(f"argument --recompute: {e}")
+    require(args.grad_precision == "fp32" or args.precision == args.grad_precision,
+            "--grad-precision", args.grad_precision,
+            f"needs --precision {args.grad_precision} (the parameters and activations in it)")
     if args.loss_scale is not None:
         require(args.precision == "fp16", "--loss-scale", args.loss_scale,
                 f"only fp16 scales its loss, this run is --precision {args.precision}")
@@ -459,14 +466,15 @@ def val_data_pattern(args):
 # default, so a resume needs no flag typed again; a flag given again must agree with those that
 # shape the run (RUN_SHAPE), while the others (how far it trains, how often it evaluates,
 # samples and checkpoints, where it runs) may change, and the next resume takes the new ones.
-RUN_SHAPE = ("--family", "-e", "-b", "-t", "-i", "-j", "--precision", "-d", "-l", "-u", "-q",
+RUN_SHAPE = ("--family", "-e", "-b", "-t", "-i", "-j", "--precision", "--grad-precision", "-d",
+             "-l", "-u", "-q",
              "--lr-schedule", "--cos-decay-steps", "--cos-decay-restart", "-c", "-r",
              "--classifier", "--vocab-size", "--compact-vocab", "-sl", "-sg", "--outlier-window")
 RUN_CARRIED = ("-x", "-v", "-m", "-s", "-g", "-n", "-nk", "-h", "-hm", "--hellaswag",
                "--recompute", "--backend", "--json-log")
 
 # what a run.json written before a setting existed held: that setting's value then
-RUN_CONFIG_DEFAULTS = {"--precision": "fp32"}
+RUN_CONFIG_DEFAULTS = {"--precision": "fp32", "--grad-precision": "fp32"}
 
 
 def resumed_arguments(p, argv, args):
@@ -634,13 +642,16 @@ def load_model(args, Model, resume_path):
     try:
         if resume_path is not None:
             return (Model.from_checkpoint(resume_path, args.backend, args.recompute,
-                                          args.precision), f"checkpoint {resume_path}")
+                                          args.precision, grad_precision=args.grad_precision),
+                    f"checkpoint {resume_path}")
         init, config = model_source(args)
         if config is not None:
             return (Model.random(config, seed=args.seed, backend=args.backend,
-                                 recompute=args.recompute, precision=args.precision),
+                                 recompute=args.recompute, precision=args.precision,
+                                 grad_precision=args.grad_precision),
                     f"random {init} (seed {args.seed})")
-        model = Model.from_checkpoint(init, args.backend, args.recompute, args.precision)
+        model = Model.from_checkpoint(init, args.backend, args.recompute, args.precision,
+                                      grad_precision=args.grad_precision)
         if args.family_note is not None:
             note(args.family_note)
         return model, f"checkpoint {init}"
@@ -676,10 +687,12 @@ def dry_run(args):
         text = backend_hooks(args.backend).dry_run_plan(
             Model, config, f"{family} {init}", args,
             RecomputePlan(args.recompute, Model.num_layers_of(config)),
-            memory_plan(Model, config, args.B, args.T, args.recompute))
+            memory_plan(Model, config, args.B, args.T, args.recompute,
+                        grad_precision=args.grad_precision))
         if text is None:
             text = dry_run_text(Model, config, f"{family} {init}", args.B, args.T, args.recompute,
-                                backend=args.backend, precision=args.precision)
+                                backend=args.backend, precision=args.precision,
+                                grad_precision=args.grad_precision)
     except BackendError as e:   # one the plan cannot have here (metal on Linux), or refuses
         raise TrainError(str(e)) from None
     print(text)
@@ -722,20 +735,25 @@ def compact_vocabulary(args, resume_step, rank=0):
     return vocab_map
 
 
-def memory_line(memory, precision="fp32"):
+def memory_line(memory, precision="fp32", grad_precision="fp32"):
     """One line of what the model allocated on its backend, by kind (Model.memory()); at bf16
     it says what is bf16: the activations (half the bytes of fp32's; their statistics and
-    losses float32) and, beside the float32 master weights, the parameters."""
+    losses float32), beside the float32 master weights the parameters, and the gradients with
+    --grad-precision bf16."""
     mib = lambda n: f"{n / 2 ** 20:,.0f} MiB"  # noqa: E731
     what = dict(params=f" ({precision} + float32 master weights)", activations=f" ({precision})",
                 activation_grads=f" ({precision})") if precision != "fp32" else {}
+    if grad_precision != "fp32":
+        what["grads"] = f" ({grad_precision})"
     return ("memory allocated: " + ", ".join(f"{kind} {mib(n)}{what.get(kind, '')}"
                                              for kind, n in memory.items())
             + f"; total {mib(sum(memory.values()))}")
 
 
-def precision_text(precision):
+def precision_text(precision, grad_precision="fp32"):
     """The config table's precision: what it keeps in which type."""
+    if precision == "bf16" and grad_precision == "bf16":
+        return "bf16, bf16 gradients (float32 master weights, AdamW)"
     if precision == "bf16":
         return "bf16 (float32 master weights, gradients, AdamW)"
     if precision == "fp16":
@@ -747,11 +765,14 @@ def require_backend(args, here=True):
     """A TrainError in one line when --backend cannot run here (unless not here: a dry run
     plans backends of other machines), or has no kernels of --precision (accel/backend.pyx's
     BackendError), without making the backend."""
-    from accel.backend import BackendError, require_available, require_precision
+    from accel.backend import (BackendError, require_available, require_grad_precision,
+                               require_precision)
     try:
         if here:
             require_available(args.backend)
-        require_precision(args.backend, args.precision)
+        module = require_precision(args.backend, args.precision)
+        require_grad_precision(module, args.backend.rpartition(":")[2], args.precision,
+                               args.grad_precision)
     except BackendError as e:
         raise TrainError(str(e)) from None
 
@@ -993,7 +1014,8 @@ def train(args, dist):
         ("vocab compaction", "off" if vocab_map is None else
          f"{len(vocab_map)} ids of the data (--compact-vocab)"),
         ("num_parameters", model.num_parameters),
-        ("backend", model.backend.name), ("precision", precision_text(model.precision)),
+        ("backend", model.backend.name),
+        ("precision", precision_text(model.precision, model.grad_precision)),
         ("CPU GEMMs", cpu_gemms),
         *([("bf16 GEMMs", BF16_LIBRARY)] if model.precision == "bf16" else []),
         ("recompute", model.recompute), None,
@@ -1017,6 +1039,7 @@ def train(args, dist):
                         num_processes=num_processes, family=args.family, init=init_desc,
                         num_parameters=model.num_parameters, vocab_size=config.vocab_size,
                         backend=model.backend.name, precision=model.precision,
+                        grad_precision=model.grad_precision,
                         recompute=model.recompute, train_data=args.train_data,
                         output_dir=args.output_dir, compact_vocab=vocab_map is not None,
                         **efficiency.header())
@@ -1158,7 +1181,7 @@ def train(args, dist):
         if overflow:
             logger.log_overflow(step, model.loss_scale)
         if first_step and not restarted:  # everything is allocated now: how much, as llm.c
-            console.print(memory_line(model.memory(), model.precision))
+            console.print(memory_line(model.memory(), model.precision, model.grad_precision))
         first_step = False
 
     if hellaswag_evals > 0:

@@ -257,24 +257,26 @@ cdef class GPT2(Model):
     cdef readonly bint classifier               # the classifier's loss (the backend has it)
     cdef ParameterTensors params_c, grads_c     # pointers into the buffers, llm.c's structs
 
-    def __init__(self, config, backend="cpu", recompute="all", precision=None, trainable=True):
+    def __init__(self, config, backend="cpu", recompute="all", precision=None, trainable=True,
+                 grad_precision=None):
         """A model of this GPT2Config with all parameters zero (see random / from_checkpoint),
         on a backend: "cpu", "check:cpu", ... (accel.backend.backend_names()), keeping its
         activations by a recompute policy: "all", "sqrt", ... (llmc/recompute.py), at a precision:
         "fp32" or "bf16" (llmc/model.pyx; None: the backend's, else fp32); trainable=False: for
-        inference or a LoRA base (llmc/model.pyx: no master weights at bf16)."""
+        inference or a LoRA base (llmc/model.pyx: no master weights at bf16); grad_precision:
+        at bf16, "bf16" for bf16 parameter gradients (llmc/model.pyx)."""
         assert sizeof(LayerActivations) == 17 * sizeof(float*)
         assert sizeof(HeadActivations) == 7 * sizeof(float*)
         self.NH, self.C = config.num_heads, config.channels
         self.V, self.Vp = config.vocab_size, config.padded_vocab_size
-        super().__init__(config, backend, recompute, precision, trainable)
+        super().__init__(config, backend, recompute, precision, trainable, grad_precision)
         self.flash = self.backend.supports("flash")
         self.classifier = self.backend.supports("classifier")
 
     cdef void point_parameters(self, float* params, float* grads) noexcept:
         self.param_layout.point(<float**>&self.params_c, params, self.itemsize)
         if grads != NULL:
-            self.param_layout.point(<float**>&self.grads_c, grads, sizeof(float))
+            self.param_layout.point(<float**>&self.grads_c, grads, self.grad_itemsize)
 
     @classmethod
     def activation_shapes(cls, config, int B, int T, bint flash=True, bint classifier=True):
@@ -305,18 +307,19 @@ cdef class GPT2(Model):
 
     @classmethod
     def from_checkpoint(cls, path, backend="cpu", recompute="all", precision=None,
-                        trainable=True):
+                        trainable=True, grad_precision=None):
         """Load an llm.c model file (version 3 fp32 or 5 bf16); trainable: see Model."""
         config, params = read_model(path)
-        model = cls(config, backend, recompute, precision, trainable)
+        model = cls(config, backend, recompute, precision, trainable, grad_precision)
         model.params = params
         return model
 
     @classmethod
-    def random(cls, config, seed=0, backend="cpu", recompute="all", precision=None):
+    def random(cls, config, seed=0, backend="cpu", recompute="all", precision=None,
+               grad_precision=None):
         """GPT-2's initialisation: N(0, 0.02) weights, residual projections scaled by
         1/sqrt(2L), LayerNorm weights 1, biases 0, padded vocabulary rows 0."""
-        model = cls(config, backend, recompute, precision)
+        model = cls(config, backend, recompute, precision, grad_precision=grad_precision)
         rng = np.random.default_rng(seed)
         params = np.zeros(model.num_parameters, dtype=np.float32)
         tensors = model.param_layout.views(params)
@@ -462,18 +465,18 @@ cdef class GPT2(Model):
         l_fcw = self.at(params.fcw, l * 4 * C * C)
         l_fcprojw = self.at(params.fcprojw, l * C * 4 * C)
         # this layer's weight gradients
-        dl_ln1w = grads.ln1w + l * C
-        dl_ln1b = grads.ln1b + l * C
-        dl_qkvw = grads.qkvw + l * 3 * C * C
-        dl_qkvb = grads.qkvb + l * 3 * C
-        dl_attprojw = grads.attprojw + l * C * C
-        dl_attprojb = grads.attprojb + l * C
-        dl_ln2w = grads.ln2w + l * C
-        dl_ln2b = grads.ln2b + l * C
-        dl_fcw = grads.fcw + l * 4 * C * C
-        dl_fcb = grads.fcb + l * 4 * C
-        dl_fcprojw = grads.fcprojw + l * C * 4 * C
-        dl_fcprojb = grads.fcprojb + l * C
+        dl_ln1w = self.grad_at(grads.ln1w, l * C)
+        dl_ln1b = self.grad_at(grads.ln1b, l * C)
+        dl_qkvw = self.grad_at(grads.qkvw, l * 3 * C * C)
+        dl_qkvb = self.grad_at(grads.qkvb, l * 3 * C)
+        dl_attprojw = self.grad_at(grads.attprojw, l * C * C)
+        dl_attprojb = self.grad_at(grads.attprojb, l * C)
+        dl_ln2w = self.grad_at(grads.ln2w, l * C)
+        dl_ln2b = self.grad_at(grads.ln2b, l * C)
+        dl_fcw = self.grad_at(grads.fcw, l * 4 * C * C)
+        dl_fcb = self.grad_at(grads.fcb, l * 4 * C)
+        dl_fcprojw = self.grad_at(grads.fcprojw, l * C * 4 * C)
+        dl_fcprojb = self.grad_at(grads.fcprojb, l * C)
 
         # the forward's steps, in reverse (grads_acts.residual3 is the gradient of the output)
         self.table.residual_backward(ctx, grads_acts.residual2, grads_acts.fcproj, grads_acts.residual3, BTC)

@@ -27,6 +27,8 @@ cdef class Backend:
     cdef public dict tolerances       # check:'s tolerance by entry, for lower-precision entries
     cdef readonly str precision       # what the floatX arguments point to: "fp32" or "bf16"
     cdef readonly int itemsize        # bytes of one floatX element
+    cdef readonly str grad_precision  # what the floatG arguments point to: "fp32" or "bf16"
+    cdef readonly int grad_itemsize   # bytes of one floatG element
     cdef void validate(self) except *
 
 

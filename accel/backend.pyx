@@ -16,7 +16,7 @@ import os
 import sys
 
 import accel.hip as _hip
-from accel.spec import ENTRY_GROUPS, GROUPS, ORDER, PRECISIONS
+from accel.spec import ENTRY_GROUPS, GRAD_PRECISIONS, GROUPS, ORDER, PRECISIONS
 
 import numpy as np
 
@@ -25,7 +25,8 @@ from cpython.buffer cimport PyBUF_WRITABLE
 from libc.stdint cimport uintptr_t
 
 __all__ = ["Backend", "BackendError", "Buffer", "backend_module", "backend_names", "get_backend",
-           "register_backend", "require_available", "require_precision", "ENTRY_GROUPS"]
+           "register_backend", "require_available", "require_grad_precision", "require_precision",
+           "ENTRY_GROUPS"]
 
 
 class BackendError(RuntimeError):
@@ -73,7 +74,7 @@ cdef class Backend:
     model runs the fused group), summary()."""
 
     def __init__(self, str name, bint host_visible, tuple groups, keepalive=None,
-                 str precision="fp32"):
+                 str precision="fp32", str grad_precision="fp32"):
         self.name = name
         self.host_visible = host_visible
         self.groups = _with_core(groups)
@@ -81,6 +82,8 @@ cdef class Backend:
         self.tolerances = {}
         self.precision = precision
         self.itemsize = PRECISIONS[precision][1]
+        self.grad_precision = grad_precision
+        self.grad_itemsize = GRAD_PRECISIONS[grad_precision][1]
 
     cdef void validate(self) except *:
         """Refuse a table that lacks an entry of a group it claims."""
@@ -96,7 +99,8 @@ cdef class Backend:
     def _without_entry(self, str entry):
         """A copy of this backend with one entry left out (tests of the validation); raises
         BackendError as a backend module's create() would."""
-        cdef Backend copy = Backend(self.name, self.host_visible, self.groups, self, self.precision)
+        cdef Backend copy = Backend(self.name, self.host_visible, self.groups, self, self.precision,
+                                    self.grad_precision)
         copy.table = self.table
         entry_slots(&copy.table)[ORDER.index(entry)] = NULL
         copy.validate()
@@ -105,7 +109,8 @@ cdef class Backend:
     def _with_groups(self, tuple groups):
         """A copy of this backend claiming only these entry groups (tests of a model's
         refusal of a backend without its kernels)."""
-        cdef Backend copy = Backend(self.name, self.host_visible, groups, self, self.precision)
+        cdef Backend copy = Backend(self.name, self.host_visible, groups, self, self.precision,
+                                    self.grad_precision)
         copy.table = self.table
         copy.validate()
         return copy
@@ -401,22 +406,46 @@ def require_precision(name, str precision):
     return module
 
 
-def get_backend(name, str precision="fp32"):
+def require_grad_precision(module, name, str precision, str grad_precision):
+    """Raise the BackendError for a backend module that has no table with gradients of
+    grad_precision at this precision (its GRAD_PRECISIONS, default fp32 alone)."""
+    if grad_precision not in GRAD_PRECISIONS:
+        raise BackendError(f"unknown gradient precision {grad_precision!r} (known: "
+                           f"{', '.join(GRAD_PRECISIONS)})")
+    if grad_precision == "fp32":
+        return
+    if precision != grad_precision:
+        raise BackendError(f"{grad_precision} gradients need precision {grad_precision} (the "
+                           f"parameters and activations in it), not {precision}")
+    if module is not None and grad_precision not in getattr(module, "GRAD_PRECISIONS", ("fp32",)):
+        raise BackendError(f"backend '{name}' keeps float32 parameter gradients ({grad_precision} "
+                           f"gradients run on the CPU's bf16 table)")
+
+
+def get_backend(name, str precision="fp32", str grad_precision="fp32"):
     """The Backend called name ("cpu", "check:cpu", ...) at a precision ("fp32", "bf16": what
-    its tables' floatX arguments point to, accel/spec.py); BackendError in one line if there is
+    its tables' floatX arguments point to, accel/spec.py), its parameter gradients of
+    grad_precision (floatG: "fp32", or "bf16" at bf16); BackendError in one line if there is
     no such backend, it cannot run here, or it has no table of that precision."""
     if isinstance(name, Backend):
         if (<Backend>name).precision != precision:
             raise BackendError(f"backend '{name.name}' runs at {name.precision}, not {precision}")
+        if (<Backend>name).grad_precision != grad_precision:
+            raise BackendError(f"backend '{name.name}' keeps {name.grad_precision} gradients, "
+                               f"not {grad_precision}")
         return name
     require_available(name)
     wrapper, _, inner = name.partition(":")
     if inner:
-        return importlib.import_module(WRAPPERS_MODULE).create(wrapper,
-                                                               get_backend(inner, precision))
+        return importlib.import_module(WRAPPERS_MODULE).create(
+            wrapper, get_backend(inner, precision, grad_precision))
     module = require_precision(name, precision)
+    require_grad_precision(module, name, precision, grad_precision)
     try:
-        backend = module.create(precision=precision) if precision != "fp32" else module.create()
+        options = {} if precision == "fp32" else dict(precision=precision)
+        if grad_precision != "fp32":
+            options["grad_precision"] = grad_precision
+        backend = module.create(**options)
     except ImportError as e:
         raise BackendError(f"backend '{name}' is not built ({e}): run `make train_gpt2`") from None
     (<Backend?>backend).validate()

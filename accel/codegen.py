@@ -9,6 +9,8 @@ accel/generated/:
     cpu_table.pxi       the CPU backend's adapters                      included by accel/cpu.pyx
     cpu_bf16_table.pxi  the CPU's bf16 table: generic kernels, and fp32 entries on widened copies
                                                                         included by accel/cpu.pyx
+    cpu_bf16_grads_table.pxi  its entries that differ with bf16 gradients (floatG)
+                                                                        included by accel/cpu.pyx
     cpu_fp16_table.pxi  the CPU's fp16 table: fp32 entries on widened copies
                                                                         included by accel/cpu.pyx
     library.pxi         the types of what a GPU build exports beside its entries
@@ -96,7 +98,8 @@ def call_pxi():
             if not a.pointer:
                 converted.append(f"a[{i}]")
                 continue
-            itemsize = "backend.itemsize" if a.floatx else "1" if a.base_type == "void" else "4"
+            itemsize = ("backend.itemsize" if a.floatx else "backend.grad_itemsize" if a.floatg
+                        else "1" if a.base_type == "void" else "4")
             nbytes = (f"{itemsize} * ({python_expression(a.elements, positions)})"
                       if uses_only(a.elements, positions) else "0")
             if a.role == "host":   # host memory: a NumPy array
@@ -151,8 +154,9 @@ def wrappers_pxi():
             lines.append(f"        {oracle}")
         for a in e.outputs:
             causal = "<int>T" if a.causal else "0"
+            narrow = "s.narrow" if a.floatx else "s.grad_narrow" if a.floatg else "FLOAT32"
             lines.append(f"        compare(s, {tag}, {a.name}, {c_expression(a.elements)}, "
-                         f"<double>({c_expression(a.reduction)}), {causal}, {a.floatx})")
+                         f"<double>({c_expression(a.reduction)}), {causal}, {narrow})")
         if returns:
             lines.append("    return result")
         lines.append("")
@@ -208,7 +212,7 @@ def cpu_narrow_mark(entry, precision):
     return "adapter" if sized and entry.group != "mixed" else None
 
 
-def cpu_narrow_pxi(precision):
+def cpu_narrow_pxi(precision, grads=False):
     """The CPU's table at a narrow precision (bf16, fp16), from each entry's mark
     (cpu_narrow_mark; accel/spec.py's bf16):
       "kernel"   the CPU kernel is written once for both precisions (kernels/bf16.pxd's floatX):
@@ -216,30 +220,41 @@ def cpu_narrow_pxi(precision):
       "adapter"  the fp32 CPU entry (cpu_NAME, accel/cpu.pyx and cpu_table.pxi) on float32
                  copies of its narrow arguments in the backend's scratch memory (exact: every
                  bf16 and fp16 is a float32), what it wrote rounded back once, to nearest even
-      None       written by hand in accel/cpu.pyx"""
+      None       written by hand in accel/cpu.pyx
+    With grads, the entries of the bf16 table with bf16 gradients that differ from it: those
+    with floatG arguments, narrow there too (a kernel's floatG, kernels/bf16.pxd, is bf16; an
+    entry that is the fp32 one, "same", calls its kernel so), fill_bf16_grads over fill_bf16."""
     ctype, widen, narrow, module = NARROW[precision]
+    prefix = f"{precision}g" if grads else precision
     lines = [f"from {module} cimport {ctype}, {widen}, {narrow}", ""]
     fills = []
     for e in spec.ENTRIES:
         mark = cpu_narrow_mark(e, precision)
+        if grads:
+            if not any(a.floatg for a in e.args):
+                continue
+            mark = "kernel" if mark == "same" else mark
+
+        def is_narrow(a):
+            return a.floatx or (grads and a.floatg)
         if mark not in ("kernel", "adapter"):
             continue
         args = ", ".join(["void* ctx"] + [a.declaration for a in e.args])
-        lines.append(f"cdef {e.returns} {precision}_{e.name}({args}) noexcept nogil:")
+        lines.append(f"cdef {e.returns} {prefix}_{e.name}({args}) noexcept nogil:")
         fills.append(e.name)
         if mark == "kernel":
             module, _, call = e.cpu.partition(":")
             call = call.strip() or f"{e.name}({', '.join(a.name for a in e.args)})"
             for a in e.args:
-                if a.floatx:
+                if is_narrow(a):
                     cast = f"<const {ctype}*>" if a.ctype.startswith("const") else f"<{ctype}*>"
                     call = re.sub(rf"\b{a.name}\b", f"{cast}{a.name}", call)
             lines.append(f"    {'return ' if e.returns != 'void' else ''}{call}")
             lines.append("")
             continue
-        sizes = {a.name: c_expression(a.elements) for a in e.args if a.floatx}
+        sizes = {a.name: c_expression(a.elements) for a in e.args if is_narrow(a)}
         names = {a.name for a in e.args if not a.pointer}
-        unsized = [a.name for a in e.args if a.floatx and not uses_only(a.elements, names)]
+        unsized = [a.name for a in e.args if is_narrow(a) and not uses_only(a.elements, names)]
         if unsized:
             raise ValueError(f"accel/spec.py: {e.name}'s {unsized[0]} has no length in the call's "
                              f"numbers: write its {precision} entry by hand (bf16=None)")
@@ -250,27 +265,31 @@ def cpu_narrow_pxi(precision):
         lines.append("        return" + (" 0" if e.returns != "void" else ""))
         offset = "0"
         for a in e.args:   # an optional argument that is NULL stays NULL
-            if a.floatx:
+            if is_narrow(a):
                 null = f"NULL if {a.name} == NULL else " if a.optional else ""
                 lines.append(f"    cdef float* w_{a.name} = {null}w + {offset}")
                 offset = f"{offset} + {sizes[a.name]}" if offset != "0" else sizes[a.name]
         guard = lambda a: f"if {a.name} != NULL: " if a.optional else ""  # noqa: E731
         for a in e.args:   # outputs too: an entry may leave some elements as they were
-            if a.floatx:
+            if is_narrow(a):
                 lines.append(f"    {guard(a)}{widen}(w_{a.name}, <const {ctype}*>{a.name}, "
                              f"{sizes[a.name]})")
-        call_args = ", ".join(f"w_{a.name}" if a.floatx else a.name for a in e.args)
+        call_args = ", ".join(f"w_{a.name}" if is_narrow(a) else a.name for a in e.args)
         returns = e.returns != "void"
         lines.append(f"    {'cdef ' + e.returns + ' result = ' if returns else ''}cpu_{e.name}(ctx, {call_args})")
         for a in e.args:
-            if a.floatx and a.written:
+            if is_narrow(a) and a.written:
                 lines.append(f"    {guard(a)}{narrow}(<{ctype}*>{a.name}, w_{a.name}, {sizes[a.name]})")
         if returns:
             lines.append("    return result")
         lines.append("")
-    lines.append(f"cdef void fill_{precision}(BackendTable* t) noexcept:")
-    lines.append(f'    """The {precision} entries written from the spec: generic kernels and adapters."""')
-    lines += [f"    t.{name} = {precision}_{name}" for name in fills]
+    fill = f"fill_{precision}_grads" if grads else f"fill_{precision}"
+    what = (f"the {precision} entries with {precision} gradients written from the spec, over "
+            f"fill_{precision}'s" if grads else
+            f"the {precision} entries written from the spec: generic kernels and adapters")
+    lines.append(f"cdef void {fill}(BackendTable* t) noexcept:")
+    lines.append(f'    """{what[0].upper() + what[1:]}."""')
+    lines += [f"    t.{name} = {prefix}_{name}" for name in fills]
     return "\n".join(lines) + "\n"
 
 
@@ -288,8 +307,9 @@ def header_declaration(returns, name, args):
 
 def header_type(ctype):
     """An argument's C type as the builds' exports have it: floatX stays floatX (each build
-    defines it), Py_ssize_t is ptrdiff_t."""
-    return ctype.replace("Py_ssize_t", "ptrdiff_t")
+    defines it), floatG is float (a GPU build's gradients are float32), Py_ssize_t is
+    ptrdiff_t."""
+    return ctype.replace("floatG", "float").replace("Py_ssize_t", "ptrdiff_t")
 
 
 def backend_h():
@@ -339,6 +359,9 @@ OUTPUTS = {
     "cpu_table.pxi": ("the CPU backend's adapters (included by accel/cpu.pyx)", cpu_pxi),
     "cpu_bf16_table.pxi": ("the CPU's bf16 table (included by accel/cpu.pyx)",
                            lambda: cpu_narrow_pxi("bf16")),
+    "cpu_bf16_grads_table.pxi": ("the CPU's bf16 table's entries with bf16 gradients "
+                                 "(included by accel/cpu.pyx)",
+                                 lambda: cpu_narrow_pxi("bf16", grads=True)),
     "cpu_fp16_table.pxi": ("the CPU's fp16 table (included by accel/cpu.pyx)",
                            lambda: cpu_narrow_pxi("fp16")),
     "library.pxi": ("the types of a GPU build's own exports (included by accel/loader.pxd)",

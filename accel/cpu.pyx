@@ -6,17 +6,20 @@ drops the context, which the CPU does not need; those are written from accel/spe
 and mean, and the one entry that reports an error.
 
 Three tables: fp32, bf16 and fp16 (create(precision=...)), whose floatX arguments point to
-float32, bf16 or fp16.  A bf16 entry is a kernel written once for both precisions, or else the
-fp32 entry run on float32 copies of its bf16 arguments made in the backend's scratch memory
-(both written from accel/spec.py into accel/generated/cpu_bf16_table.pxi); the GEMMs run on bf16
-operands (kernels/matmul_bf16.pyx: AMX or AVX512_BF16 through oneMKL where the CPU has them),
-and the rounding of the parameters is written here.  So are two attentions' bf16 kernels
-(OWN_BF16_KERNELS), for which check:'s oracle (create(oracle=True)) keeps the fp32 kernel on
-widened copies: the KV cache's, which reads the bf16 cache as it is, and flash attention's,
-which rounds its probabilities (and their gradients) to bf16 for those GEMMs, as a GPU's does
-(ROUNDED_INSIDE: by more than its outputs' own rounding).  The fp16 table is check:'s oracle for the
-GPUs' half precision (Metal's): every entry is the fp32 one on widened copies, its outputs
-rounded to nearest once (accel/generated/cpu_fp16_table.pxi), slower than fp32 and never tuned.
+float32, bf16 or fp16; the bf16 one also with bf16 parameter gradients (grad_precision="bf16":
+the floatG arguments, whose kernels add each call's float32 sum into them rounded once,
+accel/generated/cpu_bf16_grads_table.pxi and two entries here).  A bf16 entry is a kernel
+written once for both precisions, or else the fp32 entry run on float32 copies of its bf16
+arguments made in the backend's scratch memory (both written from accel/spec.py into
+accel/generated/cpu_bf16_table.pxi); the GEMMs run on bf16 operands (kernels/matmul_bf16.pyx:
+AMX or AVX512_BF16 through oneMKL where the CPU has them), and the rounding of the parameters is
+written here.  So are two attentions' bf16 kernels (OWN_BF16_KERNELS), for which check:'s oracle
+(create(oracle=True)) keeps the fp32 kernel on widened copies: the KV cache's, which reads the
+bf16 cache as it is, and flash attention's, which rounds its probabilities (and their gradients)
+to bf16 for those GEMMs, as a GPU's does (ROUNDED_INSIDE: by more than its outputs' own
+rounding).  The fp16 table is check:'s oracle for the GPUs' half precision (Metal's): every
+entry is the fp32 one on widened copies, its outputs rounded to nearest once
+(accel/generated/cpu_fp16_table.pxi), slower than fp32 and never tuned.
 
 Memory comes from mmap: page-aligned (so guard:cpu can protect it), zero pages until first
 written, and large buffers advised to transparent huge pages as NumPy does for its arrays.
@@ -198,6 +201,13 @@ cdef void bf16_matmul_backward(void* ctx, float* dinp, float* dweight, float* db
                             <const bf16*>weight, B, T, C, OC) != 0:
         fail("matmul_backward (bf16): out of memory for its float32 blocks")
 
+cdef void bf16g_matmul_backward(void* ctx, float* dinp, float* dweight, float* dbias,
+                                const float* dout, const float* inp, const float* weight,
+                                int B, int T, int C, int OC) noexcept nogil:
+    if matmul_backward_bf16(<bf16*>dinp, <bf16*>dweight, <bf16*>dbias, <const bf16*>dout,
+                            <const bf16*>inp, <const bf16*>weight, B, T, C, OC) != 0:
+        fail("matmul_backward (bf16): out of memory for its float32 blocks")
+
 cdef void bf16_narrow_params(void* ctx, float* params, const float* master, Py_ssize_t n,
                              Py_ssize_t first, int seed) noexcept nogil:
     if seed < 0:
@@ -212,6 +222,14 @@ cdef void bf16_adamw_update_rounded(void* ctx, float* params, float* master, flo
                                     int t, Py_ssize_t first) noexcept nogil:
     adamw_update_rounded(<bf16*>params, master, m, v, grads, n, lr, beta1, beta2, eps,
                          weight_decay, grad_scale, t, first)
+
+
+cdef void bf16g_adamw_update_rounded(void* ctx, float* params, float* master, float* m,
+                                     float* v, const float* grads, Py_ssize_t n, float lr,
+                                     float beta1, float beta2, float eps, float weight_decay,
+                                     float grad_scale, int t, Py_ssize_t first) noexcept nogil:
+    adamw_update_rounded(<bf16*>params, master, m, v, <const bf16*>grads, n, lr, beta1, beta2,
+                         eps, weight_decay, grad_scale, t, first)
 
 
 # flash attention's bf16 kernel (the generated bf16_flash_* run the fp32 one on widened copies)
@@ -309,18 +327,28 @@ cdef void fp16_adamw_update_rounded(void* ctx, float* params, float* master, flo
     narrow_fp16(<fp16*>params, master, n)
 
 
+include "accel/generated/cpu_bf16_grads_table.pxi"
+
+
 include "accel/generated/cpu_fp16_table.pxi"
 
 
 PRECISIONS = ("fp32", "bf16", "fp16")
+GRAD_PRECISIONS = ("fp32", "bf16")   # bf16 gradients at bf16 alone
 
 
-def create(bint flash=True, str precision="fp32", bint oracle=False):
-    """The CPU backend at a precision (PRECISIONS); with flash=False without the flash group
-    (as a backend that has no flash attention), for tests; with oracle=True check:'s oracle,
-    whose OWN_BF16_KERNELS entries are the fp32 kernels on widened copies."""
+def create(bint flash=True, str precision="fp32", bint oracle=False, str grad_precision="fp32"):
+    """The CPU backend at a precision (PRECISIONS), its parameter gradients float32 or, at bf16,
+    bf16 (grad_precision); with flash=False without the flash group (as a backend that has no
+    flash attention), for tests; with oracle=True check:'s oracle, whose OWN_BF16_KERNELS
+    entries are the fp32 kernels on widened copies."""
     if precision not in PRECISIONS:
         raise ValueError(f"accel.cpu: precision {precision!r} is not one of {PRECISIONS}")
+    if grad_precision != "fp32" and (grad_precision not in GRAD_PRECISIONS or
+                                     precision != grad_precision):
+        raise ValueError(f"accel.cpu: {grad_precision} gradients need precision "
+                         f"{grad_precision} (the parameters and activations in it), not "
+                         f"{precision}")
     groups = ("linear", "gpt2", "llama", "classifier") + (("flash",) if flash else ()) + \
         ("fused", "cache", "lora") + (("mixed",) if precision != "fp32" else ())
     cdef ScratchOwner owner = ScratchOwner()
@@ -329,7 +357,7 @@ def create(bint flash=True, str precision="fp32", bint oracle=False):
         if owner.s == NULL:
             raise MemoryError()
     cdef Backend backend = Backend("cpu" if flash else "cpu-without-flash", True, groups,
-                                   owner, precision)
+                                   owner, precision, grad_precision)
     cdef BackendTable* t = &backend.table
     t.ctx = owner.s
     t.alloc = cpu_alloc
@@ -361,6 +389,10 @@ def create(bint flash=True, str precision="fp32", bint oracle=False):
             t.flash_attention_gqa_backward = bf16_kernel_flash_attention_gqa_backward
             t.attention_cached_forward = bf16_kernel_attention_cached_forward
             t.attention_gqa_cached_forward = bf16_kernel_attention_gqa_cached_forward
+        if grad_precision == "bf16":
+            fill_bf16_grads(t)
+            t.matmul_backward = bf16g_matmul_backward
+            t.adamw_update_rounded = bf16g_adamw_update_rounded
     elif precision == "fp16":
         fill_fp16(t)
         t.encoder_forward = fp16_encoder_forward

@@ -90,6 +90,7 @@ ctypedef struct Instrument:
     BackendTable oracle
     int mode
     Narrow narrow           # what the tables' floatX outputs are (compare's narrow outputs)
+    Narrow grad_narrow      # what their floatG outputs (parameter gradients) are
     Allocation* allocations
     int num_allocations, capacity
     float* scratch          # host copy of one target output, for comparing
@@ -184,14 +185,14 @@ cdef void record(Instrument* s, Entry entry, double abs_err, double rel_err, dou
         fflush(stderr)
 
 cdef void compare(Instrument* s, Entry entry, float* out, Py_ssize_t n, double reduction,
-                  int causal_T, bint floatx) noexcept nogil:
+                  int causal_T, Narrow narrow) noexcept nogil:
     """Compare n elements of a target output with the oracle's, each element a sum of
     `reduction` terms; on a mismatch, overwrite the target's with the oracle's.
-    causal_T > 0: (..., T, T) scores, compared at t2 <= t only.  floatx: an output in the
-    tables' precision (bf16, fp16: compared as NARROW_ULP says)."""
+    causal_T > 0: (..., T, T) scores, compared at t2 <= t only.  narrow: what the output's
+    elements are (s.narrow for a floatX output, s.grad_narrow for a floatG one; bf16, fp16:
+    compared as NARROW_ULP says)."""
     if out == NULL or n <= 0:
         return
-    cdef Narrow narrow = s.narrow if floatx else FLOAT32
     cdef const float* expected = of(s, out)
     cdef size_t nbytes = n * (sizeof(float) if narrow == FLOAT32 else sizeof(bf16))
     cdef Py_ssize_t i, row, col, differ = 0, compared = 0
@@ -437,12 +438,13 @@ def create(str wrapper, Backend target):
     oracle = None
     if mode == CHECK:   # the CPU, with what rounds inside on widened copies (accel/cpu.pyx)
         from accel import cpu
-        oracle = cpu.create(precision=target.precision, oracle=True)
+        oracle = cpu.create(precision=target.precision, oracle=True,
+                            grad_precision=target.grad_precision)
     # check: claims only the groups the oracle can check too
     groups = tuple(g for g in target.groups if oracle is None or oracle.supports(g))
     cdef InstrumentedBackend b = InstrumentedBackend(
         f"{wrapper}:{target.name}", target.host_visible and mode == PROFILE, groups,
-        None, target.precision)
+        None, target.precision, target.grad_precision)
     b.target = target
     b.oracle = oracle
     b.s = <Instrument*>calloc(1, sizeof(Instrument))
@@ -453,6 +455,7 @@ def create(str wrapper, Backend target):
         b.s.oracle = b.oracle.table
     b.s.mode = mode
     b.s.narrow = {"fp32": FLOAT32, "bf16": BF16, "fp16": FP16}[target.precision]
+    b.s.grad_narrow = {"fp32": FLOAT32, "bf16": BF16}[target.grad_precision]
     b.s.step, b.s.layer = 0, -1
     b.reset()
     for entry, tolerance in target.tolerances.items():   # a lower-precision backend's own

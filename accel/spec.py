@@ -8,7 +8,8 @@ accel/generated/, committed and checked by the build:
     entry_enum.pxi      the entries' numbers, wrappers.pxi check:/profile:/guard:'s wrapper of
                         each entry (accel/instrument.pyx)
     cpu_table.pxi       the CPU backend's adapters, and cpu_bf16_table.pxi, cpu_fp16_table.pxi
-                        its narrow precisions' tables (accel/cpu.pyx)
+                        its narrow precisions' tables, cpu_bf16_grads_table.pxi the bf16 table's
+                        entries with bf16 gradients (accel/cpu.pyx)
     library.pxi         the types of what a GPU build exports beside its entries (LIBRARY below;
                         accel/loader.pxd)
     backend.h           the C declarations of a GPU build's exports, which its host side
@@ -23,7 +24,9 @@ An argument is one line: `<C type> <name>` for a number, and for a pointer
     <C type> <name>[<elements>] <role> [~<reduction>] [causal] [init=<kind>]
 
     C type     float (float32 always), floatX (the table's precision: float32 in an fp32 table,
-               bf16 in a bf16 one; C sees float*, whatever it points to), int, void
+               bf16 in a bf16 one; C sees float*, whatever it points to), floatG (a parameter
+               gradient: float32, or bf16 in a table made with bf16 gradients, GRAD_PRECISIONS;
+               C sees float*), int, void
 
     elements   the length the entry reads or writes, an expression in the call's numbers (an
                input's may use letters the call lacks, V, which the tests supply)
@@ -81,9 +84,13 @@ GROUPS = {
 
 # The precisions a table can run at: the element type its floatX arguments point to.  A backend
 # makes one table per precision it has; a model runs at its backend's.  What stays float32 at
-# every precision is declared `float`: normalisation statistics, losses, log-sum-exps, the
-# parameter gradients (the GEMMs add into them in float32), AdamW's master weights and moments.
+# every precision is declared `float`: normalisation statistics, losses, log-sum-exps, AdamW's
+# master weights and moments, LoRA's updates and their gradients.
 PRECISIONS = {"fp32": ("float32", 4), "bf16": ("bfloat16", 2), "fp16": ("float16", 2)}
+# The parameter gradients' (floatG's) element type: float32 (the GEMMs add into them in float32),
+# or, in a bf16 table made so (the CPU's), bf16 as llm.c keeps them: each kernel sums its own
+# contribution in float32 and adds it into the bf16 gradient rounded once (kernels/bf16.pxd)
+GRAD_PRECISIONS = {"fp32": ("float32", 4), "bf16": ("bfloat16", 2)}
 
 
 class Arg:
@@ -130,17 +137,24 @@ class Arg:
         """A pointer to elements of the table's precision."""
         return self.base_type == "floatX"
 
-    def dtype(self, precision="fp32"):
+    @property
+    def floatg(self):
+        """A pointer to parameter gradients (of the table's gradient precision)."""
+        return self.base_type == "floatG"
+
+    def dtype(self, precision="fp32", grad_precision="fp32"):
         """The dtype a pointer's elements have at a precision ("float32", "bfloat16", "int32";
         None for void)."""
         if self.floatx:
             return PRECISIONS[precision][0]
+        if self.floatg:
+            return GRAD_PRECISIONS[grad_precision][0]
         return {"float": "float32", "int": "int32"}.get(self.base_type)
 
     @property
     def c_type(self):
-        """The C type of the table's field: floatX is float, whatever it points to."""
-        return self.ctype.replace("floatX", "float")
+        """The C type of the table's field: floatX and floatG are float, whatever they point to."""
+        return self.ctype.replace("floatX", "float").replace("floatG", "float")
 
     @property
     def written(self):
@@ -207,14 +221,14 @@ ENTRIES = [
       "float* v[n] inout ~2 init=positive", "const float* grads[n] in", "Py_ssize_t n",
       "float lr", "float beta1", "float beta2", "float eps", "float weight_decay",
       "float grad_scale", "int t", cpu="kernels.adamw"),
-    E("global_norm_squared", "core", "const float* x[n] in", "Py_ssize_t n", returns="double",
+    E("global_norm_squared", "core", "const floatG* x[n] in", "Py_ssize_t n", returns="double",
       cpu="kernels.adamw", reduction="n"),                                   # to the host
     # --- linear -------------------------------------------------------------------------
     E("matmul_forward", "linear", "floatX* out[B*T*OC] out ~C", "const floatX* inp[B*T*C] in",
       "const floatX* weight[OC*C] in", "const floatX* bias[OC] in optional", "int B", "int T",
       "int C", "int OC", cpu="kernels.matmul", bf16=None),
     E("matmul_backward", "linear", "floatX* dinp[B*T*C] grad ~OC",
-      "float* dweight[OC*C] grad ~B*T optional", "float* dbias[OC] grad ~B*T optional",
+      "floatG* dweight[OC*C] grad ~B*T optional", "floatG* dbias[OC] grad ~B*T optional",
       "const floatX* dout[B*T*OC] in", "const floatX* inp[B*T*C] in",
       "const floatX* weight[OC*C] in", "int B", "int T", "int C", "int OC",
       cpu="kernels.matmul", bf16=None),
@@ -226,15 +240,15 @@ ENTRIES = [
     E("encoder_forward", "gpt2", "floatX* out[B*T*C] out", "const int* inp[B*T] in init=tokens",
       "const floatX* wte[V*C] in", "const floatX* wpe[T*C] in", "int B", "int T", "int C",
       cpu="kernels.encoder", bf16="kernel"),
-    E("encoder_backward", "gpt2", "float* dwte[Vp*C] grad ~B*T", "float* dwpe[T*C] grad ~B",
+    E("encoder_backward", "gpt2", "floatG* dwte[Vp*C] grad ~B*T", "floatG* dwpe[T*C] grad ~B",
       "const floatX* dout[B*T*C] in", "const int* inp[B*T] in init=tokens", "int B", "int T",
       "int C", "int Vp",
       cpu="kernels.encoder: encoder_backward(dwte, dwpe, dout, inp, B, T, C)", bf16="kernel"),
     E("layernorm_forward", "gpt2", "floatX* out[B*T*C] out ~C", "float* mean[B*T] out ~C",
       "float* rstd[B*T] out ~C", "const floatX* inp[B*T*C] in", "const floatX* weight[C] in",
       "const floatX* bias[C] in", "int B", "int T", "int C", cpu="kernels.layernorm", bf16="kernel"),
-    E("layernorm_backward", "gpt2", "floatX* dinp[B*T*C] grad ~C", "float* dweight[C] grad ~B*T",
-      "float* dbias[C] grad ~B*T", "const floatX* dout[B*T*C] in", "const floatX* inp[B*T*C] in",
+    E("layernorm_backward", "gpt2", "floatX* dinp[B*T*C] grad ~C", "floatG* dweight[C] grad ~B*T",
+      "floatG* dbias[C] grad ~B*T", "const floatX* dout[B*T*C] in", "const floatX* inp[B*T*C] in",
       "const floatX* weight[C] in", "const float* mean[B*T] in",
       "const float* rstd[B*T] in init=small", "int B", "int T", "int C",
       cpu="kernels.layernorm", bf16="kernel"),
@@ -261,14 +275,14 @@ ENTRIES = [
     # --- llama (letters as above, plus NKV key/value heads and hs the head size) -------------
     E("embedding_forward", "llama", "floatX* out[B*T*C] out", "const int* inp[B*T] in init=tokens",
       "const floatX* wte[V*C] in", "int B", "int T", "int C", cpu="kernels.embedding", bf16="kernel"),
-    E("embedding_backward", "llama", "float* dwte[V*C] grad ~B*T", "const floatX* dout[B*T*C] in",
+    E("embedding_backward", "llama", "floatG* dwte[V*C] grad ~B*T", "const floatX* dout[B*T*C] in",
       "const int* inp[B*T] in init=tokens", "int B", "int T", "int C", "int V",
       cpu="kernels.embedding: embedding_backward(dwte, dout, inp, B, T, C)", bf16="kernel"),
     E("rmsnorm_forward", "llama", "floatX* out[B*T*C] out ~C", "float* rstd[B*T] out ~C",
       "const floatX* inp[B*T*C] in", "const floatX* weight[C] in", "float eps", "int B", "int T",
       "int C", cpu="kernels.rmsnorm", bf16="kernel"),
     E("rmsnorm_backward", "llama", "floatX* dinp[B*T*C] grad ~C",
-      "float* dweight[C] grad ~B*T optional", "const floatX* dout[B*T*C] in",
+      "floatG* dweight[C] grad ~B*T optional", "const floatX* dout[B*T*C] in",
       "const floatX* inp[B*T*C] in", "const floatX* weight[C] in",
       "const float* rstd[B*T] in init=small", "int B", "int T", "int C", cpu="kernels.rmsnorm", bf16="kernel"),
     E("rope_forward", "llama", "floatX* out[B*T*NH*hs] out ~2", "const floatX* inp[B*T*NH*hs] in",
@@ -330,7 +344,7 @@ ENTRIES = [
     # AdamW on the master weights, each new one also rounded into params as narrow_params does
     # with seed t: one pass over memory (llm.c's update with master weights)
     E("adamw_update_rounded", "mixed", "floatX* params[n] out", "float* master[n] inout ~2",
-      "float* m[n] inout ~2", "float* v[n] inout ~2 init=positive", "const float* grads[n] in",
+      "float* m[n] inout ~2", "float* v[n] inout ~2 init=positive", "const floatG* grads[n] in",
       "Py_ssize_t n", "float lr", "float beta1", "float beta2", "float eps",
       "float weight_decay", "float grad_scale", "int t", "Py_ssize_t first", cpu=None,
       bf16=None),
@@ -358,8 +372,8 @@ ENTRIES = [
       "const floatX* wv[NKV*hs*C] in init=small", "int B", "int T", "int C", "int NH",
       "int NKV", "int hs", cpu=None),
     E("qkv_backward", "fused", "floatX* dinp[B*T*C] grad ~NH*hs+2*NKV*hs",
-      "float* dwq[NH*hs*C] grad ~B*T", "float* dwk[NKV*hs*C] grad ~B*T",
-      "float* dwv[NKV*hs*C] grad ~B*T", "const floatX* dq[B*T*NH*hs] in",
+      "floatG* dwq[NH*hs*C] grad ~B*T", "floatG* dwk[NKV*hs*C] grad ~B*T",
+      "floatG* dwv[NKV*hs*C] grad ~B*T", "const floatX* dq[B*T*NH*hs] in",
       "const floatX* dk[B*T*NKV*hs] in", "const floatX* dv[B*T*NKV*hs] in",
       "const floatX* inp[B*T*C] in", "const floatX* wq[NH*hs*C] in init=small",
       "const floatX* wk[NKV*hs*C] in init=small", "const floatX* wv[NKV*hs*C] in init=small",
@@ -370,8 +384,8 @@ ENTRIES = [
       "const floatX* w1[H*C] in init=small", "const floatX* w3[H*C] in init=small",
       "const floatX* w2[C*H] in init=small", "int B", "int T", "int C", "int H", cpu=None),
     # dh1, dh3, dhgated: written (the block's own intermediate gradients), the rest added into
-    E("ffn_backward", "fused", "floatX* dinp[B*T*C] grad ~2*H", "float* dw1[H*C] grad ~B*T",
-      "float* dw3[H*C] grad ~B*T", "float* dw2[C*H] grad ~B*T", "floatX* dh1[B*T*H] out ~C",
+    E("ffn_backward", "fused", "floatX* dinp[B*T*C] grad ~2*H", "floatG* dw1[H*C] grad ~B*T",
+      "floatG* dw3[H*C] grad ~B*T", "floatG* dw2[C*H] grad ~B*T", "floatX* dh1[B*T*H] out ~C",
       "floatX* dh3[B*T*H] out ~C", "floatX* dhgated[B*T*H] out ~C",
       "const floatX* dout[B*T*C] in", "const floatX* inp[B*T*C] in",
       "const floatX* h1[B*T*H] in init=forward", "const floatX* h3[B*T*H] in init=forward",
@@ -391,7 +405,7 @@ ENTRIES = [
       "int NH", "int NKV", "int hs", cpu="kernels.attention_cached"),
     # --- lora: beside a frozen linear layer (inp (B,T,C), its output (B,T,OC)) a rank-R update,
     # out += scale * hidden @ Bm^T with hidden = inp @ A^T kept for backward; A (R,C) and
-    # Bm (OC,R) float32 at every precision, as the parameter gradients are ------------------
+    # Bm (OC,R) float32 at every precision, and their gradients -------------------------------
     E("lora_forward", "lora", "floatX* out[B*T*OC] grad ~R", "float* hidden[B*T*R] out ~C",
       "const floatX* inp[B*T*C] in", "const float* A[R*C] in init=small",
       "const float* Bm[OC*R] in init=small", "float scale", "int B", "int T", "int C", "int OC",

@@ -20,6 +20,8 @@ interleaved A B A B so that a noisy neighbour hurts both alike.
                                                       PyTorch's fp32 eager step and its bf16-
                                                       autocast eager step
     python dev/bench_step.py --compare-precisions     also llm.pyx at fp32, next to its bf16 run
+    python dev/bench_step.py --compare-precisions --grad-precision bf16
+                                                      the bf16 run with bf16 gradients (issue 38)
 
 Prints ms/step (median, min-max), tokens/s, the ratio llm.pyx / PyTorch, the model FLOPs
 achieved against this machine's measured sgemm peak (kernels.matmul at 2048^3, on the library
@@ -39,7 +41,8 @@ are printed with issue 21's targets (llm.pyx bf16 at most 0.5x PyTorch's fp32 st
 bf16-autocast step); bf16 losses agree only loosely, so the differences are printed, not checked.
 --compare-precisions (implies --precision bf16) adds llm.pyx at fp32 as one more interleaved
 side: both times and the peak RSS ratio bf16/fp32 (the issue's target: at most 0.6 at d12 B=4
-T=1024).
+T=1024); with --grad-precision bf16 the bf16 side keeps bf16 parameter gradients (llm.c's),
+and its row says so.
 The training path runs as it would from the shell with OMP_NUM_THREADS=--threads: nothing
 here changes its BLAS thread settings.
 Other environment variables (OMP_WAIT_POLICY, OPENBLAS_NUM_THREADS, ...) pass through.
@@ -65,6 +68,7 @@ if ROOT not in sys.path:
 # the optimizer settings of both sides: llm.c's train_gpt2.c training loop
 ADAMW = dict(lr=1e-4, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0)
 PRECISIONS = ("fp32", "bf16")
+GRAD_PRECISIONS = ("fp32", "bf16")
 # issue 21's speed and memory targets at bf16, as fractions: llm.pyx bf16's time per step over
 # each peer's, and its peak RSS over llm.pyx fp32's (d12 B=4 T=1024)
 TARGETS = {"PyTorch fp32": 0.5, "PyTorch bf16": 0.8, "llm.pyx fp32": 0.6}
@@ -94,12 +98,17 @@ def parse_args(argv=None):
     p.add_argument("--compare-precisions", action="store_true",
                    help="also time llm.pyx at fp32 next to its bf16 run (implies --precision "
                         "bf16): both times and the peak RSS ratio bf16/fp32")
+    p.add_argument("--grad-precision", choices=GRAD_PRECISIONS, default="fp32",
+                   help="llm.pyx's parameter gradients at bf16: fp32, or bf16 (llm.c's)")
     p.add_argument("--json", help="also write the results to this file")
     p.add_argument("--worker", choices=["llmpyx", "torch", "peak", "profile"], help=argparse.SUPPRESS)
     p.add_argument("--params", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.compare_precisions:
         args.precision = "bf16"
+    if args.grad_precision != "fp32" and args.precision != args.grad_precision:
+        p.error(f"argument --grad-precision: {args.grad_precision} gradients need --precision "
+                f"{args.grad_precision}")
     return args
 
 
@@ -212,7 +221,8 @@ def worker_llmpyx(args):
     Model = family_for(args).model_class
     config = config_for(args)
     model = Model.random(config, seed=0, backend=args.backend, recompute=args.recompute,
-                         precision=args.precision)
+                         precision=args.precision,
+                         grad_precision=args.grad_precision)
     if args.params:
         np.save(args.params, model.params)
     x, y = batch(config, args.batch, args.seq)
@@ -251,7 +261,8 @@ def worker_profile(args):
     Model = family_for(args).model_class
     config = config_for(args)
     model = Model.random(config, seed=0, backend="profile:" + args.backend,
-                         recompute=args.recompute, precision=args.precision)
+                         recompute=args.recompute, precision=args.precision,
+                         grad_precision=args.grad_precision)
     x, y = batch(config, args.batch, args.seq)
     llmpyx_steps(model, x, y, 1, args.warmup)
     model.backend.reset()
@@ -284,7 +295,8 @@ def run_worker(kind, args, params_path=None, precision=None):
     argv = ["--worker", kind, "-e", str(args.depth), "-b", str(args.batch), "-t", str(args.seq),
             "--threads", str(args.threads), "--steps", str(args.steps), "--warmup",
             str(args.warmup), "--backend", args.backend, "--recompute", args.recompute,
-            "--precision", precision or args.precision]
+            "--precision", precision or args.precision, "--grad-precision",
+            args.grad_precision if (precision or args.precision) == "bf16" else "fp32"]
     if params_path:
         argv += ["--params", params_path]
     if args.model:
@@ -310,7 +322,8 @@ def sides_for(args, use_torch):
     first (its first round writes the parameters the PyTorch sides start from)."""
     if args.precision == "fp32":
         return [("llm.pyx", "llmpyx", "fp32")] + ([("PyTorch", "torch", "fp32")] if use_torch else [])
-    sides = [("llm.pyx bf16", "llmpyx", "bf16")]
+    sides = [("llm.pyx bf16" + (" bf16-grads" if args.grad_precision == "bf16" else ""),
+              "llmpyx", "bf16")]
     if args.compare_precisions:
         sides.append(("llm.pyx fp32", "llmpyx", "fp32"))
     if use_torch:

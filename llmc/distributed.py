@@ -131,8 +131,10 @@ class MultiProcessConfig:
             return None
         if self.on_device:
             return f"on the device ({backend.name}'s collectives: NCCL / RCCL)"
-        if backend.host_visible:
+        if backend.host_visible and backend.grad_precision == "fp32":
             return "MPI on the host memory, in place"
+        if backend.host_visible:
+            return f"MPI on float32 copies of the {backend.grad_precision} gradients"
         return "MPI through host copies"
 
     def _device(self, backend, entry, *args):
@@ -166,8 +168,11 @@ class MultiProcessConfig:
             model.backend.synchronize()  # so that collective_time_s is the collective's
             return
         from mpi4py import MPI
-        host_visible = model.backend.host_visible
-        grads = model.grads if host_visible else model.grads.copy()
+        # model.grads is the model's own memory where the backend's is the host's and the
+        # gradients float32; else a copy (read-only off a device: copied again), summed in
+        # float32 and loaded back (bf16 gradients: rounded once, after the sum)
+        own = model.backend.host_visible and model.grad_precision == "fp32"
+        grads = model.grads if own or model.backend.host_visible else model.grads.copy()
         if self.zero_stage == 0:
             self.comm.Allreduce(MPI.IN_PLACE, grads, op=MPI.SUM)
         else:
@@ -176,7 +181,7 @@ class MultiProcessConfig:
                 self._scratch = np.empty(end - start, dtype=np.float32)
             self.comm.Reduce_scatter(grads, self._scratch, self.shard_counts.tolist(), op=MPI.SUM)
             grads[start:end] = self._scratch
-        if not host_visible:  # back to the device
+        if not own:
             model.grads = grads
 
     def gather_parameters(self, model, rounding=True):

@@ -19,6 +19,8 @@ cdef class Model:
     cdef readonly object config
     cdef readonly str precision          # "fp32", "bf16" or "fp16": the backend's (accel/spec.py)
     cdef readonly int itemsize           # bytes of a parameter or activation the kernels read
+    cdef readonly str grad_precision     # the parameter gradients': "fp32", or "bf16" at bf16
+    cdef readonly int grad_itemsize      # bytes of a parameter gradient (LoRA's: 4 always)
     cdef readonly bint trainable         # update trains it (False: no master weights at bf16)
     cdef readonly Layout param_layout
     cdef readonly object recompute_plan  # llmc.recompute.RecomputePlan of the policy
@@ -135,9 +137,10 @@ cdef class Model:
     cdef inline float* at(self, const float* tensor, Py_ssize_t offset) noexcept nogil:
         return <float*>(<const char*>tensor + offset * self.itemsize)
 
-    # a parameter gradient's element `offset`, or NULL where the parameters are frozen (LoRA)
-    cdef inline float* grad_at(self, float* tensor, Py_ssize_t offset) noexcept nogil:
-        return NULL if tensor == NULL else tensor + offset
+    # a parameter gradient's element `offset` (float32 or bf16: grad_precision), or NULL where
+    # the parameters are frozen (LoRA)
+    cdef inline float* grad_at(self, const float* tensor, Py_ssize_t offset) noexcept nogil:
+        return NULL if tensor == NULL else <float*>(<const char*>tensor + offset * self.grad_itemsize)
 
     # matmul_forward and matmul_backward of the linear layer of LORA_TARGETS[target] in layer l,
     # with its LoRA update where it has one (a family calls these for its targets)

@@ -42,7 +42,10 @@ table runs the model: the parameters the kernels read and the activations are bf
 FP32_ACTIVATIONS), the parameter gradients, AdamW's m and v and the master weights are float32
 (llm.c's default), and each update rounds the master weights into the bf16 parameters
 stochastically, from a hash of each parameter's index and the step, so a resumed run rounds as
-the uninterrupted one.  `params` is always the float32 master weights; a model made with
+the uninterrupted one.  With grad_precision "bf16" (at bf16 alone) the parameter gradients are
+bf16, as llm.c keeps them, 2 bytes a parameter less: each kernel sums its contribution in
+float32 and adds it into the gradient rounded to nearest once (kernels/bf16.pxd's add_grad);
+the norm and AdamW read them widened (LoRA's updates keep float32 gradients).  `params` is always the float32 master weights; a model made with
 trainable=False (for inference, or a LoRA base) keeps none, its parameters loaded straight into
 the bf16 ones, rounded to nearest, and `params` widens those.  At "fp16" (the GPUs'
 half precision, Metal's) likewise, with the parameters rounded to nearest, and with dynamic loss
@@ -199,20 +202,26 @@ cdef class Model:
     LORA_TARGETS = ()
     FP32_ACTIVATIONS = frozenset()
 
-    def __init__(self, config, backend="cpu", recompute="all", precision=None, trainable=True):
+    def __init__(self, config, backend="cpu", recompute="all", precision=None, trainable=True,
+                 grad_precision=None):
         """A model of this config with all parameters zero, on a backend (a name, see
         accel.backend.get_backend, or a Backend), at a precision ("fp32", "bf16", "fp16"; None:
-        the Backend's, or fp32), keeping activations by a recompute policy
-        (llmc.recompute.POLICIES).  trainable=False: for inference or a LoRA base, which
-        update never trains, so at bf16 (fp16) no float32 master weights: the parameters are
-        held, and loaded, in the model's precision alone (rounded to nearest), half the
-        memory."""
+        the Backend's, or fp32), its parameter gradients float32 or, at bf16, bf16
+        (grad_precision "fp32" or "bf16"; None: the Backend's, or fp32), keeping activations by
+        a recompute policy (llmc.recompute.POLICIES).  trainable=False: for inference or a LoRA
+        base, which update never trains, so at bf16 (fp16) no float32 master weights: the
+        parameters are held, and loaded, in the model's precision alone (rounded to nearest),
+        half the memory."""
         refuse_unfilled(type(self))
         if precision is None:
             precision = getattr(backend, "precision", "fp32")
-        self.backend = get_backend(backend, precision)
+        if grad_precision is None:
+            grad_precision = getattr(backend, "grad_precision", "fp32")
+        self.backend = get_backend(backend, precision, grad_precision)
         self.precision = self.backend.precision
         self.itemsize = self.backend.itemsize
+        self.grad_precision = self.backend.grad_precision
+        self.grad_itemsize = self.backend.grad_itemsize
         self.backend.require(self.ENTRY_GROUPS + (("mixed",) if self.precision != "fp32" else ()),
                              self.FAMILY)
         self.table = self.backend.table
@@ -290,7 +299,7 @@ cdef class Model:
                 self.lora_da = <float**>self._lora_table("da", self._lora_grads, "lora_A")
                 self.lora_db = <float**>self._lora_table("db", self._lora_grads, "lora_B")
         elif self._grads is None:
-            self._grads = self._lazy(None, self.param_layout)
+            self._grads = self.backend.alloc(self.param_layout.size * self.grad_itemsize)
             self.point_parameters(floats(self._params), floats(self._grads))
 
     @property
@@ -316,7 +325,8 @@ cdef class Model:
         return array
 
     def _load(self, Buffer buffer, array, what, Py_ssize_t size=-1, bint narrow=False):
-        """buffer = array (float32; with narrow, in the model's 2-byte precision)."""
+        """buffer = array (float32; with narrow, in the model's 2-byte precision, which bf16
+        gradients share)."""
         size = self.param_layout.size if size < 0 else size
         array = np.asarray(array, dtype=np.float32)
         if array.shape != (size,):
@@ -427,16 +437,20 @@ cdef class Model:
     @property
     def grads(self):
         """The gradients of what trains (all parameters, laid out as params; with LoRA the
-        updates, laid out as lora_params), of the loss times loss_scale (fp16; 1 elsewhere);
-        assign to load new ones (the all-reduce of a backend whose memory is not the host's,
-        llmc/distributed.py)."""
+        updates, laid out as lora_params), of the loss times loss_scale (fp16; 1 elsewhere),
+        as float32 (bf16 gradients: a widened copy); assign to load new ones (the all-reduce
+        of a backend whose memory is not the host's, llmc/distributed.py; bf16 ones rounded to
+        nearest)."""
         self._ensure_grads()
+        if self.grad_itemsize == 2 and not self.frozen:
+            return to_float32(self._grads.to_numpy(np.uint16, 0, self.num_trained))
         return self._host(self._trained_grads(), 0, self.num_trained)
 
     @grads.setter
     def grads(self, values):
         self._ensure_grads()
-        self._load(self._trained_grads(), values, "grads", self.num_trained)
+        self._load(self._trained_grads(), values, "grads", self.num_trained,
+                   narrow=self.grad_itemsize == 2 and not self.frozen)
 
     def collective_buffers(self):
         """(gradients, master weights) of what trains: the float32 Buffers that
@@ -557,6 +571,9 @@ cdef class Model:
         if not self.backend.supports("lora"):
             raise BackendError(f"backend '{self.backend.name}' has no LoRA kernels "
                                f"(accel/spec.py's lora group; the CPU's fill it)")
+        if self.grad_precision != "fp32":
+            raise ValueError(f"LoRA's updates keep float32 gradients: {self.grad_precision} "
+                             f"gradients are for training every parameter")
         unknown = [t for t in targets if t not in self.LORA_TARGETS]
         if unknown or not targets:
             raise ValueError(f"LoRA targets {', '.join(unknown) or 'none'}: {self.FAMILY} "
@@ -1072,7 +1089,7 @@ cdef class Model:
         cdef const float* grads = floats(self._trained_grads())
         cdef Py_ssize_t n = self.num_trained
         if shard_only:
-            grads += self.shard_start
+            grads = self.grad_at(grads, self.shard_start)
             n = self.shard_end - self.shard_start
         cdef double norm_squared
         with nogil:
@@ -1166,8 +1183,8 @@ cdef class Model:
                     self.table.adamw_update_rounded(
                         self.table.ctx, self.at(rounded, start), params + start,
                         m + (start - self.shard_start), v + (start - self.shard_start),
-                        grads + start, end - start, lr, beta1, beta2, eps, decay, grad_scale, t,
-                        start)
+                        self.grad_at(grads, start), end - start, lr, beta1, beta2, eps, decay,
+                        grad_scale, t, start)
                 else:
                     self.table.adamw_update(self.table.ctx, params + start, m + (start - self.shard_start),
                                         v + (start - self.shard_start), grads + start, end - start,

@@ -51,10 +51,13 @@ def host_data(arg, dims, rng):
 
 def fill(backend, arg, dims, rng):
     """A Buffer for a pointer argument, filled as the spec's init says (a floatX one in the
-    backend's precision)."""
+    backend's precision, a floatG one in its gradients')."""
     data = host_data(arg, dims, rng)
-    buffer = backend.alloc((backend.itemsize if arg.floatx else 4) * data.size)
-    narrow = {"bf16": to_bf16, "fp16": to_fp16}.get(backend.precision) if arg.floatx else None
+    precision, itemsize = ((backend.precision, backend.itemsize) if arg.floatx else
+                           (backend.grad_precision, backend.grad_itemsize) if arg.floatg else
+                           ("fp32", 4))
+    buffer = backend.alloc(itemsize * data.size)
+    narrow = {"bf16": to_bf16, "fp16": to_fp16}.get(precision)
     buffer.load(narrow(data) if narrow else data)
     return buffer
 

@@ -220,6 +220,24 @@ def test_two_ranks_equal_one_rank_accumulating(data):
 
 
 @needs_mpi
+def test_two_ranks_with_bf16_gradients_track_one_rank(data):
+    """--grad-precision bf16: each rank's bf16 gradients are summed as float32 copies and
+    rounded once; one rank accumulating rounds after each micro-batch instead, so the two
+    agree within bf16's rounding, not bit for bit."""
+    common = [*COMMON, "-i", data.single, "-j", data.val, "-x", 5, "-v", 5, "-m", 8,
+              "--precision", "bf16", "--grad-precision", "bf16"]
+    expected = losses(run_train(1, *common).stdout)
+    for zero_stage in (0, 1):
+        two = run_train(2, *common, "-z", zero_stage)
+        assert re.search(r"^\| all-reduce\s+\| MPI on float32 copies of the bf16 gradients",
+                         two.stdout, re.M), two.stdout
+        got = losses(two.stdout)
+        assert sorted(got) == sorted(expected)
+        for step, (loss, norm) in expected.items():
+            assert abs(got[step][0] - loss) < 0.02 and abs(got[step][1] - norm) < 0.02 * norm, step
+
+
+@needs_mpi
 def test_resume_two_ranks_is_bit_identical(data, tmp_path):
     common = [*COMMON, "-i", data.train, "-j", data.val, "-m", 1, "-z", 1]
     out, straight_dir = tmp_path / "out", tmp_path / "straight"

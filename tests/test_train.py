@@ -384,6 +384,30 @@ def test_resume_at_bf16_is_bit_identical(data, tmp_path, family):
         assert np.array_equal(at_fp32.params, state.master)
 
 
+def test_bf16_gradients_run_resume_bit_identically_and_say_so(data, tmp_path, capsys):
+    """--grad-precision bf16 (llm.c's bf16 gradients): a run resumed from its checkpoint goes
+    on as the uninterrupted one (the gradients are no part of the state); the config table and
+    the memory line say the gradients are bf16; without --precision bf16 it is refused."""
+    common = ["-e", "d2", "-b", 4, "-t", 32, "-i", data.train, "-j", data.val, "-m", 1, "-s", 0,
+              "-l", 1e-3, "--precision", "bf16", "--grad-precision", "bf16"]
+    out, straight_dir = tmp_path / "out", tmp_path / "straight"
+    first = run_train(*common, "-x", 2, "-n", 2, "-o", out)
+    resumed = run_train(*common[:-2], "-x", 4, "-n", 2, "-o", out, "-y", 1)   # from run.json
+    straight = run_train(*common, "-x", 4, "-n", 2, "-o", straight_dir)
+    assert {**step_losses(first), **step_losses(resumed)} == step_losses(straight)
+    for name in ("model_00000004.bin", "state_00000004_00000.bin"):
+        assert (out / name).read_bytes() == (straight_dir / name).read_bytes(), name
+    assert re.search(r"^\| precision\s+\| bf16, bf16 gradients \(float32 master weights, "
+                     r"AdamW\)", straight, re.M)
+    assert re.search(r"^memory allocated: .*grads \d+ MiB \(bf16\)", straight, re.M)
+    fp32_grads = run_train(*common[:-2], "-x", 4, "-n", 2, "-o", tmp_path / "fp32-grads")
+    assert step_losses(fp32_grads) != step_losses(straight)   # another run, close to it
+    line = error_of(capsys, "-e", "d1", "-i", data.train, "-j", data.val, "--grad-precision",
+                    "bf16", status=2)
+    assert line == ("train.py: error: argument --grad-precision: needs --precision bf16 (the "
+                    "parameters and activations in it), got bf16 (see --help)"), line
+
+
 def test_a_resume_at_another_precision_is_refused_in_one_line(data, tmp_path, capsys):
     common = ["-e", "d1", "-b", 2, "-t", 16, "-i", data.train, "-j", data.val, "-m", 0, "-s", 0]
     out = tmp_path / "out"

@@ -21,7 +21,7 @@ cdef object call_entry(Backend backend, str entry, tuple a):
         return None
     elif entry == 'global_norm_squared':
         arity(entry, a, 2)
-        result = t.global_norm_squared(c, <float*>pointer(entry, 'x', a[0], False, 4 * (a[1])), a[1])
+        result = t.global_norm_squared(c, <float*>pointer(entry, 'x', a[0], False, backend.grad_itemsize * (a[1])), a[1])
         backend.check_error()
         return result
     elif entry == 'matmul_forward':
@@ -31,7 +31,7 @@ cdef object call_entry(Backend backend, str entry, tuple a):
         return None
     elif entry == 'matmul_backward':
         arity(entry, a, 10)
-        t.matmul_backward(c, <float*>pointer(entry, 'dinp', a[0], False, backend.itemsize * (a[6]*a[7]*a[8])), <float*>pointer(entry, 'dweight', a[1], True, 4 * (a[9]*a[8])), <float*>pointer(entry, 'dbias', a[2], True, 4 * (a[9])), <float*>pointer(entry, 'dout', a[3], False, backend.itemsize * (a[6]*a[7]*a[9])), <float*>pointer(entry, 'inp', a[4], False, backend.itemsize * (a[6]*a[7]*a[8])), <float*>pointer(entry, 'weight', a[5], False, backend.itemsize * (a[9]*a[8])), a[6], a[7], a[8], a[9])
+        t.matmul_backward(c, <float*>pointer(entry, 'dinp', a[0], False, backend.itemsize * (a[6]*a[7]*a[8])), <float*>pointer(entry, 'dweight', a[1], True, backend.grad_itemsize * (a[9]*a[8])), <float*>pointer(entry, 'dbias', a[2], True, backend.grad_itemsize * (a[9])), <float*>pointer(entry, 'dout', a[3], False, backend.itemsize * (a[6]*a[7]*a[9])), <float*>pointer(entry, 'inp', a[4], False, backend.itemsize * (a[6]*a[7]*a[8])), <float*>pointer(entry, 'weight', a[5], False, backend.itemsize * (a[9]*a[8])), a[6], a[7], a[8], a[9])
         backend.check_error()
         return None
     elif entry == 'residual_forward':
@@ -51,7 +51,7 @@ cdef object call_entry(Backend backend, str entry, tuple a):
         return None
     elif entry == 'encoder_backward':
         arity(entry, a, 8)
-        t.encoder_backward(c, <float*>pointer(entry, 'dwte', a[0], False, 4 * (a[7]*a[6])), <float*>pointer(entry, 'dwpe', a[1], False, 4 * (a[5]*a[6])), <float*>pointer(entry, 'dout', a[2], False, backend.itemsize * (a[4]*a[5]*a[6])), <int*>pointer(entry, 'inp', a[3], False, 4 * (a[4]*a[5])), a[4], a[5], a[6], a[7])
+        t.encoder_backward(c, <float*>pointer(entry, 'dwte', a[0], False, backend.grad_itemsize * (a[7]*a[6])), <float*>pointer(entry, 'dwpe', a[1], False, backend.grad_itemsize * (a[5]*a[6])), <float*>pointer(entry, 'dout', a[2], False, backend.itemsize * (a[4]*a[5]*a[6])), <int*>pointer(entry, 'inp', a[3], False, 4 * (a[4]*a[5])), a[4], a[5], a[6], a[7])
         backend.check_error()
         return None
     elif entry == 'layernorm_forward':
@@ -61,7 +61,7 @@ cdef object call_entry(Backend backend, str entry, tuple a):
         return None
     elif entry == 'layernorm_backward':
         arity(entry, a, 11)
-        t.layernorm_backward(c, <float*>pointer(entry, 'dinp', a[0], False, backend.itemsize * (a[8]*a[9]*a[10])), <float*>pointer(entry, 'dweight', a[1], False, 4 * (a[10])), <float*>pointer(entry, 'dbias', a[2], False, 4 * (a[10])), <float*>pointer(entry, 'dout', a[3], False, backend.itemsize * (a[8]*a[9]*a[10])), <float*>pointer(entry, 'inp', a[4], False, backend.itemsize * (a[8]*a[9]*a[10])), <float*>pointer(entry, 'weight', a[5], False, backend.itemsize * (a[10])), <float*>pointer(entry, 'mean', a[6], False, 4 * (a[8]*a[9])), <float*>pointer(entry, 'rstd', a[7], False, 4 * (a[8]*a[9])), a[8], a[9], a[10])
+        t.layernorm_backward(c, <float*>pointer(entry, 'dinp', a[0], False, backend.itemsize * (a[8]*a[9]*a[10])), <float*>pointer(entry, 'dweight', a[1], False, backend.grad_itemsize * (a[10])), <float*>pointer(entry, 'dbias', a[2], False, backend.grad_itemsize * (a[10])), <float*>pointer(entry, 'dout', a[3], False, backend.itemsize * (a[8]*a[9]*a[10])), <float*>pointer(entry, 'inp', a[4], False, backend.itemsize * (a[8]*a[9]*a[10])), <float*>pointer(entry, 'weight', a[5], False, backend.itemsize * (a[10])), <float*>pointer(entry, 'mean', a[6], False, 4 * (a[8]*a[9])), <float*>pointer(entry, 'rstd', a[7], False, 4 * (a[8]*a[9])), a[8], a[9], a[10])
         backend.check_error()
         return None
     elif entry == 'attention_forward':
@@ -106,7 +106,7 @@ cdef object call_entry(Backend backend, str entry, tuple a):
         return None
     elif entry == 'embedding_backward':
         arity(entry, a, 7)
-        t.embedding_backward(c, <float*>pointer(entry, 'dwte', a[0], False, 4 * (a[6]*a[5])), <float*>pointer(entry, 'dout', a[1], False, backend.itemsize * (a[3]*a[4]*a[5])), <int*>pointer(entry, 'inp', a[2], False, 4 * (a[3]*a[4])), a[3], a[4], a[5], a[6])
+        t.embedding_backward(c, <float*>pointer(entry, 'dwte', a[0], False, backend.grad_itemsize * (a[6]*a[5])), <float*>pointer(entry, 'dout', a[1], False, backend.itemsize * (a[3]*a[4]*a[5])), <int*>pointer(entry, 'inp', a[2], False, 4 * (a[3]*a[4])), a[3], a[4], a[5], a[6])
         backend.check_error()
         return None
     elif entry == 'rmsnorm_forward':
@@ -116,7 +116,7 @@ cdef object call_entry(Backend backend, str entry, tuple a):
         return None
     elif entry == 'rmsnorm_backward':
         arity(entry, a, 9)
-        t.rmsnorm_backward(c, <float*>pointer(entry, 'dinp', a[0], False, backend.itemsize * (a[6]*a[7]*a[8])), <float*>pointer(entry, 'dweight', a[1], True, 4 * (a[8])), <float*>pointer(entry, 'dout', a[2], False, backend.itemsize * (a[6]*a[7]*a[8])), <float*>pointer(entry, 'inp', a[3], False, backend.itemsize * (a[6]*a[7]*a[8])), <float*>pointer(entry, 'weight', a[4], False, backend.itemsize * (a[8])), <float*>pointer(entry, 'rstd', a[5], False, 4 * (a[6]*a[7])), a[6], a[7], a[8])
+        t.rmsnorm_backward(c, <float*>pointer(entry, 'dinp', a[0], False, backend.itemsize * (a[6]*a[7]*a[8])), <float*>pointer(entry, 'dweight', a[1], True, backend.grad_itemsize * (a[8])), <float*>pointer(entry, 'dout', a[2], False, backend.itemsize * (a[6]*a[7]*a[8])), <float*>pointer(entry, 'inp', a[3], False, backend.itemsize * (a[6]*a[7]*a[8])), <float*>pointer(entry, 'weight', a[4], False, backend.itemsize * (a[8])), <float*>pointer(entry, 'rstd', a[5], False, 4 * (a[6]*a[7])), a[6], a[7], a[8])
         backend.check_error()
         return None
     elif entry == 'rope_forward':
@@ -186,7 +186,7 @@ cdef object call_entry(Backend backend, str entry, tuple a):
         return None
     elif entry == 'adamw_update_rounded':
         arity(entry, a, 14)
-        t.adamw_update_rounded(c, <float*>pointer(entry, 'params', a[0], False, backend.itemsize * (a[5])), <float*>pointer(entry, 'master', a[1], False, 4 * (a[5])), <float*>pointer(entry, 'm', a[2], False, 4 * (a[5])), <float*>pointer(entry, 'v', a[3], False, 4 * (a[5])), <float*>pointer(entry, 'grads', a[4], False, 4 * (a[5])), a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13])
+        t.adamw_update_rounded(c, <float*>pointer(entry, 'params', a[0], False, backend.itemsize * (a[5])), <float*>pointer(entry, 'master', a[1], False, 4 * (a[5])), <float*>pointer(entry, 'm', a[2], False, 4 * (a[5])), <float*>pointer(entry, 'v', a[3], False, 4 * (a[5])), <float*>pointer(entry, 'grads', a[4], False, backend.grad_itemsize * (a[5])), a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13])
         backend.check_error()
         return None
     elif entry == 'comm_unique_id':
@@ -221,7 +221,7 @@ cdef object call_entry(Backend backend, str entry, tuple a):
         return None
     elif entry == 'qkv_backward':
         arity(entry, a, 17)
-        t.qkv_backward(c, <float*>pointer(entry, 'dinp', a[0], False, backend.itemsize * (a[11]*a[12]*a[13])), <float*>pointer(entry, 'dwq', a[1], False, 4 * (a[14]*a[16]*a[13])), <float*>pointer(entry, 'dwk', a[2], False, 4 * (a[15]*a[16]*a[13])), <float*>pointer(entry, 'dwv', a[3], False, 4 * (a[15]*a[16]*a[13])), <float*>pointer(entry, 'dq', a[4], False, backend.itemsize * (a[11]*a[12]*a[14]*a[16])), <float*>pointer(entry, 'dk', a[5], False, backend.itemsize * (a[11]*a[12]*a[15]*a[16])), <float*>pointer(entry, 'dv', a[6], False, backend.itemsize * (a[11]*a[12]*a[15]*a[16])), <float*>pointer(entry, 'inp', a[7], False, backend.itemsize * (a[11]*a[12]*a[13])), <float*>pointer(entry, 'wq', a[8], False, backend.itemsize * (a[14]*a[16]*a[13])), <float*>pointer(entry, 'wk', a[9], False, backend.itemsize * (a[15]*a[16]*a[13])), <float*>pointer(entry, 'wv', a[10], False, backend.itemsize * (a[15]*a[16]*a[13])), a[11], a[12], a[13], a[14], a[15], a[16])
+        t.qkv_backward(c, <float*>pointer(entry, 'dinp', a[0], False, backend.itemsize * (a[11]*a[12]*a[13])), <float*>pointer(entry, 'dwq', a[1], False, backend.grad_itemsize * (a[14]*a[16]*a[13])), <float*>pointer(entry, 'dwk', a[2], False, backend.grad_itemsize * (a[15]*a[16]*a[13])), <float*>pointer(entry, 'dwv', a[3], False, backend.grad_itemsize * (a[15]*a[16]*a[13])), <float*>pointer(entry, 'dq', a[4], False, backend.itemsize * (a[11]*a[12]*a[14]*a[16])), <float*>pointer(entry, 'dk', a[5], False, backend.itemsize * (a[11]*a[12]*a[15]*a[16])), <float*>pointer(entry, 'dv', a[6], False, backend.itemsize * (a[11]*a[12]*a[15]*a[16])), <float*>pointer(entry, 'inp', a[7], False, backend.itemsize * (a[11]*a[12]*a[13])), <float*>pointer(entry, 'wq', a[8], False, backend.itemsize * (a[14]*a[16]*a[13])), <float*>pointer(entry, 'wk', a[9], False, backend.itemsize * (a[15]*a[16]*a[13])), <float*>pointer(entry, 'wv', a[10], False, backend.itemsize * (a[15]*a[16]*a[13])), a[11], a[12], a[13], a[14], a[15], a[16])
         backend.check_error()
         return None
     elif entry == 'ffn_forward':
@@ -231,7 +231,7 @@ cdef object call_entry(Backend backend, str entry, tuple a):
         return None
     elif entry == 'ffn_backward':
         arity(entry, a, 19)
-        t.ffn_backward(c, <float*>pointer(entry, 'dinp', a[0], False, backend.itemsize * (a[15]*a[16]*a[17])), <float*>pointer(entry, 'dw1', a[1], False, 4 * (a[18]*a[17])), <float*>pointer(entry, 'dw3', a[2], False, 4 * (a[18]*a[17])), <float*>pointer(entry, 'dw2', a[3], False, 4 * (a[17]*a[18])), <float*>pointer(entry, 'dh1', a[4], False, backend.itemsize * (a[15]*a[16]*a[18])), <float*>pointer(entry, 'dh3', a[5], False, backend.itemsize * (a[15]*a[16]*a[18])), <float*>pointer(entry, 'dhgated', a[6], False, backend.itemsize * (a[15]*a[16]*a[18])), <float*>pointer(entry, 'dout', a[7], False, backend.itemsize * (a[15]*a[16]*a[17])), <float*>pointer(entry, 'inp', a[8], False, backend.itemsize * (a[15]*a[16]*a[17])), <float*>pointer(entry, 'h1', a[9], False, backend.itemsize * (a[15]*a[16]*a[18])), <float*>pointer(entry, 'h3', a[10], False, backend.itemsize * (a[15]*a[16]*a[18])), <float*>pointer(entry, 'hgated', a[11], False, backend.itemsize * (a[15]*a[16]*a[18])), <float*>pointer(entry, 'w1', a[12], False, backend.itemsize * (a[18]*a[17])), <float*>pointer(entry, 'w3', a[13], False, backend.itemsize * (a[18]*a[17])), <float*>pointer(entry, 'w2', a[14], False, backend.itemsize * (a[17]*a[18])), a[15], a[16], a[17], a[18])
+        t.ffn_backward(c, <float*>pointer(entry, 'dinp', a[0], False, backend.itemsize * (a[15]*a[16]*a[17])), <float*>pointer(entry, 'dw1', a[1], False, backend.grad_itemsize * (a[18]*a[17])), <float*>pointer(entry, 'dw3', a[2], False, backend.grad_itemsize * (a[18]*a[17])), <float*>pointer(entry, 'dw2', a[3], False, backend.grad_itemsize * (a[17]*a[18])), <float*>pointer(entry, 'dh1', a[4], False, backend.itemsize * (a[15]*a[16]*a[18])), <float*>pointer(entry, 'dh3', a[5], False, backend.itemsize * (a[15]*a[16]*a[18])), <float*>pointer(entry, 'dhgated', a[6], False, backend.itemsize * (a[15]*a[16]*a[18])), <float*>pointer(entry, 'dout', a[7], False, backend.itemsize * (a[15]*a[16]*a[17])), <float*>pointer(entry, 'inp', a[8], False, backend.itemsize * (a[15]*a[16]*a[17])), <float*>pointer(entry, 'h1', a[9], False, backend.itemsize * (a[15]*a[16]*a[18])), <float*>pointer(entry, 'h3', a[10], False, backend.itemsize * (a[15]*a[16]*a[18])), <float*>pointer(entry, 'hgated', a[11], False, backend.itemsize * (a[15]*a[16]*a[18])), <float*>pointer(entry, 'w1', a[12], False, backend.itemsize * (a[18]*a[17])), <float*>pointer(entry, 'w3', a[13], False, backend.itemsize * (a[18]*a[17])), <float*>pointer(entry, 'w2', a[14], False, backend.itemsize * (a[17]*a[18])), a[15], a[16], a[17], a[18])
         backend.check_error()
         return None
     elif entry == 'attention_cached_forward':

@@ -8,7 +8,7 @@ cdef void w_fill(void* ctx, float* out, float value, Py_ssize_t n) noexcept nogi
     leave(s, E_FILL, start)
     if s.mode & CHECK:
         s.oracle.fill(s.oracle.ctx, <float*>oracle_of(s, out), value, n)
-        compare(s, E_FILL, out, <Py_ssize_t>n, <double>(1), 0, False)
+        compare(s, E_FILL, out, <Py_ssize_t>n, <double>(1), 0, FLOAT32)
 
 cdef float w_mean(void* ctx, const float* x, Py_ssize_t n) noexcept nogil:
     cdef Instrument* s = <Instrument*>ctx
@@ -26,9 +26,9 @@ cdef void w_adamw_update(void* ctx, float* params, float* m, float* v, const flo
     leave(s, E_ADAMW_UPDATE, start)
     if s.mode & CHECK:
         s.oracle.adamw_update(s.oracle.ctx, <float*>oracle_of(s, params), <float*>oracle_of(s, m), <float*>oracle_of(s, v), <const float*>oracle_of(s, grads), n, lr, beta1, beta2, eps, weight_decay, grad_scale, t)
-        compare(s, E_ADAMW_UPDATE, params, <Py_ssize_t>n, <double>(2), 0, False)
-        compare(s, E_ADAMW_UPDATE, m, <Py_ssize_t>n, <double>(2), 0, False)
-        compare(s, E_ADAMW_UPDATE, v, <Py_ssize_t>n, <double>(2), 0, False)
+        compare(s, E_ADAMW_UPDATE, params, <Py_ssize_t>n, <double>(2), 0, FLOAT32)
+        compare(s, E_ADAMW_UPDATE, m, <Py_ssize_t>n, <double>(2), 0, FLOAT32)
+        compare(s, E_ADAMW_UPDATE, v, <Py_ssize_t>n, <double>(2), 0, FLOAT32)
 
 cdef double w_global_norm_squared(void* ctx, const float* x, Py_ssize_t n) noexcept nogil:
     cdef Instrument* s = <Instrument*>ctx
@@ -46,7 +46,7 @@ cdef void w_matmul_forward(void* ctx, float* out, const float* inp, const float*
     leave(s, E_MATMUL_FORWARD, start)
     if s.mode & CHECK:
         s.oracle.matmul_forward(s.oracle.ctx, <float*>oracle_of(s, out), <const float*>oracle_of(s, inp), <const float*>oracle_of(s, weight), <const float*>oracle_of(s, bias), B, T, C, OC)
-        compare(s, E_MATMUL_FORWARD, out, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>OC, <double>(<Py_ssize_t>C), 0, True)
+        compare(s, E_MATMUL_FORWARD, out, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>OC, <double>(<Py_ssize_t>C), 0, s.narrow)
 
 cdef void w_matmul_backward(void* ctx, float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight, int B, int T, int C, int OC) noexcept nogil:
     cdef Instrument* s = <Instrument*>ctx
@@ -55,9 +55,9 @@ cdef void w_matmul_backward(void* ctx, float* dinp, float* dweight, float* dbias
     leave(s, E_MATMUL_BACKWARD, start)
     if s.mode & CHECK:
         s.oracle.matmul_backward(s.oracle.ctx, <float*>oracle_of(s, dinp), <float*>oracle_of(s, dweight), <float*>oracle_of(s, dbias), <const float*>oracle_of(s, dout), <const float*>oracle_of(s, inp), <const float*>oracle_of(s, weight), B, T, C, OC)
-        compare(s, E_MATMUL_BACKWARD, dinp, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>C, <double>(<Py_ssize_t>OC), 0, True)
-        compare(s, E_MATMUL_BACKWARD, dweight, <Py_ssize_t>OC*<Py_ssize_t>C, <double>(<Py_ssize_t>B*<Py_ssize_t>T), 0, False)
-        compare(s, E_MATMUL_BACKWARD, dbias, <Py_ssize_t>OC, <double>(<Py_ssize_t>B*<Py_ssize_t>T), 0, False)
+        compare(s, E_MATMUL_BACKWARD, dinp, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>C, <double>(<Py_ssize_t>OC), 0, s.narrow)
+        compare(s, E_MATMUL_BACKWARD, dweight, <Py_ssize_t>OC*<Py_ssize_t>C, <double>(<Py_ssize_t>B*<Py_ssize_t>T), 0, s.grad_narrow)
+        compare(s, E_MATMUL_BACKWARD, dbias, <Py_ssize_t>OC, <double>(<Py_ssize_t>B*<Py_ssize_t>T), 0, s.grad_narrow)
 
 cdef void w_residual_forward(void* ctx, float* out, const float* inp1, const float* inp2, Py_ssize_t N) noexcept nogil:
     cdef Instrument* s = <Instrument*>ctx
@@ -66,7 +66,7 @@ cdef void w_residual_forward(void* ctx, float* out, const float* inp1, const flo
     leave(s, E_RESIDUAL_FORWARD, start)
     if s.mode & CHECK:
         s.oracle.residual_forward(s.oracle.ctx, <float*>oracle_of(s, out), <const float*>oracle_of(s, inp1), <const float*>oracle_of(s, inp2), N)
-        compare(s, E_RESIDUAL_FORWARD, out, <Py_ssize_t>N, <double>(1), 0, True)
+        compare(s, E_RESIDUAL_FORWARD, out, <Py_ssize_t>N, <double>(1), 0, s.narrow)
 
 cdef void w_residual_backward(void* ctx, float* dinp1, float* dinp2, const float* dout, Py_ssize_t N) noexcept nogil:
     cdef Instrument* s = <Instrument*>ctx
@@ -75,8 +75,8 @@ cdef void w_residual_backward(void* ctx, float* dinp1, float* dinp2, const float
     leave(s, E_RESIDUAL_BACKWARD, start)
     if s.mode & CHECK:
         s.oracle.residual_backward(s.oracle.ctx, <float*>oracle_of(s, dinp1), <float*>oracle_of(s, dinp2), <const float*>oracle_of(s, dout), N)
-        compare(s, E_RESIDUAL_BACKWARD, dinp1, <Py_ssize_t>N, <double>(1), 0, True)
-        compare(s, E_RESIDUAL_BACKWARD, dinp2, <Py_ssize_t>N, <double>(1), 0, True)
+        compare(s, E_RESIDUAL_BACKWARD, dinp1, <Py_ssize_t>N, <double>(1), 0, s.narrow)
+        compare(s, E_RESIDUAL_BACKWARD, dinp2, <Py_ssize_t>N, <double>(1), 0, s.narrow)
 
 cdef void w_encoder_forward(void* ctx, float* out, const int* inp, const float* wte, const float* wpe, int B, int T, int C) noexcept nogil:
     cdef Instrument* s = <Instrument*>ctx
@@ -85,7 +85,7 @@ cdef void w_encoder_forward(void* ctx, float* out, const int* inp, const float* 
     leave(s, E_ENCODER_FORWARD, start)
     if s.mode & CHECK:
         s.oracle.encoder_forward(s.oracle.ctx, <float*>oracle_of(s, out), <const int*>oracle_of(s, inp), <const float*>oracle_of(s, wte), <const float*>oracle_of(s, wpe), B, T, C)
-        compare(s, E_ENCODER_FORWARD, out, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>C, <double>(1), 0, True)
+        compare(s, E_ENCODER_FORWARD, out, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>C, <double>(1), 0, s.narrow)
 
 cdef void w_encoder_backward(void* ctx, float* dwte, float* dwpe, const float* dout, const int* inp, int B, int T, int C, int Vp) noexcept nogil:
     cdef Instrument* s = <Instrument*>ctx
@@ -94,8 +94,8 @@ cdef void w_encoder_backward(void* ctx, float* dwte, float* dwpe, const float* d
     leave(s, E_ENCODER_BACKWARD, start)
     if s.mode & CHECK:
         s.oracle.encoder_backward(s.oracle.ctx, <float*>oracle_of(s, dwte), <float*>oracle_of(s, dwpe), <const float*>oracle_of(s, dout), <const int*>oracle_of(s, inp), B, T, C, Vp)
-        compare(s, E_ENCODER_BACKWARD, dwte, <Py_ssize_t>Vp*<Py_ssize_t>C, <double>(<Py_ssize_t>B*<Py_ssize_t>T), 0, False)
-        compare(s, E_ENCODER_BACKWARD, dwpe, <Py_ssize_t>T*<Py_ssize_t>C, <double>(<Py_ssize_t>B), 0, False)
+        compare(s, E_ENCODER_BACKWARD, dwte, <Py_ssize_t>Vp*<Py_ssize_t>C, <double>(<Py_ssize_t>B*<Py_ssize_t>T), 0, s.grad_narrow)
+        compare(s, E_ENCODER_BACKWARD, dwpe, <Py_ssize_t>T*<Py_ssize_t>C, <double>(<Py_ssize_t>B), 0, s.grad_narrow)
 
 cdef void w_layernorm_forward(void* ctx, float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias, int B, int T, int C) noexcept nogil:
     cdef Instrument* s = <Instrument*>ctx
@@ -104,9 +104,9 @@ cdef void w_layernorm_forward(void* ctx, float* out, float* mean, float* rstd, c
     leave(s, E_LAYERNORM_FORWARD, start)
     if s.mode & CHECK:
         s.oracle.layernorm_forward(s.oracle.ctx, <float*>oracle_of(s, out), <float*>oracle_of(s, mean), <float*>oracle_of(s, rstd), <const float*>oracle_of(s, inp), <const float*>oracle_of(s, weight), <const float*>oracle_of(s, bias), B, T, C)
-        compare(s, E_LAYERNORM_FORWARD, out, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>C, <double>(<Py_ssize_t>C), 0, True)
-        compare(s, E_LAYERNORM_FORWARD, mean, <Py_ssize_t>B*<Py_ssize_t>T, <double>(<Py_ssize_t>C), 0, False)
-        compare(s, E_LAYERNORM_FORWARD, rstd, <Py_ssize_t>B*<Py_ssize_t>T, <double>(<Py_ssize_t>C), 0, False)
+        compare(s, E_LAYERNORM_FORWARD, out, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>C, <double>(<Py_ssize_t>C), 0, s.narrow)
+        compare(s, E_LAYERNORM_FORWARD, mean, <Py_ssize_t>B*<Py_ssize_t>T, <double>(<Py_ssize_t>C), 0, FLOAT32)
+        compare(s, E_LAYERNORM_FORWARD, rstd, <Py_ssize_t>B*<Py_ssize_t>T, <double>(<Py_ssize_t>C), 0, FLOAT32)
 
 cdef void w_layernorm_backward(void* ctx, float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight, const float* mean, const float* rstd, int B, int T, int C) noexcept nogil:
     cdef Instrument* s = <Instrument*>ctx
@@ -115,9 +115,9 @@ cdef void w_layernorm_backward(void* ctx, float* dinp, float* dweight, float* db
     leave(s, E_LAYERNORM_BACKWARD, start)
     if s.mode & CHECK:
         s.oracle.layernorm_backward(s.oracle.ctx, <float*>oracle_of(s, dinp), <float*>oracle_of(s, dweight), <float*>oracle_of(s, dbias), <const float*>oracle_of(s, dout), <const float*>oracle_of(s, inp), <const float*>oracle_of(s, weight), <const float*>oracle_of(s, mean), <const float*>oracle_of(s, rstd), B, T, C)
-        compare(s, E_LAYERNORM_BACKWARD, dinp, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>C, <double>(<Py_ssize_t>C), 0, True)
-        compare(s, E_LAYERNORM_BACKWARD, dweight, <Py_ssize_t>C, <double>(<Py_ssize_t>B*<Py_ssize_t>T), 0, False)
-        compare(s, E_LAYERNORM_BACKWARD, dbias, <Py_ssize_t>C, <double>(<Py_ssize_t>B*<Py_ssize_t>T), 0, False)
+        compare(s, E_LAYERNORM_BACKWARD, dinp, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>C, <double>(<Py_ssize_t>C), 0, s.narrow)
+        compare(s, E_LAYERNORM_BACKWARD, dweight, <Py_ssize_t>C, <double>(<Py_ssize_t>B*<Py_ssize_t>T), 0, s.grad_narrow)
+        compare(s, E_LAYERNORM_BACKWARD, dbias, <Py_ssize_t>C, <double>(<Py_ssize_t>B*<Py_ssize_t>T), 0, s.grad_narrow)
 
 cdef void w_attention_forward(void* ctx, float* out, float* preatt, float* att, const float* inp, int B, int T, int C, int NH) noexcept nogil:
     cdef Instrument* s = <Instrument*>ctx
@@ -126,9 +126,9 @@ cdef void w_attention_forward(void* ctx, float* out, float* preatt, float* att, 
     leave(s, E_ATTENTION_FORWARD, start)
     if s.mode & CHECK:
         s.oracle.attention_forward(s.oracle.ctx, <float*>oracle_of(s, out), <float*>oracle_of(s, preatt), <float*>oracle_of(s, att), <const float*>oracle_of(s, inp), B, T, C, NH)
-        compare(s, E_ATTENTION_FORWARD, out, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>C, <double>(<Py_ssize_t>T), 0, True)
-        compare(s, E_ATTENTION_FORWARD, preatt, <Py_ssize_t>B*<Py_ssize_t>NH*<Py_ssize_t>T*<Py_ssize_t>T, <double>(<Py_ssize_t>C/<Py_ssize_t>NH), <int>T, True)
-        compare(s, E_ATTENTION_FORWARD, att, <Py_ssize_t>B*<Py_ssize_t>NH*<Py_ssize_t>T*<Py_ssize_t>T, <double>(<Py_ssize_t>T), <int>T, True)
+        compare(s, E_ATTENTION_FORWARD, out, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>C, <double>(<Py_ssize_t>T), 0, s.narrow)
+        compare(s, E_ATTENTION_FORWARD, preatt, <Py_ssize_t>B*<Py_ssize_t>NH*<Py_ssize_t>T*<Py_ssize_t>T, <double>(<Py_ssize_t>C/<Py_ssize_t>NH), <int>T, s.narrow)
+        compare(s, E_ATTENTION_FORWARD, att, <Py_ssize_t>B*<Py_ssize_t>NH*<Py_ssize_t>T*<Py_ssize_t>T, <double>(<Py_ssize_t>T), <int>T, s.narrow)
 
 cdef void w_attention_backward(void* ctx, float* dinp, float* dpreatt, float* datt, const float* dout, const float* inp, const float* att, int B, int T, int C, int NH) noexcept nogil:
     cdef Instrument* s = <Instrument*>ctx
@@ -137,9 +137,9 @@ cdef void w_attention_backward(void* ctx, float* dinp, float* dpreatt, float* da
     leave(s, E_ATTENTION_BACKWARD, start)
     if s.mode & CHECK:
         s.oracle.attention_backward(s.oracle.ctx, <float*>oracle_of(s, dinp), <float*>oracle_of(s, dpreatt), <float*>oracle_of(s, datt), <const float*>oracle_of(s, dout), <const float*>oracle_of(s, inp), <const float*>oracle_of(s, att), B, T, C, NH)
-        compare(s, E_ATTENTION_BACKWARD, dinp, <Py_ssize_t>B*<Py_ssize_t>T*3*<Py_ssize_t>C, <double>(<Py_ssize_t>T), 0, True)
-        compare(s, E_ATTENTION_BACKWARD, dpreatt, <Py_ssize_t>B*<Py_ssize_t>NH*<Py_ssize_t>T*<Py_ssize_t>T, <double>(<Py_ssize_t>T), <int>T, True)
-        compare(s, E_ATTENTION_BACKWARD, datt, <Py_ssize_t>B*<Py_ssize_t>NH*<Py_ssize_t>T*<Py_ssize_t>T, <double>(<Py_ssize_t>C/<Py_ssize_t>NH), <int>T, True)
+        compare(s, E_ATTENTION_BACKWARD, dinp, <Py_ssize_t>B*<Py_ssize_t>T*3*<Py_ssize_t>C, <double>(<Py_ssize_t>T), 0, s.narrow)
+        compare(s, E_ATTENTION_BACKWARD, dpreatt, <Py_ssize_t>B*<Py_ssize_t>NH*<Py_ssize_t>T*<Py_ssize_t>T, <double>(<Py_ssize_t>T), <int>T, s.narrow)
+        compare(s, E_ATTENTION_BACKWARD, datt, <Py_ssize_t>B*<Py_ssize_t>NH*<Py_ssize_t>T*<Py_ssize_t>T, <double>(<Py_ssize_t>C/<Py_ssize_t>NH), <int>T, s.narrow)
 
 cdef void w_gelu_forward(void* ctx, float* out, const float* inp, Py_ssize_t N) noexcept nogil:
     cdef Instrument* s = <Instrument*>ctx
@@ -148,7 +148,7 @@ cdef void w_gelu_forward(void* ctx, float* out, const float* inp, Py_ssize_t N) 
     leave(s, E_GELU_FORWARD, start)
     if s.mode & CHECK:
         s.oracle.gelu_forward(s.oracle.ctx, <float*>oracle_of(s, out), <const float*>oracle_of(s, inp), N)
-        compare(s, E_GELU_FORWARD, out, <Py_ssize_t>N, <double>(1), 0, True)
+        compare(s, E_GELU_FORWARD, out, <Py_ssize_t>N, <double>(1), 0, s.narrow)
 
 cdef void w_gelu_backward(void* ctx, float* dinp, const float* inp, const float* dout, Py_ssize_t N) noexcept nogil:
     cdef Instrument* s = <Instrument*>ctx
@@ -157,7 +157,7 @@ cdef void w_gelu_backward(void* ctx, float* dinp, const float* inp, const float*
     leave(s, E_GELU_BACKWARD, start)
     if s.mode & CHECK:
         s.oracle.gelu_backward(s.oracle.ctx, <float*>oracle_of(s, dinp), <const float*>oracle_of(s, inp), <const float*>oracle_of(s, dout), N)
-        compare(s, E_GELU_BACKWARD, dinp, <Py_ssize_t>N, <double>(1), 0, True)
+        compare(s, E_GELU_BACKWARD, dinp, <Py_ssize_t>N, <double>(1), 0, s.narrow)
 
 cdef void w_softmax_forward(void* ctx, float* probs, const float* logits, int B, int T, int V, int Vp) noexcept nogil:
     cdef Instrument* s = <Instrument*>ctx
@@ -166,7 +166,7 @@ cdef void w_softmax_forward(void* ctx, float* probs, const float* logits, int B,
     leave(s, E_SOFTMAX_FORWARD, start)
     if s.mode & CHECK:
         s.oracle.softmax_forward(s.oracle.ctx, <float*>oracle_of(s, probs), <const float*>oracle_of(s, logits), B, T, V, Vp)
-        compare(s, E_SOFTMAX_FORWARD, probs, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>Vp, <double>(<Py_ssize_t>V), 0, False)
+        compare(s, E_SOFTMAX_FORWARD, probs, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>Vp, <double>(<Py_ssize_t>V), 0, FLOAT32)
 
 cdef void w_crossentropy_forward(void* ctx, float* losses, const float* probs, const int* targets, int B, int T, int Vp) noexcept nogil:
     cdef Instrument* s = <Instrument*>ctx
@@ -175,7 +175,7 @@ cdef void w_crossentropy_forward(void* ctx, float* losses, const float* probs, c
     leave(s, E_CROSSENTROPY_FORWARD, start)
     if s.mode & CHECK:
         s.oracle.crossentropy_forward(s.oracle.ctx, <float*>oracle_of(s, losses), <const float*>oracle_of(s, probs), <const int*>oracle_of(s, targets), B, T, Vp)
-        compare(s, E_CROSSENTROPY_FORWARD, losses, <Py_ssize_t>B*<Py_ssize_t>T, <double>(1), 0, False)
+        compare(s, E_CROSSENTROPY_FORWARD, losses, <Py_ssize_t>B*<Py_ssize_t>T, <double>(1), 0, FLOAT32)
 
 cdef void w_crossentropy_softmax_backward(void* ctx, float* dlogits, const float* dlosses, const float* probs, const int* targets, int B, int T, int V, int Vp) noexcept nogil:
     cdef Instrument* s = <Instrument*>ctx
@@ -184,7 +184,7 @@ cdef void w_crossentropy_softmax_backward(void* ctx, float* dlogits, const float
     leave(s, E_CROSSENTROPY_SOFTMAX_BACKWARD, start)
     if s.mode & CHECK:
         s.oracle.crossentropy_softmax_backward(s.oracle.ctx, <float*>oracle_of(s, dlogits), <const float*>oracle_of(s, dlosses), <const float*>oracle_of(s, probs), <const int*>oracle_of(s, targets), B, T, V, Vp)
-        compare(s, E_CROSSENTROPY_SOFTMAX_BACKWARD, dlogits, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>Vp, <double>(1), 0, True)
+        compare(s, E_CROSSENTROPY_SOFTMAX_BACKWARD, dlogits, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>Vp, <double>(1), 0, s.narrow)
 
 cdef void w_embedding_forward(void* ctx, float* out, const int* inp, const float* wte, int B, int T, int C) noexcept nogil:
     cdef Instrument* s = <Instrument*>ctx
@@ -193,7 +193,7 @@ cdef void w_embedding_forward(void* ctx, float* out, const int* inp, const float
     leave(s, E_EMBEDDING_FORWARD, start)
     if s.mode & CHECK:
         s.oracle.embedding_forward(s.oracle.ctx, <float*>oracle_of(s, out), <const int*>oracle_of(s, inp), <const float*>oracle_of(s, wte), B, T, C)
-        compare(s, E_EMBEDDING_FORWARD, out, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>C, <double>(1), 0, True)
+        compare(s, E_EMBEDDING_FORWARD, out, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>C, <double>(1), 0, s.narrow)
 
 cdef void w_embedding_backward(void* ctx, float* dwte, const float* dout, const int* inp, int B, int T, int C, int V) noexcept nogil:
     cdef Instrument* s = <Instrument*>ctx
@@ -202,7 +202,7 @@ cdef void w_embedding_backward(void* ctx, float* dwte, const float* dout, const 
     leave(s, E_EMBEDDING_BACKWARD, start)
     if s.mode & CHECK:
         s.oracle.embedding_backward(s.oracle.ctx, <float*>oracle_of(s, dwte), <const float*>oracle_of(s, dout), <const int*>oracle_of(s, inp), B, T, C, V)
-        compare(s, E_EMBEDDING_BACKWARD, dwte, <Py_ssize_t>V*<Py_ssize_t>C, <double>(<Py_ssize_t>B*<Py_ssize_t>T), 0, False)
+        compare(s, E_EMBEDDING_BACKWARD, dwte, <Py_ssize_t>V*<Py_ssize_t>C, <double>(<Py_ssize_t>B*<Py_ssize_t>T), 0, s.grad_narrow)
 
 cdef void w_rmsnorm_forward(void* ctx, float* out, float* rstd, const float* inp, const float* weight, float eps, int B, int T, int C) noexcept nogil:
     cdef Instrument* s = <Instrument*>ctx
@@ -211,8 +211,8 @@ cdef void w_rmsnorm_forward(void* ctx, float* out, float* rstd, const float* inp
     leave(s, E_RMSNORM_FORWARD, start)
     if s.mode & CHECK:
         s.oracle.rmsnorm_forward(s.oracle.ctx, <float*>oracle_of(s, out), <float*>oracle_of(s, rstd), <const float*>oracle_of(s, inp), <const float*>oracle_of(s, weight), eps, B, T, C)
-        compare(s, E_RMSNORM_FORWARD, out, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>C, <double>(<Py_ssize_t>C), 0, True)
-        compare(s, E_RMSNORM_FORWARD, rstd, <Py_ssize_t>B*<Py_ssize_t>T, <double>(<Py_ssize_t>C), 0, False)
+        compare(s, E_RMSNORM_FORWARD, out, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>C, <double>(<Py_ssize_t>C), 0, s.narrow)
+        compare(s, E_RMSNORM_FORWARD, rstd, <Py_ssize_t>B*<Py_ssize_t>T, <double>(<Py_ssize_t>C), 0, FLOAT32)
 
 cdef void w_rmsnorm_backward(void* ctx, float* dinp, float* dweight, const float* dout, const float* inp, const float* weight, const float* rstd, int B, int T, int C) noexcept nogil:
     cdef Instrument* s = <Instrument*>ctx
@@ -221,8 +221,8 @@ cdef void w_rmsnorm_backward(void* ctx, float* dinp, float* dweight, const float
     leave(s, E_RMSNORM_BACKWARD, start)
     if s.mode & CHECK:
         s.oracle.rmsnorm_backward(s.oracle.ctx, <float*>oracle_of(s, dinp), <float*>oracle_of(s, dweight), <const float*>oracle_of(s, dout), <const float*>oracle_of(s, inp), <const float*>oracle_of(s, weight), <const float*>oracle_of(s, rstd), B, T, C)
-        compare(s, E_RMSNORM_BACKWARD, dinp, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>C, <double>(<Py_ssize_t>C), 0, True)
-        compare(s, E_RMSNORM_BACKWARD, dweight, <Py_ssize_t>C, <double>(<Py_ssize_t>B*<Py_ssize_t>T), 0, False)
+        compare(s, E_RMSNORM_BACKWARD, dinp, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>C, <double>(<Py_ssize_t>C), 0, s.narrow)
+        compare(s, E_RMSNORM_BACKWARD, dweight, <Py_ssize_t>C, <double>(<Py_ssize_t>B*<Py_ssize_t>T), 0, s.grad_narrow)
 
 cdef void w_rope_forward(void* ctx, float* out, const float* inp, const float* freqs_cos, const float* freqs_sin, int B, int T, int NH, int hs) noexcept nogil:
     cdef Instrument* s = <Instrument*>ctx
@@ -231,7 +231,7 @@ cdef void w_rope_forward(void* ctx, float* out, const float* inp, const float* f
     leave(s, E_ROPE_FORWARD, start)
     if s.mode & CHECK:
         s.oracle.rope_forward(s.oracle.ctx, <float*>oracle_of(s, out), <const float*>oracle_of(s, inp), <const float*>oracle_of(s, freqs_cos), <const float*>oracle_of(s, freqs_sin), B, T, NH, hs)
-        compare(s, E_ROPE_FORWARD, out, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>NH*<Py_ssize_t>hs, <double>(2), 0, True)
+        compare(s, E_ROPE_FORWARD, out, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>NH*<Py_ssize_t>hs, <double>(2), 0, s.narrow)
 
 cdef void w_rope_backward(void* ctx, float* dinp, const float* dout, const float* freqs_cos, const float* freqs_sin, int B, int T, int NH, int hs) noexcept nogil:
     cdef Instrument* s = <Instrument*>ctx
@@ -240,7 +240,7 @@ cdef void w_rope_backward(void* ctx, float* dinp, const float* dout, const float
     leave(s, E_ROPE_BACKWARD, start)
     if s.mode & CHECK:
         s.oracle.rope_backward(s.oracle.ctx, <float*>oracle_of(s, dinp), <const float*>oracle_of(s, dout), <const float*>oracle_of(s, freqs_cos), <const float*>oracle_of(s, freqs_sin), B, T, NH, hs)
-        compare(s, E_ROPE_BACKWARD, dinp, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>NH*<Py_ssize_t>hs, <double>(2), 0, True)
+        compare(s, E_ROPE_BACKWARD, dinp, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>NH*<Py_ssize_t>hs, <double>(2), 0, s.narrow)
 
 cdef void w_swiglu_forward(void* ctx, float* out, const float* a, const float* b, Py_ssize_t N) noexcept nogil:
     cdef Instrument* s = <Instrument*>ctx
@@ -249,7 +249,7 @@ cdef void w_swiglu_forward(void* ctx, float* out, const float* a, const float* b
     leave(s, E_SWIGLU_FORWARD, start)
     if s.mode & CHECK:
         s.oracle.swiglu_forward(s.oracle.ctx, <float*>oracle_of(s, out), <const float*>oracle_of(s, a), <const float*>oracle_of(s, b), N)
-        compare(s, E_SWIGLU_FORWARD, out, <Py_ssize_t>N, <double>(1), 0, True)
+        compare(s, E_SWIGLU_FORWARD, out, <Py_ssize_t>N, <double>(1), 0, s.narrow)
 
 cdef void w_swiglu_backward(void* ctx, float* da, float* db, const float* dout, const float* a, const float* b, Py_ssize_t N) noexcept nogil:
     cdef Instrument* s = <Instrument*>ctx
@@ -258,8 +258,8 @@ cdef void w_swiglu_backward(void* ctx, float* da, float* db, const float* dout, 
     leave(s, E_SWIGLU_BACKWARD, start)
     if s.mode & CHECK:
         s.oracle.swiglu_backward(s.oracle.ctx, <float*>oracle_of(s, da), <float*>oracle_of(s, db), <const float*>oracle_of(s, dout), <const float*>oracle_of(s, a), <const float*>oracle_of(s, b), N)
-        compare(s, E_SWIGLU_BACKWARD, da, <Py_ssize_t>N, <double>(1), 0, True)
-        compare(s, E_SWIGLU_BACKWARD, db, <Py_ssize_t>N, <double>(1), 0, True)
+        compare(s, E_SWIGLU_BACKWARD, da, <Py_ssize_t>N, <double>(1), 0, s.narrow)
+        compare(s, E_SWIGLU_BACKWARD, db, <Py_ssize_t>N, <double>(1), 0, s.narrow)
 
 cdef void w_attention_gqa_forward(void* ctx, float* out, float* att, const float* q, const float* k, const float* v, int B, int T, int NH, int NKV, int hs) noexcept nogil:
     cdef Instrument* s = <Instrument*>ctx
@@ -268,8 +268,8 @@ cdef void w_attention_gqa_forward(void* ctx, float* out, float* att, const float
     leave(s, E_ATTENTION_GQA_FORWARD, start)
     if s.mode & CHECK:
         s.oracle.attention_gqa_forward(s.oracle.ctx, <float*>oracle_of(s, out), <float*>oracle_of(s, att), <const float*>oracle_of(s, q), <const float*>oracle_of(s, k), <const float*>oracle_of(s, v), B, T, NH, NKV, hs)
-        compare(s, E_ATTENTION_GQA_FORWARD, out, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>NH*<Py_ssize_t>hs, <double>(<Py_ssize_t>T), 0, True)
-        compare(s, E_ATTENTION_GQA_FORWARD, att, <Py_ssize_t>B*<Py_ssize_t>NH*<Py_ssize_t>T*<Py_ssize_t>T, <double>(<Py_ssize_t>hs), <int>T, True)
+        compare(s, E_ATTENTION_GQA_FORWARD, out, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>NH*<Py_ssize_t>hs, <double>(<Py_ssize_t>T), 0, s.narrow)
+        compare(s, E_ATTENTION_GQA_FORWARD, att, <Py_ssize_t>B*<Py_ssize_t>NH*<Py_ssize_t>T*<Py_ssize_t>T, <double>(<Py_ssize_t>hs), <int>T, s.narrow)
 
 cdef void w_attention_gqa_backward(void* ctx, float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k, const float* v, const float* att, int B, int T, int NH, int NKV, int hs) noexcept nogil:
     cdef Instrument* s = <Instrument*>ctx
@@ -278,9 +278,9 @@ cdef void w_attention_gqa_backward(void* ctx, float* dq, float* dk, float* dv, c
     leave(s, E_ATTENTION_GQA_BACKWARD, start)
     if s.mode & CHECK:
         s.oracle.attention_gqa_backward(s.oracle.ctx, <float*>oracle_of(s, dq), <float*>oracle_of(s, dk), <float*>oracle_of(s, dv), <const float*>oracle_of(s, dout), <const float*>oracle_of(s, q), <const float*>oracle_of(s, k), <const float*>oracle_of(s, v), <const float*>oracle_of(s, att), B, T, NH, NKV, hs)
-        compare(s, E_ATTENTION_GQA_BACKWARD, dq, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>NH*<Py_ssize_t>hs, <double>(<Py_ssize_t>T), 0, True)
-        compare(s, E_ATTENTION_GQA_BACKWARD, dk, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>NKV*<Py_ssize_t>hs, <double>(<Py_ssize_t>T*<Py_ssize_t>NH/<Py_ssize_t>NKV), 0, True)
-        compare(s, E_ATTENTION_GQA_BACKWARD, dv, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>NKV*<Py_ssize_t>hs, <double>(<Py_ssize_t>T*<Py_ssize_t>NH/<Py_ssize_t>NKV), 0, True)
+        compare(s, E_ATTENTION_GQA_BACKWARD, dq, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>NH*<Py_ssize_t>hs, <double>(<Py_ssize_t>T), 0, s.narrow)
+        compare(s, E_ATTENTION_GQA_BACKWARD, dk, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>NKV*<Py_ssize_t>hs, <double>(<Py_ssize_t>T*<Py_ssize_t>NH/<Py_ssize_t>NKV), 0, s.narrow)
+        compare(s, E_ATTENTION_GQA_BACKWARD, dv, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>NKV*<Py_ssize_t>hs, <double>(<Py_ssize_t>T*<Py_ssize_t>NH/<Py_ssize_t>NKV), 0, s.narrow)
 
 cdef void w_classifier_forward(void* ctx, float* losses, float* logsum, const float* logits, const int* targets, int B, int T, int V, int Vp) noexcept nogil:
     cdef Instrument* s = <Instrument*>ctx
@@ -289,8 +289,8 @@ cdef void w_classifier_forward(void* ctx, float* losses, float* logsum, const fl
     leave(s, E_CLASSIFIER_FORWARD, start)
     if s.mode & CHECK:
         s.oracle.classifier_forward(s.oracle.ctx, <float*>oracle_of(s, losses), <float*>oracle_of(s, logsum), <const float*>oracle_of(s, logits), <const int*>oracle_of(s, targets), B, T, V, Vp)
-        compare(s, E_CLASSIFIER_FORWARD, losses, <Py_ssize_t>B*<Py_ssize_t>T, <double>(<Py_ssize_t>V), 0, False)
-        compare(s, E_CLASSIFIER_FORWARD, logsum, <Py_ssize_t>B*<Py_ssize_t>T, <double>(<Py_ssize_t>V), 0, False)
+        compare(s, E_CLASSIFIER_FORWARD, losses, <Py_ssize_t>B*<Py_ssize_t>T, <double>(<Py_ssize_t>V), 0, FLOAT32)
+        compare(s, E_CLASSIFIER_FORWARD, logsum, <Py_ssize_t>B*<Py_ssize_t>T, <double>(<Py_ssize_t>V), 0, FLOAT32)
 
 cdef void w_classifier_backward(void* ctx, float* dlogits, const float* dlosses, const float* logits, const float* logsum, const int* targets, int B, int T, int V, int Vp) noexcept nogil:
     cdef Instrument* s = <Instrument*>ctx
@@ -299,7 +299,7 @@ cdef void w_classifier_backward(void* ctx, float* dlogits, const float* dlosses,
     leave(s, E_CLASSIFIER_BACKWARD, start)
     if s.mode & CHECK:
         s.oracle.classifier_backward(s.oracle.ctx, <float*>oracle_of(s, dlogits), <const float*>oracle_of(s, dlosses), <const float*>oracle_of(s, logits), <const float*>oracle_of(s, logsum), <const int*>oracle_of(s, targets), B, T, V, Vp)
-        compare(s, E_CLASSIFIER_BACKWARD, dlogits, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>Vp, <double>(1), 0, True)
+        compare(s, E_CLASSIFIER_BACKWARD, dlogits, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>Vp, <double>(1), 0, s.narrow)
 
 cdef void w_flash_attention_forward(void* ctx, float* out, float* lse, const float* inp, int B, int T, int C, int NH) noexcept nogil:
     cdef Instrument* s = <Instrument*>ctx
@@ -308,8 +308,8 @@ cdef void w_flash_attention_forward(void* ctx, float* out, float* lse, const flo
     leave(s, E_FLASH_ATTENTION_FORWARD, start)
     if s.mode & CHECK:
         s.oracle.flash_attention_forward(s.oracle.ctx, <float*>oracle_of(s, out), <float*>oracle_of(s, lse), <const float*>oracle_of(s, inp), B, T, C, NH)
-        compare(s, E_FLASH_ATTENTION_FORWARD, out, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>C, <double>(<Py_ssize_t>T), 0, True)
-        compare(s, E_FLASH_ATTENTION_FORWARD, lse, <Py_ssize_t>B*<Py_ssize_t>NH*<Py_ssize_t>T, <double>(<Py_ssize_t>T), 0, False)
+        compare(s, E_FLASH_ATTENTION_FORWARD, out, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>C, <double>(<Py_ssize_t>T), 0, s.narrow)
+        compare(s, E_FLASH_ATTENTION_FORWARD, lse, <Py_ssize_t>B*<Py_ssize_t>NH*<Py_ssize_t>T, <double>(<Py_ssize_t>T), 0, FLOAT32)
 
 cdef void w_flash_attention_backward(void* ctx, float* dinp, const float* dout, const float* inp, const float* out, const float* lse, int B, int T, int C, int NH) noexcept nogil:
     cdef Instrument* s = <Instrument*>ctx
@@ -318,7 +318,7 @@ cdef void w_flash_attention_backward(void* ctx, float* dinp, const float* dout, 
     leave(s, E_FLASH_ATTENTION_BACKWARD, start)
     if s.mode & CHECK:
         s.oracle.flash_attention_backward(s.oracle.ctx, <float*>oracle_of(s, dinp), <const float*>oracle_of(s, dout), <const float*>oracle_of(s, inp), <const float*>oracle_of(s, out), <const float*>oracle_of(s, lse), B, T, C, NH)
-        compare(s, E_FLASH_ATTENTION_BACKWARD, dinp, <Py_ssize_t>B*<Py_ssize_t>T*3*<Py_ssize_t>C, <double>(<Py_ssize_t>T), 0, True)
+        compare(s, E_FLASH_ATTENTION_BACKWARD, dinp, <Py_ssize_t>B*<Py_ssize_t>T*3*<Py_ssize_t>C, <double>(<Py_ssize_t>T), 0, s.narrow)
 
 cdef void w_flash_attention_gqa_forward(void* ctx, float* out, float* lse, const float* q, const float* k, const float* v, int B, int T, int NH, int NKV, int hs) noexcept nogil:
     cdef Instrument* s = <Instrument*>ctx
@@ -327,8 +327,8 @@ cdef void w_flash_attention_gqa_forward(void* ctx, float* out, float* lse, const
     leave(s, E_FLASH_ATTENTION_GQA_FORWARD, start)
     if s.mode & CHECK:
         s.oracle.flash_attention_gqa_forward(s.oracle.ctx, <float*>oracle_of(s, out), <float*>oracle_of(s, lse), <const float*>oracle_of(s, q), <const float*>oracle_of(s, k), <const float*>oracle_of(s, v), B, T, NH, NKV, hs)
-        compare(s, E_FLASH_ATTENTION_GQA_FORWARD, out, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>NH*<Py_ssize_t>hs, <double>(<Py_ssize_t>T), 0, True)
-        compare(s, E_FLASH_ATTENTION_GQA_FORWARD, lse, <Py_ssize_t>B*<Py_ssize_t>NH*<Py_ssize_t>T, <double>(<Py_ssize_t>T), 0, False)
+        compare(s, E_FLASH_ATTENTION_GQA_FORWARD, out, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>NH*<Py_ssize_t>hs, <double>(<Py_ssize_t>T), 0, s.narrow)
+        compare(s, E_FLASH_ATTENTION_GQA_FORWARD, lse, <Py_ssize_t>B*<Py_ssize_t>NH*<Py_ssize_t>T, <double>(<Py_ssize_t>T), 0, FLOAT32)
 
 cdef void w_flash_attention_gqa_backward(void* ctx, float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k, const float* v, const float* out, const float* lse, int B, int T, int NH, int NKV, int hs) noexcept nogil:
     cdef Instrument* s = <Instrument*>ctx
@@ -337,9 +337,9 @@ cdef void w_flash_attention_gqa_backward(void* ctx, float* dq, float* dk, float*
     leave(s, E_FLASH_ATTENTION_GQA_BACKWARD, start)
     if s.mode & CHECK:
         s.oracle.flash_attention_gqa_backward(s.oracle.ctx, <float*>oracle_of(s, dq), <float*>oracle_of(s, dk), <float*>oracle_of(s, dv), <const float*>oracle_of(s, dout), <const float*>oracle_of(s, q), <const float*>oracle_of(s, k), <const float*>oracle_of(s, v), <const float*>oracle_of(s, out), <const float*>oracle_of(s, lse), B, T, NH, NKV, hs)
-        compare(s, E_FLASH_ATTENTION_GQA_BACKWARD, dq, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>NH*<Py_ssize_t>hs, <double>(<Py_ssize_t>T), 0, True)
-        compare(s, E_FLASH_ATTENTION_GQA_BACKWARD, dk, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>NKV*<Py_ssize_t>hs, <double>(<Py_ssize_t>T*<Py_ssize_t>NH/<Py_ssize_t>NKV), 0, True)
-        compare(s, E_FLASH_ATTENTION_GQA_BACKWARD, dv, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>NKV*<Py_ssize_t>hs, <double>(<Py_ssize_t>T*<Py_ssize_t>NH/<Py_ssize_t>NKV), 0, True)
+        compare(s, E_FLASH_ATTENTION_GQA_BACKWARD, dq, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>NH*<Py_ssize_t>hs, <double>(<Py_ssize_t>T), 0, s.narrow)
+        compare(s, E_FLASH_ATTENTION_GQA_BACKWARD, dk, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>NKV*<Py_ssize_t>hs, <double>(<Py_ssize_t>T*<Py_ssize_t>NH/<Py_ssize_t>NKV), 0, s.narrow)
+        compare(s, E_FLASH_ATTENTION_GQA_BACKWARD, dv, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>NKV*<Py_ssize_t>hs, <double>(<Py_ssize_t>T*<Py_ssize_t>NH/<Py_ssize_t>NKV), 0, s.narrow)
 
 cdef void w_narrow_params(void* ctx, float* params, const float* master, Py_ssize_t n, Py_ssize_t first, int seed) noexcept nogil:
     cdef Instrument* s = <Instrument*>ctx
@@ -348,7 +348,7 @@ cdef void w_narrow_params(void* ctx, float* params, const float* master, Py_ssiz
     leave(s, E_NARROW_PARAMS, start)
     if s.mode & CHECK:
         s.oracle.narrow_params(s.oracle.ctx, <float*>oracle_of(s, params), <const float*>oracle_of(s, master), n, first, seed)
-        compare(s, E_NARROW_PARAMS, params, <Py_ssize_t>n, <double>(1), 0, True)
+        compare(s, E_NARROW_PARAMS, params, <Py_ssize_t>n, <double>(1), 0, s.narrow)
 
 cdef void w_adamw_update_rounded(void* ctx, float* params, float* master, float* m, float* v, const float* grads, Py_ssize_t n, float lr, float beta1, float beta2, float eps, float weight_decay, float grad_scale, int t, Py_ssize_t first) noexcept nogil:
     cdef Instrument* s = <Instrument*>ctx
@@ -357,10 +357,10 @@ cdef void w_adamw_update_rounded(void* ctx, float* params, float* master, float*
     leave(s, E_ADAMW_UPDATE_ROUNDED, start)
     if s.mode & CHECK:
         s.oracle.adamw_update_rounded(s.oracle.ctx, <float*>oracle_of(s, params), <float*>oracle_of(s, master), <float*>oracle_of(s, m), <float*>oracle_of(s, v), <const float*>oracle_of(s, grads), n, lr, beta1, beta2, eps, weight_decay, grad_scale, t, first)
-        compare(s, E_ADAMW_UPDATE_ROUNDED, params, <Py_ssize_t>n, <double>(1), 0, True)
-        compare(s, E_ADAMW_UPDATE_ROUNDED, master, <Py_ssize_t>n, <double>(2), 0, False)
-        compare(s, E_ADAMW_UPDATE_ROUNDED, m, <Py_ssize_t>n, <double>(2), 0, False)
-        compare(s, E_ADAMW_UPDATE_ROUNDED, v, <Py_ssize_t>n, <double>(2), 0, False)
+        compare(s, E_ADAMW_UPDATE_ROUNDED, params, <Py_ssize_t>n, <double>(1), 0, s.narrow)
+        compare(s, E_ADAMW_UPDATE_ROUNDED, master, <Py_ssize_t>n, <double>(2), 0, FLOAT32)
+        compare(s, E_ADAMW_UPDATE_ROUNDED, m, <Py_ssize_t>n, <double>(2), 0, FLOAT32)
+        compare(s, E_ADAMW_UPDATE_ROUNDED, v, <Py_ssize_t>n, <double>(2), 0, FLOAT32)
 
 cdef void w_comm_unique_id(void* ctx, void* unique_id) noexcept nogil:
     cdef Instrument* s = <Instrument*>ctx
@@ -385,7 +385,7 @@ cdef void w_all_reduce_sum(void* ctx, float* x, Py_ssize_t n) noexcept nogil:
     leave(s, E_ALL_REDUCE_SUM, start)
     if s.mode & CHECK:
         s.oracle.all_reduce_sum(s.oracle.ctx, <float*>oracle_of(s, x), n)
-        compare(s, E_ALL_REDUCE_SUM, x, <Py_ssize_t>n, <double>(1), 0, False)
+        compare(s, E_ALL_REDUCE_SUM, x, <Py_ssize_t>n, <double>(1), 0, FLOAT32)
 
 cdef void w_reduce_scatter_sum(void* ctx, float* x, Py_ssize_t n) noexcept nogil:
     cdef Instrument* s = <Instrument*>ctx
@@ -394,7 +394,7 @@ cdef void w_reduce_scatter_sum(void* ctx, float* x, Py_ssize_t n) noexcept nogil
     leave(s, E_REDUCE_SCATTER_SUM, start)
     if s.mode & CHECK:
         s.oracle.reduce_scatter_sum(s.oracle.ctx, <float*>oracle_of(s, x), n)
-        compare(s, E_REDUCE_SCATTER_SUM, x, <Py_ssize_t>n, <double>(1), 0, False)
+        compare(s, E_REDUCE_SCATTER_SUM, x, <Py_ssize_t>n, <double>(1), 0, FLOAT32)
 
 cdef void w_all_gather(void* ctx, float* x, Py_ssize_t n) noexcept nogil:
     cdef Instrument* s = <Instrument*>ctx
@@ -403,7 +403,7 @@ cdef void w_all_gather(void* ctx, float* x, Py_ssize_t n) noexcept nogil:
     leave(s, E_ALL_GATHER, start)
     if s.mode & CHECK:
         s.oracle.all_gather(s.oracle.ctx, <float*>oracle_of(s, x), n)
-        compare(s, E_ALL_GATHER, x, <Py_ssize_t>n, <double>(1), 0, False)
+        compare(s, E_ALL_GATHER, x, <Py_ssize_t>n, <double>(1), 0, FLOAT32)
 
 cdef void w_qkv_forward(void* ctx, float* q, float* k, float* v, const float* inp, const float* wq, const float* wk, const float* wv, int B, int T, int C, int NH, int NKV, int hs) noexcept nogil:
     cdef Instrument* s = <Instrument*>ctx
@@ -412,9 +412,9 @@ cdef void w_qkv_forward(void* ctx, float* q, float* k, float* v, const float* in
     leave(s, E_QKV_FORWARD, start)
     if s.mode & CHECK:
         s.oracle.qkv_forward(s.oracle.ctx, <float*>oracle_of(s, q), <float*>oracle_of(s, k), <float*>oracle_of(s, v), <const float*>oracle_of(s, inp), <const float*>oracle_of(s, wq), <const float*>oracle_of(s, wk), <const float*>oracle_of(s, wv), B, T, C, NH, NKV, hs)
-        compare(s, E_QKV_FORWARD, q, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>NH*<Py_ssize_t>hs, <double>(<Py_ssize_t>C), 0, True)
-        compare(s, E_QKV_FORWARD, k, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>NKV*<Py_ssize_t>hs, <double>(<Py_ssize_t>C), 0, True)
-        compare(s, E_QKV_FORWARD, v, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>NKV*<Py_ssize_t>hs, <double>(<Py_ssize_t>C), 0, True)
+        compare(s, E_QKV_FORWARD, q, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>NH*<Py_ssize_t>hs, <double>(<Py_ssize_t>C), 0, s.narrow)
+        compare(s, E_QKV_FORWARD, k, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>NKV*<Py_ssize_t>hs, <double>(<Py_ssize_t>C), 0, s.narrow)
+        compare(s, E_QKV_FORWARD, v, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>NKV*<Py_ssize_t>hs, <double>(<Py_ssize_t>C), 0, s.narrow)
 
 cdef void w_qkv_backward(void* ctx, float* dinp, float* dwq, float* dwk, float* dwv, const float* dq, const float* dk, const float* dv, const float* inp, const float* wq, const float* wk, const float* wv, int B, int T, int C, int NH, int NKV, int hs) noexcept nogil:
     cdef Instrument* s = <Instrument*>ctx
@@ -423,10 +423,10 @@ cdef void w_qkv_backward(void* ctx, float* dinp, float* dwq, float* dwk, float* 
     leave(s, E_QKV_BACKWARD, start)
     if s.mode & CHECK:
         s.oracle.qkv_backward(s.oracle.ctx, <float*>oracle_of(s, dinp), <float*>oracle_of(s, dwq), <float*>oracle_of(s, dwk), <float*>oracle_of(s, dwv), <const float*>oracle_of(s, dq), <const float*>oracle_of(s, dk), <const float*>oracle_of(s, dv), <const float*>oracle_of(s, inp), <const float*>oracle_of(s, wq), <const float*>oracle_of(s, wk), <const float*>oracle_of(s, wv), B, T, C, NH, NKV, hs)
-        compare(s, E_QKV_BACKWARD, dinp, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>C, <double>(<Py_ssize_t>NH*<Py_ssize_t>hs+2*<Py_ssize_t>NKV*<Py_ssize_t>hs), 0, True)
-        compare(s, E_QKV_BACKWARD, dwq, <Py_ssize_t>NH*<Py_ssize_t>hs*<Py_ssize_t>C, <double>(<Py_ssize_t>B*<Py_ssize_t>T), 0, False)
-        compare(s, E_QKV_BACKWARD, dwk, <Py_ssize_t>NKV*<Py_ssize_t>hs*<Py_ssize_t>C, <double>(<Py_ssize_t>B*<Py_ssize_t>T), 0, False)
-        compare(s, E_QKV_BACKWARD, dwv, <Py_ssize_t>NKV*<Py_ssize_t>hs*<Py_ssize_t>C, <double>(<Py_ssize_t>B*<Py_ssize_t>T), 0, False)
+        compare(s, E_QKV_BACKWARD, dinp, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>C, <double>(<Py_ssize_t>NH*<Py_ssize_t>hs+2*<Py_ssize_t>NKV*<Py_ssize_t>hs), 0, s.narrow)
+        compare(s, E_QKV_BACKWARD, dwq, <Py_ssize_t>NH*<Py_ssize_t>hs*<Py_ssize_t>C, <double>(<Py_ssize_t>B*<Py_ssize_t>T), 0, s.grad_narrow)
+        compare(s, E_QKV_BACKWARD, dwk, <Py_ssize_t>NKV*<Py_ssize_t>hs*<Py_ssize_t>C, <double>(<Py_ssize_t>B*<Py_ssize_t>T), 0, s.grad_narrow)
+        compare(s, E_QKV_BACKWARD, dwv, <Py_ssize_t>NKV*<Py_ssize_t>hs*<Py_ssize_t>C, <double>(<Py_ssize_t>B*<Py_ssize_t>T), 0, s.grad_narrow)
 
 cdef void w_ffn_forward(void* ctx, float* out, float* h1, float* h3, float* hgated, const float* inp, const float* w1, const float* w3, const float* w2, int B, int T, int C, int H) noexcept nogil:
     cdef Instrument* s = <Instrument*>ctx
@@ -435,10 +435,10 @@ cdef void w_ffn_forward(void* ctx, float* out, float* h1, float* h3, float* hgat
     leave(s, E_FFN_FORWARD, start)
     if s.mode & CHECK:
         s.oracle.ffn_forward(s.oracle.ctx, <float*>oracle_of(s, out), <float*>oracle_of(s, h1), <float*>oracle_of(s, h3), <float*>oracle_of(s, hgated), <const float*>oracle_of(s, inp), <const float*>oracle_of(s, w1), <const float*>oracle_of(s, w3), <const float*>oracle_of(s, w2), B, T, C, H)
-        compare(s, E_FFN_FORWARD, out, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>C, <double>(<Py_ssize_t>H), 0, True)
-        compare(s, E_FFN_FORWARD, h1, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>H, <double>(<Py_ssize_t>C), 0, True)
-        compare(s, E_FFN_FORWARD, h3, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>H, <double>(<Py_ssize_t>C), 0, True)
-        compare(s, E_FFN_FORWARD, hgated, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>H, <double>(<Py_ssize_t>C), 0, True)
+        compare(s, E_FFN_FORWARD, out, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>C, <double>(<Py_ssize_t>H), 0, s.narrow)
+        compare(s, E_FFN_FORWARD, h1, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>H, <double>(<Py_ssize_t>C), 0, s.narrow)
+        compare(s, E_FFN_FORWARD, h3, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>H, <double>(<Py_ssize_t>C), 0, s.narrow)
+        compare(s, E_FFN_FORWARD, hgated, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>H, <double>(<Py_ssize_t>C), 0, s.narrow)
 
 cdef void w_ffn_backward(void* ctx, float* dinp, float* dw1, float* dw3, float* dw2, float* dh1, float* dh3, float* dhgated, const float* dout, const float* inp, const float* h1, const float* h3, const float* hgated, const float* w1, const float* w3, const float* w2, int B, int T, int C, int H) noexcept nogil:
     cdef Instrument* s = <Instrument*>ctx
@@ -447,13 +447,13 @@ cdef void w_ffn_backward(void* ctx, float* dinp, float* dw1, float* dw3, float* 
     leave(s, E_FFN_BACKWARD, start)
     if s.mode & CHECK:
         s.oracle.ffn_backward(s.oracle.ctx, <float*>oracle_of(s, dinp), <float*>oracle_of(s, dw1), <float*>oracle_of(s, dw3), <float*>oracle_of(s, dw2), <float*>oracle_of(s, dh1), <float*>oracle_of(s, dh3), <float*>oracle_of(s, dhgated), <const float*>oracle_of(s, dout), <const float*>oracle_of(s, inp), <const float*>oracle_of(s, h1), <const float*>oracle_of(s, h3), <const float*>oracle_of(s, hgated), <const float*>oracle_of(s, w1), <const float*>oracle_of(s, w3), <const float*>oracle_of(s, w2), B, T, C, H)
-        compare(s, E_FFN_BACKWARD, dinp, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>C, <double>(2*<Py_ssize_t>H), 0, True)
-        compare(s, E_FFN_BACKWARD, dw1, <Py_ssize_t>H*<Py_ssize_t>C, <double>(<Py_ssize_t>B*<Py_ssize_t>T), 0, False)
-        compare(s, E_FFN_BACKWARD, dw3, <Py_ssize_t>H*<Py_ssize_t>C, <double>(<Py_ssize_t>B*<Py_ssize_t>T), 0, False)
-        compare(s, E_FFN_BACKWARD, dw2, <Py_ssize_t>C*<Py_ssize_t>H, <double>(<Py_ssize_t>B*<Py_ssize_t>T), 0, False)
-        compare(s, E_FFN_BACKWARD, dh1, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>H, <double>(<Py_ssize_t>C), 0, True)
-        compare(s, E_FFN_BACKWARD, dh3, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>H, <double>(<Py_ssize_t>C), 0, True)
-        compare(s, E_FFN_BACKWARD, dhgated, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>H, <double>(<Py_ssize_t>C), 0, True)
+        compare(s, E_FFN_BACKWARD, dinp, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>C, <double>(2*<Py_ssize_t>H), 0, s.narrow)
+        compare(s, E_FFN_BACKWARD, dw1, <Py_ssize_t>H*<Py_ssize_t>C, <double>(<Py_ssize_t>B*<Py_ssize_t>T), 0, s.grad_narrow)
+        compare(s, E_FFN_BACKWARD, dw3, <Py_ssize_t>H*<Py_ssize_t>C, <double>(<Py_ssize_t>B*<Py_ssize_t>T), 0, s.grad_narrow)
+        compare(s, E_FFN_BACKWARD, dw2, <Py_ssize_t>C*<Py_ssize_t>H, <double>(<Py_ssize_t>B*<Py_ssize_t>T), 0, s.grad_narrow)
+        compare(s, E_FFN_BACKWARD, dh1, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>H, <double>(<Py_ssize_t>C), 0, s.narrow)
+        compare(s, E_FFN_BACKWARD, dh3, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>H, <double>(<Py_ssize_t>C), 0, s.narrow)
+        compare(s, E_FFN_BACKWARD, dhgated, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>H, <double>(<Py_ssize_t>C), 0, s.narrow)
 
 cdef void w_attention_cached_forward(void* ctx, float* out, float* att, float* k_cache, float* v_cache, const float* inp, int T, int P, int C, int NH) noexcept nogil:
     cdef Instrument* s = <Instrument*>ctx
@@ -462,10 +462,10 @@ cdef void w_attention_cached_forward(void* ctx, float* out, float* att, float* k
     leave(s, E_ATTENTION_CACHED_FORWARD, start)
     if s.mode & CHECK:
         s.oracle.attention_cached_forward(s.oracle.ctx, <float*>oracle_of(s, out), <float*>oracle_of(s, att), <float*>oracle_of(s, k_cache), <float*>oracle_of(s, v_cache), <const float*>oracle_of(s, inp), T, P, C, NH)
-        compare(s, E_ATTENTION_CACHED_FORWARD, out, <Py_ssize_t>T*<Py_ssize_t>C, <double>(<Py_ssize_t>P+<Py_ssize_t>T), 0, True)
-        compare(s, E_ATTENTION_CACHED_FORWARD, att, <Py_ssize_t>NH*<Py_ssize_t>T*(<Py_ssize_t>P+<Py_ssize_t>T), <double>(<Py_ssize_t>C/<Py_ssize_t>NH), 0, True)
-        compare(s, E_ATTENTION_CACHED_FORWARD, k_cache, (<Py_ssize_t>P+<Py_ssize_t>T)*<Py_ssize_t>C, <double>(1), 0, True)
-        compare(s, E_ATTENTION_CACHED_FORWARD, v_cache, (<Py_ssize_t>P+<Py_ssize_t>T)*<Py_ssize_t>C, <double>(1), 0, True)
+        compare(s, E_ATTENTION_CACHED_FORWARD, out, <Py_ssize_t>T*<Py_ssize_t>C, <double>(<Py_ssize_t>P+<Py_ssize_t>T), 0, s.narrow)
+        compare(s, E_ATTENTION_CACHED_FORWARD, att, <Py_ssize_t>NH*<Py_ssize_t>T*(<Py_ssize_t>P+<Py_ssize_t>T), <double>(<Py_ssize_t>C/<Py_ssize_t>NH), 0, s.narrow)
+        compare(s, E_ATTENTION_CACHED_FORWARD, k_cache, (<Py_ssize_t>P+<Py_ssize_t>T)*<Py_ssize_t>C, <double>(1), 0, s.narrow)
+        compare(s, E_ATTENTION_CACHED_FORWARD, v_cache, (<Py_ssize_t>P+<Py_ssize_t>T)*<Py_ssize_t>C, <double>(1), 0, s.narrow)
 
 cdef void w_attention_gqa_cached_forward(void* ctx, float* out, float* att, float* k_cache, float* v_cache, const float* q, const float* k, const float* v, int T, int P, int NH, int NKV, int hs) noexcept nogil:
     cdef Instrument* s = <Instrument*>ctx
@@ -474,10 +474,10 @@ cdef void w_attention_gqa_cached_forward(void* ctx, float* out, float* att, floa
     leave(s, E_ATTENTION_GQA_CACHED_FORWARD, start)
     if s.mode & CHECK:
         s.oracle.attention_gqa_cached_forward(s.oracle.ctx, <float*>oracle_of(s, out), <float*>oracle_of(s, att), <float*>oracle_of(s, k_cache), <float*>oracle_of(s, v_cache), <const float*>oracle_of(s, q), <const float*>oracle_of(s, k), <const float*>oracle_of(s, v), T, P, NH, NKV, hs)
-        compare(s, E_ATTENTION_GQA_CACHED_FORWARD, out, <Py_ssize_t>T*<Py_ssize_t>NH*<Py_ssize_t>hs, <double>(<Py_ssize_t>P+<Py_ssize_t>T), 0, True)
-        compare(s, E_ATTENTION_GQA_CACHED_FORWARD, att, <Py_ssize_t>NH*<Py_ssize_t>T*(<Py_ssize_t>P+<Py_ssize_t>T), <double>(<Py_ssize_t>hs), 0, True)
-        compare(s, E_ATTENTION_GQA_CACHED_FORWARD, k_cache, (<Py_ssize_t>P+<Py_ssize_t>T)*<Py_ssize_t>NKV*<Py_ssize_t>hs, <double>(1), 0, True)
-        compare(s, E_ATTENTION_GQA_CACHED_FORWARD, v_cache, (<Py_ssize_t>P+<Py_ssize_t>T)*<Py_ssize_t>NKV*<Py_ssize_t>hs, <double>(1), 0, True)
+        compare(s, E_ATTENTION_GQA_CACHED_FORWARD, out, <Py_ssize_t>T*<Py_ssize_t>NH*<Py_ssize_t>hs, <double>(<Py_ssize_t>P+<Py_ssize_t>T), 0, s.narrow)
+        compare(s, E_ATTENTION_GQA_CACHED_FORWARD, att, <Py_ssize_t>NH*<Py_ssize_t>T*(<Py_ssize_t>P+<Py_ssize_t>T), <double>(<Py_ssize_t>hs), 0, s.narrow)
+        compare(s, E_ATTENTION_GQA_CACHED_FORWARD, k_cache, (<Py_ssize_t>P+<Py_ssize_t>T)*<Py_ssize_t>NKV*<Py_ssize_t>hs, <double>(1), 0, s.narrow)
+        compare(s, E_ATTENTION_GQA_CACHED_FORWARD, v_cache, (<Py_ssize_t>P+<Py_ssize_t>T)*<Py_ssize_t>NKV*<Py_ssize_t>hs, <double>(1), 0, s.narrow)
 
 cdef void w_lora_forward(void* ctx, float* out, float* hidden, const float* inp, const float* A, const float* Bm, float scale, int B, int T, int C, int OC, int R) noexcept nogil:
     cdef Instrument* s = <Instrument*>ctx
@@ -486,8 +486,8 @@ cdef void w_lora_forward(void* ctx, float* out, float* hidden, const float* inp,
     leave(s, E_LORA_FORWARD, start)
     if s.mode & CHECK:
         s.oracle.lora_forward(s.oracle.ctx, <float*>oracle_of(s, out), <float*>oracle_of(s, hidden), <const float*>oracle_of(s, inp), <const float*>oracle_of(s, A), <const float*>oracle_of(s, Bm), scale, B, T, C, OC, R)
-        compare(s, E_LORA_FORWARD, out, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>OC, <double>(<Py_ssize_t>R), 0, True)
-        compare(s, E_LORA_FORWARD, hidden, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>R, <double>(<Py_ssize_t>C), 0, False)
+        compare(s, E_LORA_FORWARD, out, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>OC, <double>(<Py_ssize_t>R), 0, s.narrow)
+        compare(s, E_LORA_FORWARD, hidden, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>R, <double>(<Py_ssize_t>C), 0, FLOAT32)
 
 cdef void w_lora_backward(void* ctx, float* dinp, float* dA, float* dB, float* dhidden, const float* dout, const float* inp, const float* hidden, const float* A, const float* Bm, float scale, int B, int T, int C, int OC, int R) noexcept nogil:
     cdef Instrument* s = <Instrument*>ctx
@@ -496,10 +496,10 @@ cdef void w_lora_backward(void* ctx, float* dinp, float* dA, float* dB, float* d
     leave(s, E_LORA_BACKWARD, start)
     if s.mode & CHECK:
         s.oracle.lora_backward(s.oracle.ctx, <float*>oracle_of(s, dinp), <float*>oracle_of(s, dA), <float*>oracle_of(s, dB), <float*>oracle_of(s, dhidden), <const float*>oracle_of(s, dout), <const float*>oracle_of(s, inp), <const float*>oracle_of(s, hidden), <const float*>oracle_of(s, A), <const float*>oracle_of(s, Bm), scale, B, T, C, OC, R)
-        compare(s, E_LORA_BACKWARD, dinp, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>C, <double>(<Py_ssize_t>R), 0, True)
-        compare(s, E_LORA_BACKWARD, dA, <Py_ssize_t>R*<Py_ssize_t>C, <double>(<Py_ssize_t>B*<Py_ssize_t>T), 0, False)
-        compare(s, E_LORA_BACKWARD, dB, <Py_ssize_t>OC*<Py_ssize_t>R, <double>(<Py_ssize_t>B*<Py_ssize_t>T), 0, False)
-        compare(s, E_LORA_BACKWARD, dhidden, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>R, <double>(<Py_ssize_t>OC), 0, False)
+        compare(s, E_LORA_BACKWARD, dinp, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>C, <double>(<Py_ssize_t>R), 0, s.narrow)
+        compare(s, E_LORA_BACKWARD, dA, <Py_ssize_t>R*<Py_ssize_t>C, <double>(<Py_ssize_t>B*<Py_ssize_t>T), 0, FLOAT32)
+        compare(s, E_LORA_BACKWARD, dB, <Py_ssize_t>OC*<Py_ssize_t>R, <double>(<Py_ssize_t>B*<Py_ssize_t>T), 0, FLOAT32)
+        compare(s, E_LORA_BACKWARD, dhidden, <Py_ssize_t>B*<Py_ssize_t>T*<Py_ssize_t>R, <double>(<Py_ssize_t>OC), 0, FLOAT32)
 
 cdef void w_dropout_forward(void* ctx, float* out, const float* inp, float p, int seed, int stream, Py_ssize_t N) noexcept nogil:
     cdef Instrument* s = <Instrument*>ctx
@@ -508,7 +508,7 @@ cdef void w_dropout_forward(void* ctx, float* out, const float* inp, float p, in
     leave(s, E_DROPOUT_FORWARD, start)
     if s.mode & CHECK:
         s.oracle.dropout_forward(s.oracle.ctx, <float*>oracle_of(s, out), <const float*>oracle_of(s, inp), p, seed, stream, N)
-        compare(s, E_DROPOUT_FORWARD, out, <Py_ssize_t>N, <double>(1), 0, True)
+        compare(s, E_DROPOUT_FORWARD, out, <Py_ssize_t>N, <double>(1), 0, s.narrow)
 
 cdef void w_dropout_backward(void* ctx, float* dinp, const float* dout, float p, int seed, int stream, Py_ssize_t N) noexcept nogil:
     cdef Instrument* s = <Instrument*>ctx
@@ -517,7 +517,7 @@ cdef void w_dropout_backward(void* ctx, float* dinp, const float* dout, float p,
     leave(s, E_DROPOUT_BACKWARD, start)
     if s.mode & CHECK:
         s.oracle.dropout_backward(s.oracle.ctx, <float*>oracle_of(s, dinp), <const float*>oracle_of(s, dout), p, seed, stream, N)
-        compare(s, E_DROPOUT_BACKWARD, dinp, <Py_ssize_t>N, <double>(1), 0, True)
+        compare(s, E_DROPOUT_BACKWARD, dinp, <Py_ssize_t>N, <double>(1), 0, s.narrow)
 
 cdef void install_wrappers(BackendTable* t, const BackendTable* target) noexcept:
     """Point t's kernel entries at the wrappers, where the target has the entry."""
