@@ -19,7 +19,10 @@ saved in PEFT's layout, DIR/adapter (the last checkpoint's files, linked), which
 peft.PeftModel.from_pretrained loads on transformers' model and generate.py --adapter reads.
 --adapter DIR starts from an existing adapter instead.  --dropout P drops a fraction P of each
 update's input in the training steps (PEFT's lora_dropout; never in the validation loss).
---method full trains every parameter at --precision, as train.py does, and saves the model.
+--method full trains every parameter at --precision, as train.py does, and saves the model; at
+bf16 --grad-precision bf16 keeps its gradients in bf16 and -w 0 keeps no float32 master weights
+(train.py's flags: 6 bytes a parameter less together, what lets a 1B model fine-tune fully in
+about 11 GiB of weights, gradients and AdamW state instead of 17).
 
 A step is -d examples (default: -b on each process), a batch of examples alike in length
 (llmc/sft_data.py) run -b at a time: micro-batches, each a forward and a backward that adds into
@@ -76,7 +79,10 @@ TRIM = 32   # a batch's length is cut to a multiple of this (trimmed), so few le
 # the settings that shape a run: a resume must not change them (the rest it may)
 SHAPING = ("model", "train_data", "method", "rank", "alpha", "dropout", "targets", "layers",
            "adapter", "mask_prompt", "B", "total_batch_size", "T", "lr", "warmup",
-           "final_lr_frac", "weight_decay", "seed", "precision", "max_steps")
+           "final_lr_frac", "weight_decay", "seed", "precision", "grad_precision",
+           "master_weights", "max_steps")
+# what a run's settings written before a setting existed held: that setting's value then
+SHAPING_BEFORE = {"grad_precision": "fp32", "master_weights": 1}
 
 
 class FinetuneError(Exception):
@@ -135,6 +141,11 @@ def parse_args(argv):
     p.add_argument("-r", dest="seed", type=int, default=0,
                    help="LoRA's init, its dropout's masks and the data order")
     p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
+    p.add_argument("--grad-precision", choices=("fp32", "bf16"), default="fp32",
+                   help="--method full at --precision bf16: bf16 parameter gradients (train.py's)")
+    p.add_argument("-w", dest="master_weights", type=int, default=1, choices=(0, 1),
+                   help="--method full at --precision bf16: 0 keeps no float32 master weights "
+                        "(train.py's)")
     p.add_argument("--recompute", default="all", metavar="POLICY",
                    help="activation checkpointing, as train.py's")
     p.add_argument("--backend", default="cpu")
@@ -149,6 +160,11 @@ def parse_args(argv):
         p.error(f"--dropout {args.dropout:g}: must be at least 0 and below 1")
     if args.dropout and args.method == "full":
         p.error("--dropout is LoRA's (its updates' input): --method full has none")
+    for flag, changed in (("--grad-precision bf16", args.grad_precision != "fp32"),
+                          ("-w 0", not args.master_weights)):
+        if changed and (args.method != "full" or args.precision != "bf16"):
+            p.error(f"{flag} is full fine-tuning's at --precision bf16 (LoRA's updates keep "
+                    f"float32 gradients, its base no master weights)")
     if args.resume and args.output_dir is None:
         p.error("-y 1 resumes the run in -o DIR: give -o")
     return args
@@ -184,6 +200,7 @@ def start_or_resume(args, dist):
             raise FinetuneError(f"-y 1: {out} holds no fine-tuning run ({SETTINGS})")
         with open(path) as f:
             saved = json.load(f)
+        saved = {**SHAPING_BEFORE, **saved}
         differ = [f"{key} {getattr(args, key)!r} (the run's: {saved.get(key)!r})"
                   for key in SHAPING if saved.get(key) != getattr(args, key)]
         if differ:
@@ -220,7 +237,7 @@ def save_checkpoint(out, step, model, batches, base_model):
         model.save(os.path.join(folder, MODEL_FILE))
     state = dict(m=np.asarray(model.m), v=np.asarray(model.v), step=step,
                  **{f"batches_{k}": v for k, v in batches.state_dict().items()})
-    if model.precision != "fp32" and not model.frozen:
+    if model.master_weights:
         state["master"] = np.asarray(model.params)
     npz = io.BytesIO()
     np.savez(npz, **state)
@@ -260,7 +277,9 @@ def load_model(args, source):
     model = family.model_class.from_checkpoint(source, backend=args.backend,
                                                recompute=args.recompute,
                                                precision=args.precision,
-                                               trainable=args.method == "full")
+                                               trainable=args.method == "full",
+                                               grad_precision=args.grad_precision,
+                                               master_weights=bool(args.master_weights))
     if args.method == "full":
         return model
     if args.adapter is not None:

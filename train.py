@@ -248,6 +248,11 @@ def argument_parser():
                    help="the parameter gradients: fp32, or at --precision bf16 bf16, as llm.c "
                         "keeps them (each kernel sums in float32 and adds into them rounded "
                         "once; 2 bytes a parameter less; the CPU)")
+    p.add_argument("-w", dest="master_weights", metavar="INT", type=int, default=1,
+                   choices=(0, 1),
+                   help="llm.c's use_master_weights: 0 at --precision bf16 trains without the "
+                        "float32 master weights (AdamW updates the bf16 parameters and rounds "
+                        "them stochastically; 4 bytes a parameter less)")
     p.add_argument("--loss-scale", type=float, default=None, metavar="S",
                    help="fp16: the dynamic loss scale to start at, a power of two (default "
                         "65536, PyTorch's GradScaler's; it halves at each overflow and doubles "
@@ -330,6 +335,9 @@ def parse_args(argv):
     require(args.grad_precision == "fp32" or args.precision == args.grad_precision,
             "--grad-precision", args.grad_precision,
             f"needs --precision {args.grad_precision} (the parameters and activations in it)")
+    require(args.master_weights or args.precision == "bf16", "-w", args.master_weights,
+            "needs --precision bf16 (fp32 keeps no master weights; fp16 rounds its updates to "
+            "nearest, which loses the small ones)")
     if args.loss_scale is not None:
         require(args.precision == "fp16", "--loss-scale", args.loss_scale,
                 f"only fp16 scales its loss, this run is --precision {args.precision}")
@@ -466,15 +474,15 @@ def val_data_pattern(args):
 # default, so a resume needs no flag typed again; a flag given again must agree with those that
 # shape the run (RUN_SHAPE), while the others (how far it trains, how often it evaluates,
 # samples and checkpoints, where it runs) may change, and the next resume takes the new ones.
-RUN_SHAPE = ("--family", "-e", "-b", "-t", "-i", "-j", "--precision", "--grad-precision", "-d",
-             "-l", "-u", "-q",
+RUN_SHAPE = ("--family", "-e", "-b", "-t", "-i", "-j", "--precision", "--grad-precision", "-w",
+             "-d", "-l", "-u", "-q",
              "--lr-schedule", "--cos-decay-steps", "--cos-decay-restart", "-c", "-r",
              "--classifier", "--vocab-size", "--compact-vocab", "-sl", "-sg", "--outlier-window")
 RUN_CARRIED = ("-x", "-v", "-m", "-s", "-g", "-n", "-nk", "-h", "-hm", "--hellaswag",
                "--recompute", "--backend", "--json-log")
 
 # what a run.json written before a setting existed held: that setting's value then
-RUN_CONFIG_DEFAULTS = {"--precision": "fp32", "--grad-precision": "fp32"}
+RUN_CONFIG_DEFAULTS = {"--precision": "fp32", "--grad-precision": "fp32", "-w": 1}
 
 
 def resumed_arguments(p, argv, args):
@@ -640,18 +648,19 @@ def load_model(args, Model, resume_path):
     """(model of class Model, how it was initialised)."""
     from accel.backend import BackendError
     try:
+        options = dict(grad_precision=args.grad_precision,
+                       master_weights=bool(args.master_weights))
         if resume_path is not None:
             return (Model.from_checkpoint(resume_path, args.backend, args.recompute,
-                                          args.precision, grad_precision=args.grad_precision),
+                                          args.precision, **options),
                     f"checkpoint {resume_path}")
         init, config = model_source(args)
         if config is not None:
             return (Model.random(config, seed=args.seed, backend=args.backend,
-                                 recompute=args.recompute, precision=args.precision,
-                                 grad_precision=args.grad_precision),
+                                 recompute=args.recompute, precision=args.precision, **options),
                     f"random {init} (seed {args.seed})")
         model = Model.from_checkpoint(init, args.backend, args.recompute, args.precision,
-                                      grad_precision=args.grad_precision)
+                                      **options)
         if args.family_note is not None:
             note(args.family_note)
         return model, f"checkpoint {init}"
@@ -688,11 +697,13 @@ def dry_run(args):
             Model, config, f"{family} {init}", args,
             RecomputePlan(args.recompute, Model.num_layers_of(config)),
             memory_plan(Model, config, args.B, args.T, args.recompute,
-                        grad_precision=args.grad_precision))
+                        grad_precision=args.grad_precision,
+                        master_weights=bool(args.master_weights)))
         if text is None:
             text = dry_run_text(Model, config, f"{family} {init}", args.B, args.T, args.recompute,
                                 backend=args.backend, precision=args.precision,
-                                grad_precision=args.grad_precision)
+                                grad_precision=args.grad_precision,
+                                master_weights=bool(args.master_weights))
     except BackendError as e:   # one the plan cannot have here (metal on Linux), or refuses
         raise TrainError(str(e)) from None
     print(text)
@@ -735,30 +746,36 @@ def compact_vocabulary(args, resume_step, rank=0):
     return vocab_map
 
 
-def memory_line(memory, precision="fp32", grad_precision="fp32"):
+def memory_line(model):
     """One line of what the model allocated on its backend, by kind (Model.memory()); at bf16
     it says what is bf16: the activations (half the bytes of fp32's; their statistics and
-    losses float32), beside the float32 master weights the parameters, and the gradients with
-    --grad-precision bf16."""
+    losses float32), the parameters (beside the float32 master weights, or alone with -w 0),
+    and the gradients with --grad-precision bf16."""
     mib = lambda n: f"{n / 2 ** 20:,.0f} MiB"  # noqa: E731
-    what = dict(params=f" ({precision} + float32 master weights)", activations=f" ({precision})",
-                activation_grads=f" ({precision})") if precision != "fp32" else {}
-    if grad_precision != "fp32":
-        what["grads"] = f" ({grad_precision})"
+    precision, memory = model.precision, model.memory()
+    what = {}
+    if precision != "fp32":
+        what = dict(params=f" ({precision} + float32 master weights)" if model.master_weights
+                    else f" ({precision}, no master weights)",
+                    activations=f" ({precision})", activation_grads=f" ({precision})")
+    if model.grad_precision != "fp32":
+        what["grads"] = f" ({model.grad_precision})"
     return ("memory allocated: " + ", ".join(f"{kind} {mib(n)}{what.get(kind, '')}"
                                              for kind, n in memory.items())
             + f"; total {mib(sum(memory.values()))}")
 
 
-def precision_text(precision, grad_precision="fp32"):
+def precision_text(model):
     """The config table's precision: what it keeps in which type."""
-    if precision == "bf16" and grad_precision == "bf16":
-        return "bf16, bf16 gradients (float32 master weights, AdamW)"
-    if precision == "bf16":
-        return "bf16 (float32 master weights, gradients, AdamW)"
-    if precision == "fp16":
+    if model.precision == "fp16":
         return "fp16, scaled loss (float32 master, grads, AdamW)"
-    return precision
+    if model.precision != "bf16":
+        return model.precision
+    float32 = (["master weights"] if model.master_weights else []) + \
+        (["gradients"] if model.grad_precision == "fp32" else []) + ["AdamW"]
+    return ("bf16" + (", bf16 gradients" if model.grad_precision == "bf16" else "")
+            + ("" if model.master_weights else ", no master weights")
+            + f" (float32 {', '.join(float32)})")
 
 
 def require_backend(args, here=True):
@@ -1015,7 +1032,7 @@ def train(args, dist):
          f"{len(vocab_map)} ids of the data (--compact-vocab)"),
         ("num_parameters", model.num_parameters),
         ("backend", model.backend.name),
-        ("precision", precision_text(model.precision, model.grad_precision)),
+        ("precision", precision_text(model)),
         ("CPU GEMMs", cpu_gemms),
         *([("bf16 GEMMs", BF16_LIBRARY)] if model.precision == "bf16" else []),
         ("recompute", model.recompute), None,
@@ -1039,7 +1056,7 @@ def train(args, dist):
                         num_processes=num_processes, family=args.family, init=init_desc,
                         num_parameters=model.num_parameters, vocab_size=config.vocab_size,
                         backend=model.backend.name, precision=model.precision,
-                        grad_precision=model.grad_precision,
+                        grad_precision=model.grad_precision, master_weights=model.master_weights,
                         recompute=model.recompute, train_data=args.train_data,
                         output_dir=args.output_dir, compact_vocab=vocab_map is not None,
                         **efficiency.header())
@@ -1181,7 +1198,7 @@ def train(args, dist):
         if overflow:
             logger.log_overflow(step, model.loss_scale)
         if first_step and not restarted:  # everything is allocated now: how much, as llm.c
-            console.print(memory_line(model.memory(), model.precision, model.grad_precision))
+            console.print(memory_line(model))
         first_step = False
 
     if hellaswag_evals > 0:

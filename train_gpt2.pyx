@@ -258,18 +258,18 @@ cdef class GPT2(Model):
     cdef ParameterTensors params_c, grads_c     # pointers into the buffers, llm.c's structs
 
     def __init__(self, config, backend="cpu", recompute="all", precision=None, trainable=True,
-                 grad_precision=None):
+                 **options):
         """A model of this GPT2Config with all parameters zero (see random / from_checkpoint),
         on a backend: "cpu", "check:cpu", ... (accel.backend.backend_names()), keeping its
         activations by a recompute policy: "all", "sqrt", ... (llmc/recompute.py), at a precision:
         "fp32" or "bf16" (llmc/model.pyx; None: the backend's, else fp32); trainable=False: for
-        inference or a LoRA base (llmc/model.pyx: no master weights at bf16); grad_precision:
-        at bf16, "bf16" for bf16 parameter gradients (llmc/model.pyx)."""
+        inference or a LoRA base (llmc/model.pyx: no master weights at bf16); options: Model's
+        grad_precision and master_weights (llmc/model.pyx)."""
         assert sizeof(LayerActivations) == 17 * sizeof(float*)
         assert sizeof(HeadActivations) == 7 * sizeof(float*)
         self.NH, self.C = config.num_heads, config.channels
         self.V, self.Vp = config.vocab_size, config.padded_vocab_size
-        super().__init__(config, backend, recompute, precision, trainable, grad_precision)
+        super().__init__(config, backend, recompute, precision, trainable, **options)
         self.flash = self.backend.supports("flash")
         self.classifier = self.backend.supports("classifier")
 
@@ -307,19 +307,18 @@ cdef class GPT2(Model):
 
     @classmethod
     def from_checkpoint(cls, path, backend="cpu", recompute="all", precision=None,
-                        trainable=True, grad_precision=None):
-        """Load an llm.c model file (version 3 fp32 or 5 bf16); trainable: see Model."""
+                        trainable=True, **options):
+        """Load an llm.c model file (version 3 fp32 or 5 bf16); trainable, options: see Model."""
         config, params = read_model(path)
-        model = cls(config, backend, recompute, precision, trainable, grad_precision)
+        model = cls(config, backend, recompute, precision, trainable, **options)
         model.params = params
         return model
 
     @classmethod
-    def random(cls, config, seed=0, backend="cpu", recompute="all", precision=None,
-               grad_precision=None):
+    def random(cls, config, seed=0, backend="cpu", recompute="all", precision=None, **options):
         """GPT-2's initialisation: N(0, 0.02) weights, residual projections scaled by
         1/sqrt(2L), LayerNorm weights 1, biases 0, padded vocabulary rows 0."""
-        model = cls(config, backend, recompute, precision, grad_precision=grad_precision)
+        model = cls(config, backend, recompute, precision, **options)
         rng = np.random.default_rng(seed)
         params = np.zeros(model.num_parameters, dtype=np.float32)
         tensors = model.param_layout.views(params)

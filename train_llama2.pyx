@@ -404,13 +404,13 @@ cdef class Llama2(Model):
     cdef const float* freqs_sin
 
     def __init__(self, config, backend="cpu", recompute="all", precision=None, trainable=True,
-                 grad_precision=None):
+                 **options):
         """A model of this LlamaConfig with all parameters zero (see random / from_checkpoint),
         on a backend: "cpu", "check:cpu", ... (accel.backend.backend_names()), keeping its
         activations by a recompute policy: "all", "sqrt", ... (llmc/recompute.py), at a precision:
         "fp32" or "bf16" (llmc/model.pyx; None: the backend's, else fp32); trainable=False: for
-        inference or a LoRA base (llmc/model.pyx: no master weights at bf16); grad_precision:
-        at bf16, "bf16" for bf16 parameter gradients (llmc/model.pyx)."""
+        inference or a LoRA base (llmc/model.pyx: no master weights at bf16); options: Model's
+        grad_precision and master_weights (llmc/model.pyx)."""
         assert sizeof(LayerActivations) == 23 * sizeof(float*)
         assert sizeof(HeadActivations) == 5 * sizeof(float*)
         self.NH, self.NKV = config.n_heads, config.n_kv_heads
@@ -418,7 +418,7 @@ cdef class Llama2(Model):
         self.V, self.eps = config.vocab_size, config.norm_eps
         self.qkv_bias, self.qk_norm = config.qkv_bias, config.qk_norm
         self.param_slots = [slot for slot, _, _ in param_fields(config)]
-        super().__init__(config, backend, recompute, precision, trainable, grad_precision)
+        super().__init__(config, backend, recompute, precision, trainable, **options)
         self.flash = self.backend.supports("flash")
         self.fused = self.backend.supports("fused") and self.backend.runs_fused
         self.fused_qkv = self.fused and not self.qkv_bias
@@ -477,28 +477,27 @@ cdef class Llama2(Model):
 
     @classmethod
     def from_checkpoint(cls, path, backend="cpu", recompute="all", precision=None,
-                        trainable=True, grad_precision=None):
+                        trainable=True, **options):
         """Load a llama2.c model file (version 0 or 1), a float32 GGUF or a Hugging Face model
-        (read_model); the last read tensor by tensor into the model's own buffer (trainable:
-        see Model)."""
+        (read_model); the last read tensor by tensor into the model's own buffer (trainable,
+        options: see Model)."""
         if model_format(path) in HF_FORMATS:
             tensors, hf_config = read_hf_checkpoint(path)
             model = cls(llama_config_from_hf(hf_config, LlamaConfig, path), backend, recompute,
-                        precision, trainable, grad_precision)
+                        precision, trainable, **options)
             model.fill_params(lambda flat, store: llama_from_hf(
                 tensors, hf_config, LlamaConfig, path, into=flat, store=store))
             return model
         config, params = read_model(path)
-        model = cls(config, backend, recompute, precision, trainable, grad_precision)
+        model = cls(config, backend, recompute, precision, trainable, **options)
         model.params = params
         return model
 
     @classmethod
-    def random(cls, config, seed=0, backend="cpu", recompute="all", precision=None,
-               grad_precision=None):
+    def random(cls, config, seed=0, backend="cpu", recompute="all", precision=None, **options):
         """llama2.c's initialisation (as train_llama2_torch.init_params, from NumPy's generator):
         every matrix and the embedding N(0, 0.02), wo and w3 N(0, 0.02/sqrt(2L)), norms 1."""
-        model = cls(config, backend, recompute, precision, grad_precision=grad_precision)
+        model = cls(config, backend, recompute, precision, **options)
         rng = np.random.default_rng(seed)
         params = np.zeros(model.num_parameters, dtype=np.float32)
         residual_std = 0.02 / np.sqrt(2 * config.n_layers)

@@ -209,7 +209,7 @@ def cpu_narrow_mark(entry, precision):
         return entry.bf16
     names = {a.name for a in entry.args if not a.pointer}
     sized = all(uses_only(a.elements, names) for a in entry.args if a.floatx)
-    return "adapter" if sized and entry.group != "mixed" else None
+    return "adapter" if sized and entry.group not in ("mixed", "no_master") else None
 
 
 def cpu_narrow_pxi(precision, grads=False):

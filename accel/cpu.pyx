@@ -12,20 +12,20 @@ accel/generated/cpu_bf16_grads_table.pxi and two entries here).  A bf16 entry is
 written once for both precisions, or else the fp32 entry run on float32 copies of its bf16
 arguments made in the backend's scratch memory (both written from accel/spec.py into
 accel/generated/cpu_bf16_table.pxi); the GEMMs run on bf16 operands (kernels/matmul_bf16.pyx:
-AMX or AVX512_BF16 through oneMKL where the CPU has them), and the rounding of the parameters is
-written here.  So are two attentions' bf16 kernels (OWN_BF16_KERNELS), for which check:'s oracle
-(create(oracle=True)) keeps the fp32 kernel on widened copies: the KV cache's, which reads the
-bf16 cache as it is, and flash attention's, which rounds its probabilities (and their gradients)
-to bf16 for those GEMMs, as a GPU's does (ROUNDED_INSIDE: by more than its outputs' own
-rounding).  The fp16 table is check:'s oracle for the GPUs' half precision (Metal's): every
-entry is the fp32 one on widened copies, its outputs rounded to nearest once
-(accel/generated/cpu_fp16_table.pxi), slower than fp32 and never tuned.
+AMX or AVX512_BF16 through oneMKL where the CPU has them), and the rounding of the parameters
+(and AdamW without master weights) is written here.  So are two attentions' bf16 kernels
+(OWN_BF16_KERNELS), for which check:'s oracle (create(oracle=True)) keeps the fp32 kernel on
+widened copies: the KV cache's, which reads the bf16 cache as it is, and flash attention's,
+which rounds its probabilities (and their gradients) to bf16 for those GEMMs, as a GPU's does
+(ROUNDED_INSIDE: by more than its outputs' own rounding).  The fp16 table is check:'s oracle for
+the GPUs' half precision (Metal's): every entry is the fp32 one on widened copies, its outputs
+rounded to nearest once (accel/generated/cpu_fp16_table.pxi), slower than fp32 and never tuned.
 
 Memory comes from mmap: page-aligned (so guard:cpu can protect it), zero pages until first
 written, and large buffers advised to transparent huge pages as NumPy does for its arrays.
 """
 from accel.backend cimport Backend, BackendTable
-from kernels.adamw cimport adamw_update, adamw_update_rounded
+from kernels.adamw cimport adamw_update, adamw_update_narrow, adamw_update_rounded
 from kernels.attention_cached cimport attention_cached_forward, attention_gqa_cached_forward
 from kernels.attention_gqa cimport attention_gqa_backward
 from kernels.bf16 cimport bf16, narrow, narrow_stochastic, widen
@@ -232,6 +232,22 @@ cdef void bf16g_adamw_update_rounded(void* ctx, float* params, float* master, fl
                          eps, weight_decay, grad_scale, t, first)
 
 
+# the no_master group: AdamW on the bf16 parameters themselves (llm.c's -w 0)
+cdef void bf16_adamw_update_narrow(void* ctx, float* params, float* m, float* v,
+                                   const float* grads, Py_ssize_t n, float lr, float beta1,
+                                   float beta2, float eps, float weight_decay, float grad_scale,
+                                   int t, Py_ssize_t first) noexcept nogil:
+    adamw_update_narrow(<bf16*>params, m, v, grads, n, lr, beta1, beta2, eps, weight_decay,
+                        grad_scale, t, first)
+
+cdef void bf16g_adamw_update_narrow(void* ctx, float* params, float* m, float* v,
+                                    const float* grads, Py_ssize_t n, float lr, float beta1,
+                                    float beta2, float eps, float weight_decay, float grad_scale,
+                                    int t, Py_ssize_t first) noexcept nogil:
+    adamw_update_narrow(<bf16*>params, m, v, <const bf16*>grads, n, lr, beta1, beta2, eps,
+                        weight_decay, grad_scale, t, first)
+
+
 # flash attention's bf16 kernel (the generated bf16_flash_* run the fp32 one on widened copies)
 cdef void bf16_kernel_flash_attention_forward(void* ctx, float* out, float* lse, const float* inp,
                                               int B, int T, int C, int NH) noexcept nogil:
@@ -350,7 +366,8 @@ def create(bint flash=True, str precision="fp32", bint oracle=False, str grad_pr
                          f"{grad_precision} (the parameters and activations in it), not "
                          f"{precision}")
     groups = ("linear", "gpt2", "llama", "classifier") + (("flash",) if flash else ()) + \
-        ("fused", "cache", "lora") + (("mixed",) if precision != "fp32" else ())
+        ("fused", "cache", "lora") + (("mixed",) if precision != "fp32" else ()) + \
+        (("no_master",) if precision == "bf16" else ())
     cdef ScratchOwner owner = ScratchOwner()
     if precision != "fp32":
         owner.s = <Scratch*>calloc(1, sizeof(Scratch))
@@ -382,6 +399,7 @@ def create(bint flash=True, str precision="fp32", bint oracle=False, str grad_pr
         t.matmul_backward = bf16_matmul_backward
         t.narrow_params = bf16_narrow_params
         t.adamw_update_rounded = bf16_adamw_update_rounded
+        t.adamw_update_narrow = bf16_adamw_update_narrow
         if not oracle:
             t.flash_attention_forward = bf16_kernel_flash_attention_forward
             t.flash_attention_backward = bf16_kernel_flash_attention_backward
@@ -393,6 +411,7 @@ def create(bint flash=True, str precision="fp32", bint oracle=False, str grad_pr
             fill_bf16_grads(t)
             t.matmul_backward = bf16g_matmul_backward
             t.adamw_update_rounded = bf16g_adamw_update_rounded
+            t.adamw_update_narrow = bf16g_adamw_update_narrow
     elif precision == "fp16":
         fill_fp16(t)
         t.encoder_forward = fp16_encoder_forward

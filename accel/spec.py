@@ -69,6 +69,9 @@ GROUPS = {
              "model uses it when the backend has it",
     "mixed": "mixed precision (bf16, fp16): the parameters the kernels read, rounded from the "
              "float32 master weights, alone or in AdamW's pass",
+    "no_master": "training without float32 master weights (llm.c's -w 0, at bf16): AdamW on the "
+                 "bf16 parameters themselves, each read widened and its new value rounded "
+                 "stochastically",
     "collectives": "many processes, one device each (llmc/distributed.py): a communicator set "
                    "up from rank 0's id, and the sums and gathers of float32 buffers on the "
                    "device (NCCL, RCCL); the CPU does without (MPI on its memory)",
@@ -348,6 +351,13 @@ ENTRIES = [
       "Py_ssize_t n", "float lr", "float beta1", "float beta2", "float eps",
       "float weight_decay", "float grad_scale", "int t", "Py_ssize_t first", cpu=None,
       bf16=None),
+    # --- no_master: AdamW on params (bf16) alone, each read widened, its new value rounded
+    # stochastically as adamw_update_rounded rounds (its t the seed), with no master to keep
+    # what the rounding drops (the stochastic rounding keeps it on average) ------------------
+    E("adamw_update_narrow", "no_master", "floatX* params[n] inout ~2", "float* m[n] inout ~2",
+      "float* v[n] inout ~2 init=positive", "const floatG* grads[n] in", "Py_ssize_t n",
+      "float lr", "float beta1", "float beta2", "float eps", "float weight_decay",
+      "float grad_scale", "int t", "Py_ssize_t first", cpu=None, bf16=None),
     # --- collectives (every process calls each, in the same order; in place, float32) ---------
     # Rank r's span of n elements is llmc/distributed.py's balanced one: n // N elements, one
     # more for the first n % N ranks, back to back.  The sums add the ranks' values in rank

@@ -20,8 +20,9 @@ interleaved A B A B so that a noisy neighbour hurts both alike.
                                                       PyTorch's fp32 eager step and its bf16-
                                                       autocast eager step
     python dev/bench_step.py --compare-precisions     also llm.pyx at fp32, next to its bf16 run
-    python dev/bench_step.py --compare-precisions --grad-precision bf16
-                                                      the bf16 run with bf16 gradients (issue 38)
+    python dev/bench_step.py --compare-precisions --grad-precision bf16 -w 0
+                                                      the bf16 run with bf16 gradients and no
+                                                      master weights (issue 38)
 
 Prints ms/step (median, min-max), tokens/s, the ratio llm.pyx / PyTorch, the model FLOPs
 achieved against this machine's measured sgemm peak (kernels.matmul at 2048^3, on the library
@@ -42,7 +43,7 @@ bf16-autocast step); bf16 losses agree only loosely, so the differences are prin
 --compare-precisions (implies --precision bf16) adds llm.pyx at fp32 as one more interleaved
 side: both times and the peak RSS ratio bf16/fp32 (the issue's target: at most 0.6 at d12 B=4
 T=1024); with --grad-precision bf16 the bf16 side keeps bf16 parameter gradients (llm.c's),
-and its row says so.
+with -w 0 no float32 master weights (llm.c's use_master_weights 0), and its row says so.
 The training path runs as it would from the shell with OMP_NUM_THREADS=--threads: nothing
 here changes its BLAS thread settings.
 Other environment variables (OMP_WAIT_POLICY, OPENBLAS_NUM_THREADS, ...) pass through.
@@ -100,6 +101,8 @@ def parse_args(argv=None):
                         "bf16): both times and the peak RSS ratio bf16/fp32")
     p.add_argument("--grad-precision", choices=GRAD_PRECISIONS, default="fp32",
                    help="llm.pyx's parameter gradients at bf16: fp32, or bf16 (llm.c's)")
+    p.add_argument("-w", dest="master_weights", type=int, choices=(0, 1), default=1,
+                   help="llm.pyx's float32 master weights at bf16: 0, none (llm.c's -w 0)")
     p.add_argument("--json", help="also write the results to this file")
     p.add_argument("--worker", choices=["llmpyx", "torch", "peak", "profile"], help=argparse.SUPPRESS)
     p.add_argument("--params", help=argparse.SUPPRESS)
@@ -109,6 +112,8 @@ def parse_args(argv=None):
     if args.grad_precision != "fp32" and args.precision != args.grad_precision:
         p.error(f"argument --grad-precision: {args.grad_precision} gradients need --precision "
                 f"{args.grad_precision}")
+    if not args.master_weights and args.precision != "bf16":
+        p.error("argument -w: 0 needs --precision bf16")
     return args
 
 
@@ -222,7 +227,8 @@ def worker_llmpyx(args):
     config = config_for(args)
     model = Model.random(config, seed=0, backend=args.backend, recompute=args.recompute,
                          precision=args.precision,
-                         grad_precision=args.grad_precision)
+                         grad_precision=args.grad_precision,
+                         master_weights=bool(args.master_weights))
     if args.params:
         np.save(args.params, model.params)
     x, y = batch(config, args.batch, args.seq)
@@ -262,7 +268,8 @@ def worker_profile(args):
     config = config_for(args)
     model = Model.random(config, seed=0, backend="profile:" + args.backend,
                          recompute=args.recompute, precision=args.precision,
-                         grad_precision=args.grad_precision)
+                         grad_precision=args.grad_precision,
+                         master_weights=bool(args.master_weights))
     x, y = batch(config, args.batch, args.seq)
     llmpyx_steps(model, x, y, 1, args.warmup)
     model.backend.reset()
@@ -295,8 +302,9 @@ def run_worker(kind, args, params_path=None, precision=None):
     argv = ["--worker", kind, "-e", str(args.depth), "-b", str(args.batch), "-t", str(args.seq),
             "--threads", str(args.threads), "--steps", str(args.steps), "--warmup",
             str(args.warmup), "--backend", args.backend, "--recompute", args.recompute,
-            "--precision", precision or args.precision, "--grad-precision",
-            args.grad_precision if (precision or args.precision) == "bf16" else "fp32"]
+            "--precision", precision or args.precision]
+    if (precision or args.precision) == "bf16":   # the fp32 side of --compare-precisions: plain
+        argv += ["--grad-precision", args.grad_precision, "-w", str(args.master_weights)]
     if params_path:
         argv += ["--params", params_path]
     if args.model:
@@ -322,8 +330,8 @@ def sides_for(args, use_torch):
     first (its first round writes the parameters the PyTorch sides start from)."""
     if args.precision == "fp32":
         return [("llm.pyx", "llmpyx", "fp32")] + ([("PyTorch", "torch", "fp32")] if use_torch else [])
-    sides = [("llm.pyx bf16" + (" bf16-grads" if args.grad_precision == "bf16" else ""),
-              "llmpyx", "bf16")]
+    sides = [("llm.pyx bf16" + (" bf16-grads" if args.grad_precision == "bf16" else "")
+              + ("" if args.master_weights else " -w0"), "llmpyx", "bf16")]
     if args.compare_precisions:
         sides.append(("llm.pyx fp32", "llmpyx", "fp32"))
     if use_torch:

@@ -14,5 +14,11 @@ cdef void adamw_update_rounded(bf16* rounded, float* params, float* m, float* v,
 # the same on float32 master weights params, each new one also written to rounded (n,) in bf16,
 # stochastically rounded as kernels/bf16.pxd's narrow_stochastic(first, seed=t) rounds it;
 # grads float32 or bf16 (floatG), widened exactly as read
+cdef void adamw_update_narrow(bf16* params, float* m, float* v, const floatG* grads,
+                              Py_ssize_t n, float lr, float beta1, float beta2, float eps,
+                              float weight_decay, float grad_scale, int t,
+                              Py_ssize_t first) noexcept nogil
+# the same with no master weights (llm.c's -w 0): params (n,) bf16 read widened, updated, and
+# rounded back stochastically as adamw_update_rounded rounds them (first, seed t)
 cdef double global_norm_squared(const floatG* x, Py_ssize_t n) noexcept nogil
 # sum of x^2, accumulated in double; x float32 or bf16 (floatG)

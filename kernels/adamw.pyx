@@ -9,21 +9,23 @@
 # each updated parameter rounded stochastically into bf16 (llm.c's adamw_kernel3 with master
 # weights): the rounding's hash costs no extra pass over memory.  Its gradients float32 or bf16
 # (a model with bf16 gradients), widened as they are read.
+# adamw_update_narrow: the same without master weights (llm.c's -w 0): each bf16 parameter read
+# widened, updated, and rounded stochastically back into place, as adamw_update_rounded rounds.
 # global_norm_squared: sum of x^2 in double, for gradient-norm clipping; x float32 or bf16.
 from cython.parallel cimport prange
 from libc.math cimport powf, sqrtf
 
-from kernels.bf16 cimport float_to_bf16_stochastic, load
+from kernels.bf16 cimport bf16_to_float, float_to_bf16_stochastic, load
 
 include "kernels/adamw_wrappers.pxi"
 
 
-cdef inline float update_one(float* params, float* m, float* v, const floatG* grads, Py_ssize_t i,
-                             float lr, float beta1, float beta2, float one_minus_beta1,
-                             float one_minus_beta2, float eps, float weight_decay,
-                             float grad_scale, float beta1_correction,
-                             float beta2_correction) noexcept nogil:
-    """Parameter i's update; returns its new value."""
+cdef inline float updated(float param, float* m, float* v, const floatG* grads, Py_ssize_t i,
+                          float lr, float beta1, float beta2, float one_minus_beta1,
+                          float one_minus_beta2, float eps, float weight_decay,
+                          float grad_scale, float beta1_correction,
+                          float beta2_correction) noexcept nogil:
+    """Parameter i's new value from its old one, param; updates its moments m[i], v[i]."""
     cdef float grad = load(grads, i) * grad_scale
     cdef float m_i = beta1 * m[i] + one_minus_beta1 * grad
     cdef float v_i = beta2 * v[i] + one_minus_beta2 * grad * grad
@@ -31,7 +33,18 @@ cdef inline float update_one(float* params, float* m, float* v, const floatG* gr
     v[i] = v_i
     cdef float m_hat = m_i / beta1_correction
     cdef float v_hat = v_i / beta2_correction
-    params[i] = params[i] - lr * (m_hat / (sqrtf(v_hat) + eps) + weight_decay * params[i])
+    return param - lr * (m_hat / (sqrtf(v_hat) + eps) + weight_decay * param)
+
+
+cdef inline float update_one(float* params, float* m, float* v, const floatG* grads, Py_ssize_t i,
+                             float lr, float beta1, float beta2, float one_minus_beta1,
+                             float one_minus_beta2, float eps, float weight_decay,
+                             float grad_scale, float beta1_correction,
+                             float beta2_correction) noexcept nogil:
+    """Parameter i's update in place; returns its new value."""
+    params[i] = updated(params[i], m, v, grads, i, lr, beta1, beta2, one_minus_beta1,
+                        one_minus_beta2, eps, weight_decay, grad_scale, beta1_correction,
+                        beta2_correction)
     return params[i]
 
 
@@ -64,6 +77,22 @@ cdef void adamw_update_rounded(bf16* rounded, float* params, float* m, float* v,
                        beta2_correction), <uint64_t>(first + i), <uint32_t>t)
 
 
+cdef void adamw_update_narrow(bf16* params, float* m, float* v, const floatG* grads,
+                              Py_ssize_t n, float lr, float beta1, float beta2, float eps,
+                              float weight_decay, float grad_scale, int t,
+                              Py_ssize_t first) noexcept nogil:
+    cdef float beta1_correction = 1.0 - powf(beta1, t)
+    cdef float beta2_correction = 1.0 - powf(beta2, t)
+    cdef float one_minus_beta1 = 1.0 - beta1
+    cdef float one_minus_beta2 = 1.0 - beta2
+    cdef Py_ssize_t i
+    for i in prange(n, schedule="static"):
+        params[i] = float_to_bf16_stochastic(
+            updated(bf16_to_float(params[i]), m, v, grads, i, lr, beta1, beta2,
+                    one_minus_beta1, one_minus_beta2, eps, weight_decay, grad_scale,
+                    beta1_correction, beta2_correction), <uint64_t>(first + i), <uint32_t>t)
+
+
 cdef double global_norm_squared(const floatG* x, Py_ssize_t n) noexcept nogil:
     cdef double total = 0.0
     cdef Py_ssize_t i
@@ -94,6 +123,26 @@ def update_rounded(bf16[::1] rounded, float[::1] params, float[::1] m, float[::1
     with nogil:
         adamw_update_rounded(&rounded[0], &params[0], &m[0], &v[0], &grads[0], n, lr, beta1,
                              beta2, eps, weight_decay, grad_scale, t, first)
+
+
+def update_narrow(bf16[::1] params, float[::1] m, float[::1] v, const floatG[::1] grads,
+                  float lr, float beta1, float beta2, float eps, float weight_decay,
+                  float grad_scale, int t, Py_ssize_t first=0):
+    """One AdamW step on bf16 parameters params (n,) (bits, uint16) with no master weights:
+    moments m, v (n,), gradients grads (n,) float32 or bf16 bits; each new parameter rounded
+    stochastically into params as update_rounded rounds it."""
+    n = params.shape[0]
+    for name, buf in (("m", m), ("v", v), ("grads", grads)):
+        if buf.shape[0] != n:
+            raise ValueError(f"adamw.update_narrow: {name} has {buf.shape[0]} elements, "
+                             f"params has {n}")
+    if t < 1:
+        raise ValueError(f"adamw.update_narrow: step t={t}, must be >= 1")
+    if n == 0:
+        return
+    with nogil:
+        adamw_update_narrow(&params[0], &m[0], &v[0], &grads[0], n, lr, beta1, beta2, eps,
+                            weight_decay, grad_scale, t, first)
 
 
 def norm_squared_bf16(const bf16[::1] x):

@@ -96,7 +96,7 @@ def write_checkpoint(output_dir, step, model, loader, keep=0, dist=SINGLE, outli
         if outliers is not None:
             atomic_write(outliers_path(output_dir, step), (json.dumps(outliers) + "\n").encode())
     master, last_update, loss_scale = None, 0, {}
-    if model.precision != "fp32":   # the float32 master weights of the optimizer shard
+    if model.master_weights:   # the float32 master weights of the optimizer shard
         start, end = model.optimizer_shard
         master, last_update = model.params[start:end], model.step
     if model.precision == "fp16":
@@ -172,8 +172,9 @@ def restart(output_dir, step, save, checkpoint_every, resuming, reason):
 
 def resume(output_dir, step, model, loader, dist=SINGLE):
     """Load the optimizer and data loader state of the checkpoint at step into model (already
-    built from that checkpoint's model file) and loader, at bf16 the master weights too; the
-    step it was saved at."""
+    built from that checkpoint's model file) and loader, at bf16 the master weights too (none
+    without them, -w 0: the model file's bf16 parameters are all there is); the step it was
+    saved at."""
     # every rank checks rank 0's state first, so that all fail alike (one line) on a mismatch
     processes, _ = read_state_processes(checkpoint_paths(output_dir, step)[1])
     if processes != dist.num_processes:
@@ -183,14 +184,20 @@ def resume(output_dir, step, model, loader, dist=SINGLE):
                           f"{processes})")
     model_path, state_path, _ = checkpoint_paths(output_dir, step, dist.process_rank)
     state = read_training_state(state_path, model.m.size, dist.num_processes, dist.process_rank)
-    mixed = model.precision != "fp32"
+    mixed = model.master_weights and model.precision != "fp32"
     written = ("fp32" if state.master is None else "fp16" if state.loss_scale is not None else
                "bf16")
-    if written != model.precision:
-        held = (f"the float32 master weights of a {written} run" if state.master is not None
-                else "no master weights: an fp32 run's state")
-        raise FormatError(state_path, f"holds {held}, this run is {model.precision}: resume "
-                                      f"it with --precision {written}")
+    if state.master is None and mixed:
+        raise FormatError(state_path, f"holds no master weights (an fp32 run's state, or a -w 0 "
+                                      f"one's), this run is {model.precision} with them: resume "
+                                      f"it with --precision fp32, or -w 0")
+    if state.master is not None and written != model.precision:
+        raise FormatError(state_path, f"holds the float32 master weights of a {written} run, "
+                                      f"this run is {model.precision}: resume it with "
+                                      f"--precision {written}")
+    if state.master is not None and not mixed:
+        raise FormatError(state_path, f"holds the float32 master weights of a {written} run, "
+                                      f"this run keeps none (-w 0): resume it with -w 1")
     model.m = state.m
     model.v = state.v
     if mixed:

@@ -202,11 +202,14 @@ class MultiProcessConfig:
             model.backend.synchronize()
             return
         from mpi4py import MPI
-        host_visible = model.backend.host_visible
-        params = model.params if host_visible else model.params.copy()
+        # model.params is the model's own memory where the backend's is the host's and the
+        # parameters (or master weights) float32; else a copy: without master weights (-w 0)
+        # the bf16 parameters widened, gathered, and loaded back exactly
+        own = model.backend.host_visible and (model.master_weights or model.precision == "fp32")
+        params = model.params if own or model.backend.host_visible else model.params.copy()
         self.comm.Allgatherv(MPI.IN_PLACE, [params, self.shard_counts.tolist(),
                                             self.shard_offsets.tolist(), MPI.FLOAT])
-        if not host_visible:
+        if not own:
             model.set_master_weights(params)   # at fp32: the parameters
 
     def grad_norm(self, model):

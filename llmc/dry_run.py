@@ -42,12 +42,12 @@ def _floats(shapes):
 
 
 def memory_plan(family, config, B, T, policy="all", backend="cpu", precision="fp32",
-                trainable=True, grad_precision="fp32"):
+                trainable=True, grad_precision="fp32", master_weights=True):
     """Bytes of each buffer a training step of family(config) at (B, T) allocates under the
     policy on the backend at the precision ("fp32", "bf16", "fp16"), its parameter gradients
     of grad_precision: {params, grads, adamw, activations, activation_grads, tokens};
-    trainable=False: params as a model made for inference or a LoRA base holds them
-    (llmc/model.pyx: no float32 master weights)."""
+    trainable=False (a model made for inference or a LoRA base) or master_weights=False: params
+    without float32 master weights (llmc/model.pyx)."""
     from accel.backend import get_backend
     from accel.spec import GRAD_PRECISIONS, PRECISIONS
     from llmc.model import Layout   # the model's own layout: each tensor aligned to its size
@@ -63,7 +63,8 @@ def memory_plan(family, config, B, T, policy="all", backend="cpu", precision="fp
     params = FLOAT * count
     return dict(
         # at bf16 (fp16) the kernels' bf16 (fp16) parameters beside the float32 master weights
-        params=itemsize * count + (FLOAT * count if precision != "fp32" and trainable else 0),
+        params=itemsize * count + (FLOAT * count if precision != "fp32" and trainable and
+                                   master_weights else 0),
         grads=GRAD_PRECISIONS[grad_precision][1] * count, adamw=2 * params,
         activations=nbytes(recompute.activation_shapes(plan, embedding, layer, head)),
         activation_grads=nbytes(recompute.gradient_shapes(layer, head, family.NO_GRAD)),
@@ -117,19 +118,22 @@ def _seconds(t):
 
 
 def dry_run_text(family, config, name, B, T, policy="all", backend="cpu", gflops=None,
-                 precision="fp32", grad_precision="fp32"):
-    """The dry run's text at a precision (its gradients at grad_precision): parameters, memory
-    by buffer (on the backend), FLOPs, the step time estimate (at gflops, the precision's GEMM
-    rate measured when None), and every policy's activation memory and FLOPs side by side."""
+                 precision="fp32", grad_precision="fp32", master_weights=True):
+    """The dry run's text at a precision (its gradients at grad_precision, with or without
+    master weights): parameters, memory by buffer (on the backend), FLOPs, the step time
+    estimate (at gflops, the precision's GEMM rate measured when None), and every policy's
+    activation memory and FLOPs side by side."""
     gflops = measure_gflops(precision=precision) if gflops is None else gflops
     plan = recompute.RecomputePlan(policy, family.num_layers_of(config))
     memory = memory_plan(family, config, B, T, policy, backend, precision,
-                         grad_precision=grad_precision)
+                         grad_precision=grad_precision, master_weights=master_weights)
     narrow = precision != "fp32"   # bf16, fp16: 2-byte parameters and activations
     flops = flops_plan(family, config, B, T, policy)
     f = family.flops_per_token(config, T)
     seconds = flops["step"] / (gflops * 1e9)
     internals = "1 layer's internals" if plan.slots == 1 else f"{plan.slots} layers' internals"
+    params_note = (f"   ({precision} + float32 master weights)" if master_weights else
+                   f"   ({precision}, no master weights)")
     lines = [
         f"dry run: {name} ({config.describe()}), B={B} T={T}, recompute {plan.policy}"
         f"{f', precision {precision}' if narrow else ''}",
@@ -139,7 +143,7 @@ def dry_run_text(family, config, name, B, T, policy="all", backend="cpu", gflops
          f"memory ({precision}: parameters and activations; float32: master weights, gradients, "
          f"AdamW, statistics, losses):") if narrow else "memory (float32):",
         f"  parameters            {format_bytes(memory['params']):>12}"
-        f"{f'   ({precision} + float32 master weights)' if narrow else ''}",
+        f"{params_note if narrow else ''}",
         f"  gradients             {format_bytes(memory['grads']):>12}",
         f"  AdamW m + v           {format_bytes(memory['adamw']):>12}",
         f"  activations           {format_bytes(memory['activations']):>12}   ({internals}, "

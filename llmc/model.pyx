@@ -45,9 +45,12 @@ stochastically, from a hash of each parameter's index and the step, so a resumed
 the uninterrupted one.  With grad_precision "bf16" (at bf16 alone) the parameter gradients are
 bf16, as llm.c keeps them, 2 bytes a parameter less: each kernel sums its contribution in
 float32 and adds it into the gradient rounded to nearest once (kernels/bf16.pxd's add_grad);
-the norm and AdamW read them widened (LoRA's updates keep float32 gradients).  `params` is always the float32 master weights; a model made with
-trainable=False (for inference, or a LoRA base) keeps none, its parameters loaded straight into
-the bf16 ones, rounded to nearest, and `params` widens those.  At "fp16" (the GPUs'
+the norm and AdamW read them widened (LoRA's updates keep float32 gradients).  `params` is
+always the float32 master weights; a model made with trainable=False (for inference, or a LoRA
+base) keeps none, its parameters loaded straight into the bf16 ones, rounded to nearest, and
+`params` widens those; so does one made with master_weights=False (llm.c's -w 0), which trains
+all the same: AdamW reads each bf16 parameter widened and rounds its new value stochastically
+back into place (the no_master group), 4 bytes a parameter less.  At "fp16" (the GPUs'
 half precision, Metal's) likewise, with the parameters rounded to nearest, and with dynamic loss
 scaling, since fp16 has 5 exponent bits: backward differentiates the loss times loss_scale, so
 that the activation gradients (fp16) stay above its smallest subnormal (2^-24) and the
@@ -203,7 +206,7 @@ cdef class Model:
     FP32_ACTIVATIONS = frozenset()
 
     def __init__(self, config, backend="cpu", recompute="all", precision=None, trainable=True,
-                 grad_precision=None):
+                 grad_precision=None, master_weights=True):
         """A model of this config with all parameters zero, on a backend (a name, see
         accel.backend.get_backend, or a Backend), at a precision ("fp32", "bf16", "fp16"; None:
         the Backend's, or fp32), its parameter gradients float32 or, at bf16, bf16
@@ -211,7 +214,8 @@ cdef class Model:
         a recompute policy (llmc.recompute.POLICIES).  trainable=False: for inference or a LoRA
         base, which update never trains, so at bf16 (fp16) no float32 master weights: the
         parameters are held, and loaded, in the model's precision alone (rounded to nearest),
-        half the memory."""
+        half the memory.  master_weights=False (llm.c's -w 0, at bf16 alone): it trains so too,
+        AdamW updating the bf16 parameters themselves and rounding each stochastically."""
         refuse_unfilled(type(self))
         if precision is None:
             precision = getattr(backend, "precision", "fp32")
@@ -229,7 +233,13 @@ cdef class Model:
         self.param_layout = Layout(config.param_shapes())
         self._params = self.backend.alloc(self.param_layout.size * self.itemsize)
         self.trainable = trainable
-        if self.precision != "fp32" and trainable:
+        if not master_weights and trainable:
+            if self.precision != "bf16":
+                why = "has none" if self.precision == "fp32" else "rounds to nearest"
+                raise ValueError(f"training without master weights needs bf16, whose updates "
+                                 f"round stochastically ({self.precision} {why})")
+            self.backend.require(("no_master",), self.FAMILY)
+        if self.precision != "fp32" and trainable and master_weights:
             self._master = self.backend.alloc(self.param_layout.nbytes)
         self.loss_scale = LOSS_SCALE_INITIAL if self.precision == "fp16" else 1.0
         self.loss_scale_steps = 0
@@ -301,6 +311,12 @@ cdef class Model:
         elif self._grads is None:
             self._grads = self.backend.alloc(self.param_layout.size * self.grad_itemsize)
             self.point_parameters(floats(self._params), floats(self._grads))
+
+    @property
+    def master_weights(self):
+        """Whether it keeps float32 master weights (at bf16 and fp16 when it trains, unless made
+        with master_weights=False; at fp32 the parameters are float32 themselves)."""
+        return self._master is not None
 
     @property
     def frozen(self):
@@ -409,11 +425,15 @@ cdef class Model:
         self.backend.check_error()
 
     def set_master_weights(self, values):
-        """Load the float32 master weights alone (at fp32: the parameters), leaving the bf16
-        parameters the kernels read as they are: a resume (llmc/checkpoint.py), whose bf16
-        parameters come from the model file or from round_params, and the all-gather of
-        llmc/distributed.py, which rounds them after it."""
-        self._load(self._master if self._master is not None else self._params, values, "params")
+        """Load the float32 master weights alone (at fp32: the parameters; without master
+        weights: the bf16 parameters, rounded to nearest), leaving the bf16 parameters the
+        kernels read as they are: a resume (llmc/checkpoint.py), whose bf16 parameters come
+        from the model file or from round_params, and the all-gather of llmc/distributed.py,
+        which rounds them after it."""
+        if self._master is None:
+            self._load(self._params, values, "params", narrow=self.precision != "fp32")
+            return
+        self._load(self._master, values, "params")
 
     def params_as_run(self):
         """The parameters the kernels read, as float32 (at bf16, the bf16 values widened; at
@@ -1161,8 +1181,10 @@ cdef class Model:
         self._m = self._moments(self._m)
         self._v = self._moments(self._v)
         # at bf16 AdamW updates the master weights and rounds each into the bf16 ones, seeded
-        # by t (as round_params(t) would), in the same pass
+        # by t (as round_params(t) would), in the same pass; without master weights the bf16
+        # ones themselves, rounded alike
         cdef bint mixed = self._master is not None   # (never under LoRA: attach_lora drops it)
+        cdef bint narrow = not mixed and not self.frozen and self.precision != "fp32"
         cdef float* params = floats(self._lora if self.frozen else
                                     self._master if mixed else self._params)
         cdef float* rounded = floats(self._params)
@@ -1179,7 +1201,12 @@ cdef class Model:
                 continue
             decay = weight_decay if decayed else 0.0
             with nogil:
-                if mixed:
+                if narrow:
+                    self.table.adamw_update_narrow(
+                        self.table.ctx, self.at(rounded, start), m + (start - self.shard_start),
+                        v + (start - self.shard_start), self.grad_at(grads, start), end - start,
+                        lr, beta1, beta2, eps, decay, grad_scale, t, start)
+                elif mixed:
                     self.table.adamw_update_rounded(
                         self.table.ctx, self.at(rounded, start), params + start,
                         m + (start - self.shard_start), v + (start - self.shard_start),

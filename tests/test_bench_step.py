@@ -16,6 +16,8 @@ def test_sides_at_each_precision():
     args = bench_step.parse_args(["--compare-precisions"])
     assert args.precision == "bf16"
     assert side_names(["--compare-precisions"], use_torch=False) == ["llm.pyx bf16", "llm.pyx fp32"]
+    assert side_names(["--compare-precisions", "--grad-precision", "bf16", "-w", "0"],
+                      use_torch=False) == ["llm.pyx bf16 bf16-grads -w0", "llm.pyx fp32"]
     # every peer of llm.pyx bf16 has a target to print
     assert all(name in bench_step.TARGETS for name in side_names(["--compare-precisions"])[1:])
 

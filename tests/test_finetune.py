@@ -310,6 +310,36 @@ def test_full_fine_tuning(base, tmp_path, capfd):
     assert (tmp_path / "full" / "model.bin").exists()
 
 
+def test_full_fine_tuning_with_bf16_gradients_and_no_master_weights(base, tmp_path, capfd):
+    """--grad-precision bf16 -w 0 (train.py's): it learns as the run with float32 gradients and
+    master weights does, within bf16's rounding, and resumes bit for bit (its state has no
+    master weights: the model file's bf16 parameters are all there is); LoRA refuses both."""
+    model, data = base
+    common = ["-e", model, "-i", data, "-j", data, "--method", "full", "-b", 4, "-t", 64,
+              "-l", 1e-3, "-v", 2, "--precision", "bf16"]
+    lean = ["--grad-precision", "bf16", "-w", 0]
+    full = val_losses(run(capfd, *common, "-x", 6, "-o", tmp_path / "full").out)
+    straight = val_losses(run(capfd, *common, *lean, "-x", 6, "-n", 3,
+                              "-o", tmp_path / "lean").out)
+    assert straight[-1] < straight[0] and abs(straight[-1] - full[-1]) < 0.05 * full[-1]
+    # stopped after the checkpoint at step 3 and resumed: the same model, bit for bit
+    shutil.copytree(tmp_path / "lean", tmp_path / "resumed")
+    os.remove(os.path.join(finetune.step_dir(tmp_path / "resumed", 6), "DONE"))
+    resumed = val_losses(run(capfd, *common, *lean, "-x", 6, "-n", 3, "-o", tmp_path / "resumed",
+                             "-y", 1).out)
+    assert resumed[-1] == straight[-1]
+    from safetensors.numpy import load_file
+    resumed_model, straight_model = (load_file(tmp_path / run_dir / "model.bin")
+                                     for run_dir in ("resumed", "lean"))
+    assert all(np.array_equal(resumed_model[k], straight_model[k]) for k in straight_model)
+    for flag in (["--grad-precision", "bf16"], ["-w", 0]):
+        with pytest.raises(SystemExit) as e:
+            finetune.run(["-e", str(model), "-i", str(data), "--precision", "bf16",
+                          *map(str, flag)])
+        assert e.value.code == 2
+        assert "is full fine-tuning's at --precision bf16" in capfd.readouterr().err
+
+
 def test_bad_input_is_one_line(base, tmp_path, capfd):
     model, data = base
     broken = tmp_path / "broken.jsonl"

@@ -238,6 +238,17 @@ def test_two_ranks_with_bf16_gradients_track_one_rank(data):
 
 
 @needs_mpi
+def test_zero1_without_master_weights_is_zero0_bit_for_bit(data):
+    """-w 0: under ZeRO-1 each rank updates and rounds its span of the bf16 parameters (each
+    element's rounding a hash of its index and the step, whoever rounds it), then gathers the
+    others': the same parameters as every rank updating all of them."""
+    common = [*COMMON, "-i", data.train, "-j", data.val, "-x", 4, "-v", 4, "-m", 2,
+              "--precision", "bf16", "-w", 0]
+    zero0, zero1 = (losses(run_train(2, *common, "-z", z).stdout) for z in (0, 1))
+    assert sorted(zero0) == [1, 2, 3, 4] and zero0 == zero1
+
+
+@needs_mpi
 def test_resume_two_ranks_is_bit_identical(data, tmp_path):
     common = [*COMMON, "-i", data.train, "-j", data.val, "-m", 1, "-z", 1]
     out, straight_dir = tmp_path / "out", tmp_path / "straight"

@@ -408,6 +408,36 @@ def test_bf16_gradients_run_resume_bit_identically_and_say_so(data, tmp_path, ca
                     "parameters and activations in it), got bf16 (see --help)"), line
 
 
+def test_without_master_weights_a_run_resumes_bit_identically(data, tmp_path, capsys):
+    """-w 0 (llm.c's use_master_weights 0): the state holds AdamW's m and v alone, the model
+    file the bf16 parameters, which is all a resume needs; the lines say so; a state of a run
+    with master weights, or -w 0 without --precision bf16, is refused in one line."""
+    common = ["-e", "d2", "-b", 4, "-t", 32, "-i", data.train, "-j", data.val, "-m", 1, "-s", 0,
+              "-l", 1e-3, "--precision", "bf16", "--grad-precision", "bf16", "-w", 0]
+    out, straight_dir = tmp_path / "out", tmp_path / "straight"
+    first = run_train(*common, "-x", 2, "-n", 2, "-o", out)
+    resumed = run_train(*common, "-x", 4, "-n", 2, "-o", out, "-y", 1)
+    straight = run_train(*common, "-x", 4, "-n", 2, "-o", straight_dir)
+    assert {**step_losses(first), **step_losses(resumed)} == step_losses(straight)
+    for name in ("model_00000004.bin", "state_00000004_00000.bin"):
+        assert (out / name).read_bytes() == (straight_dir / name).read_bytes(), name
+    assert re.search(r"^\| precision\s+\| bf16, bf16 gradients, no master weights \(float32 "
+                     r"AdamW\)", straight, re.M)
+    assert re.search(r"^memory allocated: params \d+ MiB \(bf16, no master weights\)", straight,
+                     re.M)
+    header = state_header(out / "state_00000004_00000.bin")
+    assert header[4] == 0   # use_master_weights
+    os.remove(out / "run.json")   # a run with master weights cannot take this state
+    state = out / "state_00000004_00000.bin"
+    assert error_of(capsys, *common[:-2], "-x", 6, "-o", out, "-y", 1) == (
+        f"train.py: error: {state}: holds no master weights (an fp32 run's state, or a -w 0 "
+        f"one's), this run is bf16 with them: resume it with --precision fp32, or -w 0")
+    line = error_of(capsys, "-e", "d1", "-i", data.train, "-j", data.val, "-w", 0, status=2)
+    assert line == ("train.py: error: argument -w: needs --precision bf16 (fp32 keeps no master "
+                    "weights; fp16 rounds its updates to nearest, which loses the small ones), "
+                    "got 0 (see --help)"), line
+
+
 def test_a_resume_at_another_precision_is_refused_in_one_line(data, tmp_path, capsys):
     common = ["-e", "d1", "-b", 2, "-t", 16, "-i", data.train, "-j", data.val, "-m", 0, "-s", 0]
     out = tmp_path / "out"
@@ -429,8 +459,8 @@ def test_a_resume_at_another_precision_is_refused_in_one_line(data, tmp_path, ca
     os.remove(fp32_out / "run.json")
     state = fp32_out / "state_00000001_00000.bin"
     assert error_of(capsys, *common, "-x", 2, "-o", fp32_out, "-y", 1, "--precision", "bf16") == (
-        f"train.py: error: {state}: holds no master weights: an fp32 run's state, this run is "
-        f"bf16: resume it with --precision fp32")
+        f"train.py: error: {state}: holds no master weights (an fp32 run's state, or a -w 0 "
+        f"one's), this run is bf16 with them: resume it with --precision fp32, or -w 0")
     # a run.json of before --precision was an fp32 run's
     del config["--precision"]
     checkpoint.write_run_config(str(fp32_out), config)

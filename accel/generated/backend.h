@@ -124,6 +124,12 @@ ACCEL_API void ACCEL_ENTRY(adamw_update_rounded)(void* ctx, floatX* params, floa
     float* v, const float* grads, ptrdiff_t n, float lr, float beta1, float beta2, float eps,
     float weight_decay, float grad_scale, int t, ptrdiff_t first);
 
+// no_master: training without float32 master weights (llm.c's -w 0, at bf16): AdamW on the bf16
+// parameters themselves, each read widened and its new value rounded stochastically
+ACCEL_API void ACCEL_ENTRY(adamw_update_narrow)(void* ctx, floatX* params, float* m, float* v,
+    const float* grads, ptrdiff_t n, float lr, float beta1, float beta2, float eps,
+    float weight_decay, float grad_scale, int t, ptrdiff_t first);
+
 // collectives: many processes, one device each (llmc/distributed.py): a communicator set up from
 // rank 0's id, and the sums and gathers of float32 buffers on the device (NCCL, RCCL); the CPU
 // does without (MPI on its memory)

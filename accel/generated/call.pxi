@@ -189,6 +189,11 @@ cdef object call_entry(Backend backend, str entry, tuple a):
         t.adamw_update_rounded(c, <float*>pointer(entry, 'params', a[0], False, backend.itemsize * (a[5])), <float*>pointer(entry, 'master', a[1], False, 4 * (a[5])), <float*>pointer(entry, 'm', a[2], False, 4 * (a[5])), <float*>pointer(entry, 'v', a[3], False, 4 * (a[5])), <float*>pointer(entry, 'grads', a[4], False, backend.grad_itemsize * (a[5])), a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13])
         backend.check_error()
         return None
+    elif entry == 'adamw_update_narrow':
+        arity(entry, a, 13)
+        t.adamw_update_narrow(c, <float*>pointer(entry, 'params', a[0], False, backend.itemsize * (a[4])), <float*>pointer(entry, 'm', a[1], False, 4 * (a[4])), <float*>pointer(entry, 'v', a[2], False, 4 * (a[4])), <float*>pointer(entry, 'grads', a[3], False, backend.grad_itemsize * (a[4])), a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12])
+        backend.check_error()
+        return None
     elif entry == 'comm_unique_id':
         arity(entry, a, 1)
         t.comm_unique_id(c, <void*>host_pointer(entry, 'unique_id', a[0], 1 * (128)))

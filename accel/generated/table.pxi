@@ -55,6 +55,8 @@ ctypedef struct BackendTable:
     # mixed: mixed precision (bf16, fp16): the parameters the kernels read, rounded from the float32 master weights, alone or in AdamW's pass
     void (*narrow_params)(void* ctx, float* params, const float* master, Py_ssize_t n, Py_ssize_t first, int seed) noexcept nogil
     void (*adamw_update_rounded)(void* ctx, float* params, float* master, float* m, float* v, const float* grads, Py_ssize_t n, float lr, float beta1, float beta2, float eps, float weight_decay, float grad_scale, int t, Py_ssize_t first) noexcept nogil
+    # no_master: training without float32 master weights (llm.c's -w 0, at bf16): AdamW on the bf16 parameters themselves, each read widened and its new value rounded stochastically
+    void (*adamw_update_narrow)(void* ctx, float* params, float* m, float* v, const float* grads, Py_ssize_t n, float lr, float beta1, float beta2, float eps, float weight_decay, float grad_scale, int t, Py_ssize_t first) noexcept nogil
     # collectives: many processes, one device each (llmc/distributed.py): a communicator set up from rank 0's id, and the sums and gathers of float32 buffers on the device (NCCL, RCCL); the CPU does without (MPI on its memory)
     void (*comm_unique_id)(void* ctx, void* unique_id) noexcept nogil
     void (*comm_init)(void* ctx, const void* unique_id, int rank, int nranks) noexcept nogil

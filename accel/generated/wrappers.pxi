@@ -362,6 +362,17 @@ cdef void w_adamw_update_rounded(void* ctx, float* params, float* master, float*
         compare(s, E_ADAMW_UPDATE_ROUNDED, m, <Py_ssize_t>n, <double>(2), 0, FLOAT32)
         compare(s, E_ADAMW_UPDATE_ROUNDED, v, <Py_ssize_t>n, <double>(2), 0, FLOAT32)
 
+cdef void w_adamw_update_narrow(void* ctx, float* params, float* m, float* v, const float* grads, Py_ssize_t n, float lr, float beta1, float beta2, float eps, float weight_decay, float grad_scale, int t, Py_ssize_t first) noexcept nogil:
+    cdef Instrument* s = <Instrument*>ctx
+    cdef double start = enter(s)
+    s.target.adamw_update_narrow(s.target.ctx, params, m, v, grads, n, lr, beta1, beta2, eps, weight_decay, grad_scale, t, first)
+    leave(s, E_ADAMW_UPDATE_NARROW, start)
+    if s.mode & CHECK:
+        s.oracle.adamw_update_narrow(s.oracle.ctx, <float*>oracle_of(s, params), <float*>oracle_of(s, m), <float*>oracle_of(s, v), <const float*>oracle_of(s, grads), n, lr, beta1, beta2, eps, weight_decay, grad_scale, t, first)
+        compare(s, E_ADAMW_UPDATE_NARROW, params, <Py_ssize_t>n, <double>(2), 0, s.narrow)
+        compare(s, E_ADAMW_UPDATE_NARROW, m, <Py_ssize_t>n, <double>(2), 0, FLOAT32)
+        compare(s, E_ADAMW_UPDATE_NARROW, v, <Py_ssize_t>n, <double>(2), 0, FLOAT32)
+
 cdef void w_comm_unique_id(void* ctx, void* unique_id) noexcept nogil:
     cdef Instrument* s = <Instrument*>ctx
     cdef double start = enter(s)
@@ -595,6 +606,8 @@ cdef void install_wrappers(BackendTable* t, const BackendTable* target) noexcept
         t.narrow_params = w_narrow_params
     if target.adamw_update_rounded != NULL:
         t.adamw_update_rounded = w_adamw_update_rounded
+    if target.adamw_update_narrow != NULL:
+        t.adamw_update_narrow = w_adamw_update_narrow
     if target.comm_unique_id != NULL:
         t.comm_unique_id = w_comm_unique_id
     if target.comm_init != NULL:
