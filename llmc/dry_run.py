@@ -111,6 +111,11 @@ def measure_gflops(n=1024, repeats=3, precision="fp32"):
     return 2.0 * n ** 3 / best / 1e9
 
 
+def _listed(words):
+    """"a", "a and b", "a, b and c"."""
+    return " and ".join(filter(None, [", ".join(words[:-1]), words[-1]]))
+
+
 def _seconds(t):
     if t < 10:
         return f"{t * 1e3:,.1f} ms"
@@ -134,14 +139,17 @@ def dry_run_text(family, config, name, B, T, policy="all", backend="cpu", gflops
     internals = "1 layer's internals" if plan.slots == 1 else f"{plan.slots} layers' internals"
     params_note = (f"   ({precision} + float32 master weights)" if master_weights else
                    f"   ({precision}, no master weights)")
+    narrow_kinds = ["parameters", "activations"] + (["gradients"] if grad_precision == precision
+                                                    else [])
+    float_kinds = ((["master weights"] if master_weights else []) +
+                   (["gradients"] if grad_precision == "fp32" else []) +
+                   ["AdamW", "statistics", "losses"])
     lines = [
         f"dry run: {name} ({config.describe()}), B={B} T={T}, recompute {plan.policy}"
         f"{f', precision {precision}' if narrow else ''}",
         f"parameters: {config.num_parameters():,}",
-        (f"memory ({precision}: parameters, activations and gradients; float32: master weights, "
-         f"AdamW, statistics, losses):" if grad_precision != "fp32" else
-         f"memory ({precision}: parameters and activations; float32: master weights, gradients, "
-         f"AdamW, statistics, losses):") if narrow else "memory (float32):",
+        f"memory ({precision}: {_listed(narrow_kinds)}; float32: {', '.join(float_kinds)}):"
+        if narrow else "memory (float32):",
         f"  parameters            {format_bytes(memory['params']):>12}"
         f"{params_note if narrow else ''}",
         f"  gradients             {format_bytes(memory['grads']):>12}",
