@@ -20,7 +20,9 @@ Model.params_as_run; Llama: llama2.c's files are float32, so the master weights)
 state holds the float32 master weights, as llm.c's use_master_weights. A resume takes the
 master weights from the state and the bf16 parameters from a bf16 model file, else rounds
 them from the master weights with the seed of the last update, as that update did; a state
-of the other precision is refused in one line.  At fp16 the model file is float32 (llm.c's has
+of the other precision is refused in one line.  Without master weights (train.py -w 0, llm.c's
+use_master_weights 0) the state holds none, and the model file's bf16 parameters (Llama's
+float32 file holds them exactly) are all a resume needs.  At fp16 the model file is float32 (llm.c's has
 no fp16 version: the master weights, the fp16 parameters rounded from them to nearest) and the
 state keeps the loss scale.
 

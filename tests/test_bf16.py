@@ -143,7 +143,8 @@ def forward_inputs(fp32, name, inputs, dims, precision="bf16"):
             inputs[a.name] = rounded(value, precision) if a.floatx else value
 
 
-KERNELS = [name for name in ORDER if BY_NAME[name].wrap and BY_NAME[name].group != "mixed"
+KERNELS = [name for name in ORDER if BY_NAME[name].wrap
+           and BY_NAME[name].group not in ("mixed", "no_master")
            and any(a.floatx for a in BY_NAME[name].args)]
 
 

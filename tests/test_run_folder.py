@@ -127,6 +127,7 @@ class FakeModel:
     """What write_checkpoint reads of a model at fp32: save, m and v."""
     m = v = np.zeros(4, dtype=np.float32)
     precision = "fp32"
+    master_weights = False
 
     def save(self, path):
         with open(path, "wb") as f:

@@ -241,7 +241,7 @@ def fake_model(size, rng=None):
     if rng is not None:
         m, v = rng.standard_normal(size).astype(np.float32), rng.random(size).astype(np.float32)
     return types.SimpleNamespace(params=np.zeros(size, np.float32), m=m, v=v, save=save,
-                                 precision="fp32")
+                                 precision="fp32", master_weights=False)
 
 
 def test_checkpoint_state_layout_and_resume(tmp_path):
