@@ -105,19 +105,24 @@ cdef double global_norm_squared(const floatG* x, Py_ssize_t n) noexcept nogil:
 # Python wrappers of adamw_update_rounded and of bf16 gradients (tests), here rather than in
 # kernels/adamw_wrappers.pxi: the dev/cpu variants that include that file have neither
 
+def _checked(where, n, t, **buffers):
+    """n, the parameters' count, once each buffer has as many elements and t >= 1."""
+    for name, buf in buffers.items():
+        if len(buf) != n:
+            raise ValueError(f"adamw.{where}: {name} has {len(buf)} elements, params has {n}")
+    if t < 1:
+        raise ValueError(f"adamw.{where}: step t={t}, must be >= 1")
+    return n
+
+
 def update_rounded(bf16[::1] rounded, float[::1] params, float[::1] m, float[::1] v,
                    const floatG[::1] grads, float lr, float beta1, float beta2, float eps,
                    float weight_decay, float grad_scale, int t, Py_ssize_t first=0):
     """One AdamW step on float32 master weights params (n,) with moments m, v (n,) and
     gradients grads (n,), float32 or bf16 bits (uint16); each new parameter also written to
     rounded (n,) as bf16 bits, rounded stochastically (element i's bits from (first + i, t))."""
-    n = params.shape[0]
-    for name, buf in (("rounded", rounded), ("m", m), ("v", v), ("grads", grads)):
-        if buf.shape[0] != n:
-            raise ValueError(f"adamw.update_rounded: {name} has {buf.shape[0]} elements, "
-                             f"params has {n}")
-    if t < 1:
-        raise ValueError(f"adamw.update_rounded: step t={t}, must be >= 1")
+    cdef Py_ssize_t n = _checked("update_rounded", params.shape[0], t, rounded=rounded, m=m, v=v,
+                                 grads=grads)
     if n == 0:
         return
     with nogil:
@@ -131,13 +136,7 @@ def update_narrow(bf16[::1] params, float[::1] m, float[::1] v, const floatG[::1
     """One AdamW step on bf16 parameters params (n,) (bits, uint16) with no master weights:
     moments m, v (n,), gradients grads (n,) float32 or bf16 bits; each new parameter rounded
     stochastically into params as update_rounded rounds it."""
-    n = params.shape[0]
-    for name, buf in (("m", m), ("v", v), ("grads", grads)):
-        if buf.shape[0] != n:
-            raise ValueError(f"adamw.update_narrow: {name} has {buf.shape[0]} elements, "
-                             f"params has {n}")
-    if t < 1:
-        raise ValueError(f"adamw.update_narrow: step t={t}, must be >= 1")
+    cdef Py_ssize_t n = _checked("update_narrow", params.shape[0], t, m=m, v=v, grads=grads)
     if n == 0:
         return
     with nogil:

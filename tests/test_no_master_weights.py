@@ -13,6 +13,7 @@ from accel.backend import BackendError, get_backend
 from kernels import adamw
 from kernels.bf16 import to_bf16, to_float32
 from llmc.dry_run import memory_plan
+from test_bf16_grads import batch, train
 from train_gpt2 import GPT2, GPT2Config
 
 CONFIG = GPT2Config.from_depth(2, max_seq_len=32, vocab_size=97)
@@ -39,20 +40,6 @@ def test_the_update_is_the_master_weight_update_from_the_bf16_values(grads_bf16)
     assert np.count_nonzero(narrow != params) > n // 4   # updates of a fraction of an ulp land
 
 
-def batch(B=2, T=16, seed=0):
-    rng = np.random.default_rng(seed)
-    return rng.integers(0, 97, (B, T)), rng.integers(0, 97, (B, T))
-
-
-def train(model, steps, tokens=None):
-    tokens = batch() if tokens is None else tokens
-    losses = []
-    for t in range(1, steps + 1):
-        model.zero_grad()
-        losses.append(model.forward(*tokens))
-        model.backward()
-        model.update(1e-3, 0.9, 0.95, 1e-8, 0.01, t, decay_2d_only=True)
-    return losses
 
 
 @pytest.mark.parametrize("grad_precision", ["fp32", "bf16"])
@@ -61,7 +48,7 @@ def test_training_without_master_weights_tracks_the_run_with_them(grad_precision
     without = GPT2.random(CONFIG, seed=3, precision="bf16", grad_precision=grad_precision,
                           master_weights=False)
     assert with_master.master_weights and not without.master_weights
-    expected, got = train(with_master, 10), train(without, 10)
+    expected, got = train(with_master, 10, batch(97)), train(without, 10, batch(97))
     assert expected[-1] < expected[0] - 1.0
     assert np.allclose(got, expected, rtol=0, atol=0.05), (got, expected)
     # its parameters are the bf16 ones alone, 2 bytes each, and params widens them
@@ -69,7 +56,7 @@ def test_training_without_master_weights_tracks_the_run_with_them(grad_precision
     assert memory["params"] == 2 * without.num_parameters
     assert memory["params"] == with_master.memory()["params"] - 4 * without.num_parameters
     assert np.array_equal(without.params, without.params_as_run())
-    B, T = batch()[0].shape
+    B, T = batch(97)[0].shape
     assert memory_plan(GPT2, CONFIG, B, T, precision="bf16", grad_precision=grad_precision,
                        master_weights=False) == memory
 
@@ -77,7 +64,7 @@ def test_training_without_master_weights_tracks_the_run_with_them(grad_precision
 def test_check_cpu_is_clean_without_master_weights():
     model = GPT2.random(CONFIG, seed=3, backend="check:cpu", precision="bf16",
                         master_weights=False)
-    train(model, 2)
+    train(model, 2, batch(97))
     assert model.backend.report()["mismatches"] == 0, model.backend.summary()
 
 
