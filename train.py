@@ -42,7 +42,9 @@ a GPT-2 checkpoint is then llm.c's bf16 model file (version 5), a Llama one stay
 float32 file (the master weights), and the state holds the master weights.  --precision fp16 is
 the GPUs' half precision (Metal's; the CPU's fp16 table is check:'s oracle, slower than fp32):
 the same with fp16 instead of bf16, float32 model files, and dynamic loss scaling (a step whose
-gradients overflow is skipped and halves the scale; the state keeps the scale).
+gradients overflow is skipped and halves the scale; the state keeps the scale).  At bf16,
+--grad-precision bf16 keeps the gradients in bf16 and -w 0 keeps no master weights (the state
+then holds m and v alone), as llm.c can: 2 and 4 bytes a parameter less.
 
 --json-log writes each step's cost as a JSON line (ms, tokens/s, TFLOPS against the peak,
 compile time, kernel groups with --profile) and ends with an efficiency report
