@@ -20,77 +20,66 @@ from kernels.bf16 cimport bf16_to_float, float_to_bf16_stochastic, load
 include "kernels/adamw_wrappers.pxi"
 
 
+ctypedef struct Settings:
+    # one step's settings, and what each parameter's update derives from them alike
+    float lr, beta1, beta2, eps, weight_decay, grad_scale
+    float one_minus_beta1, one_minus_beta2, beta1_correction, beta2_correction
+
+
+cdef inline Settings settings_of(float lr, float beta1, float beta2, float eps,
+                                 float weight_decay, float grad_scale, int t) noexcept nogil:
+    cdef Settings s
+    s.lr, s.beta1, s.beta2, s.eps = lr, beta1, beta2, eps
+    s.weight_decay, s.grad_scale = weight_decay, grad_scale
+    s.one_minus_beta1 = 1.0 - beta1
+    s.one_minus_beta2 = 1.0 - beta2
+    s.beta1_correction = 1.0 - powf(beta1, t)
+    s.beta2_correction = 1.0 - powf(beta2, t)
+    return s
+
+
 cdef inline float updated(float param, float* m, float* v, const floatG* grads, Py_ssize_t i,
-                          float lr, float beta1, float beta2, float one_minus_beta1,
-                          float one_minus_beta2, float eps, float weight_decay,
-                          float grad_scale, float beta1_correction,
-                          float beta2_correction) noexcept nogil:
+                          Settings s) noexcept nogil:
     """Parameter i's new value from its old one, param; updates its moments m[i], v[i]."""
-    cdef float grad = load(grads, i) * grad_scale
-    cdef float m_i = beta1 * m[i] + one_minus_beta1 * grad
-    cdef float v_i = beta2 * v[i] + one_minus_beta2 * grad * grad
+    cdef float grad = load(grads, i) * s.grad_scale
+    cdef float m_i = s.beta1 * m[i] + s.one_minus_beta1 * grad
+    cdef float v_i = s.beta2 * v[i] + s.one_minus_beta2 * grad * grad
     m[i] = m_i
     v[i] = v_i
-    cdef float m_hat = m_i / beta1_correction
-    cdef float v_hat = v_i / beta2_correction
-    return param - lr * (m_hat / (sqrtf(v_hat) + eps) + weight_decay * param)
-
-
-cdef inline float update_one(float* params, float* m, float* v, const floatG* grads, Py_ssize_t i,
-                             float lr, float beta1, float beta2, float one_minus_beta1,
-                             float one_minus_beta2, float eps, float weight_decay,
-                             float grad_scale, float beta1_correction,
-                             float beta2_correction) noexcept nogil:
-    """Parameter i's update in place; returns its new value."""
-    params[i] = updated(params[i], m, v, grads, i, lr, beta1, beta2, one_minus_beta1,
-                        one_minus_beta2, eps, weight_decay, grad_scale, beta1_correction,
-                        beta2_correction)
-    return params[i]
+    cdef float m_hat = m_i / s.beta1_correction
+    cdef float v_hat = v_i / s.beta2_correction
+    return param - s.lr * (m_hat / (sqrtf(v_hat) + s.eps) + s.weight_decay * param)
 
 
 cdef void adamw_update(float* params, float* m, float* v, const float* grads, Py_ssize_t n,
                        float lr, float beta1, float beta2, float eps, float weight_decay,
                        float grad_scale, int t) noexcept nogil:
-    cdef float beta1_correction = 1.0 - powf(beta1, t)
-    cdef float beta2_correction = 1.0 - powf(beta2, t)
-    cdef float one_minus_beta1 = 1.0 - beta1
-    cdef float one_minus_beta2 = 1.0 - beta2
+    cdef Settings s = settings_of(lr, beta1, beta2, eps, weight_decay, grad_scale, t)
     cdef Py_ssize_t i
     for i in prange(n, schedule="static"):
-        update_one(params, m, v, grads, i, lr, beta1, beta2, one_minus_beta1, one_minus_beta2,
-                   eps, weight_decay, grad_scale, beta1_correction, beta2_correction)
+        params[i] = updated(params[i], m, v, grads, i, s)
 
 
 cdef void adamw_update_rounded(bf16* rounded, float* params, float* m, float* v,
                                const floatG* grads, Py_ssize_t n, float lr, float beta1,
                                float beta2, float eps, float weight_decay, float grad_scale,
                                int t, Py_ssize_t first) noexcept nogil:
-    cdef float beta1_correction = 1.0 - powf(beta1, t)
-    cdef float beta2_correction = 1.0 - powf(beta2, t)
-    cdef float one_minus_beta1 = 1.0 - beta1
-    cdef float one_minus_beta2 = 1.0 - beta2
+    cdef Settings s = settings_of(lr, beta1, beta2, eps, weight_decay, grad_scale, t)
     cdef Py_ssize_t i
     for i in prange(n, schedule="static"):
-        rounded[i] = float_to_bf16_stochastic(
-            update_one(params, m, v, grads, i, lr, beta1, beta2, one_minus_beta1,
-                       one_minus_beta2, eps, weight_decay, grad_scale, beta1_correction,
-                       beta2_correction), <uint64_t>(first + i), <uint32_t>t)
+        params[i] = updated(params[i], m, v, grads, i, s)
+        rounded[i] = float_to_bf16_stochastic(params[i], <uint64_t>(first + i), <uint32_t>t)
 
 
 cdef void adamw_update_narrow(bf16* params, float* m, float* v, const floatG* grads,
                               Py_ssize_t n, float lr, float beta1, float beta2, float eps,
                               float weight_decay, float grad_scale, int t,
                               Py_ssize_t first) noexcept nogil:
-    cdef float beta1_correction = 1.0 - powf(beta1, t)
-    cdef float beta2_correction = 1.0 - powf(beta2, t)
-    cdef float one_minus_beta1 = 1.0 - beta1
-    cdef float one_minus_beta2 = 1.0 - beta2
+    cdef Settings s = settings_of(lr, beta1, beta2, eps, weight_decay, grad_scale, t)
     cdef Py_ssize_t i
     for i in prange(n, schedule="static"):
-        params[i] = float_to_bf16_stochastic(
-            updated(bf16_to_float(params[i]), m, v, grads, i, lr, beta1, beta2,
-                    one_minus_beta1, one_minus_beta2, eps, weight_decay, grad_scale,
-                    beta1_correction, beta2_correction), <uint64_t>(first + i), <uint32_t>t)
+        params[i] = float_to_bf16_stochastic(updated(bf16_to_float(params[i]), m, v, grads, i, s),
+                                             <uint64_t>(first + i), <uint32_t>t)
 
 
 cdef double global_norm_squared(const floatG* x, Py_ssize_t n) noexcept nogil:
