@@ -169,10 +169,10 @@ class MultiProcessConfig:
             return
         from mpi4py import MPI
         # model.grads is the model's own memory where the backend's is the host's and the
-        # gradients float32; else a copy (read-only off a device: copied again), summed in
+        # gradients float32; else a copy (read-only off a device: made writable), summed in
         # float32 and loaded back (bf16 gradients: rounded once, after the sum)
         own = model.backend.host_visible and model.grad_precision == "fp32"
-        grads = model.grads if own or model.backend.host_visible else model.grads.copy()
+        grads = np.require(model.grads, requirements="W")
         if self.zero_stage == 0:
             self.comm.Allreduce(MPI.IN_PLACE, grads, op=MPI.SUM)
         else:
@@ -206,7 +206,7 @@ class MultiProcessConfig:
         # parameters (or master weights) float32; else a copy: without master weights (-w 0)
         # the bf16 parameters widened, gathered, and loaded back exactly
         own = model.backend.host_visible and (model.master_weights or model.precision == "fp32")
-        params = model.params if own or model.backend.host_visible else model.params.copy()
+        params = np.require(model.params, requirements="W")
         self.comm.Allgatherv(MPI.IN_PLACE, [params, self.shard_counts.tolist(),
                                             self.shard_offsets.tolist(), MPI.FLOAT])
         if not own:
