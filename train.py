@@ -782,16 +782,13 @@ def precision_text(model):
 
 def require_backend(args, here=True):
     """A TrainError in one line when --backend cannot run here (unless not here: a dry run
-    plans backends of other machines), or has no kernels of --precision (accel/backend.pyx's
-    BackendError), without making the backend."""
-    from accel.backend import (BackendError, require_available, require_grad_precision,
-                               require_precision)
+    plans backends of other machines), or has no kernels of --precision and --grad-precision
+    (accel/backend.pyx's BackendError), without making the backend."""
+    from accel.backend import BackendError, require_available, require_precision
     try:
         if here:
             require_available(args.backend)
-        module = require_precision(args.backend, args.precision)
-        require_grad_precision(module, args.backend.rpartition(":")[2], args.precision,
-                               args.grad_precision)
+        require_precision(args.backend, args.precision, args.grad_precision)
     except BackendError as e:
         raise TrainError(str(e)) from None
 

@@ -386,23 +386,27 @@ def runs_at(str precision):
     return ", ".join(names)
 
 
-def require_precision(name, str precision):
-    """Raise the BackendError get_backend(name, precision) would for a backend with no table of
-    that precision, in one line, without making the backend (its module says: PRECISIONS,
-    default fp32 alone); returns that module, None for a name not registered."""
+def require_precision(name, str precision, str grad_precision="fp32"):
+    """Raise the BackendError get_backend(name, precision, grad_precision) would for a backend
+    with no table of that precision (and gradients), in one line, without making the backend
+    (its module says: PRECISIONS, GRAD_PRECISIONS, default fp32 alone); returns that module,
+    None for a name not registered."""
     if precision not in PRECISIONS:
         raise BackendError(f"unknown precision {precision!r} (known: {', '.join(PRECISIONS)})")
     name = name.rpartition(":")[2]   # a wrapper runs at its backend's precision
-    if name not in _REGISTRY:
-        return None
-    try:
-        module = importlib.import_module(_REGISTRY[name][0])
-    except ImportError as e:
-        raise BackendError(f"backend '{name}' is not built ({e}): run `make train_gpt2`") from None
-    precisions = getattr(module, "PRECISIONS", ("fp32",))
-    if precision not in precisions:
-        raise BackendError(f"backend '{name}' has no {precision} kernels (it runs "
-                           f"{', '.join(precisions)}; {precision} runs on: {runs_at(precision)})")
+    module = None
+    if name in _REGISTRY:
+        try:
+            module = importlib.import_module(_REGISTRY[name][0])
+        except ImportError as e:
+            raise BackendError(f"backend '{name}' is not built ({e}): run "
+                               f"`make train_gpt2`") from None
+        precisions = getattr(module, "PRECISIONS", ("fp32",))
+        if precision not in precisions:
+            raise BackendError(f"backend '{name}' has no {precision} kernels (it runs "
+                               f"{', '.join(precisions)}; {precision} runs on: "
+                               f"{runs_at(precision)})")
+    require_grad_precision(module, name, precision, grad_precision)
     return module
 
 
@@ -439,8 +443,7 @@ def get_backend(name, str precision="fp32", str grad_precision="fp32"):
     if inner:
         return importlib.import_module(WRAPPERS_MODULE).create(
             wrapper, get_backend(inner, precision, grad_precision))
-    module = require_precision(name, precision)
-    require_grad_precision(module, name, precision, grad_precision)
+    module = require_precision(name, precision, grad_precision)
     try:
         options = {} if precision == "fp32" else dict(precision=precision)
         if grad_precision != "fp32":
