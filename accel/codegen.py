@@ -228,15 +228,15 @@ def cpu_narrow_pxi(precision, grads=False):
     prefix = f"{precision}g" if grads else precision
     lines = [f"from {module} cimport {ctype}, {widen}, {narrow}", ""]
     fills = []
+
+    def is_narrow(a):
+        return a.floatx or (grads and a.floatg)
     for e in spec.ENTRIES:
         mark = cpu_narrow_mark(e, precision)
         if grads:
             if not any(a.floatg for a in e.args):
                 continue
             mark = "kernel" if mark == "same" else mark
-
-        def is_narrow(a):
-            return a.floatx or (grads and a.floatg)
         if mark not in ("kernel", "adapter"):
             continue
         args = ", ".join(["void* ctx"] + [a.declaration for a in e.args])

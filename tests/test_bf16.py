@@ -278,13 +278,13 @@ def batch(V, B=2, T=16, seed=0):
     return rng.integers(0, V, (B, T)), rng.integers(0, V, (B, T))
 
 
-def train(model, steps, tokens):
+def train(model, steps, tokens, decay_2d_only=False):
     losses = []
     for t in range(1, steps + 1):
         model.zero_grad()
         losses.append(model.forward(*tokens))
         model.backward()
-        model.update(1e-3, 0.9, 0.95, 1e-8, 0.01, t)
+        model.update(1e-3, 0.9, 0.95, 1e-8, 0.01, t, decay_2d_only=decay_2d_only)
     return losses
 
 

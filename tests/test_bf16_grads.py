@@ -11,6 +11,7 @@ import dataclasses
 import numpy as np
 import pytest
 
+import test_bf16
 import train_llama2
 from accel.backend import BackendError, get_backend, require_grad_precision
 from entries import run_every_entry
@@ -48,14 +49,8 @@ def batch(V, B=2, T=16, seed=0):
 
 
 def train(model, steps, tokens):
-    losses = []
-    for t in range(1, steps + 1):
-        model.zero_grad()
-        losses.append(model.forward(*tokens))
-        model.backward()
-        # decay on the matrices alone: AdamW runs span by span, each at its offset in grads
-        model.update(1e-3, 0.9, 0.95, 1e-8, 0.01, t, decay_2d_only=True)
-    return losses
+    # decay on the matrices alone: AdamW runs span by span, each at its offset in grads
+    return test_bf16.train(model, steps, tokens, decay_2d_only=True)
 
 
 @pytest.mark.parametrize("family", MODELS)
