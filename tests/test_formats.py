@@ -630,3 +630,25 @@ def test_atomic_write_new_file_not_created_on_failure(tmp_path):
     with pytest.raises(TypeError):
         atomic_write(path, [b"ok", "not bytes"])
     assert leftovers(tmp_path, set()) == []
+
+
+def test_safetensors_metadata_written_in_sorted_order():
+    """The safetensors package writes its metadata in a hash map's order, seeded anew in each
+    process: in_sorted_order makes the same model the same bytes every time (a resumed run's
+    file and an uninterrupted run's), the tensors and their data untouched."""
+    safetensors_numpy = needs.package("safetensors.numpy")
+    import json as json_module
+    from llmc.formats.huggingface import in_sorted_order
+    data = np.arange(6, dtype="<f4")
+    header = json_module.dumps({"__metadata__": {"format": "pt", "config": '{"a": "\u00e9"}'},
+                                "x": {"dtype": "F32", "shape": [2, 3],
+                                      "data_offsets": [0, data.nbytes]}},
+                               separators=(",", ":"), ensure_ascii=False).encode()
+    header += b" " * (-len(header) % 8)
+    unsorted = len(header).to_bytes(8, "little") + header + data.tobytes()
+    written = b"".join(in_sorted_order(unsorted))
+    length = int.from_bytes(written[:8], "little")
+    assert length % 8 == 0 and written[8 + length:] == data.tobytes()
+    assert list(json_module.loads(written[8:8 + length])["__metadata__"]) == ["config", "format"]
+    assert (safetensors_numpy.load(written)["x"] == data.reshape(2, 3)).all()
+    assert b"".join(in_sorted_order(written)) == written

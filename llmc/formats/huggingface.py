@@ -124,7 +124,20 @@ def write_safetensors(path, tensors, dtype="float32", metadata=None):
     # the specs point into stored's arrays, which live until serialize has copied them
     specs = {name: TensorSpec(dtype=dtype, shape=list(a.shape), data_ptr=a.ctypes.data,
                               data_len=a.nbytes) for name, a in stored.items()}
-    atomic_write(path, serialize(specs, metadata={"format": "pt", **(metadata or {})}))
+    atomic_write(path, in_sorted_order(serialize(specs, metadata={"format": "pt",
+                                                                  **(metadata or {})})))
+
+
+def in_sorted_order(serialized):
+    """A safetensors file's bytes with its metadata's keys sorted: the safetensors package
+    writes them in the order of a hash map seeded anew in each process, so that the same model
+    saved twice would be two files of other bytes (a resumed run's and an uninterrupted one's)."""
+    length = int.from_bytes(serialized[:8], "little")
+    header = json.loads(serialized[8:8 + length])
+    header["__metadata__"] = dict(sorted(header["__metadata__"].items()))
+    text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+    text += b" " * (-len(text) % 8)   # the data 8-byte aligned, as the package pads it
+    return [len(text).to_bytes(8, "little"), text, memoryview(serialized)[8 + length:]]
 
 
 # ----------------------------------------------------------------------------
