@@ -42,12 +42,15 @@ them (micro-batches a step on each: d / (B * processes)), the val loss is shared
 only rank 0 prints, logs and writes checkpoints.  A run resumes on another number of processes
 with the same -d and -b: the same examples a step.
 
-DIR keeps the run as train.py's does: main.log, log.jsonl (llmc/report.py's records, which
-python dev/dashboard.py DIR follows: a "run" head with the trained and frozen parameters and the
-data's masked share, each step's ms and scored tokens/s, a "report" at the end with the mean
-step, the masked share of the batches' targets and memory by kind), finetune.json (its
-settings), checkpoints every -n steps and at the end (step_%08d/: the adapter or the model, and
-state.npz: AdamW's m and v, the data's position; DONE last), resumed bit for bit by -y 1.
+The loop is train.py's (llmc/loop.py): evaluations and checkpoints at the same steps, the
+same step lines (tok/s counting the scored targets), a resumed run taking again nothing its
+checkpoint had taken.  DIR keeps the run as train.py's does: main.log, log.jsonl
+(llmc/report.py's records, which python dev/dashboard.py DIR follows: a "run" head with the
+trained and frozen parameters and the data's masked share, each step's ms and scored tokens/s,
+a "report" at the end with the mean step, the masked share of the batches' targets and memory
+by kind), finetune.json (its settings), checkpoints every -n steps and at the end (step_%08d/:
+the adapter or the model, and state.npz: AdamW's m and v, the data's position; DONE last),
+resumed bit for bit by -y 1.
 AdamW as PyTorch's defaults (betas 0.9, 0.999; eps 1e-8), the gradient clipped to norm 1, the
 learning rate constant after -u warmup steps unless -q sets a cosine decay's final fraction.
 """
@@ -56,7 +59,6 @@ import io
 import json
 import os
 import sys
-import time
 
 import numpy as np
 
@@ -67,12 +69,13 @@ from llmc.families import FamilyError, family_of_file
 from llmc.formats import FormatError
 from llmc.formats.common import atomic_write
 from llmc.logger import Console, Logger, plot_losses
+from llmc.loop import Loop, Step
 from llmc.report import LOG_NAME
 from llmc.schedulers import get_scheduler
 from llmc.sft_data import SFTDataError, SFTDataset
 from llmc.tokenizer import TokenizerError, load_tokenizer
 
-BETAS, EPS, GRAD_CLIP = (0.9, 0.999), 1e-8, 1.0   # PyTorch's AdamW, transformers' Trainer
+BETAS, EPS = (0.9, 0.999), 1e-8   # PyTorch's AdamW, as transformers' Trainer
 SETTINGS = "finetune.json"
 MODEL_FILE = "model.bin"   # full fine-tuning's model, in a checkpoint and in DIR
 TRIM = 32   # a batch's length is cut to a multiple of this (trimmed), so few lengths recur
@@ -396,55 +399,32 @@ def main(argv=None):
                     train_data=args.train_data, masked_share=train_data.summary()["masked_share"],
                     output_dir=args.output_dir)
     scheduler = get_scheduler("cosine", args.lr, args.warmup, args.max_steps, args.final_lr_frac)
-    timed_s, timed_steps, scored_total, unscored, targets_seen = 0.0, 0, 0, 0, 0
-    for step in range(step, args.max_steps + 1):
-        last_step = step == args.max_steps
-        if val_data is not None and (step % args.val_every == 0 or last_step):
-            val_loss = mean_loss(model, val_data, args.B, dist)
-            console.print(f"val loss {val_loss:f}")
-            logger.log_val(step, val_loss)
-        if writes and step > 0 and (last_step or (
-                args.checkpoint_every > 0 and step % args.checkpoint_every == 0)):
+
+    def next_step():   # the step's examples, of every process, and this process's micro-batches
+        batch = next(batches)
+        return Step(micro_batches(batch, args.B, grad_accum, dist),
+                    int(np.count_nonzero(batch[1] >= 0)))
+
+    def save(step):
+        if writes and step > 0:
             save_checkpoint(args.output_dir, step, model, batches, os.path.abspath(args.model))
-        if last_step:
-            break
-        start = time.perf_counter()
-        batch = next(batches)   # (total_batch_size, T): the step's examples, of every process
-        scored_in_step = int(np.count_nonzero(batch[1] >= 0))
-        model.zero_grad()
-        summed_loss = 0.0   # this process's, over its scored targets
-        for inputs, targets in micro_batches(batch, args.B, grad_accum, dist):
-            scored = int(np.count_nonzero(targets >= 0))
-            if not scored:   # rows of padding only (an epoch's last step): no loss, no gradient
-                continue
-            unscored, targets_seen = unscored + targets.size - scored, targets_seen + targets.size
-            summed_loss += model.forward(inputs, targets, training=True) * scored   # dropout on
-            model.backward(scored_in_step)   # adds its part of the step's mean
-        loss = dist.sum(summed_loss) / max(scored_in_step, 1)
-        dist.reduce_gradients(model)   # what trains (LoRA: its updates), summed over processes
-        lr = scheduler.get_learning_rate(step)
-        grad_norm = model.grad_norm()
-        clip = GRAD_CLIP / grad_norm if grad_norm > GRAD_CLIP else 1.0
-        model.update(lr, BETAS[0], BETAS[1], EPS, args.weight_decay, step + 1, grad_scale=clip)
-        elapsed_s = time.perf_counter() - start
-        if step > 0:
-            timed_s, timed_steps = timed_s + elapsed_s, timed_steps + 1
-            scored_total += scored_in_step
-        console.status(f"step {step + 1:4d}/{args.max_steps} | loss {loss:.6f} | norm "
-                       f"{grad_norm:.4f} | lr {lr:.2e} | {elapsed_s * 1000:.2f} ms | "
-                       f"{scored_in_step / elapsed_s:.0f} scored tok/s")
-        logger.log_train(step, loss, lr, grad_norm, ms=elapsed_s * 1000,
-                         tokens_per_s=scored_in_step / elapsed_s, tflops=None)
-    masked_share = unscored / max(targets_seen, 1)
-    if timed_steps:
-        console.print(f"average step {timed_s / timed_steps * 1000:.1f} ms; "
-                      f"{100 * masked_share:.1f}% of the batches' targets masked or padding")
+
+    loop = Loop(model, dist, console, logger, args.max_steps, next_step, scheduler, BETAS, EPS,
+                args.weight_decay, decay_2d_only=False, val_every=args.val_every,
+                val_loss=None if val_data is None else
+                (lambda: mean_loss(model, val_data, args.B, dist)),
+                checkpoint_every=args.checkpoint_every, save=save)
+    step = loop.run(step, resuming=resume_step is not None)
+    for line in loop.summary_lines():
+        console.print(line)
+    masked_share = 1 - loop.scored_positions / max(loop.positions, 1)
+    console.print(f"{100 * masked_share:.1f}% of the batches' targets masked or padding")
     memory = model.memory()
     console.print("memory: " + ", ".join(f"{k} {v / 2 ** 20:.1f} MiB" for k, v in memory.items()
                                          if v))
-    if timed_steps:
-        logger.log_json("report", mean_ms=timed_s / timed_steps * 1000,
-                        tokens_per_s=scored_total / timed_s, masked_share=masked_share,
+    if loop.timed_steps:
+        logger.log_json("report", mean_ms=loop.timed_s / loop.timed_steps * 1000,
+                        tokens_per_s=loop.timed_scored / loop.timed_s, masked_share=masked_share,
                         trained_parameters=trained, frozen_parameters=frozen, memory=memory)
     if writes:
         final = link_final(args.output_dir, step, model)
@@ -453,6 +433,20 @@ def main(argv=None):
                       f"python generate.py {args.model} --adapter {final} --chat talks to it"
                       if model.frozen else
                       f"{final} holds the fine-tuned model: python generate.py {final}")
+
+
+def interrupted_line(argv):
+    """What Ctrl-C leaves: how to go on from the newest checkpoint, if there is one."""
+    try:
+        out = parse_args(argv).output_dir
+    except SystemExit:
+        return ""
+    step = None if out is None or not os.path.isdir(out) else newest_step(out)
+    if step is not None:
+        return f": step {step} is saved in {out}: the same command with -y 1 resumes it"
+    if out is not None:
+        return f": no checkpoint in {out} yet (-n N writes one every N steps)"
+    return ": nothing saved (-o DIR keeps the run, -n N a checkpoint every N steps)"
 
 
 def fail(message):
@@ -466,6 +460,8 @@ def fail(message):
 def run(argv=None):
     try:
         main(argv)
+    except KeyboardInterrupt:
+        distributed.fail(f"\nfinetune.py: interrupted{interrupted_line(argv)}", 130)
     except (FinetuneError, SFTDataError, FormatError, FamilyError, TokenizerError,
             BackendError, distributed.DistributedError) as e:
         fail(f"finetune.py: error: {e}")

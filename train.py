@@ -53,8 +53,9 @@ it live. --compact-vocab gives a new model only the token ids of the training da
 (llmc/vocab.py; it changes the objective).
 
 The pieces live in llmc/, as llm.c's: dataloader, tokenizer, sampler, schedulers, logger,
-checkpoint, default_data, report, vocab; the file formats in llmc/formats/; the models in
-train_gpt2.pyx and train_llama2.pyx, each found by its name (llmc/families.py).
+checkpoint, default_data, report, vocab, and the training loop (loop.py, finetune.py's too);
+the file formats in llmc/formats/; the models in train_gpt2.pyx and train_llama2.pyx, each found
+by its name (llmc/families.py).
 """
 import argparse
 import dataclasses
@@ -65,7 +66,6 @@ import math
 import os
 import re
 import sys
-import time
 
 from accel.hooks import backend_hooks, every_backend_hooks, with_wrapper
 from accel.spec import GRAD_PRECISIONS, PRECISIONS
@@ -83,6 +83,7 @@ from llmc.formats.hf_tokenizer import is_hf_tokenizer
 from llmc.formats.llama2c import read_llama2c_tokenizer
 from llmc.formats.llmc import GPT2_EOT_TOKEN, read_evalfile
 from llmc.logger import Console, Logger, note, plot_losses
+from llmc.loop import Loop, Step
 from llmc.outlier_detector import WINDOW, OutlierDetector
 from llmc.recompute import RecomputePlan, parse_policy
 from llmc.report import LOG_NAME, Efficiency, profile_lines
@@ -92,7 +93,6 @@ from llmc.tokenizer import (DEFAULT_TOKENIZER, GPT2_VOCAB_SIZE, Tokenizer, Token
                             data_tokenizer, load_sample_tokenizer, load_tokenizer)
 from llmc.vocab import MAP_NAME, VocabMap
 
-GRAD_CLIP = 1.0
 BETA1, BETA2, EPS = 0.9, 0.95, 1e-8  # llm.c's train_gpt2.cu
 
 
@@ -878,16 +878,6 @@ def resumed_outliers(args, step):
     return detectors
 
 
-def outlier_skip(zloss, zgrad, args):
-    """(reason, z, threshold) when -sl or -sg skips the update, the loss checked first as
-    llm.c does; None otherwise (and while the windows fill, their z-scores NaN)."""
-    for reason, z, threshold in (("loss", zloss, args.skip_lossz),
-                                 ("grad", zgrad, args.skip_gradz)):
-        if threshold and math.isfinite(z) and z > threshold:
-            return reason, z, threshold
-    return None
-
-
 # ----------------------------------------------------------------------------
 # main training loop
 
@@ -1063,8 +1053,6 @@ def train(args, dist):
                if args.lr_schedule == "cosine-restarts" else {})
     lr_scheduler = get_scheduler(args.lr_schedule, args.lr, args.warmup, num_steps,
                                  args.final_lr_frac, **options)
-    tokenizer, tokenizer_loaded = None, False  # loaded at the first sample
-
     step = 0
     outliers = new_outliers(args)
     if resume_step is not None:
@@ -1077,138 +1065,52 @@ def train(args, dist):
             console.print(f"the run is at step {step} already, -x {args.max_steps} asks for "
                           f"{num_steps}: nothing to train (raise -x to go on)")
             return
-    resuming = resume_step is not None
 
-    total_time_s, total_collective_s, timed_steps = 0.0, 0.0, 0
-    hellaswag_s, hellaswag_evals = 0.0, 0   # what -h 1 costs, said at the end
-    ema_tokens_per_second = 0.0
-    first_step = True  # warms up caches and threads: left out of the averages
-    for step in range(step, num_steps + 1):
-        last_step = step == num_steps
+    def next_step():   # grad_accum_steps micro-batches of B x T tokens, every one scored
+        return Step((train_loader.next_batch() for _ in range(grad_accum_steps)),
+                    total_batch_size)
 
-        # a resumed run has already done the val loss and sample of its first step
-        if val_batches > 0 and (step % args.val_every == 0 or last_step) and not resuming:
-            val_loss = evaluate(model, val_loader, val_batches, dist)
-            console.print(f"val loss {val_loss:f}")
-            logger.log_val(step, val_loss)
+    @functools.cache   # loaded at the first sample
+    def sample_tokenizer():
+        console.write("")  # its notes go below the last step line
+        return load_sample_tokenizer(args.train_data, vocab_map)
 
-        # HellaSwag at the val steps but the first, and at the end (all processes share it)
-        if (hellaswag and (step > 0 and step % args.val_every == 0 or last_step)
-                and not resuming):
-            start = time.perf_counter()
-            correct = evalloader.evaluate(model, hellaswag, B, dist)
-            eval_s = time.perf_counter() - start
-            hellaswag_s, hellaswag_evals = hellaswag_s + eval_s, hellaswag_evals + 1
-            accuracy = correct / len(hellaswag)
-            console.print(f"HellaSwag: {correct}/{len(hellaswag)} = {accuracy:f}")
-            logger.log_eval(step, accuracy, correct, len(hellaswag), eval_s)
+    def sample():
+        generate(model, sample_tokenizer(), args.gen_tokens, console)
 
-        if (args.sample_every > 0 and (step > 0 and step % args.sample_every == 0 or last_step)
-                and not resuming and rank == 0):
-            if not tokenizer_loaded:
-                console.write("")  # its notes go below the last step line
-                tokenizer, tokenizer_loaded = load_sample_tokenizer(args.train_data, vocab_map), True
-            generate(model, tokenizer, args.gen_tokens, console)
+    def save(step):
+        write_checkpoint(args.output_dir, step, model, train_loader, args.checkpoints_keep,
+                         dist, outliers=None if outliers is None else
+                         {name: detector.state() for name, detector in outliers.items()})
 
-        def save(step=step):
-            write_checkpoint(args.output_dir, step, model, train_loader, args.checkpoints_keep,
-                             dist, outliers=None if outliers is None else
-                             {name: detector.state() for name, detector in outliers.items()})
+    def checkpoint(step):
+        save(step)
+        console.print(f"checkpoint at step {step} written to {args.output_dir}")
 
-        # -o keeps the final model, as llm.c's last checkpoint; -n N every N steps besides
-        if (args.output_dir is not None and not resuming and (last_step or (
-                args.checkpoint_every > 0 and step > 0 and step % args.checkpoint_every == 0))):
-            save()
-            console.print(f"checkpoint at step {step} written to {args.output_dir}")
-        resuming = False
+    def restart_at(step, why):
+        if args.output_dir is None:
+            raise TrainError(f"{why}: the run would go on in a fresh process from its "
+                             f"checkpoint, give it -o DIR")
+        restart(args.output_dir, step, functools.partial(save, step), args.checkpoint_every,
+                args.resume, why)
 
-        if last_step:
-            break
-        # a backend that cannot run this step in this process (the ANE's static pipeline past
-        # its compile budget, accel/ane/hooks.py): the run goes on from here in a fresh one
-        cannot = hooks.before_step(model, step)
-        if cannot is not None:
-            if args.output_dir is None:
-                raise TrainError(f"{cannot}: the run would go on in a fresh process from its "
-                                 f"checkpoint, give it -o DIR")
-            restart(args.output_dir, step, save, args.checkpoint_every, args.resume, cannot)
-
-        # --------------- one step of training -----------------
-        if efficiency is not None:
-            efficiency.begin()
-        start = time.perf_counter()
-        collective_s = dist.collective_time_s
-        model.zero_grad()
-        loss = 0.0
-        for _ in range(grad_accum_steps):
-            inputs, targets = train_loader.next_batch()
-            loss += model.forward(inputs, targets)
-            model.backward()  # adds this micro-batch's gradient
-        loss = dist.mean(loss / grad_accum_steps)
-        dist.reduce_gradients(model)  # summed over the processes (ZeRO-1: this rank's shard)
-        lr = lr_scheduler.get_learning_rate(step)
-        # the gradient is the sum over the micro-batches of every process: its mean is
-        # 1/micro_batches of it
-        micro_batches = grad_accum_steps * num_processes
-        grad_norm = dist.grad_norm(model) / micro_batches
-        # fp16: gradients that overflowed skip the update and halve the loss scale (llmc/model.pyx)
-        overflow = model.gradients_overflowed(grad_norm)
-        model.adjust_loss_scale(not overflow)
-        skip = None
-        if outliers is not None and not overflow:   # -sl, -sg: an outlier's update is skipped whole, as llm.c's
-            zloss = outliers["loss"].update(loss)
-            zgrad = outliers["grad_norm"].update(grad_norm)
-            skip = outlier_skip(zloss, zgrad, args)
-        if skip is None and not overflow:   # t is the step's, skipped or not (llm.c's), as is the schedule's
-            clip = GRAD_CLIP / grad_norm if grad_norm > GRAD_CLIP else 1.0
-            model.update(lr, BETA1, BETA2, EPS, args.weight_decay, step + 1,
-                         grad_scale=clip / micro_batches, decay_2d_only=True)
-            dist.gather_parameters(model)  # ZeRO-1: every rank's updated shard to all
-        elapsed_s = time.perf_counter() - start
-        collective_s = dist.collective_time_s - collective_s
-        # ------------------------------------------------------
-
-        tokens_per_second = total_batch_size / elapsed_s
-        shown_tokens_per_second = tokens_per_second
-        if not first_step:  # a bias-corrected moving average, as llm.c
-            timed_steps += 1
-            total_time_s += elapsed_s
-            total_collective_s += collective_s
-            ema_tokens_per_second = 0.95 * ema_tokens_per_second + 0.05 * tokens_per_second
-            shown_tokens_per_second = ema_tokens_per_second / (1 - 0.95 ** timed_steps)
-        if overflow:
-            console.print(f"skipping update: the fp16 gradients overflowed; loss scale now "
-                          f"2^{math.log2(model.loss_scale):.0f}")
-        elif skip is not None:
-            console.print(f"skipping update due to {skip[0]} z-score of {skip[1]:f}")
-        zscores = (("", "") if outliers is None or overflow else
-                   (f" ({zloss:+.2f}z)", f" ({zgrad:+.2f}z)"))
-        console.status(f"step {step + 1:4d}/{num_steps} | loss {loss:.6f}{zscores[0]} | norm "
-                       f"{grad_norm:.4f}{zscores[1]} | lr {lr:.2e} | {elapsed_s * 1000:.2f} ms | "
-                       f"{shown_tokens_per_second:.0f} tok/s")
-        backend_metrics = hooks.after_step(model)   # the ANE's engine, dW, compiles
-        if process_steps is not None:
-            backend_metrics["restarts"] = restarts()
-        logger.log_train(step, loss, lr, grad_norm,
-                         **(efficiency.end(elapsed_s) if efficiency is not None else {}),
-                         **(backend_metrics if efficiency is not None else {}))
-        if skip is not None:
-            logger.log_skip(step, *skip)
-        if overflow:
-            logger.log_overflow(step, model.loss_scale)
-        if first_step and not restarted:  # everything is allocated now: how much, as llm.c
-            console.print(memory_line(model))
-        first_step = False
-
-    if hellaswag_evals > 0:
-        console.print(f"time in HellaSwag (-h 1): {hellaswag_s:.1f} s, {hellaswag_evals} evals of "
-                      f"{len(hellaswag)} examples ({hellaswag_s / hellaswag_evals / len(hellaswag):.2f} "
-                      f"s an example)")
-    if timed_steps > 0:
-        console.print(f"total average iteration time: {total_time_s / timed_steps * 1000:f} ms")
-        if num_processes > 1:  # the collectives' part, waiting for the slowest rank included
-            console.print(f"of it in collectives: {total_collective_s / timed_steps * 1000:f} "
-                          f"ms ({100 * total_collective_s / total_time_s:.1f}%)")
+    loop = Loop(model, dist, console, logger, num_steps, next_step, lr_scheduler,
+                (BETA1, BETA2), EPS, args.weight_decay,
+                val_every=args.val_every,
+                val_loss=(lambda: evaluate(model, val_loader, val_batches, dist))
+                if val_batches > 0 else None,
+                hellaswag=hellaswag, hellaswag_B=B,
+                sample_every=args.sample_every, sample=sample if args.sample_every > 0 else None,
+                checkpoint_every=args.checkpoint_every,
+                save=checkpoint if args.output_dir is not None else None,
+                outliers=outliers, skip_lossz=args.skip_lossz, skip_gradz=args.skip_gradz,
+                hooks=hooks, restart=restart_at,
+                restarts=restarts if process_steps is not None else None,
+                efficiency=efficiency,
+                memory_line=None if restarted else functools.partial(memory_line, model))
+    step = loop.run(step, resuming=resume_step is not None)
+    for line in loop.summary_lines():
+        console.print(line)
     if efficiency is not None:
         summary = efficiency.summary()
         logger.log_json("report", **summary)
