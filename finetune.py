@@ -336,6 +336,24 @@ def mean_loss(model, data, B, dist):
 
 def main(argv=None):
     args = parse_args(argv)
+    try:
+        fine_tune(args)
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt(interrupted_line(args)) from None
+
+
+def interrupted_line(args):
+    """What Ctrl-C leaves: how to go on from the newest checkpoint, if there is one."""
+    out = args.output_dir
+    step = None if out is None or not os.path.isdir(out) else newest_step(out)
+    if step is not None:
+        return f"step {step} is saved in {out}: the same command with -y 1 resumes it"
+    if out is not None:
+        return f"no checkpoint in {out} yet (-n N writes one every N steps)"
+    return "nothing saved (-o DIR keeps the run, -n N a checkpoint every N steps)"
+
+
+def fine_tune(args):
     dist = distributed.init()   # one process: SINGLE, its collectives no-ops
     grad_accum = micro_batches_per_step(args, dist.num_processes)
     console = Console(sys.stdout)   # the stdout of now (a test redirects it)
@@ -435,20 +453,6 @@ def main(argv=None):
                       f"{final} holds the fine-tuned model: python generate.py {final}")
 
 
-def interrupted_line(argv):
-    """What Ctrl-C leaves: how to go on from the newest checkpoint, if there is one."""
-    try:
-        out = parse_args(argv).output_dir
-    except SystemExit:
-        return ""
-    step = None if out is None or not os.path.isdir(out) else newest_step(out)
-    if step is not None:
-        return f": step {step} is saved in {out}: the same command with -y 1 resumes it"
-    if out is not None:
-        return f": no checkpoint in {out} yet (-n N writes one every N steps)"
-    return ": nothing saved (-o DIR keeps the run, -n N a checkpoint every N steps)"
-
-
 def fail(message):
     """The one-line error, exit status 1: sys.exit's for one process; with many, every process
     ended (llmc/distributed.py's fail: none left waiting in a collective)."""
@@ -460,8 +464,8 @@ def fail(message):
 def run(argv=None):
     try:
         main(argv)
-    except KeyboardInterrupt:
-        distributed.fail(f"\nfinetune.py: interrupted{interrupted_line(argv)}", 130)
+    except KeyboardInterrupt as e:
+        distributed.fail(f"\nfinetune.py: interrupted{': ' if str(e) else ''}{e}", 130)
     except (FinetuneError, SFTDataError, FormatError, FamilyError, TokenizerError,
             BackendError, distributed.DistributedError) as e:
         fail(f"finetune.py: error: {e}")
