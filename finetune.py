@@ -49,8 +49,8 @@ checkpoint had taken.  DIR keeps the run as train.py's does: main.log, log.jsonl
 trained and frozen parameters and the data's masked share, each step's ms and scored tokens/s,
 a "report" at the end with the mean step, the masked share of the batches' targets and memory
 by kind), finetune.json (its settings), checkpoints every -n steps and at the end (step_%08d/:
-the adapter or the model, and state.npz: AdamW's m and v, the data's position; DONE last),
-resumed bit for bit by -y 1.
+the adapter or the model, and state.npz: AdamW's m and v, the data's position; DONE last; -nk
+N keeps the newest N), resumed bit for bit by -y 1.
 AdamW as PyTorch's defaults (betas 0.9, 0.999; eps 1e-8), the gradient clipped to norm 1, the
 learning rate constant after -u warmup steps unless -q sets a cosine decay's final fraction.
 """
@@ -58,6 +58,7 @@ import argparse
 import io
 import json
 import os
+import shutil
 import sys
 
 import numpy as np
@@ -139,6 +140,8 @@ def parse_args(argv):
     p.add_argument("-v", dest="val_every", type=int, default=20, help="val loss every N steps")
     p.add_argument("-n", dest="checkpoint_every", type=int, default=0,
                    help="a checkpoint every N steps (0: at the end only)")
+    p.add_argument("-nk", dest="checkpoints_keep", type=int, default=0,
+                   help="keep only the newest this many checkpoints (0: all; train.py's)")
     p.add_argument("-y", dest="resume", type=int, default=0, choices=(0, 1),
                    help="resume the run in -o DIR from its newest checkpoint")
     p.add_argument("-r", dest="seed", type=int, default=0,
@@ -155,7 +158,7 @@ def parse_args(argv):
     args = p.parse_args(argv)
     for flag, value, low in (("-b", args.B, 1), ("-t", args.T, 1), ("-x", args.max_steps, 1),
                              ("--rank", args.rank, 1), ("-v", args.val_every, 1),
-                             ("-d", args.total_batch_size, 1),
+                             ("-d", args.total_batch_size, 1), ("-nk", args.checkpoints_keep, 0),
                              ("--grad-accumulation-steps", args.grad_accumulation_steps, 1)):
         if value is not None and value < low:
             p.error(f"{flag} {value}: must be at least {low}")
@@ -224,14 +227,19 @@ def step_dir(out, step):
     return os.path.join(out, f"step_{step:08d}")
 
 
+def complete_steps(out):
+    """The steps of DIR's complete checkpoints (a DONE written last), sorted."""
+    return sorted(int(name[5:]) for name in os.listdir(out) if name.startswith("step_")
+                  and os.path.exists(os.path.join(out, name, "DONE")))
+
+
 def newest_step(out):
-    steps = [int(name[5:]) for name in os.listdir(out) if name.startswith("step_")
-             and os.path.exists(os.path.join(out, name, "DONE"))]
-    return max(steps, default=None)
+    return max(complete_steps(out), default=None)
 
 
-def save_checkpoint(out, step, model, batches, base_model):
-    """step_%08d/: the adapter (LoRA) or the model (full), state.npz, then DONE."""
+def save_checkpoint(out, step, model, batches, base_model, keep=0):
+    """step_%08d/: the adapter (LoRA) or the model (full), state.npz, then DONE; keep > 0 then
+    deletes the older checkpoints but the newest keep - 1."""
     folder = step_dir(out, step)
     os.makedirs(folder, exist_ok=True)
     if model.frozen:
@@ -246,6 +254,11 @@ def save_checkpoint(out, step, model, batches, base_model):
     np.savez(npz, **state)
     atomic_write(os.path.join(folder, "state.npz"), [npz.getbuffer()])
     atomic_write(os.path.join(folder, "DONE"), [b""])
+    if keep > 0:   # the newest keep - 1 older ones stay beside this one (train.py's -nk)
+        older = [s for s in complete_steps(out) if s < step]
+        for old in older[:max(len(older) - (keep - 1), 0)]:
+            os.remove(os.path.join(step_dir(out, old), "DONE"))   # incomplete first
+            shutil.rmtree(step_dir(out, old))
 
 
 def link_final(out, step, model):
@@ -425,7 +438,8 @@ def fine_tune(args):
 
     def save(step):
         if writes and step > 0:
-            save_checkpoint(args.output_dir, step, model, batches, os.path.abspath(args.model))
+            save_checkpoint(args.output_dir, step, model, batches, os.path.abspath(args.model),
+                            args.checkpoints_keep)
 
     loop = Loop(model, dist, console, logger, args.max_steps, next_step, scheduler, BETAS, EPS,
                 args.weight_decay, decay_2d_only=False, val_every=args.val_every,

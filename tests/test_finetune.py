@@ -325,18 +325,22 @@ def test_full_fine_tuning_with_bf16_gradients_and_no_master_weights(base, tmp_pa
               "-l", 1e-3, "-v", 2, "--precision", "bf16"]
     lean = ["--grad-precision", "bf16", "-w", 0]
     full = val_losses(run(capfd, *common, "-x", 6, "-o", tmp_path / "full").out)
-    straight = val_losses(run(capfd, *common, *lean, "-x", 6, "-n", 2,
+    straight = val_losses(run(capfd, *common, *lean, "-x", 6, "-n", 2, "-nk", 2,
                               "-o", tmp_path / "lean").out)
     assert straight[-1] < straight[0] and abs(straight[-1] - full[-1]) < 0.05 * full[-1]
     # stopped after the checkpoint at step 4 and resumed: the same model file, byte for byte,
-    # and main.log (step 4's val loss, taken before its checkpoint, not taken again)
+    # and main.log (step 4's val loss, taken before its checkpoint, not taken again); -nk 2
+    # kept the newest two checkpoints
     shutil.copytree(tmp_path / "lean", tmp_path / "resumed")
     os.remove(os.path.join(finetune.step_dir(tmp_path / "resumed", 6), "DONE"))
-    resumed = val_losses(run(capfd, *common, *lean, "-x", 6, "-n", 2, "-o", tmp_path / "resumed",
-                             "-y", 1).out)
+    resumed = val_losses(run(capfd, *common, *lean, "-x", 6, "-n", 2, "-nk", 2,
+                             "-o", tmp_path / "resumed", "-y", 1).out)
     assert resumed == straight[-1:]
     for name in ("model.bin", "main.log"):
         assert (tmp_path / "resumed" / name).read_bytes() == (tmp_path / "lean" / name).read_bytes()
+    for run_dir in ("lean", "resumed"):   # -nk 2: the newest two checkpoints
+        assert sorted(p.name for p in (tmp_path / run_dir).glob("step_*")) == [
+            "step_00000004", "step_00000006"]
     for flag in (["--grad-precision", "bf16"], ["-w", 0]):
         with pytest.raises(SystemExit) as e:
             finetune.run(["-e", str(model), "-i", str(data), "--precision", "bf16",
