@@ -450,7 +450,8 @@ def fine_tune(args):
     for line in loop.summary_lines():
         console.print(line)
     masked_share = 1 - loop.scored_positions / max(loop.positions, 1)
-    console.print(f"{100 * masked_share:.1f}% of the batches' targets masked or padding")
+    if loop.positions:
+        console.print(f"{100 * masked_share:.1f}% of the batches' targets masked or padding")
     memory = model.memory()
     console.print("memory: " + ", ".join(f"{k} {v / 2 ** 20:.1f} MiB" for k, v in memory.items()
                                          if v))
