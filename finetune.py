@@ -65,7 +65,7 @@ import numpy as np
 
 from accel.backend import BackendError
 from llmc import adapter, distributed
-from llmc.checkpoint import model_tokenizer
+from llmc.checkpoint import model_tokenizer, rotated_out
 from llmc.families import FamilyError, family_of_file
 from llmc.formats import FormatError
 from llmc.formats.common import atomic_write
@@ -254,9 +254,8 @@ def save_checkpoint(out, step, model, batches, base_model, keep=0):
     np.savez(npz, **state)
     atomic_write(os.path.join(folder, "state.npz"), [npz.getbuffer()])
     atomic_write(os.path.join(folder, "DONE"), [b""])
-    if keep > 0:   # the newest keep - 1 older ones stay beside this one (train.py's -nk)
-        older = [s for s in complete_steps(out) if s < step]
-        for old in older[:max(len(older) - (keep - 1), 0)]:
+    if keep > 0:   # train.py's -nk
+        for old in rotated_out(complete_steps(out), step, keep):
             os.remove(os.path.join(step_dir(out, old), "DONE"))   # incomplete first
             shutil.rmtree(step_dir(out, old))
 
@@ -446,7 +445,7 @@ def fine_tune(args):
                 val_loss=None if val_data is None else
                 (lambda: mean_loss(model, val_data, args.B, dist)),
                 checkpoint_every=args.checkpoint_every, save=save)
-    step = loop.run(step, resuming=resume_step is not None)
+    loop.run(step, resuming=resume_step is not None)
     for line in loop.summary_lines():
         console.print(line)
     masked_share = 1 - loop.scored_positions / max(loop.positions, 1)
@@ -460,7 +459,7 @@ def fine_tune(args):
                         tokens_per_s=loop.timed_scored / loop.timed_s, masked_share=masked_share,
                         trained_parameters=trained, frozen_parameters=frozen, memory=memory)
     if writes:
-        final = link_final(args.output_dir, step, model)
+        final = link_final(args.output_dir, args.max_steps, model)
         plot_losses(args.output_dir, f"{args.method} fine-tuning of {args.model}")
         console.print(f"{final} holds the fine-tuned {'adapter' if model.frozen else 'model'}: "
                       f"python generate.py {args.model} --adapter {final} --chat talks to it"

@@ -1108,7 +1108,7 @@ def train(args, dist):
                 restarts=restarts if process_steps is not None else None,
                 efficiency=efficiency,
                 memory_line=None if restarted else functools.partial(memory_line, model))
-    step = loop.run(step, resuming=resume_step is not None)
+    loop.run(step, resuming=resume_step is not None)
     for line in loop.summary_lines():
         console.print(line)
     if efficiency is not None:
@@ -1127,7 +1127,7 @@ def train(args, dist):
         path = plot_losses(args.output_dir, title)
         if path:
             console.print(f"loss curve written to {path}")
-        console.print(f"{args.output_dir} holds the run: its checkpoint at step {step} (model "
+        console.print(f"{args.output_dir} holds the run: its checkpoint at step {num_steps} (model "
                       f"and training state), main.log{', loss.png' if path else ''}, run.json: "
                       f"python generate.py {args.output_dir} samples it, train.py -o "
                       f"{args.output_dir} -y 1 -x MORE trains it on")

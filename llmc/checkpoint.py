@@ -110,12 +110,17 @@ def write_checkpoint(output_dir, step, model, loader, keep=0, dist=SINGLE, outli
         atomic_write(done_path, b"")
     if keep > 0:
         dist.barrier()  # every rank sees the new DONE ...
-        # the newest keep - 1 older ones stay beside this one, which always stays
-        older = [s for s in complete_steps(output_dir) if s < step]
-        old_steps = older[:max(len(older) - (keep - 1), 0)]
+        old_steps = rotated_out(complete_steps(output_dir), step, keep)
         dist.barrier()  # ... before rank 0 deletes any
         for old_step in old_steps:
             delete_checkpoint(output_dir, old_step, rank)
+
+
+def rotated_out(steps, step, keep):
+    """Of a run's complete checkpoints' steps (sorted), those -nk keep deletes once the one at
+    step is written: every older one but the newest keep - 1 (step itself always stays)."""
+    older = [s for s in steps if s < step]
+    return older[:max(len(older) - (keep - 1), 0)]
 
 
 def newest_model_file(path):

@@ -99,8 +99,8 @@ class Loop:
 
     def run(self, step=0, resuming=False):
         """Steps step .. num_steps - 1 trained, the evaluations and checkpoints due from step to
-        num_steps taken; returns num_steps."""
-        model, console, logger = self.model, self.console, self.logger
+        num_steps taken."""
+        model, dist, console, logger = self.model, self.dist, self.console, self.logger
         ema_tokens_per_second, first_step = 0.0, True
         for step in range(step, self.num_steps + 1):
             last_step = step == self.num_steps
@@ -114,7 +114,7 @@ class Loop:
             if (self.hellaswag and (step > 0 and step % self.val_every == 0 or last_step)
                     and not resuming):   # every process scores its share
                 start = time.perf_counter()
-                correct = evalloader.evaluate(model, self.hellaswag, self.hellaswag_B, self.dist)
+                correct = evalloader.evaluate(model, self.hellaswag, self.hellaswag_B, dist)
                 eval_s = time.perf_counter() - start
                 self.hellaswag_s, self.hellaswag_evals = self.hellaswag_s + eval_s, \
                     self.hellaswag_evals + 1
@@ -124,7 +124,7 @@ class Loop:
 
             if (self.sample is not None and (step > 0 and step % self.sample_every == 0
                                              or last_step)
-                    and not resuming and self.dist.process_rank == 0):
+                    and not resuming and dist.process_rank == 0):
                 self.sample()
 
             # -o keeps the final model, as llm.c's last checkpoint; -n N every N steps besides
@@ -142,16 +142,51 @@ class Loop:
             if cannot is not None:
                 self.restart(step, cannot)
 
-            elapsed_s, collective_s, scored, loss, lr, grad_norm, skip, overflow, zscores = \
-                self._train_step(step)
+            # --------------- one step of training -----------------
+            if self.efficiency is not None:
+                self.efficiency.begin()
+            start = time.perf_counter()
+            collective_s = dist.collective_time_s
+            batches = self.next_step()
+            model.zero_grad()
+            summed_loss = 0.0   # this process's, over its scored targets
+            for inputs, targets in batches.micro_batches:
+                scored = int((targets >= 0).sum())
+                if not scored:   # rows of padding only (an epoch's last step): nothing to add
+                    continue
+                self.positions += targets.size
+                self.scored_positions += scored
+                summed_loss += model.forward(inputs, targets, training=True) * scored
+                model.backward(batches.scored)   # adds its part of the step's mean
+            loss = dist.sum(summed_loss) / max(batches.scored, 1)
+            dist.reduce_gradients(model)   # summed over the processes (ZeRO-1: this rank's shard)
+            lr = self.schedule.get_learning_rate(step)
+            grad_norm = dist.grad_norm(model)
+            # fp16: gradients that overflowed skip the update, halve the loss scale (model.pyx)
+            overflow = model.gradients_overflowed(grad_norm)
+            model.adjust_loss_scale(not overflow)
+            skip, zscores = None, ("", "")
+            if self.outliers is not None and not overflow:   # an outlier's update: skipped whole
+                zloss = self.outliers["loss"].update(loss)
+                zgrad = self.outliers["grad_norm"].update(grad_norm)
+                skip = outlier_skip(zloss, zgrad, self.skip_lossz, self.skip_gradz)
+                zscores = (f" ({zloss:+.2f}z)", f" ({zgrad:+.2f}z)")
+            if skip is None and not overflow:   # t is the step's, skipped or not (llm.c's)
+                clip = GRAD_CLIP / grad_norm if grad_norm > GRAD_CLIP else 1.0
+                model.update(lr, self.betas[0], self.betas[1], self.eps, self.weight_decay,
+                             step + 1, grad_scale=clip, decay_2d_only=self.decay_2d_only)
+                dist.gather_parameters(model)   # ZeRO-1: every rank's updated shard to all
+            elapsed_s = time.perf_counter() - start
+            collective_s = dist.collective_time_s - collective_s
+            # ------------------------------------------------------
 
-            tokens_per_second = scored / elapsed_s
+            tokens_per_second = batches.scored / elapsed_s
             shown_tokens_per_second = tokens_per_second
             if not first_step:   # a bias-corrected moving average, as llm.c
                 self.timed_steps += 1
                 self.timed_s += elapsed_s
                 self.collective_s += collective_s
-                self.timed_scored += scored
+                self.timed_scored += batches.scored
                 ema_tokens_per_second = 0.95 * ema_tokens_per_second + 0.05 * tokens_per_second
                 shown_tokens_per_second = ema_tokens_per_second / (1 - 0.95 ** self.timed_steps)
             if overflow:
@@ -176,49 +211,6 @@ class Loop:
             if first_step and self.memory_line is not None:   # everything is allocated now
                 console.print(self.memory_line())
             first_step = False
-        return self.num_steps
-
-    def _train_step(self, step):
-        """One step of training: its time, collectives' time, scored targets, loss, learning
-        rate, gradient norm, the outlier skip (or None), whether fp16 overflowed, and the
-        z-scores' text."""
-        model, dist = self.model, self.dist
-        if self.efficiency is not None:
-            self.efficiency.begin()
-        start = time.perf_counter()
-        collective_s = dist.collective_time_s
-        batches = self.next_step()
-        model.zero_grad()
-        summed_loss = 0.0   # this process's, over its scored targets
-        for inputs, targets in batches.micro_batches:
-            scored = int((targets >= 0).sum())
-            if not scored:   # rows of padding only (an epoch's last step): no loss, no gradient
-                continue
-            self.positions += targets.size
-            self.scored_positions += scored
-            summed_loss += model.forward(inputs, targets, training=True) * scored
-            model.backward(batches.scored)   # adds its part of the step's mean
-        loss = dist.sum(summed_loss) / max(batches.scored, 1)
-        dist.reduce_gradients(model)   # summed over the processes (ZeRO-1: this rank's shard)
-        lr = self.schedule.get_learning_rate(step)
-        grad_norm = dist.grad_norm(model)
-        # fp16: gradients that overflowed skip the update and halve the loss scale (llmc/model.pyx)
-        overflow = model.gradients_overflowed(grad_norm)
-        model.adjust_loss_scale(not overflow)
-        skip, zscores = None, ("", "")
-        if self.outliers is not None and not overflow:   # an outlier's update is skipped whole
-            zloss = self.outliers["loss"].update(loss)
-            zgrad = self.outliers["grad_norm"].update(grad_norm)
-            skip = outlier_skip(zloss, zgrad, self.skip_lossz, self.skip_gradz)
-            zscores = (f" ({zloss:+.2f}z)", f" ({zgrad:+.2f}z)")
-        if skip is None and not overflow:   # t is the step's, skipped or not (llm.c's)
-            clip = GRAD_CLIP / grad_norm if grad_norm > GRAD_CLIP else 1.0
-            model.update(lr, self.betas[0], self.betas[1], self.eps, self.weight_decay,
-                         step + 1, grad_scale=clip, decay_2d_only=self.decay_2d_only)
-            dist.gather_parameters(model)   # ZeRO-1: every rank's updated shard to all
-        elapsed_s = time.perf_counter() - start
-        return (elapsed_s, dist.collective_time_s - collective_s, batches.scored, loss, lr,
-                grad_norm, skip, overflow, zscores)
 
     def summary_lines(self):
         """What the run's steps and evaluations took, for the console at the end."""
