@@ -15,3 +15,13 @@ cdef void sgemm(CBLAS_ORDER order, CBLAS_TRANSPOSE transa, CBLAS_TRANSPOSE trans
 cdef int gemm_bf16(CBLAS_ORDER order, CBLAS_TRANSPOSE transa, CBLAS_TRANSPOSE transb,
                    int M, int N, int K, float alpha, const bf16* A, int lda,
                    const bf16* B, int ldb, float beta, float* C, int ldc) noexcept nogil
+# Where gemm_bf16 widens (no bf16 hardware), a caller that multiplies many A by one B widens B
+# once (widened: op(X) (rows, cols) as a new float32 matrix, ld its row length; NULL without
+# memory; free it) and calls gemm_bf16_widened_b with it, which widens A alone.
+cdef bint bf16_gemm_widens() noexcept nogil
+cdef float* widened(CBLAS_TRANSPOSE trans, int rows, int cols, const bf16* X, int ldx,
+                    int* ld) noexcept nogil
+cdef int gemm_bf16_widened_b(CBLAS_ORDER order, CBLAS_TRANSPOSE transa, CBLAS_TRANSPOSE transb,
+                             int M, int N, int K, float alpha, const bf16* A, int lda,
+                             const float* B32, int ldb32, float beta, float* C,
+                             int ldc) noexcept nogil

@@ -67,6 +67,23 @@ cdef float* widened(CBLAS_TRANSPOSE trans, int rows, int cols, const bf16* X, in
     return out
 
 
+cdef bint bf16_gemm_widens() noexcept nogil:
+    return selected_gemm_bf16 == NULL
+
+
+cdef int gemm_bf16_widened_b(CBLAS_ORDER order, CBLAS_TRANSPOSE transa, CBLAS_TRANSPOSE transb,
+                             int M, int N, int K, float alpha, const bf16* A, int lda,
+                             const float* B32, int ldb32, float beta, float* C,
+                             int ldc) noexcept nogil:
+    cdef int lda32
+    cdef float* A32 = widened(transa, M, K, A, lda, &lda32)
+    if A32 == NULL:
+        return -1
+    selected_sgemm(order, transa, transb, M, N, K, alpha, A32, lda32, B32, ldb32, beta, C, ldc)
+    free(A32)
+    return 0
+
+
 cdef int gemm_bf16(CBLAS_ORDER order, CBLAS_TRANSPOSE transa, CBLAS_TRANSPOSE transb,
                    int M, int N, int K, float alpha, const bf16* A, int lda,
                    const bf16* B, int ldb, float beta, float* C, int ldc) noexcept nogil:
@@ -75,15 +92,14 @@ cdef int gemm_bf16(CBLAS_ORDER order, CBLAS_TRANSPOSE transa, CBLAS_TRANSPOSE tr
         return 0
     # without bf16 hardware: the exact float32 values of the operands through sgemm (a bf16
     # product is exact in float32, so only the order of the sums differs)
-    cdef int lda32, ldb32
-    cdef float* A32 = widened(transa, M, K, A, lda, &lda32)
+    cdef int ldb32
     cdef float* B32 = widened(transb, K, N, B, ldb, &ldb32)
-    cdef int failed = A32 == NULL or B32 == NULL
-    if not failed:
-        selected_sgemm(order, transa, transb, M, N, K, alpha, A32, lda32, B32, ldb32, beta, C, ldc)
-    free(A32)
+    if B32 == NULL:
+        return -1
+    cdef int failed = gemm_bf16_widened_b(order, transa, transb, M, N, K, alpha, A, lda, B32,
+                                          ldb32, beta, C, ldc)
     free(B32)
-    return -1 if failed else 0
+    return failed
 
 
 def _intel_cpu():

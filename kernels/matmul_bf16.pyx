@@ -16,7 +16,7 @@ from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memset
 
 from kernels.bf16 cimport add_grad, bf16_to_float, float_to_bf16
-from kernels.blas cimport gemm_bf16
+from kernels.blas cimport bf16_gemm_widens, gemm_bf16, gemm_bf16_widened_b, widened
 from kernels.cblas cimport CBLAS_TRANSPOSE, CblasNoTrans, CblasRowMajor, CblasTrans
 from kernels.matmul cimport block_start, leading_dim
 from kernels.parallel cimport blas_single_threaded, max_threads
@@ -31,12 +31,19 @@ cdef int gemm_rounded(bf16* out, int ldo, const bf16* bias, bint accumulate, int
     """out (BT, n), row stride ldo, = op(A) (BT, K) @ op(W) (K, n) plus a start, ROWS rows at a
     time in float32, each element rounded once: the start is bias (n,) where given, out's own
     values when accumulating (a gradient added into), else 0.  op(A) = A^T: A is (K, BT)."""
-    cdef int chunk, r0, rows, failed = 0
+    cdef int chunk, r0, rows, failed = 0, ldw32 = 0
     cdef Py_ssize_t r, j
+    cdef float* W32 = NULL
+    cdef const bf16* A_rows
     if n <= 0:
         return 0
+    if bf16_gemm_widens():   # W widened once for every block, not once a block
+        W32 = widened(transb, K, n, W, ldw, &ldw32)
+        if W32 == NULL:
+            return -1
     cdef float* block = <float*>malloc(<size_t>ROWS * n * sizeof(float))
     if block == NULL:
+        free(W32)
         return -1
     for chunk in range((BT + ROWS - 1) // ROWS):
         r0 = chunk * ROWS
@@ -53,13 +60,18 @@ cdef int gemm_rounded(bf16* out, int ldo, const bf16* bias, bint accumulate, int
         else:
             memset(block, 0, <size_t>rows * n * sizeof(float))
         # op(A)'s rows r0.. are A's columns r0.. when transposed
-        failed |= gemm_bf16(CblasRowMajor, transa, transb, rows, n, K, 1.0,
-                            A + (r0 if transa == CblasTrans else <Py_ssize_t>r0 * lda), lda,
-                            W, ldw, 1.0, block, n)
+        A_rows = A + (r0 if transa == CblasTrans else <Py_ssize_t>r0 * lda)
+        if W32 != NULL:
+            failed |= gemm_bf16_widened_b(CblasRowMajor, transa, transb, rows, n, K, 1.0, A_rows,
+                                          lda, W32, ldw32, 1.0, block, n)
+        else:
+            failed |= gemm_bf16(CblasRowMajor, transa, transb, rows, n, K, 1.0, A_rows, lda, W,
+                                ldw, 1.0, block, n)
         for r in range(rows):
             for j in range(n):
                 out[(r0 + r) * <Py_ssize_t>ldo + j] = float_to_bf16(block[r * n + j])
     free(block)
+    free(W32)
     return failed
 
 
