@@ -10,9 +10,9 @@
 # products (sgemv) reading the cache once, unpacked: decode is bound by the bandwidth of the
 # weights and the cache.
 # In bf16 (q, k, v, the caches, att and out; every sum and the softmax in float32, each output
-# rounded once): at T = 1 each score is a dot_bf16 of a cached key row and the query, and out
-# sums the cached value rows weighted by the float32 probabilities, the cache read as it is
-# (half fp32's bytes); at T > 1 (a prompt, once a text) the head's rows are widened into
+# rounded once): at T = 1 each score sums a cached key row, widened as read, times the query
+# widened once, and out sums the cached value rows weighted by the float32 probabilities, the
+# cache read as it is (half fp32's bytes); at T > 1 (a prompt, once a text) the head's rows are widened into
 # float32 scratch and run through the float32 head above.
 from cython.parallel cimport prange
 from libc.math cimport sqrtf
@@ -22,7 +22,6 @@ from libc.string cimport memcpy
 from kernels.bf16 cimport bf16, bf16_to_float, float_to_bf16, floatX
 from kernels.cblas cimport CblasNoTrans, CblasRowMajor, CblasTrans, scipy_cblas_sgemv
 from kernels.blas cimport sgemm
-from kernels.matmul_bf16 cimport dot_bf16, split_pairs
 from kernels.parallel cimport blas_single_threaded
 from kernels.rowmax cimport row_max
 from kernels.vexp cimport vexpf
@@ -70,33 +69,80 @@ cdef void head(float* out, int ldo, float* att, const float* q, int ldq, const f
               ldkv, 0.0, out, ldo)
 
 
+cdef void scores_bf16(float* scores, const float* q, const bf16* k_cache, int ldkv, int keys,
+                      int hs, float scale) noexcept nogil:
+    # scores (keys,) = scale k_cache (keys rows, ldkv) @ q (hs,): each row of a head is short
+    # (64-128), so 4 rows a pass, each sum vectorised, the rows' loads in flight together
+    cdef Py_ssize_t p, d, body = keys - keys % 4
+    cdef const bf16* row
+    cdef float s0, s1, s2, s3
+    for p in range(0, body, 4):
+        row = k_cache + p * ldkv
+        s0 = s1 = s2 = s3 = 0.0
+        for d in range(hs):
+            s0 += q[d] * bf16_to_float(row[d])
+            s1 += q[d] * bf16_to_float(row[ldkv + d])
+            s2 += q[d] * bf16_to_float(row[2 * ldkv + d])
+            s3 += q[d] * bf16_to_float(row[3 * ldkv + d])
+        scores[p] = scale * s0
+        scores[p + 1] = scale * s1
+        scores[p + 2] = scale * s2
+        scores[p + 3] = scale * s3
+    for p in range(body, keys):
+        row = k_cache + p * ldkv
+        s0 = 0.0
+        for d in range(hs):
+            s0 += q[d] * bf16_to_float(row[d])
+        scores[p] = scale * s0
+
+
+cdef void values_bf16(float* out, const float* probs, const bf16* v_cache, int ldkv, int keys,
+                      int hs) noexcept nogil:
+    # out (hs,) = probs (keys,) @ v_cache (keys rows, ldkv), 4 rows a pass: out read and
+    # written once a pass
+    cdef Py_ssize_t p, d, body = keys - keys % 4
+    cdef const bf16* row
+    cdef float p0, p1, p2, p3
+    for d in range(hs):
+        out[d] = 0.0
+    for p in range(0, body, 4):
+        row = v_cache + p * ldkv
+        p0 = probs[p]
+        p1 = probs[p + 1]
+        p2 = probs[p + 2]
+        p3 = probs[p + 3]
+        for d in range(hs):
+            out[d] += (p0 * bf16_to_float(row[d]) + p1 * bf16_to_float(row[ldkv + d]) +
+                       p2 * bf16_to_float(row[2 * ldkv + d]) +
+                       p3 * bf16_to_float(row[3 * ldkv + d]))
+    for p in range(body, keys):
+        row = v_cache + p * ldkv
+        for d in range(hs):
+            out[d] += probs[p] * bf16_to_float(row[d])
+
+
 cdef int head_bf16(bf16* out, int ldo, bf16* att, const bf16* q, int ldq, const bf16* k_cache,
                    const bf16* v_cache, int ldkv, int T, int P, int hs) noexcept nogil:
     # head()'s in bf16; -1 where its float32 scratch could not be had
     cdef int keys = P + T
     cdef Py_ssize_t t, p, d
-    cdef float prob, scale = 1.0 / sqrtf(hs)
-    cdef size_t floats = (<size_t>hs + 1 + keys + hs if T == 1 else
+    cdef float scale = 1.0 / sqrtf(hs)
+    cdef size_t floats = (<size_t>hs + keys + hs if T == 1 else
                           <size_t>T * hs * 2 + <size_t>keys * hs * 2 + <size_t>T * keys)
     cdef float* scratch = <float*>malloc(floats * sizeof(float))
     if scratch == NULL:
         return -1
-    cdef float* qf = scratch                                # (T, hs); at T = 1 hs+1
-    cdef float* scores = scratch + <Py_ssize_t>T * hs + (T == 1)   # (T, keys)
+    cdef float* qf = scratch                                # (T, hs)
+    cdef float* scores = scratch + <Py_ssize_t>T * hs       # (T, keys)
     cdef float* outf = scores + <Py_ssize_t>T * keys        # (T, hs)
     cdef float* kf = outf + <Py_ssize_t>T * hs              # (keys, hs), T > 1 only
     cdef float* vf = kf + <Py_ssize_t>keys * hs
     if T == 1:   # decode: the cache read as it is, once for the keys and once for the values
-        split_pairs(qf, qf + (hs + 1) // 2, q, hs)
-        for p in range(keys):
-            scores[p] = scale * dot_bf16(k_cache + p * ldkv, qf, qf + (hs + 1) // 2, hs)
-        softmax_causal(scores, 1, P)
         for d in range(hs):
-            outf[d] = 0.0
-        for p in range(keys):
-            prob = scores[p]
-            for d in range(hs):
-                outf[d] += prob * bf16_to_float(v_cache[p * ldkv + d])
+            qf[d] = bf16_to_float(q[d])
+        scores_bf16(scores, qf, k_cache, ldkv, keys, hs, scale)
+        softmax_causal(scores, 1, P)
+        values_bf16(outf, scores, v_cache, ldkv, keys, hs)
     else:
         for t in range(T):
             for d in range(hs):

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from accel.backend import get_backend
+from kernels import bf16
 from llmc.sampler import Sampler, continue_prompt
 from train_gpt2 import GPT2, GPT2Config
 from train_llama2 import Llama2, LlamaConfig
@@ -86,6 +87,39 @@ def test_the_gqa_kernel_against_float64(T, P, hs, NKV):
     want_out, want_att = cached_reference(q, all_k, all_v, P, NH, NKV)
     np.testing.assert_allclose(read(out, T * NH * hs), want_out.ravel(), rtol=0, atol=1e-5)
     np.testing.assert_allclose(read(att, NH * T * (P + T)), want_att.ravel(), rtol=0, atol=1e-6)
+
+
+# decode at bf16 reads the cache as it is, 4 keys a pass (kernels/attention_cached.pyx's
+# scores_bf16, values_bf16): key counts below, at and past a multiple of 4, heads of 64 and 20
+@pytest.mark.parametrize("P, hs", [(0, 64), (2, 64), (3, 20), (300, 64), (301, 20)])
+@pytest.mark.parametrize("NKV", [6, 2])
+def test_the_gqa_kernel_at_bf16_decode_against_float64(P, hs, NKV):
+    NH = 6
+    rng = np.random.default_rng(P * 10 + NKV + hs)
+    q, k, v = (bf16.to_float32(bf16.to_bf16(rng.standard_normal((1, n * hs)).astype(np.float32)))
+               for n in (NH, NKV, NKV))
+    cached_k, cached_v = (bf16.to_float32(bf16.to_bf16(
+        rng.standard_normal((P, NKV * hs)).astype(np.float32))) for _ in "kv")
+    backend = get_backend("cpu", "bf16")
+
+    def loaded(array):
+        buffer = backend.alloc(2 * array.size)
+        buffer.load(bf16.to_bf16(np.ascontiguousarray(array, dtype=np.float32)))
+        return buffer
+
+    out, att = backend.alloc(2 * NH * hs), backend.alloc(2 * NH * (P + 1))
+    k_cache = loaded(np.concatenate([cached_k, np.zeros((1, NKV * hs))]))
+    v_cache = loaded(np.concatenate([cached_v, np.zeros((1, NKV * hs))]))
+    backend.call("attention_gqa_cached_forward", out, att, k_cache, v_cache, loaded(q), loaded(k),
+                 loaded(v), 1, P, NH, NKV, hs)
+    all_k, all_v = np.concatenate([cached_k, k]), np.concatenate([cached_v, v])
+    want_out, want_att = cached_reference(q, all_k, all_v, P, NH, NKV)
+    got_out = bf16.to_float32(out.to_numpy(np.uint16, 0, NH * hs))
+    got_att = bf16.to_float32(att.to_numpy(np.uint16, 0, NH * (P + 1)))
+    # each output summed in float32 and rounded once: within bf16's half ulp (2^-9 relative)
+    # and float32's sums
+    np.testing.assert_allclose(got_out, want_out.ravel(), rtol=2 ** -8, atol=1e-5)
+    np.testing.assert_allclose(got_att, want_att.ravel(), rtol=2 ** -8, atol=1e-6)
 
 
 @pytest.mark.parametrize("T, P, C", [(1, 6, 32), (1, 300, 120), (3, 0, 32), (3, 5, 32)])
