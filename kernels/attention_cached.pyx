@@ -7,20 +7,19 @@
 # products are single-threaded sgemm calls (kernels.blas) on strided views of q and the caches
 # (row strides NH*hs and NKV*hs, no copies): att = scale q k_cache^T (T x (P+T)), softmax of
 # each row over its P+t+1 keys, out = att v_cache.  At T = 1 (decode) they are matrix-vector
-# products (sgemv) reading the cache once, unpacked: decode is bound by the bandwidth of the
-# weights and the cache.
+# products reading the head's columns of the cache once, 4 rows a pass, fetched ahead
+# (decode_scores, decode_values): decode is bound by the bandwidth of the weights and the cache.
 # In bf16 (q, k, v, the caches, att and out; every sum and the softmax in float32, each output
-# rounded once): at T = 1 each score sums a cached key row, widened as read, times the query
-# widened once, and out sums the cached value rows weighted by the float32 probabilities, the
-# cache read as it is (half fp32's bytes); at T > 1 (a prompt, once a text) the head's rows are widened into
-# float32 scratch and run through the float32 head above.
+# rounded once): at T = 1 the same two products read the bf16 cache as it is (half fp32's
+# bytes), the query widened once; at T > 1 (a prompt, once a text) the head's rows are widened
+# into float32 scratch and run through the float32 head.
 from cython.parallel cimport prange
 from libc.math cimport sqrtf
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy
 
-from kernels.bf16 cimport bf16, bf16_to_float, float_to_bf16, floatX
-from kernels.cblas cimport CblasNoTrans, CblasRowMajor, CblasTrans, scipy_cblas_sgemv
+from kernels.bf16 cimport bf16, bf16_to_float, float_to_bf16, floatX, load
+from kernels.cblas cimport CblasNoTrans, CblasRowMajor, CblasTrans
 from kernels.blas cimport sgemm
 from kernels.parallel cimport blas_single_threaded
 from kernels.rowmax cimport row_max
@@ -48,42 +47,40 @@ cdef void softmax_causal(float* att, int T, int P) noexcept nogil:
             att_t[p] = 0.0
 
 
-cdef void head(float* out, int ldo, float* att, const float* q, int ldq, const float* k_cache,
-               const float* v_cache, int ldkv, int T, int P, int hs) noexcept nogil:
-    # one query head: out (T rows, ldo), att (T, P+T), q (T rows, ldq), its key/value head's
-    # columns of the caches (P+T rows, ldkv)
-    cdef int keys = P + T
-    cdef float scale = 1.0 / sqrtf(hs)
-    if T == 1:   # decode: matrix-vector products, which stream the cache (no packing)
-        scipy_cblas_sgemv(CblasRowMajor, CblasNoTrans, keys, hs, scale, k_cache, ldkv, q, 1,
-                          0.0, att, 1)
-    else:
-        sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, keys, hs, scale, q, ldq, k_cache,
-              ldkv, 0.0, att, keys)
-    softmax_causal(att, T, P)
-    if T == 1:
-        scipy_cblas_sgemv(CblasRowMajor, CblasTrans, keys, hs, 1.0, v_cache, ldkv, att, 1, 0.0,
-                          out, 1)
-    else:
-        sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, keys, 1.0, att, keys, v_cache,
-              ldkv, 0.0, out, ldo)
+cdef extern from *:
+    """
+    #define prefetch_read(p) __builtin_prefetch((p), 0, 0)
+    """
+    void prefetch_read(const void* p) noexcept nogil
 
 
-cdef void scores_bf16(float* scores, const float* q, const bf16* k_cache, int ldkv, int keys,
-                      int hs, float scale) noexcept nogil:
-    # scores (keys,) = scale k_cache (keys rows, ldkv) @ q (hs,): each row of a head is short
-    # (64-128), so 4 rows a pass, each sum vectorised, the rows' loads in flight together
+cdef inline void prefetch_rows(const floatX* row, int ldkv, int hs) noexcept nogil:
+    # a head's columns of 4 cached rows, fetched ahead of their pass: a head reads hs elements
+    # of each row of ldkv, a stride the hardware prefetchers did not follow (the bf16 entry
+    # at 1,000 cached keys ran 2.4x as fast with this, dev/BENCHMARKS.md section 30)
+    cdef Py_ssize_t r, b
+    for r in range(4):
+        for b in range(0, hs * <Py_ssize_t>sizeof(floatX), 64):
+            prefetch_read(<const char*>(row + r * ldkv) + b)
+
+
+cdef void decode_scores(float* scores, const float* q, const floatX* k_cache, int ldkv, int keys,
+                        int hs, float scale) noexcept nogil:
+    # scores (keys,) = scale k_cache (keys rows, ldkv) @ q (hs,): a head's row is short
+    # (64-128), so 4 rows a pass, each sum vectorised, their loads in flight together
     cdef Py_ssize_t p, d, body = keys - keys % 4
-    cdef const bf16* row
+    cdef const floatX* row
     cdef float s0, s1, s2, s3
     for p in range(0, body, 4):
         row = k_cache + p * ldkv
+        if p + 12 <= keys:
+            prefetch_rows(row + 8 * ldkv, ldkv, hs)
         s0 = s1 = s2 = s3 = 0.0
         for d in range(hs):
-            s0 += q[d] * bf16_to_float(row[d])
-            s1 += q[d] * bf16_to_float(row[ldkv + d])
-            s2 += q[d] * bf16_to_float(row[2 * ldkv + d])
-            s3 += q[d] * bf16_to_float(row[3 * ldkv + d])
+            s0 += q[d] * load(row, d)
+            s1 += q[d] * load(row, ldkv + d)
+            s2 += q[d] * load(row, 2 * ldkv + d)
+            s3 += q[d] * load(row, 3 * ldkv + d)
         scores[p] = scale * s0
         scores[p + 1] = scale * s1
         scores[p + 2] = scale * s2
@@ -92,33 +89,52 @@ cdef void scores_bf16(float* scores, const float* q, const bf16* k_cache, int ld
         row = k_cache + p * ldkv
         s0 = 0.0
         for d in range(hs):
-            s0 += q[d] * bf16_to_float(row[d])
+            s0 += q[d] * load(row, d)
         scores[p] = scale * s0
 
 
-cdef void values_bf16(float* out, const float* probs, const bf16* v_cache, int ldkv, int keys,
-                      int hs) noexcept nogil:
+cdef void decode_values(float* out, const float* probs, const floatX* v_cache, int ldkv,
+                        int keys, int hs) noexcept nogil:
     # out (hs,) = probs (keys,) @ v_cache (keys rows, ldkv), 4 rows a pass: out read and
-    # written once a pass
+    # written once a pass, and each element's 4 products summed before they meet out
     cdef Py_ssize_t p, d, body = keys - keys % 4
-    cdef const bf16* row
+    cdef const floatX* row
     cdef float p0, p1, p2, p3
     for d in range(hs):
         out[d] = 0.0
     for p in range(0, body, 4):
         row = v_cache + p * ldkv
+        if p + 12 <= keys:
+            prefetch_rows(row + 8 * ldkv, ldkv, hs)
         p0 = probs[p]
         p1 = probs[p + 1]
         p2 = probs[p + 2]
         p3 = probs[p + 3]
         for d in range(hs):
-            out[d] += (p0 * bf16_to_float(row[d]) + p1 * bf16_to_float(row[ldkv + d]) +
-                       p2 * bf16_to_float(row[2 * ldkv + d]) +
-                       p3 * bf16_to_float(row[3 * ldkv + d]))
+            out[d] += (p0 * load(row, d) + p1 * load(row, ldkv + d) +
+                       p2 * load(row, 2 * ldkv + d) + p3 * load(row, 3 * ldkv + d))
     for p in range(body, keys):
         row = v_cache + p * ldkv
         for d in range(hs):
-            out[d] += probs[p] * bf16_to_float(row[d])
+            out[d] += probs[p] * load(row, d)
+
+
+cdef void head(float* out, int ldo, float* att, const float* q, int ldq, const float* k_cache,
+               const float* v_cache, int ldkv, int T, int P, int hs) noexcept nogil:
+    # one query head: out (T rows, ldo), att (T, P+T), q (T rows, ldq), its key/value head's
+    # columns of the caches (P+T rows, ldkv)
+    cdef int keys = P + T
+    cdef float scale = 1.0 / sqrtf(hs)
+    if T == 1:   # decode: the cache streamed once for the keys, once for the values
+        decode_scores(att, q, k_cache, ldkv, keys, hs, scale)
+        softmax_causal(att, 1, P)
+        decode_values(out, att, v_cache, ldkv, keys, hs)
+        return
+    sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, keys, hs, scale, q, ldq, k_cache, ldkv,
+          0.0, att, keys)
+    softmax_causal(att, T, P)
+    sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, keys, 1.0, att, keys, v_cache, ldkv,
+          0.0, out, ldo)
 
 
 cdef int head_bf16(bf16* out, int ldo, bf16* att, const bf16* q, int ldq, const bf16* k_cache,
@@ -140,9 +156,9 @@ cdef int head_bf16(bf16* out, int ldo, bf16* att, const bf16* q, int ldq, const 
     if T == 1:   # decode: the cache read as it is, once for the keys and once for the values
         for d in range(hs):
             qf[d] = bf16_to_float(q[d])
-        scores_bf16(scores, qf, k_cache, ldkv, keys, hs, scale)
+        decode_scores(scores, qf, k_cache, ldkv, keys, hs, scale)
         softmax_causal(scores, 1, P)
-        values_bf16(outf, scores, v_cache, ldkv, keys, hs)
+        decode_values(outf, scores, v_cache, ldkv, keys, hs)
     else:
         for t in range(T):
             for d in range(hs):
