@@ -57,7 +57,7 @@ cdef extern from *:
 cdef inline void prefetch_rows(const floatX* row, int ldkv, int hs) noexcept nogil:
     # a head's columns of 4 cached rows, fetched ahead of their pass: a head reads hs elements
     # of each row of ldkv, a stride the hardware prefetchers did not follow (the bf16 entry
-    # at 1,000 cached keys ran 2.4x as fast with this, dev/BENCHMARKS.md section 30)
+    # at 1,000 cached keys ran 2.2-2.6x as fast with this, dev/BENCHMARKS.md section 30)
     cdef Py_ssize_t r, b
     for r in range(4):
         for b in range(0, hs * <Py_ssize_t>sizeof(floatX), 64):
