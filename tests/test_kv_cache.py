@@ -90,7 +90,7 @@ def test_the_gqa_kernel_against_float64(T, P, hs, NKV):
 
 
 # decode at bf16 reads the cache as it is, 4 keys a pass (kernels/attention_cached.pyx's
-# scores_bf16, values_bf16): key counts below, at and past a multiple of 4, heads of 64 and 20
+# decode_scores, decode_values): key counts below, at and past a multiple of 4, heads of 64, 20
 @pytest.mark.parametrize("P, hs", [(0, 64), (2, 64), (3, 20), (300, 64), (301, 20)])
 @pytest.mark.parametrize("NKV", [6, 2])
 def test_the_gqa_kernel_at_bf16_decode_against_float64(P, hs, NKV):
