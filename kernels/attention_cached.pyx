@@ -119,16 +119,23 @@ cdef void decode_values(float* out, const float* probs, const floatX* v_cache, i
             out[d] += probs[p] * load(row, d)
 
 
+cdef void decode_head(float* out, float* att, const float* q, const floatX* k_cache,
+                      const floatX* v_cache, int ldkv, int P, int hs) noexcept nogil:
+    # one query head at T = 1, float32 q, out (hs,) and att (P+1,): the cache, of either
+    # precision, streamed once for the keys and once for the values
+    decode_scores(att, q, k_cache, ldkv, P + 1, hs, 1.0 / sqrtf(hs))
+    softmax_causal(att, 1, P)
+    decode_values(out, att, v_cache, ldkv, P + 1, hs)
+
+
 cdef void head(float* out, int ldo, float* att, const float* q, int ldq, const float* k_cache,
                const float* v_cache, int ldkv, int T, int P, int hs) noexcept nogil:
     # one query head: out (T rows, ldo), att (T, P+T), q (T rows, ldq), its key/value head's
     # columns of the caches (P+T rows, ldkv)
     cdef int keys = P + T
     cdef float scale = 1.0 / sqrtf(hs)
-    if T == 1:   # decode: the cache streamed once for the keys, once for the values
-        decode_scores(att, q, k_cache, ldkv, keys, hs, scale)
-        softmax_causal(att, 1, P)
-        decode_values(out, att, v_cache, ldkv, keys, hs)
+    if T == 1:
+        decode_head(out, att, q, k_cache, v_cache, ldkv, P, hs)
         return
     sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, keys, hs, scale, q, ldq, k_cache, ldkv,
           0.0, att, keys)
@@ -142,7 +149,6 @@ cdef int head_bf16(bf16* out, int ldo, bf16* att, const bf16* q, int ldq, const 
     # head()'s in bf16; -1 where its float32 scratch could not be had
     cdef int keys = P + T
     cdef Py_ssize_t t, p, d
-    cdef float scale = 1.0 / sqrtf(hs)
     cdef size_t floats = (<size_t>hs + keys + hs if T == 1 else
                           <size_t>T * hs * 2 + <size_t>keys * hs * 2 + <size_t>T * keys)
     cdef float* scratch = <float*>malloc(floats * sizeof(float))
@@ -156,9 +162,7 @@ cdef int head_bf16(bf16* out, int ldo, bf16* att, const bf16* q, int ldq, const 
     if T == 1:   # decode: the cache read as it is, once for the keys and once for the values
         for d in range(hs):
             qf[d] = bf16_to_float(q[d])
-        decode_scores(scores, qf, k_cache, ldkv, keys, hs, scale)
-        softmax_causal(scores, 1, P)
-        decode_values(outf, scores, v_cache, ldkv, keys, hs)
+        decode_head(outf, scores, qf, k_cache, v_cache, ldkv, P, hs)
     else:
         for t in range(T):
             for d in range(hs):

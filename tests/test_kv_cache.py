@@ -57,8 +57,12 @@ def cached_reference(q, k_cache, v_cache, P, NH, NKV):
 
 
 def on_backend(backend, array):
-    buffer = backend.alloc(array.nbytes)
-    buffer.load(np.ascontiguousarray(array, dtype=np.float32))
+    """array's values on backend, at its precision (float32, or bf16 bits rounded to nearest)."""
+    values = np.ascontiguousarray(array, dtype=np.float32)
+    if backend.precision == "bf16":
+        values = bf16.to_bf16(values)
+    buffer = backend.alloc(values.nbytes)
+    buffer.load(values)
     return buffer
 
 
@@ -101,17 +105,12 @@ def test_the_gqa_kernel_at_bf16_decode_against_float64(P, hs, NKV):
     cached_k, cached_v = (bf16.to_float32(bf16.to_bf16(
         rng.standard_normal((P, NKV * hs)).astype(np.float32))) for _ in "kv")
     backend = get_backend("cpu", "bf16")
-
-    def loaded(array):
-        buffer = backend.alloc(2 * array.size)
-        buffer.load(bf16.to_bf16(np.ascontiguousarray(array, dtype=np.float32)))
-        return buffer
-
     out, att = backend.alloc(2 * NH * hs), backend.alloc(2 * NH * (P + 1))
-    k_cache = loaded(np.concatenate([cached_k, np.zeros((1, NKV * hs))]))
-    v_cache = loaded(np.concatenate([cached_v, np.zeros((1, NKV * hs))]))
-    backend.call("attention_gqa_cached_forward", out, att, k_cache, v_cache, loaded(q), loaded(k),
-                 loaded(v), 1, P, NH, NKV, hs)
+    k_cache = on_backend(backend, np.concatenate([cached_k, np.zeros((1, NKV * hs))]))
+    v_cache = on_backend(backend, np.concatenate([cached_v, np.zeros((1, NKV * hs))]))
+    backend.call("attention_gqa_cached_forward", out, att, k_cache, v_cache,
+                 on_backend(backend, q), on_backend(backend, k), on_backend(backend, v),
+                 1, P, NH, NKV, hs)
     all_k, all_v = np.concatenate([cached_k, k]), np.concatenate([cached_v, v])
     want_out, want_att = cached_reference(q, all_k, all_v, P, NH, NKV)
     got_out = bf16.to_float32(out.to_numpy(np.uint16, 0, NH * hs))
