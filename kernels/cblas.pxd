@@ -9,8 +9,5 @@ cdef extern from "cblas.h" nogil:
     void scipy_cblas_sgemm(CBLAS_ORDER order, CBLAS_TRANSPOSE transa, CBLAS_TRANSPOSE transb,
                            int M, int N, int K, float alpha, const float* A, int lda,
                            const float* B, int ldb, float beta, float* C, int ldc)
-    void scipy_cblas_sgemv(CBLAS_ORDER order, CBLAS_TRANSPOSE trans, int M, int N, float alpha,
-                           const float* A, int lda, const float* x, int incx, float beta,
-                           float* y, int incy)
     void scipy_openblas_set_num_threads(int num_threads)
     int scipy_openblas_get_num_threads()

@@ -165,10 +165,14 @@ def test_each_cached_step_has_the_logits_of_the_whole_text(model):
     model.start_cache(len(PROMPT) + len(text))
     steps = [model.forward_cached(PROMPT).copy()] + [model.forward_cached([t]).copy()
                                                      for t in text]
+    # A step's one-position matmuls sum in another order than the whole text's GEMMs, and the
+    # fixture's weights (x6) amplify those float32 roundings: on a Zen 3 the worst step came to
+    # 0.84 of 1e-5 of the largest logit with OpenBLAS's sgemv, and to 1.02 with gemv_rows.  A
+    # misplaced key, position or row is off by whole units.
     for i, logits in enumerate(steps):
         expected = whole[len(PROMPT) - 1 + i]
         np.testing.assert_allclose(logits, expected, rtol=0,
-                                   atol=1e-5 * np.abs(whole).max(), err_msg=f"step {i}")
+                                   atol=3e-5 * np.abs(whole).max(), err_msg=f"step {i}")
 
 
 @pytest.mark.parametrize("name", sorted(ARCHITECTURES))
