@@ -22,6 +22,7 @@ from kernels.bf16 cimport bf16, bf16_to_float, float_to_bf16, floatX, load
 from kernels.cblas cimport CblasNoTrans, CblasRowMajor, CblasTrans
 from kernels.blas cimport sgemm
 from kernels.parallel cimport blas_single_threaded
+from kernels.prefetch cimport prefetch_bytes
 from kernels.rowmax cimport row_max
 from kernels.vexp cimport vexpf
 
@@ -47,21 +48,13 @@ cdef void softmax_causal(float* att, int T, int P) noexcept nogil:
             att_t[p] = 0.0
 
 
-cdef extern from *:
-    """
-    #define prefetch_read(p) __builtin_prefetch((p), 0, 0)
-    """
-    void prefetch_read(const void* p) noexcept nogil
-
-
 cdef inline void prefetch_rows(const floatX* row, int ldkv, int hs) noexcept nogil:
     # a head's columns of 4 cached rows, fetched ahead of their pass: a head reads hs elements
     # of each row of ldkv, a stride the hardware prefetchers did not follow (the bf16 entry
     # at 1,000 cached keys ran 2.2-2.6x as fast with this, dev/BENCHMARKS.md section 30)
-    cdef Py_ssize_t r, b
+    cdef Py_ssize_t r
     for r in range(4):
-        for b in range(0, hs * <Py_ssize_t>sizeof(floatX), 64):
-            prefetch_read(<const char*>(row + r * ldkv) + b)
+        prefetch_bytes(row + r * ldkv, hs * <Py_ssize_t>sizeof(floatX))
 
 
 cdef void decode_scores(float* scores, const float* q, const floatX* k_cache, int ldkv, int keys,
