@@ -42,6 +42,7 @@ from llmc.formats.llama2c import write_llama_model  # noqa: E402
 from llmc.sampler import Sampler, continue_prompt  # noqa: E402
 
 PROMPT = [1, 9038, 2501, 263, 931]   # BOS "Once upon a time" in Llama 2's vocabulary
+RUN_C = "run.c (runomp)"   # the peer: every decode row's ratio is against it
 GGUF_TYPES = {"fp32": ("float32", "F32"), "bf16": ("bfloat16", "BF16")}   # export.py's, llama.cpp's
 
 
@@ -95,10 +96,9 @@ def decode_at(model, position, tokens):
     return tokens / (time.perf_counter() - started)
 
 
-def llama_cpp_speeds(model_path, checkout, work, tokens, threads, prefill_tokens, dtype):
-    """(tokens generated, prefill tok/s, decode tok/s, prefill tok/s of prefill_tokens or
-    None) of llama.cpp (llama-cpp-python's Llama, built from source) on the model as a GGUF of
-    dtype, float32 (F32) or bfloat16 (BF16) (dev/export.py, llama2.c's tokenizer.bin as its
+def llama_cpp_model(model_path, checkout, work, threads, dtype):
+    """llama.cpp (llama-cpp-python's Llama, built from source) on the model as a GGUF of dtype,
+    float32 (F32) or bfloat16 (BF16) (dev/export.py, llama2.c's tokenizer.bin as its
     vocabulary); None where llama-cpp-python is not installed."""
     try:
         import llama_cpp
@@ -108,8 +108,14 @@ def llama_cpp_speeds(model_path, checkout, work, tokens, threads, prefill_tokens
     subprocess.run([sys.executable, os.path.join(ROOT, "dev", "export.py"), model_path,
                     "--format", "gguf", "-o", gguf, "--dtype", dtype, "--tokenizer",
                     os.path.join(checkout, "tokenizer.bin")], check=True, capture_output=True)
-    llm = llama_cpp.Llama(gguf, n_threads=threads, n_threads_batch=threads, n_batch=512,
-                          n_ctx=0, verbose=False)   # n_ctx 0: the model's context
+    return llama_cpp.Llama(gguf, n_threads=threads, n_threads_batch=threads, n_batch=512,
+                           n_ctx=0, verbose=False)   # n_ctx 0: the model's context
+
+
+def llama_cpp_speed(llm, tokens):
+    """(tokens generated, prefill tok/s, decode tok/s) of llama.cpp's greedy generation, its
+    cache emptied first (generate() would otherwise reuse the last run's prompt)."""
+    llm.reset()
     started, first, count = time.perf_counter(), None, 0
     for token in llm.generate(PROMPT, top_k=1, temp=0.0, repeat_penalty=1.0):
         if first is None:
@@ -118,23 +124,69 @@ def llama_cpp_speeds(model_path, checkout, work, tokens, threads, prefill_tokens
             break
         count += 1
     done = time.perf_counter()
-    long_prefill = None
-    if prefill_tokens is not None:
-        llm.reset()
-        prompt = [int(t) for t in np.random.default_rng(0).integers(3, 32000, prefill_tokens)]
-        start = time.perf_counter()
-        llm.eval(prompt)
-        long_prefill = prefill_tokens / (time.perf_counter() - start)
-    return count, len(PROMPT) / (first - started), (count - 1) / (done - first), long_prefill
+    return count, len(PROMPT) / (first - started), (count - 1) / (done - first)
+
+
+def long_prompt(vocab_size, tokens):
+    return [int(t) for t in np.random.default_rng(0).integers(3, vocab_size, tokens)]
+
+
+def llama_cpp_prefill(llm, prefill_tokens):
+    """tok/s of one prompt of prefill_tokens into llama.cpp's emptied cache."""
+    llm.reset()
+    start = time.perf_counter()
+    llm.eval(long_prompt(32000, prefill_tokens))
+    return prefill_tokens / (time.perf_counter() - start)
 
 
 def our_prefill(model, prefill_tokens):
     """tok/s of one prompt of prefill_tokens into the cache."""
-    prompt = list(np.random.default_rng(0).integers(3, model.config.vocab_size, prefill_tokens))
+    prompt = long_prompt(model.config.vocab_size, prefill_tokens)
     model.start_cache(prefill_tokens)
     start = time.perf_counter()
     model.forward_cached(prompt)
     return prefill_tokens / (time.perf_counter() - start)
+
+
+def programs_of(name, config, path, models, args, binary, work):
+    """[(label, run, what its ratio is against)] for one model: run() gives (tokens,
+    prefill tok/s, decode tok/s), either speed None where not timed."""
+    first = args.precisions[0]
+    rows = [(RUN_C, lambda: (None, None, run_c_speed(binary, args.llama2c, path,
+                                                                   args.tokens, args.threads)),
+             None)]
+    for precision in args.precisions:
+        rows.append((f"llm.pyx {precision}, KV cache",
+                     lambda p=precision: our_speed(models[p], PROMPT, args.tokens, True), RUN_C))
+    rows.append((f"llm.pyx {first}, no cache",   # O(n^2) without: 40 tokens at most
+                 lambda: our_speed(models[first], PROMPT, min(args.tokens, 40), False), RUN_C))
+    long = 512 if config.max_seq_len >= 512 else None
+    for precision in args.precisions:   # llama.cpp on the same weights as a GGUF
+        dtype, gguf_type = GGUF_TYPES[precision]
+        llm = llama_cpp_model(path, args.llama2c, work, args.threads, dtype)
+        if llm is None:
+            print(f"{name:12s} llama.cpp: not run (pip install llama-cpp-python builds it)")
+            break
+        rows.append((f"llama.cpp {gguf_type} GGUF", lambda llm=llm: llama_cpp_speed(llm, args.tokens),
+                     RUN_C))
+        if long is not None and precision == first:
+            rows.append((f"prefill of {long}: llama.cpp",
+                         lambda llm=llm: (long, llama_cpp_prefill(llm, long), None), None))
+            rows.append((f"prefill of {long}: llm.pyx",
+                         lambda: (long, our_prefill(models[first], long), None),
+                         f"prefill of {long}: llama.cpp"))
+    near, far = 10, min(1000, config.max_seq_len - 40)
+    rows.append((f"KV cache at position {near}",
+                 lambda: (32, None, decode_at(models[first], near, 32)), None))
+    rows.append((f"KV cache at position {far}",
+                 lambda: (32, None, decode_at(models[first], far, 32)),
+                 f"KV cache at position {near}"))
+    return rows
+
+
+def median(runs, i):
+    """The median of field i of a row's runs, None where it times no such speed."""
+    return None if runs[0][i] is None else float(np.median([r[i] for r in runs]))
 
 
 def main():
@@ -147,15 +199,18 @@ def main():
     p.add_argument("--precisions", nargs="+", choices=["fp32", "bf16"], default=["fp32", "bf16"],
                    help="llm.pyx's rows with the cache at each (generate.py --precision); "
                         "without it and the long prompts at the first only")
+    p.add_argument("--rounds", type=int, default=3, help="every row timed this many times, "
+                   "the rows taking turns; the table gives each row's median")
     args = p.parse_args()
     os.environ["OMP_NUM_THREADS"] = str(args.threads)   # before the kernels' OpenMP starts
     family = get_family("llama")
     with tempfile.TemporaryDirectory() as work:
         binary = build_run_c(args.llama2c, work)
         print(f"{args.threads} threads; greedy, {args.tokens} tokens after a {len(PROMPT)}-token "
-              f"prompt; decode counted from the second token, as run.c counts it")
+              f"prompt; decode counted from the second token, as run.c counts it; each row the "
+              f"median of {args.rounds} rounds (its range in brackets), the rows taking turns")
         print(f"{'model':12s} {'program':28s} {'tokens':>6s} {'prefill tok/s':>14s} "
-              f"{'decode tok/s':>13s} {'vs run.c':>9s}")
+              f"{'decode tok/s':>13s} {'ratio':>7s}  {'range':s}")
         for name in args.models:
             config = family.config_class.from_name(name)
             path = os.path.join(work, f"{name}.bin")
@@ -163,41 +218,32 @@ def main():
                               version=0)
             models = {precision: family.model_class.from_checkpoint(
                 path, precision=precision, trainable=False) for precision in args.precisions}
-            model = models[args.precisions[0]]
-            peer = run_c_speed(binary, args.llama2c, path, args.tokens, args.threads)
-            print(f"{name:12s} {'run.c (runomp)':28s} {'-':>6s} {'':>14s} {peer:13.1f} "
-                  f"{1.0:8.2f}x")
-            runs = [(precision, True) for precision in args.precisions] + [(args.precisions[0], False)]
-            for precision, cache in runs:
-                tokens = args.tokens if cache else min(args.tokens, 40)   # O(n^2) without
-                count, prefill, decode = our_speed(models[precision], PROMPT, tokens, cache)
-                label = f"llm.pyx {precision}, " + ("KV cache" if cache else "no cache")
-                print(f"{name:12s} {label:28s} {count:6d} {prefill:14.1f} {decode:13.1f} "
-                      f"{decode / peer:8.2f}x")
-            long = 512 if config.max_seq_len >= 512 else None
-            for precision in args.precisions:   # llama.cpp on the same weights as a GGUF
-                dtype, gguf_type = GGUF_TYPES[precision]
-                theirs = llama_cpp_speeds(path, args.llama2c, work, args.tokens, args.threads,
-                                          long if precision == args.precisions[0] else None, dtype)
-                if theirs is None:
-                    print(f"{name:12s} llama.cpp: not run (pip install llama-cpp-python builds it)")
-                    break
-                count, prefill, decode, long_theirs = theirs
-                label = f"llama.cpp {gguf_type} GGUF"
-                print(f"{name:12s} {label:28s} {count:6d} {prefill:14.1f} "
-                      f"{decode:13.1f} {decode / peer:8.2f}x")
-                if long is not None and long_theirs is not None:
-                    ours = our_prefill(model, long)
-                    print(f"{name:12s} {f'prefill of {long}: llama.cpp':28s} {long:6d} "
-                          f"{long_theirs:14.1f}")
-                    print(f"{name:12s} {f'prefill of {long}: llm.pyx':28s} {long:6d} "
-                          f"{ours:14.1f} {'':>13s} {ours / long_theirs:8.2f}x of llama.cpp's")
-            near, far = 10, min(1000, config.max_seq_len - 40)
-            at_near, at_far = decode_at(model, near, 32), decode_at(model, far, 32)
-            print(f"{name:12s} {f'KV cache at position {near}':28s} {32:6d} {'':>14s} "
-                  f"{at_near:13.1f}")
-            print(f"{name:12s} {f'KV cache at position {far}':28s} {32:6d} {'':>14s} "
-                  f"{at_far:13.1f} {at_far / at_near:8.2f}x of position {near}'s")
+            rows = programs_of(name, config, path, models, args, binary, work)
+            runs = {label: [] for label, _, _ in rows}
+            for _ in range(args.rounds):
+                for label, run, _ in rows:
+                    runs[label].append(run())
+            speed = {}   # label: its median speed, decode's where it times decode
+            for label, _, against in rows:
+                count, prefill, decode = runs[label][-1][0], median(runs[label], 1), \
+                    median(runs[label], 2)
+                which = 2 if decode is not None else 1
+                speed[label] = decode if decode is not None else prefill
+                ratio = 1.0 if label == RUN_C else \
+                    speed[label] / speed[against] if against else None
+                print(f"{name:12s} {label:28s} {'-' if count is None else count:>6} "
+                      f"{'' if prefill is None else f'{prefill:.1f}':>14s} "
+                      f"{'' if decode is None else f'{decode:.1f}':>13s} "
+                      f"{'' if ratio is None else f'{ratio:.2f}x':>7s}  "
+                      f"[{min(r[which] for r in runs[label]):.1f}-"
+                      f"{max(r[which] for r in runs[label]):.1f}]"
+                      f"{'' if against in (None, RUN_C) else f'  (ratio: of {against})'}")
+            for precision in args.precisions:   # the issue's other peer: ours over llama.cpp's
+                ours, theirs = f"llm.pyx {precision}, KV cache", \
+                    f"llama.cpp {GGUF_TYPES[precision][1]} GGUF"
+                if theirs in speed:
+                    print(f"{name:12s} decode, {ours} / {theirs}: "
+                          f"{speed[ours] / speed[theirs]:.2f}x")
 
 
 if __name__ == "__main__":
