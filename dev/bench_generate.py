@@ -13,13 +13,17 @@ of 512 tokens is timed on both (the models whose context holds it).
     git clone https://github.com/karpathy/llama2.c /tmp/llama2c
     python dev/bench_generate.py /tmp/llama2c                       # stories15M, stories110M
     python dev/bench_generate.py /tmp/llama2c --models stories110M --tokens 200 --threads 2
+    python dev/bench_generate.py /tmp/llama2c --models llama-1b --tokens 100 --rounds 1
+
+Every row is timed --rounds times (3), the rows taking turns, and the table gives each row's
+median and range: on a shared machine one sample moved by 10-20% from run to run, more than
+the differences in question. A last line per model divides our decode by llama.cpp's.
 
 Decode counts as run.c counts its "achieved tok/s": from the second generated token to the
 last. A random model's text is noise, and either program may stop early at the BOS token
 (run.c always does; ours too, here): our rows say how many tokens they timed (run.c prints no
-count). The position
-rows time decode after a prompt of that many tokens (the cache then holds them): a token's
-cost grows with the attention's reads of the cache only.
+count). The position rows time decode after a prompt of that many tokens (the cache then
+holds them): a token's cost grows with the attention's reads of the cache only.
 """
 import argparse
 import os
@@ -167,8 +171,8 @@ def programs_of(name, config, path, models, args, binary, work):
         if llm is None:
             print(f"{name:12s} llama.cpp: not run (pip install llama-cpp-python builds it)")
             break
-        rows.append((f"llama.cpp {gguf_type} GGUF", lambda llm=llm: llama_cpp_speed(llm, args.tokens),
-                     RUN_C))
+        rows.append((f"llama.cpp {gguf_type} GGUF",
+                     lambda llm=llm: llama_cpp_speed(llm, args.tokens), RUN_C))
         if long is not None and precision == first:
             rows.append((f"prefill of {long}: llama.cpp",
                          lambda llm=llm: (long, llama_cpp_prefill(llm, long), None), None))
