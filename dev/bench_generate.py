@@ -156,9 +156,8 @@ def programs_of(name, config, path, models, args, binary, work):
     """[(label, run, what its ratio is against)] for one model: run() gives (tokens,
     prefill tok/s, decode tok/s), either speed None where not timed."""
     first = args.precisions[0]
-    rows = [(RUN_C, lambda: (None, None, run_c_speed(binary, args.llama2c, path,
-                                                                   args.tokens, args.threads)),
-             None)]
+    rows = [(RUN_C, lambda: (None, None, run_c_speed(binary, args.llama2c, path, args.tokens,
+                                                     args.threads)), None)]
     for precision in args.precisions:
         rows.append((f"llm.pyx {precision}, KV cache",
                      lambda p=precision: our_speed(models[p], PROMPT, args.tokens, True), RUN_C))
