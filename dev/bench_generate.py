@@ -131,25 +131,20 @@ def llama_cpp_speed(llm, tokens):
     return count, len(PROMPT) / (first - started), (count - 1) / (done - first)
 
 
-def long_prompt(vocab_size, tokens):
-    return [int(t) for t in np.random.default_rng(0).integers(3, vocab_size, tokens)]
-
-
-def llama_cpp_prefill(llm, prefill_tokens):
-    """tok/s of one prompt of prefill_tokens into llama.cpp's emptied cache."""
+def llama_cpp_prefill(llm, prompt):
+    """tok/s of the prompt into llama.cpp's emptied cache."""
     llm.reset()
     start = time.perf_counter()
-    llm.eval(long_prompt(32000, prefill_tokens))
-    return prefill_tokens / (time.perf_counter() - start)
+    llm.eval(prompt)
+    return len(prompt) / (time.perf_counter() - start)
 
 
-def our_prefill(model, prefill_tokens):
-    """tok/s of one prompt of prefill_tokens into the cache."""
-    prompt = long_prompt(model.config.vocab_size, prefill_tokens)
-    model.start_cache(prefill_tokens)
+def our_prefill(model, prompt):
+    """tok/s of the prompt into an emptied cache."""
+    model.start_cache(len(prompt))
     start = time.perf_counter()
     model.forward_cached(prompt)
-    return prefill_tokens / (time.perf_counter() - start)
+    return len(prompt) / (time.perf_counter() - start)
 
 
 def programs_of(name, config, path, models, args, binary, work):
@@ -172,11 +167,12 @@ def programs_of(name, config, path, models, args, binary, work):
             break
         rows.append((f"llama.cpp {gguf_type} GGUF",
                      lambda llm=llm: llama_cpp_speed(llm, args.tokens), RUN_C))
-        if long is not None and precision == first:
+        if long is not None and precision == first:   # one long prompt, for both programs
+            prompt = [int(t) for t in np.random.default_rng(0).integers(3, config.vocab_size, long)]
             rows.append((f"prefill of {long}: llama.cpp",
-                         lambda llm=llm: (long, llama_cpp_prefill(llm, long), None), None))
+                         lambda llm=llm: (long, llama_cpp_prefill(llm, prompt), None), None))
             rows.append((f"prefill of {long}: llm.pyx",
-                         lambda: (long, our_prefill(models[first], long), None),
+                         lambda: (long, our_prefill(models[first], prompt), None),
                          f"prefill of {long}: llama.cpp"))
     near, far = 10, min(1000, config.max_seq_len - 40)
     rows.append((f"KV cache at position {near}",

@@ -119,8 +119,9 @@ cdef void gemv_rows(bf16* out, const bf16* weight, const float* x_even, const fl
     """out[o0:o1] = weight[o0:o1] (o1-o0, C) @ x (C,) + bias[o0:o1] (or NULL), x as
     split_pairs's halves: each row's dot_bf16, then its bias, rounded once.  The row
     ROWS_AHEAD on is fetched while this one is summed: a decode token streams every weight from
-    memory, and a row at a time left the hardware prefetchers too little to go on (a model's
-    weights in turn ran 12-15% faster on a Zen 3, dev/BENCHMARKS.md section 31)."""
+    memory, and a row at a time left the hardware prefetchers too little to go on (on a Zen 3
+    each run's best token of matmuls 6-21% faster on stories15M and stories110M, the 1B's no
+    slower end to end: dev/BENCHMARKS.md section 31)."""
     cdef Py_ssize_t o
     cdef float total
     for o in range(o0, o1):
